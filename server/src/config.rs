@@ -1,0 +1,342 @@
+//! Configuration: defaults, then an optional TOML file, then environment, then flags.
+//!
+//! Nothing else in the crate reads `std::env`; tests build a [`Config`] directly.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use clap::Parser;
+use serde::Deserialize;
+
+/// Why a configuration was refused. `main` prints it on one line and exits with 64 (EX_USAGE).
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read config file {path}: {source}")]
+    ReadFile { path: PathBuf, source: std::io::Error },
+    #[error("config file {path}: {message}")]
+    ParseFile { path: PathBuf, message: String },
+    #[error("{0}")]
+    Invalid(String),
+    /// `--help` / `--version` or a flag clap could not parse; carries clap's own rendering.
+    #[error("{0}")]
+    Cli(#[from] clap::Error),
+}
+
+/// How the proxy sets the `Host` header on upstream requests.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum HostHeader {
+    /// Forward the client's `Host` unchanged (MLflow 3 checks it against `--allowed-hosts`).
+    Preserve,
+    /// Replace it with the upstream's authority.
+    Upstream,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    Pretty,
+    Json,
+}
+
+/// The MLflow server requests are forwarded to, split once at startup.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Upstream {
+    /// `host:port` as written in the URL.
+    pub authority: http::uri::Authority,
+    /// Path prefix without a trailing slash (`""` for a server at the root).
+    pub base_path: String,
+}
+
+impl Upstream {
+    pub fn parse(url: &str) -> Result<Self, ConfigError> {
+        let uri: http::Uri = url
+            .parse()
+            .map_err(|e| ConfigError::Invalid(format!("upstream {url:?} is not a URL: {e}")))?;
+        match uri.scheme_str() {
+            Some("http") => {}
+            Some(other) => {
+                return Err(ConfigError::Invalid(format!(
+                    "upstream {url:?}: scheme {other:?} is not supported; use http:// (terminate TLS in the gateway)"
+                )))
+            }
+            None => {
+                return Err(ConfigError::Invalid(format!(
+                    "upstream {url:?} needs a scheme, e.g. http://127.0.0.1:5000"
+                )))
+            }
+        }
+        let authority = uri
+            .authority()
+            .cloned()
+            .ok_or_else(|| ConfigError::Invalid(format!("upstream {url:?} has no host")))?;
+        if uri.query().is_some() {
+            return Err(ConfigError::Invalid(format!("upstream {url:?} must not carry a query string")));
+        }
+        let base_path = uri.path().trim_end_matches('/').to_owned();
+        Ok(Self { authority, base_path })
+    }
+
+    /// The upstream URI for a client request's path and query, kept byte for byte.
+    pub fn uri_for(&self, path_and_query: &str) -> Result<http::Uri, http::Error> {
+        http::Uri::builder()
+            .scheme("http")
+            .authority(self.authority.clone())
+            .path_and_query(format!("{}{}", self.base_path, path_and_query))
+            .build()
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://{}{}", self.authority, self.base_path)
+    }
+}
+
+/// Timeouts around the upstream exchange. None of them limits the total length of a transfer:
+/// a slow upload that is still moving is never cut.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Timeouts {
+    /// TCP connect to the upstream.
+    pub connect: Duration,
+    /// From the request being sent until the upstream's response headers arrive.
+    pub response_headers: Duration,
+    /// Longest pause between two chunks of a request or response body.
+    pub body_idle: Duration,
+}
+
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub listen: SocketAddr,
+    pub admin_listen: SocketAddr,
+    pub upstream: Upstream,
+    pub database_url: String,
+    pub host_header: HostHeader,
+    pub timeouts: Timeouts,
+    /// Requests handled at once; one more is answered 503 at once instead of queueing.
+    pub max_in_flight: usize,
+    /// Idle keep-alive connections kept to the upstream.
+    pub upstream_max_idle: usize,
+    /// How long in-flight requests may run on after SIGTERM/SIGINT.
+    pub shutdown_grace: Duration,
+    pub log_format: LogFormat,
+    /// `tracing` filter directive, e.g. `info` or `mlscope_proxy=debug,info`.
+    pub log_level: String,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            listen: SocketAddr::from(([127, 0, 0, 1], 5001)),
+            admin_listen: SocketAddr::from(([127, 0, 0, 1], 9464)),
+            upstream: Upstream::parse("http://127.0.0.1:5000").expect("default upstream parses"),
+            database_url: "sqlite://mlscope.db".to_owned(),
+            host_header: HostHeader::Preserve,
+            timeouts: Timeouts {
+                connect: Duration::from_secs(5),
+                response_headers: Duration::from_secs(120),
+                body_idle: Duration::from_secs(120),
+            },
+            max_in_flight: 1024,
+            upstream_max_idle: 64,
+            shutdown_grace: Duration::from_secs(30),
+            log_format: LogFormat::Pretty,
+            log_level: "info".to_owned(),
+        }
+    }
+}
+
+/// Command line and environment. Every field is optional so that a value given nowhere falls
+/// back to the file, then to the default.
+#[derive(Debug, Parser)]
+#[command(name = "mlscope-proxy", version, about = "MLflow-compatible reverse proxy in front of an MLflow tracking server.")]
+struct Cli {
+    /// TOML file with any of the settings below (keys as the long flags, with `_` for `-`).
+    #[arg(long, env = "MLSCOPE_CONFIG", value_name = "FILE")]
+    config: Option<PathBuf>,
+    /// Address the MLflow-facing listener binds [default: 127.0.0.1:5001].
+    #[arg(long, env = "MLSCOPE_LISTEN", value_name = "ADDR")]
+    listen: Option<SocketAddr>,
+    /// Address of the admin listener serving /healthz, /readyz and /metrics [default: 127.0.0.1:9464].
+    #[arg(long, env = "MLSCOPE_ADMIN_LISTEN", value_name = "ADDR")]
+    admin_listen: Option<SocketAddr>,
+    /// URL of the MLflow tracking server [default: http://127.0.0.1:5000].
+    #[arg(long, env = "MLSCOPE_UPSTREAM", value_name = "URL")]
+    upstream: Option<String>,
+    /// State store: `sqlite://<path>` (created on first start) or `postgres://...` when several
+    /// replicas share state [default: sqlite://mlscope.db].
+    #[arg(long, env = "MLSCOPE_DATABASE_URL", value_name = "URL")]
+    database_url: Option<String>,
+    /// `preserve` forwards the client's Host header; `upstream` sends the upstream's [default: preserve].
+    #[arg(long, env = "MLSCOPE_HOST_HEADER", value_enum)]
+    host_header: Option<HostHeader>,
+    /// Upstream TCP connect timeout [default: 5s].
+    #[arg(long, env = "MLSCOPE_CONNECT_TIMEOUT", value_parser = parse_duration, value_name = "DURATION")]
+    connect_timeout: Option<Duration>,
+    /// Time the upstream may take to send response headers [default: 120s].
+    #[arg(long, env = "MLSCOPE_RESPONSE_TIMEOUT", value_parser = parse_duration, value_name = "DURATION")]
+    response_timeout: Option<Duration>,
+    /// Longest pause inside a request or response body before it is aborted [default: 120s].
+    #[arg(long, env = "MLSCOPE_BODY_IDLE_TIMEOUT", value_parser = parse_duration, value_name = "DURATION")]
+    body_idle_timeout: Option<Duration>,
+    /// Concurrent requests before new ones get 503 [default: 1024].
+    #[arg(long, env = "MLSCOPE_MAX_IN_FLIGHT", value_name = "N")]
+    max_in_flight: Option<usize>,
+    /// Idle keep-alive connections kept to the upstream [default: 64].
+    #[arg(long, env = "MLSCOPE_UPSTREAM_MAX_IDLE", value_name = "N")]
+    upstream_max_idle: Option<usize>,
+    /// Deadline for in-flight requests after SIGTERM/SIGINT [default: 30s].
+    #[arg(long, env = "MLSCOPE_SHUTDOWN_GRACE", value_parser = parse_duration, value_name = "DURATION")]
+    shutdown_grace: Option<Duration>,
+    /// Log format [default: pretty].
+    #[arg(long, env = "MLSCOPE_LOG_FORMAT", value_enum)]
+    log_format: Option<LogFormat>,
+    /// Log filter, e.g. `info` or `mlscope_proxy=debug` [default: info].
+    #[arg(long, env = "MLSCOPE_LOG", value_name = "FILTER")]
+    log_level: Option<String>,
+}
+
+/// The TOML file: the same settings as the flags.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileConfig {
+    listen: Option<SocketAddr>,
+    admin_listen: Option<SocketAddr>,
+    upstream: Option<String>,
+    database_url: Option<String>,
+    host_header: Option<HostHeader>,
+    #[serde(default, with = "humantime_serde")]
+    connect_timeout: Option<Duration>,
+    #[serde(default, with = "humantime_serde")]
+    response_timeout: Option<Duration>,
+    #[serde(default, with = "humantime_serde")]
+    body_idle_timeout: Option<Duration>,
+    max_in_flight: Option<usize>,
+    upstream_max_idle: Option<usize>,
+    #[serde(default, with = "humantime_serde")]
+    shutdown_grace: Option<Duration>,
+    log_format: Option<LogFormat>,
+    log_level: Option<String>,
+}
+
+fn parse_duration(s: &str) -> Result<Duration, String> {
+    humantime::parse_duration(s).map_err(|e| format!("{e} (write e.g. 500ms, 30s, 2m)"))
+}
+
+impl Config {
+    /// Loads from the process's arguments and environment.
+    pub fn from_env_and_args() -> Result<Self, ConfigError> {
+        Self::from_args(std::env::args_os())
+    }
+
+    /// Loads from the given arguments (environment still applies through clap's `env`).
+    pub fn from_args<I, T>(args: I) -> Result<Self, ConfigError>
+    where
+        I: IntoIterator<Item = T>,
+        T: Into<std::ffi::OsString> + Clone,
+    {
+        let cli = Cli::try_parse_from(args)?;
+        let file = match &cli.config {
+            Some(path) => read_file(path)?,
+            None => FileConfig::default(),
+        };
+        let mut config = Config::default();
+        let upstream = cli.upstream.or(file.upstream);
+        if let Some(url) = upstream {
+            config.upstream = Upstream::parse(&url)?;
+        }
+        macro_rules! layer {
+            ($($field:ident => $target:expr),* $(,)?) => {
+                $( if let Some(v) = cli.$field.or(file.$field) { $target = v; } )*
+            };
+        }
+        layer! {
+            listen => config.listen,
+            admin_listen => config.admin_listen,
+            database_url => config.database_url,
+            host_header => config.host_header,
+            connect_timeout => config.timeouts.connect,
+            response_timeout => config.timeouts.response_headers,
+            body_idle_timeout => config.timeouts.body_idle,
+            max_in_flight => config.max_in_flight,
+            upstream_max_idle => config.upstream_max_idle,
+            shutdown_grace => config.shutdown_grace,
+            log_format => config.log_format,
+            log_level => config.log_level,
+        }
+        config.validate()?;
+        Ok(config)
+    }
+
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let invalid = |m: String| Err(ConfigError::Invalid(m));
+        if self.listen == self.admin_listen && self.listen.port() != 0 {
+            return invalid(format!("listen and admin-listen are both {}; give the admin listener its own port", self.listen));
+        }
+        if self.max_in_flight == 0 {
+            return invalid("max-in-flight must be at least 1".into());
+        }
+        for (name, d) in [
+            ("connect-timeout", self.timeouts.connect),
+            ("response-timeout", self.timeouts.response_headers),
+            ("body-idle-timeout", self.timeouts.body_idle),
+        ] {
+            if d.is_zero() {
+                return invalid(format!("{name} must be longer than 0"));
+            }
+        }
+        crate::store::StoreUrl::parse(&self.database_url).map_err(|e| ConfigError::Invalid(e.to_string()))?;
+        tracing_subscriber::EnvFilter::try_new(&self.log_level)
+            .map_err(|e| ConfigError::Invalid(format!("log-level {:?}: {e}", self.log_level)))?;
+        Ok(())
+    }
+}
+
+fn read_file(path: &Path) -> Result<FileConfig, ConfigError> {
+    let text = std::fs::read_to_string(path).map_err(|source| ConfigError::ReadFile { path: path.to_owned(), source })?;
+    toml::from_str(&text).map_err(|e| ConfigError::ParseFile {
+        path: path.to_owned(),
+        // toml's message spans several lines (with a source excerpt); keep the first.
+        message: e.message().lines().next().unwrap_or("invalid TOML").to_owned(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+
+    #[test]
+    fn flags_override_the_file_which_overrides_defaults() {
+        let mut file = tempfile::NamedTempFile::new().unwrap();
+        writeln!(file, "upstream = \"http://mlflow:5000/prefix/\"\nlisten = \"0.0.0.0:8080\"\nbody_idle_timeout = \"5m\"").unwrap();
+        let path = file.path().to_str().unwrap();
+        let c = Config::from_args(["mlscope-proxy", "--config", path, "--listen", "127.0.0.1:7000"]).unwrap();
+        assert_eq!(c.listen, "127.0.0.1:7000".parse().unwrap());
+        assert_eq!(c.upstream.authority.as_str(), "mlflow:5000");
+        assert_eq!(c.upstream.base_path, "/prefix");
+        assert_eq!(c.timeouts.body_idle, Duration::from_secs(300));
+        assert_eq!(c.admin_listen, Config::default().admin_listen);
+    }
+
+    #[test]
+    fn unknown_file_keys_and_bad_values_are_refused_with_a_reason() {
+        let mut file = tempfile::NamedTempFile::new().unwrap();
+        writeln!(file, "upstreem = \"http://x\"").unwrap();
+        let err = Config::from_args(["p", "--config", file.path().to_str().unwrap()]).unwrap_err();
+        assert!(err.to_string().contains("unknown field `upstreem`"), "{err}");
+
+        let err = Config::from_args(["p", "--upstream", "https://mlflow"]).unwrap_err();
+        assert!(err.to_string().contains("not supported"), "{err}");
+        let err = Config::from_args(["p", "--database-url", "mysql://x"]).unwrap_err();
+        assert!(err.to_string().contains("mysql"), "{err}");
+        let err = Config::from_args(["p", "--connect-timeout", "soon"]).unwrap_err();
+        assert!(matches!(err, ConfigError::Cli(_)));
+    }
+
+    #[test]
+    fn upstream_keeps_path_and_query_byte_exact() {
+        let u = Upstream::parse("http://127.0.0.1:5000/").unwrap();
+        let uri = u.uri_for("/api/2.0/mlflow/runs/get?run_id=a%2Fb&x=%20+y").unwrap();
+        assert_eq!(uri.to_string(), "http://127.0.0.1:5000/api/2.0/mlflow/runs/get?run_id=a%2Fb&x=%20+y");
+    }
+}

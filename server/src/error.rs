@@ -1,0 +1,103 @@
+//! Every error the proxy itself answers with, turned into an HTTP response in exactly one place.
+//!
+//! Bodies use MLflow's error JSON so the MLflow client shows the message to the user, and the
+//! statuses follow the side that failed: the Python client retries 502/503/504 with backoff.
+
+use std::time::Duration;
+
+use axum::response::{IntoResponse, Response};
+use http::{header, HeaderValue, StatusCode};
+
+use crate::telemetry::UpstreamErrorKind;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ProxyError {
+    #[error("mlscope-proxy could not connect to the MLflow server at {upstream}: {reason}. Check that MLflow is running and that --upstream points at it.")]
+    UpstreamConnect { upstream: String, reason: String },
+    #[error("mlscope-proxy timed out after {after:?} connecting to the MLflow server at {upstream}.")]
+    UpstreamConnectTimeout { upstream: String, after: Duration },
+    #[error("the MLflow server at {upstream} sent no response headers within {after:?}; the request may still complete there. Raise --response-timeout for slow operations.")]
+    UpstreamResponseTimeout { upstream: String, after: Duration },
+    #[error("the MLflow server at {upstream} closed the connection before answering ({reason}).")]
+    UpstreamReset { upstream: String, reason: String },
+    #[error("the request body stalled for more than {after:?}; the upload was aborted. Retry it.")]
+    ClientBodyIdle { after: Duration },
+    #[error("the request body could not be read: {reason}")]
+    ClientBody { reason: String },
+    #[error("mlscope-proxy is handling its limit of {limit} concurrent requests; retry with backoff.")]
+    Overloaded { limit: usize },
+    #[error("mlscope-proxy could not build the upstream request: {reason}")]
+    Internal { reason: String },
+}
+
+impl ProxyError {
+    pub fn status(&self) -> StatusCode {
+        match self {
+            ProxyError::UpstreamConnect { .. } | ProxyError::UpstreamReset { .. } => StatusCode::BAD_GATEWAY,
+            ProxyError::UpstreamConnectTimeout { .. } | ProxyError::UpstreamResponseTimeout { .. } => StatusCode::GATEWAY_TIMEOUT,
+            ProxyError::Overloaded { .. } => StatusCode::SERVICE_UNAVAILABLE,
+            ProxyError::ClientBodyIdle { .. } => StatusCode::REQUEST_TIMEOUT,
+            ProxyError::ClientBody { .. } => StatusCode::BAD_REQUEST,
+            ProxyError::Internal { .. } => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+
+    /// MLflow's `error_code` for this failure.
+    pub fn error_code(&self) -> &'static str {
+        match self {
+            ProxyError::ClientBodyIdle { .. } | ProxyError::ClientBody { .. } => "BAD_REQUEST",
+            ProxyError::Internal { .. } => "INTERNAL_ERROR",
+            _ => "TEMPORARILY_UNAVAILABLE",
+        }
+    }
+
+    /// The upstream-error counter this failure increments, if any.
+    pub fn kind(&self) -> Option<UpstreamErrorKind> {
+        Some(match self {
+            ProxyError::UpstreamConnect { .. } => UpstreamErrorKind::Connect,
+            ProxyError::UpstreamConnectTimeout { .. } => UpstreamErrorKind::ConnectTimeout,
+            ProxyError::UpstreamResponseTimeout { .. } => UpstreamErrorKind::ResponseTimeout,
+            ProxyError::UpstreamReset { .. } => UpstreamErrorKind::Reset,
+            ProxyError::ClientBodyIdle { .. } => UpstreamErrorKind::BodyIdle,
+            ProxyError::Overloaded { .. } => UpstreamErrorKind::Overload,
+            ProxyError::ClientBody { .. } | ProxyError::Internal { .. } => return None,
+        })
+    }
+}
+
+/// An MLflow error response: `{"error_code": ..., "message": ...}`.
+pub fn mlflow_error(status: StatusCode, error_code: &str, message: &str) -> Response {
+    let body = serde_json::json!({ "error_code": error_code, "message": message });
+    let mut response = (status, axum::Json(body)).into_response();
+    if status == StatusCode::SERVICE_UNAVAILABLE {
+        response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+    }
+    response
+}
+
+impl IntoResponse for ProxyError {
+    fn into_response(self) -> Response {
+        mlflow_error(self.status(), self.error_code(), &self.to_string())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http_body_util::BodyExt;
+
+    #[tokio::test]
+    async fn upstream_failures_become_mlflow_error_json_with_retryable_statuses() {
+        let err = ProxyError::UpstreamConnect { upstream: "http://127.0.0.1:1".into(), reason: "connection refused".into() };
+        let response = err.into_response();
+        assert_eq!(response.status(), StatusCode::BAD_GATEWAY);
+        let body = response.into_body().collect().await.unwrap().to_bytes();
+        let json: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(json["error_code"], "TEMPORARILY_UNAVAILABLE");
+        assert!(json["message"].as_str().unwrap().contains("connection refused"));
+
+        let overloaded = ProxyError::Overloaded { limit: 3 }.into_response();
+        assert_eq!(overloaded.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(overloaded.headers()[header::RETRY_AFTER], "1");
+    }
+}

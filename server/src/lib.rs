@@ -1,0 +1,17 @@
+//! mlscope-proxy: an MLflow-compatible reverse proxy.
+//!
+//! - [`proxy`] forwards every MLflow route, streaming, with pooled upstream connections;
+//! - [`store`] keeps the proxy's own state in SQLite or PostgreSQL;
+//! - [`admin`] serves `/healthz`, `/readyz` and `/metrics` on their own listener;
+//! - [`app`] wires them and runs until shutdown.
+
+pub mod admin;
+pub mod app;
+pub mod config;
+pub mod error;
+pub mod proxy;
+pub mod store;
+pub mod telemetry;
+
+pub use app::{app, run, AppState};
+pub use config::Config;

@@ -1,0 +1,57 @@
+use std::process::ExitCode;
+
+use mlscope_proxy::config::{Config, ConfigError};
+use tokio::net::TcpListener;
+use tokio::signal::unix::{signal, SignalKind};
+
+/// EX_USAGE from sysexits.h: the configuration was refused.
+const EXIT_CONFIG: u8 = 64;
+
+fn main() -> ExitCode {
+    let config = match Config::from_env_and_args() {
+        Ok(config) => config,
+        Err(ConfigError::Cli(e)) if !e.use_stderr() => {
+            // --help / --version
+            let _ = e.print();
+            return ExitCode::SUCCESS;
+        }
+        Err(ConfigError::Cli(e)) => {
+            let first = e.to_string();
+            let line = first.lines().next().unwrap_or("invalid arguments").trim_start_matches("error: ");
+            eprintln!("mlscope-proxy: invalid configuration: {line} (see --help)");
+            return ExitCode::from(EXIT_CONFIG);
+        }
+        Err(e) => {
+            eprintln!("mlscope-proxy: invalid configuration: {e}");
+            return ExitCode::from(EXIT_CONFIG);
+        }
+    };
+    mlscope_proxy::telemetry::init_logging(config.log_format, &config.log_level);
+    let runtime = tokio::runtime::Runtime::new().expect("tokio runtime");
+    match runtime.block_on(serve(config)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!(error = format!("{e:#}"), "mlscope-proxy stopped");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn serve(config: Config) -> anyhow::Result<()> {
+    use anyhow::Context;
+    let listener = TcpListener::bind(config.listen).await.with_context(|| format!("binding --listen {}", config.listen))?;
+    let admin = TcpListener::bind(config.admin_listen)
+        .await
+        .with_context(|| format!("binding --admin-listen {}", config.admin_listen))?;
+    mlscope_proxy::run(config, listener, admin, shutdown_signal()).await
+}
+
+/// Resolves on the first SIGTERM or SIGINT.
+async fn shutdown_signal() {
+    let mut term = signal(SignalKind::terminate()).expect("installing the SIGTERM handler");
+    let mut int = signal(SignalKind::interrupt()).expect("installing the SIGINT handler");
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = int.recv() => {}
+    }
+}

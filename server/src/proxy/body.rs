@@ -1,0 +1,145 @@
+//! Streaming body wrapper: frames pass through one by one (bounded memory whatever the size),
+//! a body that pauses longer than the idle timeout is aborted, and an optional guard lives as
+//! long as the body so in-flight accounting covers the whole transfer, not only the headers.
+
+use std::error::Error as StdError;
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{ready, Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body::{Body, Frame, SizeHint};
+use tokio::time::{Instant, Sleep};
+
+pub(crate) type BoxError = Box<dyn StdError + Send + Sync>;
+
+/// Which way a body flows, for error messages and logs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Direction {
+    /// Client to upstream.
+    Request,
+    /// Upstream to client.
+    Response,
+}
+
+/// A body stalled for longer than the idle timeout.
+#[derive(Debug, thiserror::Error)]
+#[error("{direction:?} body idle for more than {after:?}")]
+pub struct IdleTimeoutError {
+    pub direction: Direction,
+    pub after: Duration,
+}
+
+/// Something held until the body is finished or dropped (e.g. a concurrency permit).
+pub(crate) type Guard = Box<dyn Send + Sync>;
+
+pin_project_lite::pin_project! {
+    pub struct StreamingBody<B> {
+        #[pin]
+        inner: B,
+        idle: Duration,
+        direction: Direction,
+        sleep: Pin<Box<Sleep>>,
+        guard: Option<Guard>,
+    }
+}
+
+impl<B> StreamingBody<B> {
+    pub fn new(inner: B, idle: Duration, direction: Direction) -> Self {
+        Self { inner, idle, direction, sleep: Box::pin(tokio::time::sleep(idle)), guard: None }
+    }
+
+    pub fn with_guard(mut self, guard: Guard) -> Self {
+        self.guard = Some(guard);
+        self
+    }
+}
+
+impl<B> Body for StreamingBody<B>
+where
+    B: Body<Data = Bytes>,
+    B::Error: Into<BoxError>,
+{
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let this = self.project();
+        match this.inner.poll_frame(cx) {
+            Poll::Ready(Some(Ok(frame))) => {
+                this.sleep.as_mut().reset(Instant::now() + *this.idle);
+                Poll::Ready(Some(Ok(frame)))
+            }
+            Poll::Ready(Some(Err(e))) => Poll::Ready(Some(Err(e.into()))),
+            Poll::Ready(None) => {
+                // Release the guard as soon as the transfer is complete.
+                this.guard.take();
+                Poll::Ready(None)
+            }
+            Poll::Pending => {
+                ready!(this.sleep.as_mut().poll(cx));
+                Poll::Ready(Some(Err(Box::new(IdleTimeoutError { direction: *this.direction, after: *this.idle }))))
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+/// Finds an [`IdleTimeoutError`] anywhere in an error's source chain.
+pub fn find_idle_timeout<'a>(err: &'a (dyn StdError + 'static)) -> Option<&'a IdleTimeoutError> {
+    let mut current: Option<&(dyn StdError + 'static)> = Some(err);
+    while let Some(e) = current {
+        if let Some(idle) = e.downcast_ref::<IdleTimeoutError>() {
+            return Some(idle);
+        }
+        current = e.source();
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use futures_util::stream;
+    use http_body_util::{BodyExt, StreamBody};
+    use std::convert::Infallible;
+
+    #[tokio::test(start_paused = true)]
+    async fn a_body_that_keeps_moving_is_never_cut_but_a_stalled_one_is() {
+        // 10 chunks, 4 s apart: 40 s in total against a 5 s idle timeout.
+        let moving = stream::unfold(0, |i| async move {
+            if i == 10 {
+                return None;
+            }
+            tokio::time::sleep(Duration::from_secs(4)).await;
+            Some((Ok::<_, Infallible>(Frame::data(Bytes::from_static(b"x"))), i + 1))
+        });
+        let body = StreamingBody::new(StreamBody::new(moving), Duration::from_secs(5), Direction::Request);
+        assert_eq!(body.collect().await.unwrap().to_bytes().len(), 10);
+
+        let stalled = stream::pending::<Result<Frame<Bytes>, Infallible>>();
+        let body = StreamingBody::new(StreamBody::new(stalled), Duration::from_secs(5), Direction::Response);
+        let err = body.collect().await.unwrap_err();
+        let idle = find_idle_timeout(err.as_ref()).expect("idle timeout error");
+        assert_eq!(idle.direction, Direction::Response);
+    }
+
+    #[tokio::test]
+    async fn the_guard_is_released_when_the_body_ends() {
+        let (tx, mut rx) = tokio::sync::mpsc::channel::<()>(1);
+        struct Signal(#[allow(dead_code)] tokio::sync::mpsc::Sender<()>);
+        let body = StreamingBody::new(http_body_util::Full::new(Bytes::from_static(b"abc")), Duration::from_secs(5), Direction::Response)
+            .with_guard(Box::new(Signal(tx)));
+        let bytes = body.collect().await.unwrap().to_bytes();
+        assert_eq!(&bytes[..], b"abc");
+        assert!(rx.recv().await.is_none(), "sender dropped with the guard");
+    }
+}

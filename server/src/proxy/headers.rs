@@ -1,0 +1,155 @@
+//! Header handling between client and upstream: hop-by-hop removal (RFC 9110 §7.6.1), the
+//! `Host` policy, `X-Forwarded-*` and request ids.
+
+use std::net::SocketAddr;
+
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+
+use crate::config::HostHeader;
+
+pub static X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
+static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
+static X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
+static X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
+
+/// Connection-specific headers that a proxy must not forward, besides those `Connection` names.
+/// `Expect` is answered by this proxy's own server (it sends `100 Continue` when the body is
+/// first read), so it is not passed on either.
+const HOP_BY_HOP: [HeaderName; 7] = [
+    header::CONNECTION,
+    HeaderName::from_static("keep-alive"),
+    HeaderName::from_static("proxy-connection"),
+    header::TE,
+    header::TRAILER,
+    header::TRANSFER_ENCODING,
+    header::UPGRADE,
+];
+
+/// Removes hop-by-hop headers: the fixed list and every header the `Connection` header names.
+pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    let named: Vec<HeaderName> = headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|token| HeaderName::from_bytes(token.trim().as_bytes()).ok())
+        .collect();
+    for name in named.iter().chain(HOP_BY_HOP.iter()) {
+        headers.remove(name);
+    }
+}
+
+/// A request id: the client's own when it sent a sane one, else a fresh UUID.
+pub fn request_id(headers: &HeaderMap) -> HeaderValue {
+    headers
+        .get(&X_REQUEST_ID)
+        .filter(|v| !v.is_empty() && v.len() <= 128 && v.to_str().is_ok())
+        .cloned()
+        .unwrap_or_else(|| HeaderValue::try_from(uuid::Uuid::new_v4().to_string()).expect("a UUID is a valid header value"))
+}
+
+/// Prepares a client request's headers for the upstream.
+pub(crate) fn to_upstream(
+    headers: &mut HeaderMap,
+    peer: SocketAddr,
+    request_authority: Option<&http::uri::Authority>,
+    host_policy: HostHeader,
+    upstream: &http::uri::Authority,
+    request_id: &HeaderValue,
+) {
+    strip_hop_by_hop(headers);
+    headers.remove(header::EXPECT);
+
+    // HTTP/2 clients send `:authority` instead of `Host`; keep the client's view in both cases.
+    let client_host = headers
+        .get(header::HOST)
+        .cloned()
+        .or_else(|| request_authority.and_then(|a| HeaderValue::from_str(a.as_str()).ok()));
+    match host_policy {
+        HostHeader::Preserve => {
+            if let Some(host) = &client_host {
+                headers.insert(header::HOST, host.clone());
+            }
+        }
+        HostHeader::Upstream => {
+            headers.insert(header::HOST, HeaderValue::from_str(upstream.as_str()).expect("an authority is a valid header value"));
+            if let Some(host) = client_host {
+                if !headers.contains_key(&X_FORWARDED_HOST) {
+                    headers.insert(X_FORWARDED_HOST.clone(), host);
+                }
+            }
+        }
+    }
+
+    // Append the peer to any chain a gateway in front of us started.
+    let peer_ip = peer.ip().to_string();
+    let forwarded_for = match headers.get(&X_FORWARDED_FOR).and_then(|v| v.to_str().ok()) {
+        Some(chain) if !chain.trim().is_empty() => format!("{chain}, {peer_ip}"),
+        _ => peer_ip,
+    };
+    if let Ok(value) = HeaderValue::try_from(forwarded_for) {
+        headers.insert(X_FORWARDED_FOR.clone(), value);
+    }
+    // A gateway that terminated TLS already said `https`; only fill in what is missing.
+    if !headers.contains_key(&X_FORWARDED_PROTO) {
+        headers.insert(X_FORWARDED_PROTO.clone(), HeaderValue::from_static("http"));
+    }
+    headers.insert(X_REQUEST_ID.clone(), request_id.clone());
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
+        let mut map = HeaderMap::new();
+        for (k, v) in pairs {
+            map.append(HeaderName::from_bytes(k.as_bytes()).unwrap(), HeaderValue::from_str(v).unwrap());
+        }
+        map
+    }
+
+    #[test]
+    fn hop_by_hop_headers_and_those_named_by_connection_are_removed() {
+        let mut h = headers(&[
+            ("connection", "keep-alive, X-Secret-Hop"),
+            ("x-secret-hop", "1"),
+            ("keep-alive", "timeout=5"),
+            ("transfer-encoding", "chunked"),
+            ("te", "trailers"),
+            ("upgrade", "h2c"),
+            ("authorization", "Bearer t"),
+            ("content-type", "application/json"),
+        ]);
+        strip_hop_by_hop(&mut h);
+        let left: Vec<_> = h.keys().map(|k| k.as_str()).collect();
+        assert_eq!(left, ["authorization", "content-type"]);
+    }
+
+    #[test]
+    fn host_is_preserved_and_forwarded_chain_extended() {
+        let mut h = headers(&[("host", "mlflow.example:443"), ("x-forwarded-for", "10.0.0.1"), ("x-forwarded-proto", "https"), ("expect", "100-continue")]);
+        let upstream: http::uri::Authority = "127.0.0.1:5000".parse().unwrap();
+        let id = HeaderValue::from_static("req-1");
+        to_upstream(&mut h, "192.0.2.7:5555".parse().unwrap(), None, HostHeader::Preserve, &upstream, &id);
+        assert_eq!(h["host"], "mlflow.example:443");
+        assert_eq!(h["x-forwarded-for"], "10.0.0.1, 192.0.2.7");
+        assert_eq!(h["x-forwarded-proto"], "https");
+        assert_eq!(h["x-request-id"], "req-1");
+        assert!(!h.contains_key("expect"));
+
+        let mut h = headers(&[("host", "gateway:80")]);
+        to_upstream(&mut h, "127.0.0.1:1".parse().unwrap(), None, HostHeader::Upstream, &upstream, &id);
+        assert_eq!(h["host"], "127.0.0.1:5000");
+        assert_eq!(h["x-forwarded-host"], "gateway:80");
+        assert_eq!(h["x-forwarded-proto"], "http");
+    }
+
+    #[test]
+    fn request_ids_are_kept_when_sane_and_generated_otherwise() {
+        assert_eq!(request_id(&headers(&[("x-request-id", "abc")])), "abc");
+        let long = "x".repeat(200);
+        assert_ne!(request_id(&headers(&[("x-request-id", &long)])), long.as_str());
+        assert_eq!(request_id(&HeaderMap::new()).len(), 36);
+    }
+}

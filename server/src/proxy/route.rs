@@ -1,0 +1,68 @@
+//! Route classes: a small, fixed label set for metrics and logs (never the raw path, whose ids
+//! would make the label set unbounded).
+
+use prometheus_client::encoding::EncodeLabelValue;
+
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq, EncodeLabelValue)]
+pub enum RouteClass {
+    LogBatch,
+    LogMetric,
+    Tracking,
+    Artifacts,
+    Graphql,
+    Health,
+    Ui,
+    Other,
+}
+
+/// Tracking API prefixes: the UI uses `/ajax-api`, newer endpoints also live under `/api/3.0`.
+const TRACKING_PREFIXES: [&str; 3] = ["/api/2.0/mlflow/", "/ajax-api/2.0/mlflow/", "/api/3.0/mlflow/"];
+const ARTIFACT_PREFIXES: [&str; 3] = ["/api/2.0/mlflow-artifacts/", "/ajax-api/2.0/mlflow-artifacts/", "/get-artifact"];
+
+impl RouteClass {
+    pub fn of(path: &str) -> Self {
+        if let Some(rest) = TRACKING_PREFIXES.iter().find_map(|p| path.strip_prefix(p)) {
+            return match rest {
+                "runs/log-batch" => RouteClass::LogBatch,
+                "runs/log-metric" => RouteClass::LogMetric,
+                _ => RouteClass::Tracking,
+            };
+        }
+        if ARTIFACT_PREFIXES.iter().any(|p| path.starts_with(p)) || path.contains("/get-artifact") {
+            return RouteClass::Artifacts;
+        }
+        match path {
+            "/graphql" | "/ajax-api/graphql" => RouteClass::Graphql,
+            "/health" | "/version" => RouteClass::Health,
+            "/" => RouteClass::Ui,
+            p if p.starts_with("/static-files/") => RouteClass::Ui,
+            _ => RouteClass::Other,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::RouteClass::*;
+    use super::*;
+
+    #[test]
+    fn paths_map_to_their_route_class() {
+        for (path, class) in [
+            ("/api/2.0/mlflow/runs/log-batch", LogBatch),
+            ("/ajax-api/2.0/mlflow/runs/log-batch", LogBatch),
+            ("/api/2.0/mlflow/runs/log-metric", LogMetric),
+            ("/api/2.0/mlflow/runs/get", Tracking),
+            ("/api/3.0/mlflow/traces/search", Tracking),
+            ("/api/2.0/mlflow-artifacts/artifacts/0/r/artifacts/a.txt", Artifacts),
+            ("/get-artifact", Artifacts),
+            ("/graphql", Graphql),
+            ("/health", Health),
+            ("/", Ui),
+            ("/static-files/static/js/main.js", Ui),
+            ("/something/else", Other),
+        ] {
+            assert_eq!(RouteClass::of(path), class, "{path}");
+        }
+    }
+}

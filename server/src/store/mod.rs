@@ -1,0 +1,201 @@
+//! The proxy's own state in SQL: SQLite by default (one file, zero setup), PostgreSQL when several
+//! replicas share state behind a gateway. Migrations live in the top-level `migrations/` folder,
+//! one subfolder per dialect, and run at startup.
+
+use std::str::FromStr;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
+use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous};
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("database url {0:?}: use sqlite://<path> or postgres://user@host/db")]
+    UnsupportedUrl(String),
+    #[error("cannot open the state store ({backend}): {source}")]
+    Connect { backend: &'static str, source: sqlx::Error },
+    #[error("cannot migrate the state store ({backend}): {source}")]
+    Migrate { backend: &'static str, source: sqlx::migrate::MigrateError },
+    #[error("state store query failed: {0}")]
+    Query(#[from] sqlx::Error),
+}
+
+/// A parsed `--database-url`, checked at config time so a typo fails before anything starts.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StoreUrl {
+    Sqlite(String),
+    Postgres(String),
+}
+
+impl StoreUrl {
+    pub fn parse(url: &str) -> Result<Self, StoreError> {
+        if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+            Ok(Self::Postgres(url.to_owned()))
+        } else if url.starts_with("sqlite:") {
+            Ok(Self::Sqlite(url.to_owned()))
+        } else {
+            Err(StoreError::UnsupportedUrl(url.to_owned()))
+        }
+    }
+}
+
+/// The state store, one variant per backend. Queries that differ between dialects are written
+/// once per variant; everything else goes through the shared methods below.
+#[derive(Debug, Clone)]
+pub enum Store {
+    Sqlite(SqlitePool),
+    Postgres(PgPool),
+}
+
+impl Store {
+    /// Opens (creating a SQLite file if needed) and migrates the store.
+    pub async fn open(url: &str) -> Result<Self, StoreError> {
+        let store = match StoreUrl::parse(url)? {
+            StoreUrl::Sqlite(url) => {
+                let options = SqliteConnectOptions::from_str(&url)
+                    .map_err(|source| StoreError::Connect { backend: "sqlite", source })?
+                    .create_if_missing(true)
+                    .journal_mode(SqliteJournalMode::Wal)
+                    .synchronous(SqliteSynchronous::Normal)
+                    .busy_timeout(Duration::from_secs(5));
+                let pool = SqlitePoolOptions::new()
+                    .max_connections(4)
+                    .connect_with(options)
+                    .await
+                    .map_err(|source| StoreError::Connect { backend: "sqlite", source })?;
+                sqlx::migrate!("../migrations/sqlite")
+                    .run(&pool)
+                    .await
+                    .map_err(|source| StoreError::Migrate { backend: "sqlite", source })?;
+                Store::Sqlite(pool)
+            }
+            StoreUrl::Postgres(url) => {
+                let options = PgConnectOptions::from_str(&url)
+                    .map_err(|source| StoreError::Connect { backend: "postgres", source })?;
+                let pool = PgPoolOptions::new()
+                    .max_connections(8)
+                    .acquire_timeout(Duration::from_secs(5))
+                    .connect_with(options)
+                    .await
+                    .map_err(|source| StoreError::Connect { backend: "postgres", source })?;
+                sqlx::migrate!("../migrations/postgres")
+                    .run(&pool)
+                    .await
+                    .map_err(|source| StoreError::Migrate { backend: "postgres", source })?;
+                Store::Postgres(pool)
+            }
+        };
+        Ok(store)
+    }
+
+    pub fn backend(&self) -> &'static str {
+        match self {
+            Store::Sqlite(_) => "sqlite",
+            Store::Postgres(_) => "postgres",
+        }
+    }
+
+    /// Records this replica as alive. Doubles as the readiness write check: a store that cannot
+    /// take this write cannot take lease updates either.
+    pub async fn heartbeat(&self, replica: &Replica) -> Result<(), StoreError> {
+        let now = unix_millis(SystemTime::now());
+        // Same statement in both dialects: `$n` placeholders are understood by SQLite too.
+        let sql = "INSERT INTO proxy_replicas (replica_id, version, started_at, last_seen_at) \
+                   VALUES ($1, $2, $3, $4) \
+                   ON CONFLICT (replica_id) DO UPDATE SET last_seen_at = excluded.last_seen_at";
+        match self {
+            Store::Sqlite(pool) => {
+                sqlx::query(sql)
+                    .bind(&replica.id)
+                    .bind(&replica.version)
+                    .bind(replica.started_at_ms)
+                    .bind(now)
+                    .execute(pool)
+                    .await?;
+            }
+            Store::Postgres(pool) => {
+                sqlx::query(sql)
+                    .bind(&replica.id)
+                    .bind(&replica.version)
+                    .bind(replica.started_at_ms)
+                    .bind(now)
+                    .execute(pool)
+                    .await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Replicas seen within `window`, newest first.
+    pub async fn live_replicas(&self, window: Duration) -> Result<Vec<String>, StoreError> {
+        let since = unix_millis(SystemTime::now()) - window.as_millis() as i64;
+        let sql = "SELECT replica_id FROM proxy_replicas WHERE last_seen_at >= $1 ORDER BY last_seen_at DESC";
+        let ids = match self {
+            Store::Sqlite(pool) => sqlx::query_scalar(sql).bind(since).fetch_all(pool).await?,
+            Store::Postgres(pool) => sqlx::query_scalar(sql).bind(since).fetch_all(pool).await?,
+        };
+        Ok(ids)
+    }
+
+    pub async fn close(&self) {
+        match self {
+            Store::Sqlite(pool) => pool.close().await,
+            Store::Postgres(pool) => pool.close().await,
+        }
+    }
+}
+
+/// This process, as the store knows it.
+#[derive(Debug, Clone)]
+pub struct Replica {
+    pub id: String,
+    pub version: String,
+    pub started_at_ms: i64,
+}
+
+impl Replica {
+    pub fn new() -> Self {
+        let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+        Self {
+            id: format!("{}-{}", host.trim(), uuid::Uuid::new_v4().simple()),
+            version: env!("CARGO_PKG_VERSION").to_owned(),
+            started_at_ms: unix_millis(SystemTime::now()),
+        }
+    }
+}
+
+impl Default for Replica {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+pub(crate) fn unix_millis(t: SystemTime) -> i64 {
+    t.duration_since(UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn sqlite_store_is_created_migrated_and_takes_heartbeats() {
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("sqlite://{}/state.db", dir.path().display());
+        let store = Store::open(&url).await.unwrap();
+        let replica = Replica::new();
+        store.heartbeat(&replica).await.unwrap();
+        store.heartbeat(&replica).await.unwrap();
+        assert_eq!(store.live_replicas(Duration::from_secs(60)).await.unwrap(), vec![replica.id.clone()]);
+        store.close().await;
+        // Reopening runs the migrations again without error and keeps the rows.
+        let store = Store::open(&url).await.unwrap();
+        assert_eq!(store.live_replicas(Duration::from_secs(60)).await.unwrap().len(), 1);
+    }
+
+    #[test]
+    fn unknown_database_schemes_are_refused() {
+        assert!(StoreUrl::parse("mysql://localhost/x").is_err());
+        assert_eq!(StoreUrl::parse("sqlite://a.db").unwrap(), StoreUrl::Sqlite("sqlite://a.db".into()));
+    }
+}

@@ -1,0 +1,102 @@
+//! Logging setup and the Prometheus registry.
+//!
+//! Logs never carry request headers, so `Authorization` and cookies cannot leak into them.
+
+use std::sync::atomic::AtomicI64;
+use std::sync::Arc;
+
+use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::Registry;
+use tracing_subscriber::EnvFilter;
+
+use crate::config::LogFormat;
+use crate::proxy::RouteClass;
+
+/// Installs the global `tracing` subscriber. Called once by `main`; tests leave it alone.
+pub fn init_logging(format: LogFormat, filter: &str) {
+    let filter = EnvFilter::try_new(filter).unwrap_or_else(|_| EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    match format {
+        LogFormat::Json => builder.json().flatten_event(true).with_current_span(true).with_span_list(false).init(),
+        LogFormat::Pretty => builder.compact().init(),
+    }
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RequestLabels {
+    pub route: RouteClass,
+    pub method: String,
+    pub status: u16,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RouteLabels {
+    pub route: RouteClass,
+}
+
+/// Why a request did not get an upstream answer.
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq, EncodeLabelValue)]
+pub enum UpstreamErrorKind {
+    Connect,
+    ConnectTimeout,
+    ResponseTimeout,
+    Reset,
+    BodyIdle,
+    Overload,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ErrorLabels {
+    pub kind: UpstreamErrorKind,
+}
+
+/// The proxy's own metrics, one registry per running instance (tests run several per process).
+#[derive(Clone)]
+pub struct Metrics {
+    registry: Arc<Registry>,
+    pub requests: Family<RequestLabels, Counter>,
+    pub latency: Family<RouteLabels, Histogram, fn() -> Histogram>,
+    pub upstream_errors: Family<ErrorLabels, Counter>,
+    pub in_flight: Gauge<i64, AtomicI64>,
+}
+
+fn latency_histogram() -> Histogram {
+    // 100 µs .. ~105 s
+    Histogram::new(exponential_buckets(0.0001, 2.0, 21))
+}
+
+impl Metrics {
+    pub fn new() -> Self {
+        let mut registry = Registry::with_prefix("mlscope");
+        let requests = Family::<RequestLabels, Counter>::default();
+        registry.register("http_requests", "Requests answered, by route class, method and status", requests.clone());
+        let latency = Family::<RouteLabels, Histogram, fn() -> Histogram>::new_with_constructor(latency_histogram as fn() -> Histogram);
+        registry.register(
+            "http_request_duration_seconds",
+            "Time from receiving a request to sending its response headers",
+            latency.clone(),
+        );
+        let upstream_errors = Family::<ErrorLabels, Counter>::default();
+        registry.register("upstream_errors", "Requests the upstream did not answer, by cause", upstream_errors.clone());
+        let in_flight = Gauge::<i64, AtomicI64>::default();
+        registry.register("http_requests_in_flight", "Requests whose response has not finished streaming", in_flight.clone());
+        Self { registry: Arc::new(registry), requests, latency, upstream_errors, in_flight }
+    }
+
+    /// The Prometheus text exposition of every family.
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        prometheus_client::encoding::text::encode(&mut out, &self.registry).expect("writing to a String cannot fail");
+        out
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
