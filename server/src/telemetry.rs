@@ -5,7 +5,7 @@
 use std::sync::atomic::AtomicI64;
 use std::sync::Arc;
 
-use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue};
+use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue, LabelValueEncoder};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
@@ -39,7 +39,7 @@ pub struct RouteLabels {
 }
 
 /// Why a request did not get an upstream answer.
-#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq, EncodeLabelValue)]
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
 pub enum UpstreamErrorKind {
     Connect,
     ConnectTimeout,
@@ -47,6 +47,20 @@ pub enum UpstreamErrorKind {
     Reset,
     BodyIdle,
     Overload,
+}
+
+impl EncodeLabelValue for UpstreamErrorKind {
+    fn encode(&self, encoder: &mut LabelValueEncoder<'_>) -> std::fmt::Result {
+        let name = match self {
+            UpstreamErrorKind::Connect => "connect",
+            UpstreamErrorKind::ConnectTimeout => "connect_timeout",
+            UpstreamErrorKind::ResponseTimeout => "response_timeout",
+            UpstreamErrorKind::Reset => "reset",
+            UpstreamErrorKind::BodyIdle => "body_idle",
+            UpstreamErrorKind::Overload => "overload",
+        };
+        std::fmt::Write::write_str(encoder, name)
+    }
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]

@@ -174,7 +174,7 @@ pub async fn forward(State(forwarder): State<Forwarder>, ConnectInfo(peer): Conn
     let route = RouteClass::of(request.uri().path());
     let method = request.method().clone();
     let id = request_id(request.headers());
-    let span = tracing::info_span!("request", request_id = id.to_str().unwrap_or_default(), route = ?route, method = %method, path = request.uri().path());
+    let span = tracing::info_span!("request", request_id = id.to_str().unwrap_or_default(), route = route.as_str(), method = %method, path = request.uri().path());
     async move {
         let mut response = match forwarder.send(request, peer, &id).await {
             Ok(response) => response,

@@ -1,9 +1,11 @@
 //! Route classes: a small, fixed label set for metrics and logs (never the raw path, whose ids
 //! would make the label set unbounded).
 
-use prometheus_client::encoding::EncodeLabelValue;
+use std::fmt;
 
-#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq, EncodeLabelValue)]
+use prometheus_client::encoding::{EncodeLabelValue, LabelValueEncoder};
+
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
 pub enum RouteClass {
     LogBatch,
     LogMetric,
@@ -20,6 +22,19 @@ const TRACKING_PREFIXES: [&str; 3] = ["/api/2.0/mlflow/", "/ajax-api/2.0/mlflow/
 const ARTIFACT_PREFIXES: [&str; 3] = ["/api/2.0/mlflow-artifacts/", "/ajax-api/2.0/mlflow-artifacts/", "/get-artifact"];
 
 impl RouteClass {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RouteClass::LogBatch => "log_batch",
+            RouteClass::LogMetric => "log_metric",
+            RouteClass::Tracking => "tracking",
+            RouteClass::Artifacts => "artifacts",
+            RouteClass::Graphql => "graphql",
+            RouteClass::Health => "health",
+            RouteClass::Ui => "ui",
+            RouteClass::Other => "other",
+        }
+    }
+
     pub fn of(path: &str) -> Self {
         if let Some(rest) = TRACKING_PREFIXES.iter().find_map(|p| path.strip_prefix(p)) {
             return match rest {
@@ -38,6 +53,18 @@ impl RouteClass {
             p if p.starts_with("/static-files/") => RouteClass::Ui,
             _ => RouteClass::Other,
         }
+    }
+}
+
+impl fmt::Display for RouteClass {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl EncodeLabelValue for RouteClass {
+    fn encode(&self, encoder: &mut LabelValueEncoder<'_>) -> fmt::Result {
+        fmt::Write::write_str(encoder, self.as_str())
     }
 }
 

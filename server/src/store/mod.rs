@@ -193,6 +193,31 @@ mod tests {
         assert_eq!(store.live_replicas(Duration::from_secs(60)).await.unwrap().len(), 1);
     }
 
+    /// Runs against the PostgreSQL server the project's CI starts (127.0.0.1:5432, trust auth),
+    /// in a database of its own that it drops afterwards.
+    #[tokio::test]
+    async fn postgres_store_is_migrated_once_and_shared_by_two_replicas() {
+        let admin_url = std::env::var("MLSCOPE_TEST_POSTGRES_URL").unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into());
+        let admin = PgPool::connect(&admin_url).await.expect("PostgreSQL at MLSCOPE_TEST_POSTGRES_URL (default 127.0.0.1:5432) must be running");
+        let db = format!("mlscope_test_{}", uuid::Uuid::new_v4().simple());
+        sqlx::query(&format!("CREATE DATABASE {db}")).execute(&admin).await.unwrap();
+        let url = format!("{}/{db}", admin_url.rsplit_once('/').unwrap().0);
+
+        let (a, b) = tokio::join!(Store::open(&url), Store::open(&url));
+        let (a, b) = (a.unwrap(), b.unwrap());
+        let (ra, rb) = (Replica::new(), Replica::new());
+        a.heartbeat(&ra).await.unwrap();
+        b.heartbeat(&rb).await.unwrap();
+        let mut live = a.live_replicas(Duration::from_secs(60)).await.unwrap();
+        live.sort();
+        let mut expected = vec![ra.id.clone(), rb.id.clone()];
+        expected.sort();
+        assert_eq!(live, expected);
+        a.close().await;
+        b.close().await;
+        sqlx::query(&format!("DROP DATABASE {db}")).execute(&admin).await.unwrap();
+    }
+
     #[test]
     fn unknown_database_schemes_are_refused() {
         assert!(StoreUrl::parse("mysql://localhost/x").is_err());
