@@ -4,7 +4,7 @@
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use axum::extract::State;
+use axum::extract::{Path, State};
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
@@ -12,12 +12,15 @@ use axum::{Json, Router};
 use serde_json::json;
 
 use crate::app::AppState;
+use crate::error::mlflow_error;
+use crate::rewrite::stats::{ReporterView, RunView};
 
 pub fn router(state: AppState) -> Router {
     Router::new()
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
+        .route("/runs/{run_id}/scopes", get(run_scopes))
         .with_state(state)
 }
 
@@ -57,6 +60,40 @@ async fn check_upstream(state: &AppState) -> Result<(), String> {
         Ok(Err(e)) => Err(e.to_string()),
         Err(_) => Err("GET /health took longer than 2s".to_owned()),
     }
+}
+
+/// For one run: the identities seen by this replica, the current reporter of each node (from
+/// the shared store) and the dedup settings.
+async fn run_scopes(State(state): State<AppState>, Path(run_id): Path<String>) -> Response {
+    let rewriter = &state.rewriter;
+    let leases = match rewriter.deduplicator() {
+        Some(dedup) => match dedup.leases_of_run(&run_id).await {
+            Ok(leases) => leases,
+            Err(e) => return mlflow_error(StatusCode::SERVICE_UNAVAILABLE, "TEMPORARILY_UNAVAILABLE", &format!("state store: {e}")),
+        },
+        None => Vec::new(),
+    };
+    let now = crate::store::unix_millis(std::time::SystemTime::now());
+    let dedup = rewriter.config().dedup_config;
+    Json(RunView {
+        identities: rewriter.stats.identities(&run_id),
+        reporters: leases
+            .into_iter()
+            .map(|l| ReporterView {
+                node: l.node,
+                rank: l.reporter_rank,
+                epoch: l.epoch,
+                renewed_at_ms: l.renewed_at,
+                silent_for_ms: now - l.renewed_at,
+                step_offset: l.step_offset,
+                last_step: l.last_step,
+            })
+            .collect(),
+        run_id,
+        update_interval_ms: dedup.update_interval.as_millis() as u64,
+        failover_timeout_ms: dedup.failover_timeout.as_millis() as u64,
+    })
+    .into_response()
 }
 
 async fn metrics(State(state): State<AppState>) -> Response {

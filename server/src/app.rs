@@ -8,12 +8,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use axum::extract::FromRef;
 use axum::Router;
 use tokio::net::TcpListener;
 
 use crate::config::Config;
+use crate::dedup::{Deduplicator, SystemClock};
 use crate::proxy::{self, Forwarder};
+use crate::rewrite::{MetricsRewriter, SharedRewriter};
 use crate::store::{Replica, Store};
 use crate::telemetry::Metrics;
 
@@ -24,14 +25,10 @@ pub struct AppState {
     pub store: Store,
     pub metrics: Metrics,
     pub replica: Arc<Replica>,
+    /// System-metric scoping and node deduplication on the metrics endpoints.
+    pub rewriter: SharedRewriter,
     /// Set on shutdown so `/readyz` turns away new traffic while requests drain.
     pub draining: Arc<AtomicBool>,
-}
-
-impl FromRef<AppState> for Forwarder {
-    fn from_ref(state: &AppState) -> Forwarder {
-        state.forwarder.clone()
-    }
 }
 
 impl AppState {
@@ -41,8 +38,11 @@ impl AppState {
         let replica = Replica::new();
         store.heartbeat(&replica).await.context("registering this replica in the state store")?;
         let metrics = Metrics::new();
+        let dedup = config.scopes.dedup.then(|| Deduplicator::new(store.clone(), Arc::new(SystemClock), config.scopes.dedup_config));
+        let rewriter = Arc::new(MetricsRewriter::new(config.scopes.clone(), dedup, metrics.clone()));
         Ok(Self {
             forwarder: Forwarder::new(config, metrics.clone()),
+            rewriter,
             store,
             metrics,
             replica: Arc::new(replica),

@@ -4,10 +4,13 @@
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
-use clap::Parser;
+use clap::{ArgAction, Parser};
+use mlscope_scopes::OwnerPattern;
 use serde::Deserialize;
+
+use crate::rewrite::ScopeConfig;
 
 /// Why a configuration was refused. `main` prints it on one line and exits with 64 (EX_USAGE).
 #[derive(Debug, thiserror::Error)]
@@ -121,6 +124,8 @@ pub struct Config {
     pub log_format: LogFormat,
     /// `tracing` filter directive, e.g. `info` or `mlscope_proxy=debug,info`.
     pub log_level: String,
+    /// System-metric scoping and node deduplication.
+    pub scopes: ScopeConfig,
 }
 
 impl Default for Config {
@@ -141,6 +146,7 @@ impl Default for Config {
             shutdown_grace: Duration::from_secs(30),
             log_format: LogFormat::Pretty,
             log_level: "info".to_owned(),
+            scopes: ScopeConfig::default(),
         }
     }
 }
@@ -193,6 +199,29 @@ struct Cli {
     /// Log filter, e.g. `info` or `mlscope_proxy=debug` [default: info].
     #[arg(long, env = "MLSCOPE_LOG", value_name = "FILTER")]
     log_level: Option<String>,
+    /// Rename ambiguous `system/` metric keys to scoped names [default: true].
+    #[arg(long, env = "MLSCOPE_REWRITE_SYSTEM_METRICS", value_name = "BOOL", action = ArgAction::Set)]
+    rewrite_system_metrics: Option<bool>,
+    /// Regular expression for the owner segment(s) of `system/<owner>/<name>` keys, with named
+    /// groups `node` and/or `rank` [default: rank-<r>, rank_<r>, rank<r>, <node>/rank-<r>].
+    #[arg(long, env = "MLSCOPE_OWNER_PATTERN", value_name = "REGEX")]
+    owner_pattern: Option<String>,
+    /// Migration period: until this time (RFC 3339, e.g. 2027-03-01T00:00:00Z) each renamed
+    /// sample is also written under its original key so existing dashboards keep working.
+    #[arg(long, env = "MLSCOPE_KEEP_ORIGINAL_KEYS_UNTIL", value_name = "TIME", value_parser = parse_time)]
+    keep_original_keys_until: Option<SystemTime>,
+    /// Keep node-wide samples (node_*, rootfs_*) from one rank per (run, node) [default: true].
+    #[arg(long, env = "MLSCOPE_DEDUP", value_name = "BOOL", action = ArgAction::Set)]
+    dedup: Option<bool>,
+    /// How often the reporter's lease is renewed in the store; keep it below the sampling interval [default: 5s].
+    #[arg(long, env = "MLSCOPE_DEDUP_UPDATE_INTERVAL", value_parser = parse_duration, value_name = "DURATION")]
+    dedup_update_interval: Option<Duration>,
+    /// Silence after which another rank takes over a node's series [default: 30s].
+    #[arg(long, env = "MLSCOPE_DEDUP_FAILOVER_TIMEOUT", value_parser = parse_duration, value_name = "DURATION")]
+    dedup_failover_timeout: Option<Duration>,
+    /// Largest metrics body inspected; larger ones get 413 (e.g. 16MiB, 512KiB) [default: 16MiB].
+    #[arg(long, env = "MLSCOPE_MAX_INSPECT_BODY", value_parser = parse_size, value_name = "SIZE")]
+    max_inspect_body: Option<usize>,
 }
 
 /// The TOML file: the same settings as the flags.
@@ -216,6 +245,54 @@ struct FileConfig {
     shutdown_grace: Option<Duration>,
     log_format: Option<LogFormat>,
     log_level: Option<String>,
+    rewrite_system_metrics: Option<bool>,
+    owner_pattern: Option<String>,
+    #[serde(default, with = "humantime_serde")]
+    keep_original_keys_until: Option<SystemTime>,
+    dedup: Option<bool>,
+    #[serde(default, with = "humantime_serde")]
+    dedup_update_interval: Option<Duration>,
+    #[serde(default, with = "humantime_serde")]
+    dedup_failover_timeout: Option<Duration>,
+    #[serde(default, deserialize_with = "size_from_toml")]
+    max_inspect_body: Option<usize>,
+}
+
+fn size_from_toml<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<usize>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Size {
+        Bytes(usize),
+        Text(String),
+    }
+    match Option::<Size>::deserialize(d)? {
+        None => Ok(None),
+        Some(Size::Bytes(n)) => Ok(Some(n)),
+        Some(Size::Text(t)) => parse_size(&t).map(Some).map_err(serde::de::Error::custom),
+    }
+}
+
+/// `16MiB`, `512KiB`, `1GiB`, `1000000` (bytes); `MB`/`KB`/`GB` are decimal.
+fn parse_size(s: &str) -> Result<usize, String> {
+    let s = s.trim();
+    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+    let (number, unit) = s.split_at(split);
+    let number: usize = number.parse().map_err(|_| format!("{s:?} is not a size (write e.g. 16MiB)"))?;
+    let factor = match unit.trim() {
+        "" | "B" => 1,
+        "KiB" => 1 << 10,
+        "MiB" => 1 << 20,
+        "GiB" => 1 << 30,
+        "KB" | "kB" => 1_000,
+        "MB" => 1_000_000,
+        "GB" => 1_000_000_000,
+        other => return Err(format!("unknown size unit {other:?} (use B, KiB, MiB, GiB)")),
+    };
+    number.checked_mul(factor).ok_or_else(|| format!("{s:?} is too large"))
+}
+
+fn parse_time(s: &str) -> Result<SystemTime, String> {
+    humantime::parse_rfc3339_weak(s).map_err(|e| format!("{e} (write e.g. 2027-03-01T00:00:00Z)"))
 }
 
 fn parse_duration(s: &str) -> Result<Duration, String> {
@@ -249,7 +326,18 @@ impl Config {
                 $( if let Some(v) = cli.$field.or(file.$field) { $target = v; } )*
             };
         }
+        if let Some(pattern) = cli.owner_pattern.or(file.owner_pattern) {
+            config.scopes.owner_pattern = OwnerPattern::new(&pattern).map_err(|e| ConfigError::Invalid(e.to_string()))?;
+        }
+        if let Some(until) = cli.keep_original_keys_until.or(file.keep_original_keys_until) {
+            config.scopes.keep_original_until = Some(until);
+        }
         layer! {
+            rewrite_system_metrics => config.scopes.rewrite,
+            dedup => config.scopes.dedup,
+            dedup_update_interval => config.scopes.dedup_config.update_interval,
+            dedup_failover_timeout => config.scopes.dedup_config.failover_timeout,
+            max_inspect_body => config.scopes.max_inspect_bytes,
             listen => config.listen,
             admin_listen => config.admin_listen,
             database_url => config.database_url,
@@ -283,6 +371,16 @@ impl Config {
             if d.is_zero() {
                 return invalid(format!("{name} must be longer than 0"));
             }
+        }
+        let dedup = &self.scopes.dedup_config;
+        if dedup.update_interval.is_zero() || dedup.update_interval >= dedup.failover_timeout {
+            return invalid(format!(
+                "dedup-update-interval ({:?}) must be above 0 and below dedup-failover-timeout ({:?})",
+                dedup.update_interval, dedup.failover_timeout
+            ));
+        }
+        if self.scopes.max_inspect_bytes < 1024 {
+            return invalid("max-inspect-body must be at least 1KiB".into());
         }
         crate::store::StoreUrl::parse(&self.database_url).map_err(|e| ConfigError::Invalid(e.to_string()))?;
         tracing_subscriber::EnvFilter::try_new(&self.log_level)
@@ -331,6 +429,24 @@ mod tests {
         assert!(err.to_string().contains("mysql"), "{err}");
         let err = Config::from_args(["p", "--connect-timeout", "soon"]).unwrap_err();
         assert!(matches!(err, ConfigError::Cli(_)));
+    }
+
+    #[test]
+    fn scope_settings_come_from_flags_and_file() {
+        let mut file = tempfile::NamedTempFile::new().unwrap();
+        writeln!(file, "dedup_failover_timeout = \"45s\"\nmax_inspect_body = \"2MiB\"\nowner_pattern = \"^(?P<node>[a-z]+)/w(?P<rank>\\\\d+)$\"").unwrap();
+        let c = Config::from_args(["p", "--config", file.path().to_str().unwrap(), "--dedup", "false", "--keep-original-keys-until", "2030-01-01T00:00:00Z"]).unwrap();
+        assert!(!c.scopes.dedup);
+        assert_eq!(c.scopes.dedup_config.failover_timeout, Duration::from_secs(45));
+        assert_eq!(c.scopes.max_inspect_bytes, 2 << 20);
+        assert!(c.scopes.keep_original_until.is_some());
+        assert_eq!(c.scopes.owner_pattern.parse("abc/w3").rank, Some(3));
+        let err = Config::from_args(["p", "--dedup-update-interval", "40s"]).unwrap_err();
+        assert!(err.to_string().contains("below dedup-failover-timeout"), "{err}");
+        let err = Config::from_args(["p", "--owner-pattern", "("]).unwrap_err();
+        assert!(err.to_string().contains("not a valid regular expression"), "{err}");
+        assert_eq!(parse_size("16MiB"), Ok(16 << 20));
+        assert!(parse_size("12 parsecs").is_err());
     }
 
     #[test]

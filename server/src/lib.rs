@@ -8,8 +8,10 @@
 pub mod admin;
 pub mod app;
 pub mod config;
+pub mod dedup;
 pub mod error;
 pub mod proxy;
+pub mod rewrite;
 pub mod store;
 pub mod telemetry;
 

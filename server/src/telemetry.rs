@@ -68,6 +68,17 @@ pub struct ErrorLabels {
     pub kind: UpstreamErrorKind,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct KeyLabels {
+    pub family: &'static str,
+    pub outcome: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReasonLabels {
+    pub reason: &'static str,
+}
+
 /// The proxy's own metrics, one registry per running instance (tests run several per process).
 #[derive(Clone)]
 pub struct Metrics {
@@ -76,6 +87,11 @@ pub struct Metrics {
     pub latency: Family<RouteLabels, Histogram, fn() -> Histogram>,
     pub upstream_errors: Family<ErrorLabels, Counter>,
     pub in_flight: Gauge<i64, AtomicI64>,
+    metric_keys: Family<KeyLabels, Counter>,
+    node_samples: Family<ReasonLabels, Counter>,
+    elections: Family<ReasonLabels, Counter>,
+    bodies_passed_through: Family<ReasonLabels, Counter>,
+    bodies_rejected: Family<ReasonLabels, Counter>,
 }
 
 fn latency_histogram() -> Histogram {
@@ -98,7 +114,52 @@ impl Metrics {
         registry.register("upstream_errors", "Requests the upstream did not answer, by cause", upstream_errors.clone());
         let in_flight = Gauge::<i64, AtomicI64>::default();
         registry.register("http_requests_in_flight", "Requests whose response has not finished streaming", in_flight.clone());
-        Self { registry: Arc::new(registry), requests, latency, upstream_errors, in_flight }
+        let metric_keys = Family::<KeyLabels, Counter>::default();
+        registry.register(
+            "system_metric_keys",
+            "system/ metric samples by contract family and outcome (rewritten, unchanged, invalid: kept as sent)",
+            metric_keys.clone(),
+        );
+        let node_samples = Family::<ReasonLabels, Counter>::default();
+        registry.register("node_samples", "Node-wide samples kept from the reporter or dropped from other ranks", node_samples.clone());
+        let elections = Family::<ReasonLabels, Counter>::default();
+        registry.register("dedup_elections", "Reporter elections (first reporter) and failovers", elections.clone());
+        let bodies_passed_through = Family::<ReasonLabels, Counter>::default();
+        registry.register("metric_bodies_passed_through", "Metrics requests forwarded without inspection, by reason", bodies_passed_through.clone());
+        let bodies_rejected = Family::<ReasonLabels, Counter>::default();
+        registry.register("metric_bodies_rejected", "Metrics requests the proxy refused, by reason", bodies_rejected.clone());
+        Self {
+            registry: Arc::new(registry),
+            requests,
+            latency,
+            upstream_errors,
+            in_flight,
+            metric_keys,
+            node_samples,
+            elections,
+            bodies_passed_through,
+            bodies_rejected,
+        }
+    }
+
+    pub fn key(&self, family: &'static str, outcome: &'static str) {
+        self.metric_keys.get_or_create(&KeyLabels { family, outcome }).inc();
+    }
+
+    pub fn node_sample(&self, reason: &'static str) {
+        self.node_samples.get_or_create(&ReasonLabels { reason }).inc();
+    }
+
+    pub fn election(&self, reason: &'static str) {
+        self.elections.get_or_create(&ReasonLabels { reason }).inc();
+    }
+
+    pub fn passed_through(&self, reason: &'static str) {
+        self.bodies_passed_through.get_or_create(&ReasonLabels { reason }).inc();
+    }
+
+    pub fn rejected(&self, reason: &'static str) {
+        self.bodies_rejected.get_or_create(&ReasonLabels { reason }).inc();
     }
 
     /// The Prometheus text exposition of every family.

@@ -24,7 +24,9 @@ pub use body::{find_idle_timeout, Direction, IdleTimeoutError, StreamingBody};
 pub use headers::{request_id, strip_hop_by_hop, X_REQUEST_ID};
 pub use route::RouteClass;
 
+use crate::app::AppState;
 use crate::config::{Config, HostHeader, Timeouts, Upstream};
+use crate::rewrite::body::Endpoint;
 use crate::error::ProxyError;
 use crate::telemetry::{ErrorLabels, Metrics, RequestLabels, RouteLabels};
 
@@ -168,15 +170,26 @@ impl Drop for InFlight {
     }
 }
 
-/// The fallback handler: forwards the request, records metrics and logs one line per request.
-pub async fn forward(State(forwarder): State<Forwarder>, ConnectInfo(peer): ConnectInfo<SocketAddr>, request: Request) -> Response {
+/// The fallback handler: lets the metrics rewriter inspect metrics requests, forwards, records
+/// metrics and logs one line per request.
+pub async fn forward(State(state): State<AppState>, ConnectInfo(peer): ConnectInfo<SocketAddr>, request: Request) -> Response {
+    let forwarder = &state.forwarder;
     let started = Instant::now();
     let route = RouteClass::of(request.uri().path());
     let method = request.method().clone();
     let id = request_id(request.headers());
     let span = tracing::info_span!("request", request_id = id.to_str().unwrap_or_default(), route = route.as_str(), method = %method, path = request.uri().path());
     async move {
-        let mut response = match forwarder.send(request, peer, &id).await {
+        let prepared = match (route, request.method() == http::Method::POST) {
+            (RouteClass::LogBatch, true) => state.rewriter.prepare(request, Endpoint::LogBatch).await,
+            (RouteClass::LogMetric, true) => state.rewriter.prepare(request, Endpoint::LogMetric).await,
+            _ => Ok(request),
+        };
+        let result = match prepared {
+            Ok(request) => forwarder.send(request, peer, &id).await,
+            Err(answer) => Ok(answer),
+        };
+        let mut response = match result {
             Ok(response) => response,
             Err(error) => {
                 if let Some(kind) = error.kind() {

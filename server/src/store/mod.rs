@@ -2,6 +2,9 @@
 //! replicas share state behind a gateway. Migrations live in the top-level `migrations/` folder,
 //! one subfolder per dialect, and run at startup.
 
+mod leases;
+pub use leases::NodeLease;
+
 use std::str::FromStr;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 

@@ -1,0 +1,244 @@
+//! Deduplication of node-wide samples: one reporting rank per (run, node), elected in the store,
+//! in the manner of Cortex/Mimir HA-pair deduplication.
+//!
+//! The store is consulted on election, on renewal (at most once per `update_interval` per
+//! lease) and when a cached lease looks expired; every other sample is decided from memory.
+
+pub mod clock;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use crate::store::{NodeLease, Store, StoreError};
+pub use clock::{Clock, ManualClock, SystemClock};
+
+#[derive(Debug, Clone, Copy)]
+pub struct DedupConfig {
+    /// How often the reporter's lease is renewed in the store. Keep it below the sampling
+    /// interval so the recorded last step is exact at a handover.
+    pub update_interval: Duration,
+    /// Silence after which another rank may take over (proxy receive clock).
+    pub failover_timeout: Duration,
+}
+
+impl Default for DedupConfig {
+    fn default() -> Self {
+        // MLflow samples every 10 s: renew on every sample, fail over after three missed ones.
+        Self { update_interval: Duration::from_secs(5), failover_timeout: Duration::from_secs(30) }
+    }
+}
+
+/// What to do with a rank's node-wide samples.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Decision {
+    /// Keep them, adding `step_offset` to their steps.
+    Report { step_offset: i64 },
+    /// Drop them: `reporter` holds the seat.
+    Standby { reporter: i64 },
+}
+
+/// What happened in one decision, for the counters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Event {
+    None,
+    /// First reporter of a (run, node).
+    Elected,
+    /// A new reporter replaced a silent one.
+    Failover,
+}
+
+#[derive(Debug)]
+struct CachedLease {
+    lease: Option<NodeLease>,
+    /// When this replica last wrote the lease to the store.
+    written_at: i64,
+}
+
+type LeaseKey = (String, String);
+
+pub struct Deduplicator {
+    store: Store,
+    clock: Arc<dyn Clock>,
+    config: DedupConfig,
+    /// Per-(run, node) state behind its own async lock, so decisions for one node are serialized
+    /// while different nodes proceed in parallel.
+    cache: Mutex<HashMap<LeaseKey, Arc<tokio::sync::Mutex<CachedLease>>>>,
+}
+
+/// Cached leases kept in memory before idle ones are forgotten (the store keeps them).
+const CACHE_LIMIT: usize = 100_000;
+
+impl Deduplicator {
+    pub fn new(store: Store, clock: Arc<dyn Clock>, config: DedupConfig) -> Self {
+        Self { store, clock, config, cache: Mutex::new(HashMap::new()) }
+    }
+
+    pub fn config(&self) -> DedupConfig {
+        self.config
+    }
+
+    fn entry(&self, run_id: &str, node: &str) -> Arc<tokio::sync::Mutex<CachedLease>> {
+        let mut cache = self.cache.lock().expect("lease cache lock");
+        if cache.len() >= CACHE_LIMIT {
+            // Finished runs never send again; forgetting them only costs a store read.
+            cache.retain(|_, entry| Arc::strong_count(entry) > 1);
+        }
+        cache
+            .entry((run_id.to_owned(), node.to_owned()))
+            .or_insert_with(|| Arc::new(tokio::sync::Mutex::new(CachedLease { lease: None, written_at: i64::MIN })))
+            .clone()
+    }
+
+    /// Decides for a batch of node-wide samples from `rank` on `node`, whose steps span
+    /// `first_step..=last_step`. A reporter's lease records the batch's last step (after offset)
+    /// before the samples are forwarded.
+    pub async fn decide(&self, run_id: &str, node: &str, rank: i64, first_step: i64, last_step: i64) -> Result<(Decision, Event), StoreError> {
+        let entry = self.entry(run_id, node);
+        let mut cached = entry.lock().await;
+        let now = self.clock.now_ms();
+        let failover = self.config.failover_timeout.as_millis() as i64;
+        let update = self.config.update_interval.as_millis() as i64;
+
+        // A lease that looks expired here may have been renewed through another replica.
+        let stale = cached.lease.as_ref().is_none_or(|lease| now - lease.renewed_at > failover);
+        if stale {
+            cached.lease = self.store.lease(run_id, node).await?;
+            cached.written_at = cached.lease.as_ref().map_or(i64::MIN, |l| l.renewed_at);
+        }
+
+        for _attempt in 0..2 {
+            match cached.lease.clone() {
+                Some(mut lease) if lease.reporter_rank == rank => {
+                    lease.last_step = lease.last_step.max(last_step + lease.step_offset);
+                    if now - cached.written_at >= update || now - lease.renewed_at > failover {
+                        if !self.store.renew(&lease, now).await? {
+                            // Deposed while silent: learn who holds the seat now and decide again.
+                            cached.lease = self.store.lease(run_id, node).await?;
+                            continue;
+                        }
+                        cached.written_at = now;
+                    }
+                    lease.renewed_at = now;
+                    let step_offset = lease.step_offset;
+                    cached.lease = Some(lease);
+                    return Ok((Decision::Report { step_offset }, Event::None));
+                }
+                Some(lease) if now - lease.renewed_at <= failover => {
+                    return Ok((Decision::Standby { reporter: lease.reporter_rank }, Event::None));
+                }
+                previous => {
+                    let expired_before = now - failover;
+                    match self.store.elect(run_id, node, rank, now, expired_before, first_step).await? {
+                        Some(mut lease) => {
+                            let event = if previous.is_some() || lease.epoch > 1 { Event::Failover } else { Event::Elected };
+                            let step_offset = lease.step_offset;
+                            lease.last_step = lease.last_step.max(last_step + step_offset);
+                            // Record the first batch's steps at once: a handover right after
+                            // must continue after them.
+                            self.store.renew(&lease, now).await?;
+                            cached.written_at = now;
+                            cached.lease = Some(lease);
+                            return Ok((Decision::Report { step_offset }, event));
+                        }
+                        None => {
+                            // Another replica elected someone in the meantime.
+                            cached.lease = self.store.lease(run_id, node).await?;
+                            cached.written_at = cached.lease.as_ref().map_or(i64::MIN, |l| l.renewed_at);
+                        }
+                    }
+                }
+            }
+        }
+        // Two rounds without a stable answer: keep the samples out rather than risk a second
+        // reporter; the next sample decides again.
+        let reporter = cached.lease.as_ref().map_or(-1, |l| l.reporter_rank);
+        Ok((Decision::Standby { reporter }, Event::None))
+    }
+
+    /// The stored leases of a run, for the admin view.
+    pub async fn leases_of_run(&self, run_id: &str) -> Result<Vec<NodeLease>, StoreError> {
+        self.store.leases_of_run(run_id).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    async fn setup(config: DedupConfig) -> (Deduplicator, ManualClock, tempfile::TempDir) {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&format!("sqlite://{}/s.db", dir.path().display())).await.unwrap();
+        let clock = ManualClock::new(1_800_000_000_000);
+        (Deduplicator::new(store, Arc::new(clock.clone()), config), clock, dir)
+    }
+
+    const CONFIG: DedupConfig = DedupConfig { update_interval: Duration::from_secs(5), failover_timeout: Duration::from_secs(30) };
+
+    #[tokio::test]
+    async fn the_first_rank_reports_and_the_others_stand_by() {
+        let (dedup, clock, _dir) = setup(CONFIG).await;
+        assert_eq!(dedup.decide("run", "n1", 0, 0, 0).await.unwrap(), (Decision::Report { step_offset: 0 }, Event::Elected));
+        for rank in 1..4 {
+            assert_eq!(dedup.decide("run", "n1", rank, 0, 0).await.unwrap().0, Decision::Standby { reporter: 0 });
+        }
+        // Another node of the same run elects its own reporter.
+        assert_eq!(dedup.decide("run", "n2", 5, 0, 0).await.unwrap().0, Decision::Report { step_offset: 0 });
+        clock.advance(Duration::from_secs(10));
+        assert_eq!(dedup.decide("run", "n1", 0, 1, 1).await.unwrap().0, Decision::Report { step_offset: 0 });
+        assert_eq!(dedup.decide("run", "n1", 2, 1, 1).await.unwrap().0, Decision::Standby { reporter: 0 });
+    }
+
+    #[tokio::test]
+    async fn a_silent_reporter_is_replaced_after_the_failover_timeout_and_steps_continue() {
+        let (dedup, clock, _dir) = setup(CONFIG).await;
+        for step in 0..=20 {
+            assert_eq!(dedup.decide("run", "n1", 0, step, step).await.unwrap().0, Decision::Report { step_offset: 0 });
+            assert!(matches!(dedup.decide("run", "n1", 1, step + 3, step + 3).await.unwrap().0, Decision::Standby { .. }));
+            clock.advance(Duration::from_secs(10));
+        }
+        // Rank 0 goes silent. Until the timeout has passed rank 1 stays standby...
+        clock.advance(Duration::from_secs(10));
+        assert!(matches!(dedup.decide("run", "n1", 1, 25, 25).await.unwrap().0, Decision::Standby { reporter: 0 }));
+        clock.advance(Duration::from_secs(11));
+        // ...then takes over, its step 26 continuing after rank 0's last step 20.
+        let (decision, event) = dedup.decide("run", "n1", 1, 26, 26).await.unwrap();
+        assert_eq!(event, Event::Failover);
+        let Decision::Report { step_offset } = decision else { panic!("{decision:?}") };
+        assert!(26 + step_offset > 20, "offset {step_offset}");
+        // The old reporter, back from the dead, is refused.
+        clock.advance(Duration::from_secs(1));
+        assert_eq!(dedup.decide("run", "n1", 0, 21, 21).await.unwrap().0, Decision::Standby { reporter: 1 });
+    }
+
+    #[tokio::test]
+    async fn a_taker_with_a_lower_step_counter_is_shifted_past_the_old_series() {
+        let (dedup, clock, _dir) = setup(CONFIG).await;
+        dedup.decide("run", "n1", 3, 100, 100).await.unwrap();
+        clock.advance(Duration::from_secs(31));
+        let (decision, _) = dedup.decide("run", "n1", 4, 2, 2).await.unwrap();
+        assert_eq!(decision, Decision::Report { step_offset: 99 });
+    }
+
+    #[tokio::test]
+    async fn two_replicas_sharing_a_store_never_elect_two_reporters() {
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("sqlite://{}/s.db", dir.path().display());
+        let clock = ManualClock::new(1_800_000_000_000);
+        let a = Deduplicator::new(Store::open(&url).await.unwrap(), Arc::new(clock.clone()), CONFIG);
+        let b = Deduplicator::new(Store::open(&url).await.unwrap(), Arc::new(clock.clone()), CONFIG);
+        // Ranks 0 and 1 race on two replicas.
+        let (ra, rb) = tokio::join!(a.decide("run", "n", 0, 0, 0), b.decide("run", "n", 1, 0, 0));
+        let reporters: Vec<_> = [ra.unwrap().0, rb.unwrap().0].into_iter().filter(|d| matches!(d, Decision::Report { .. })).collect();
+        assert_eq!(reporters.len(), 1);
+        // Rank 0 sends alternately through both replicas; rank 1 never gets the seat.
+        let reporter = if matches!(a.decide("run", "n", 0, 1, 1).await.unwrap().0, Decision::Report { .. }) { 0 } else { 1 };
+        for step in 2..40 {
+            clock.advance(Duration::from_secs(10));
+            let via = if step % 2 == 0 { &a } else { &b };
+            assert!(matches!(via.decide("run", "n", reporter, step, step).await.unwrap().0, Decision::Report { .. }), "step {step}");
+            let other = if step % 2 == 0 { &b } else { &a };
+            assert!(matches!(other.decide("run", "n", 1 - reporter, step, step).await.unwrap().0, Decision::Standby { .. }), "step {step}");
+        }
+    }
+}

@@ -1,0 +1,101 @@
+//! Node leases: the election state of node-series deduplication. Every change of reporter is a
+//! compare-and-set in one statement, correct when several proxy replicas share one PostgreSQL.
+
+use super::{Store, StoreError};
+
+/// A lease row as stored.
+#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
+pub struct NodeLease {
+    pub run_id: String,
+    pub node: String,
+    pub reporter_rank: i64,
+    pub epoch: i64,
+    pub renewed_at: i64,
+    pub step_offset: i64,
+    pub last_step: i64,
+}
+
+const COLUMNS: &str = "run_id, node, reporter_rank, epoch, renewed_at, step_offset, last_step";
+
+/// Runs one query on whichever backend the store has; every statement here is written in the
+/// SQL both dialects share (`$n` placeholders, `ON CONFLICT`, `RETURNING`, `CASE`).
+macro_rules! on_backend {
+    ($store:expr, |$pool:ident| $body:expr) => {
+        match $store {
+            Store::Sqlite($pool) => $body,
+            Store::Postgres($pool) => $body,
+        }
+    };
+}
+
+impl Store {
+    pub async fn lease(&self, run_id: &str, node: &str) -> Result<Option<NodeLease>, StoreError> {
+        let sql = format!("SELECT {COLUMNS} FROM node_leases WHERE run_id = $1 AND node = $2");
+        let lease = on_backend!(self, |pool| sqlx::query_as(&sql).bind(run_id).bind(node).fetch_optional(pool).await?);
+        Ok(lease)
+    }
+
+    pub async fn leases_of_run(&self, run_id: &str) -> Result<Vec<NodeLease>, StoreError> {
+        let sql = format!("SELECT {COLUMNS} FROM node_leases WHERE run_id = $1 ORDER BY node");
+        let leases = on_backend!(self, |pool| sqlx::query_as(&sql).bind(run_id).fetch_all(pool).await?);
+        Ok(leases)
+    }
+
+    /// Makes `rank` the reporter if the (run, node) has none, or if the current one has not
+    /// renewed since `expired_before`. Returns the new lease, or `None` when another rank holds
+    /// a live one. `first_step` is the candidate's first node-series step: its offset continues
+    /// the series after the highest step written so far.
+    pub async fn elect(
+        &self,
+        run_id: &str,
+        node: &str,
+        rank: i64,
+        now: i64,
+        expired_before: i64,
+        first_step: i64,
+    ) -> Result<Option<NodeLease>, StoreError> {
+        let insert = format!(
+            "INSERT INTO node_leases ({COLUMNS}) VALUES ($1, $2, $3, 1, $4, 0, -1) \
+             ON CONFLICT (run_id, node) DO NOTHING RETURNING {COLUMNS}"
+        );
+        let inserted: Option<NodeLease> =
+            on_backend!(self, |pool| sqlx::query_as(&insert).bind(run_id).bind(node).bind(rank).bind(now).fetch_optional(pool).await?);
+        if inserted.is_some() {
+            return Ok(inserted);
+        }
+        let takeover = format!(
+            "UPDATE node_leases SET reporter_rank = $3, epoch = epoch + 1, renewed_at = $4, \
+             step_offset = CASE WHEN last_step + 1 > $6 THEN last_step + 1 - $6 ELSE 0 END \
+             WHERE run_id = $1 AND node = $2 AND renewed_at < $5 RETURNING {COLUMNS}"
+        );
+        let taken = on_backend!(self, |pool| sqlx::query_as(&takeover)
+            .bind(run_id)
+            .bind(node)
+            .bind(rank)
+            .bind(now)
+            .bind(expired_before)
+            .bind(first_step)
+            .fetch_optional(pool)
+            .await?);
+        Ok(taken)
+    }
+
+    /// Extends the reporter's seat and records the highest step written. Fails (returns false)
+    /// when the lease changed hands since `epoch`.
+    pub async fn renew(&self, lease: &NodeLease, now: i64) -> Result<bool, StoreError> {
+        let sql = "UPDATE node_leases SET renewed_at = $5, \
+                   last_step = CASE WHEN last_step < $6 THEN $6 ELSE last_step END \
+                   WHERE run_id = $1 AND node = $2 AND reporter_rank = $3 AND epoch = $4";
+        let result = on_backend!(self, |pool| sqlx::query(sql)
+            .bind(&lease.run_id)
+            .bind(&lease.node)
+            .bind(lease.reporter_rank)
+            .bind(lease.epoch)
+            .bind(now)
+            .bind(lease.last_step)
+            .execute(pool)
+            .await?
+            .rows_affected());
+        Ok(result == 1)
+    }
+}
