@@ -1,0 +1,827 @@
+//! The real-stack harness: child processes on free loopback ports, each started through a watchdog
+//! so that none of them can outlive the process that started it.
+//!
+//! Everything here is blocking std code on purpose: it is called from `#[tokio::test]` functions
+//! (where `reqwest::blocking` would panic) as well as from plain synchronous code.
+
+use std::collections::BTreeSet;
+use std::fs::{self, File};
+use std::io::{self, Read, Seek, SeekFrom, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, Command, ExitStatus, Stdio};
+use std::sync::{Mutex, OnceLock};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, bail, Context, Result};
+
+/// How long SeaweedFS may take until its S3 gateway stores objects.
+const S3_READY_TIMEOUT: Duration = Duration::from_secs(60);
+/// MLflow needs 15–25 s on a 2-core machine before `/health` answers; leave room for a busy one.
+const MLFLOW_READY_TIMEOUT: Duration = Duration::from_secs(120);
+/// How long the proxy and nginx may take until they answer.
+const PROXY_READY_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long a process may take to exit after SIGTERM before its group gets SIGKILL.
+const TERMINATE_GRACE: Duration = Duration::from_secs(30);
+/// The same, when a handle is dropped: tests should not wait long for their teardown.
+const DROP_GRACE: Duration = Duration::from_secs(5);
+
+// === paths ===
+
+/// The repository root (the workspace this crate was built in).
+pub fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("the tests crate lives one level below the repository root")
+        .to_path_buf()
+}
+
+/// The Python virtual environment with MLflow, SeaweedFS (`bin/weed`) and boto3:
+/// `MLSCOPE_VENV`, or `<repo>/.venv`.
+pub fn venv() -> PathBuf {
+    let venv = std::env::var_os("MLSCOPE_VENV")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| repo_root().join(".venv"));
+    for tool in ["python", "mlflow", "weed"] {
+        if !venv.join("bin").join(tool).exists() {
+            panic!(
+                "{} has no bin/{tool}: run scripts/setup first (it installs MLflow, SeaweedFS and \
+                 boto3 there; set MLSCOPE_VENV to use another environment)",
+                venv.display()
+            );
+        }
+    }
+    venv
+}
+
+/// The `mlscope-proxy` binary: `MLSCOPE_PROXY_BIN`; else the one beside the running executable
+/// (a test binary lives in `target/<profile>/deps`, a binary in `target/<profile>`), so tests use
+/// the proxy of their own profile; else `<CARGO_TARGET_DIR or repo/target>/{debug,release}`.
+pub fn proxy_binary() -> PathBuf {
+    const NAME: &str = "mlscope-proxy";
+    if let Some(path) = std::env::var_os("MLSCOPE_PROXY_BIN") {
+        return PathBuf::from(path);
+    }
+    let mut candidates = Vec::new();
+    if let Ok(exe) = std::env::current_exe() {
+        candidates.extend(exe.ancestors().skip(1).take(2).map(|dir| dir.join(NAME)));
+    }
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| repo_root().join("target"));
+    candidates.extend(["debug", "release"].map(|profile| target.join(profile).join(NAME)));
+    match candidates.iter().find(|path| path.is_file()) {
+        Some(path) => path.clone(),
+        None => panic!(
+            "no {NAME} binary found (looked at {candidates:?}): run `cargo build --bins` first, \
+             or set MLSCOPE_PROXY_BIN"
+        ),
+    }
+}
+
+/// A loopback port that was free a moment ago and that this process has not handed out before,
+/// so parallel tests in one process never pick the same one.
+pub fn free_port() -> u16 {
+    static HANDED_OUT: Mutex<BTreeSet<u16>> = Mutex::new(BTreeSet::new());
+    loop {
+        let port = TcpListener::bind("127.0.0.1:0")
+            .and_then(|listener| listener.local_addr())
+            .expect("binding 127.0.0.1:0")
+            .port();
+        if HANDED_OUT
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(port)
+        {
+            return port;
+        }
+    }
+}
+
+// === impl Process ===
+
+/// Runs the real command in the foreground (`exec`, so it keeps the pid and leads the process
+/// group) and, in the background, waits for EOF on the stdin pipe that only the harness holds.
+/// EOF comes when the `Process` is dropped or when the harness dies in any way, even SIGKILL;
+/// the watchdog then terminates the whole group, and kills it 5 s later.
+const WATCHDOG: &str = r#"exec 3<&0 </dev/null
+{ trap '' TERM; cat >/dev/null; kill -TERM 0; sleep 5; kill -KILL 0; } <&3 &
+exec "$@" 3<&-"#;
+
+/// A spawned child in its own process group that never outlives the harness process: dropping
+/// it terminates the group (SIGTERM, then SIGKILL after 5 s), and so does the watchdog when the
+/// harness process exits without dropping it.
+#[derive(Debug)]
+pub struct Process {
+    name: String,
+    child: Child,
+    /// The watchdog's lifeline: the only write end of its stdin pipe.
+    lifeline: Option<ChildStdin>,
+    log_path: PathBuf,
+    stopped: bool,
+}
+
+impl Process {
+    /// Spawns `command` with stdout and stderr appended to `log_path`. `name` names the process
+    /// in error messages.
+    pub fn spawn(name: &str, command: &Command, log_path: &Path) -> Result<Process> {
+        let log = File::options()
+            .create(true)
+            .append(true)
+            .open(log_path)
+            .with_context(|| format!("creating {}", log_path.display()))?;
+        let mut watched = Command::new("sh");
+        watched
+            .arg("-c")
+            .arg(WATCHDOG)
+            .arg("sh")
+            .arg(command.get_program())
+            .args(command.get_args())
+            .stdin(Stdio::piped())
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .process_group(0);
+        for (key, value) in command.get_envs() {
+            match value {
+                Some(value) => watched.env(key, value),
+                None => watched.env_remove(key),
+            };
+        }
+        if let Some(dir) = command.get_current_dir() {
+            watched.current_dir(dir);
+        }
+        let mut child = watched
+            .spawn()
+            .with_context(|| format!("starting {name} ({:?})", command.get_program()))?;
+        Ok(Process {
+            name: name.to_owned(),
+            lifeline: child.stdin.take(),
+            child,
+            log_path: log_path.to_owned(),
+            stopped: false,
+        })
+    }
+
+    /// The pid of the real command (it replaced the watchdog shell) and so its process group id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Where the process's stdout and stderr go.
+    pub fn log_path(&self) -> &Path {
+        &self.log_path
+    }
+
+    /// Sends SIGTERM to the process group and waits for the process to exit (SIGKILL after 30 s).
+    pub fn terminate(&mut self) -> ExitStatus {
+        self.stop(TERMINATE_GRACE)
+    }
+
+    /// The exit status if the process has exited.
+    pub fn try_status(&mut self) -> Option<ExitStatus> {
+        self.child.try_wait().ok().flatten()
+    }
+
+    /// The last lines of the log, for error messages.
+    pub fn log_tail(&self) -> String {
+        log_tail(&self.log_path, 40)
+    }
+
+    fn stop(&mut self, grace: Duration) -> ExitStatus {
+        if self.try_status().is_none() {
+            self.signal_group("TERM");
+            let deadline = Instant::now() + grace;
+            while self.try_status().is_none() && Instant::now() < deadline {
+                thread::sleep(Duration::from_millis(50));
+            }
+        }
+        // Also ends the watchdog and whatever the process left behind in its group.
+        self.signal_group("KILL");
+        self.lifeline = None;
+        self.stopped = true;
+        self.child.wait().expect("waiting for a child process")
+    }
+
+    fn signal_group(&self, signal: &str) {
+        // Failure means the group is already gone, which is what we want.
+        let _ = Command::new("kill")
+            .args([&format!("-{signal}"), "--", &format!("-{}", self.pid())])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status();
+    }
+
+    /// Polls `ready` until it holds, failing early when the process exits and with the tail of
+    /// its log when `timeout` passes.
+    fn wait_until(
+        &mut self,
+        what: &str,
+        timeout: Duration,
+        mut ready: impl FnMut() -> bool,
+    ) -> Result<()> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if ready() {
+                return Ok(());
+            }
+            if let Some(status) = self.try_status() {
+                bail!(
+                    "{} exited ({status}) before {what}; last lines of {}:\n{}",
+                    self.name,
+                    self.log_path.display(),
+                    self.log_tail()
+                );
+            }
+            if Instant::now() >= deadline {
+                bail!(
+                    "{} did not get to {what} within {timeout:?}; last lines of {}:\n{}",
+                    self.name,
+                    self.log_path.display(),
+                    self.log_tail()
+                );
+            }
+            thread::sleep(Duration::from_millis(200));
+        }
+    }
+}
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        if !self.stopped {
+            self.stop(DROP_GRACE);
+        }
+    }
+}
+
+fn log_tail(path: &Path, lines: usize) -> String {
+    const MAX_BYTES: u64 = 16 * 1024;
+    let mut text = String::new();
+    if let Ok(mut file) = File::open(path) {
+        let len = file.metadata().map(|m| m.len()).unwrap_or(0);
+        let _ = file.seek(SeekFrom::Start(len.saturating_sub(MAX_BYTES)));
+        let mut bytes = Vec::new();
+        let _ = file.read_to_end(&mut bytes);
+        text = String::from_utf8_lossy(&bytes).into_owned();
+    }
+    let all: Vec<&str> = text.lines().collect();
+    all[all.len().saturating_sub(lines)..].join("\n")
+}
+
+// === raw HTTP for readiness checks ===
+
+/// `host:port` of an `http://host:port[/...]` URL.
+fn authority(url: &str) -> Result<&str> {
+    let rest = url
+        .strip_prefix("http://")
+        .ok_or_else(|| anyhow!("{url:?} is not an http:// URL"))?;
+    Ok(rest.split('/').next().unwrap_or(rest))
+}
+
+/// Sends one HTTP/1.1 request on a fresh connection and returns the response status code.
+fn http_status(addr: &str, method: &str, path: &str, body: &[u8]) -> io::Result<u16> {
+    let socket: SocketAddr = addr
+        .parse()
+        .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, format!("{addr}: {e}")))?;
+    let mut stream = TcpStream::connect_timeout(&socket, Duration::from_secs(2))?;
+    stream.set_read_timeout(Some(Duration::from_secs(10)))?;
+    stream.set_write_timeout(Some(Duration::from_secs(10)))?;
+    write!(
+        stream,
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    )?;
+    stream.write_all(body)?;
+    let mut response = Vec::new();
+    stream.read_to_end(&mut response)?;
+    let head = String::from_utf8_lossy(&response[..response.len().min(64)]).into_owned();
+    head.split(' ')
+        .nth(1)
+        .and_then(|code| code.parse().ok())
+        .ok_or_else(|| {
+            io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("no HTTP status line in {head:?}"),
+            )
+        })
+}
+
+fn answers_200(addr: &str, path: &str) -> bool {
+    matches!(http_status(addr, "GET", path, b""), Ok(200))
+}
+
+fn accepts_connections(addr: &str) -> bool {
+    addr.parse()
+        .is_ok_and(|socket| TcpStream::connect_timeout(&socket, Duration::from_secs(1)).is_ok())
+}
+
+// === impl S3Store ===
+
+/// A SeaweedFS `weed server` (master, volume server, filer and S3 gateway in one process) with
+/// one bucket, answering unsigned requests (no S3 identities are configured).
+#[derive(Debug)]
+pub struct S3Store {
+    /// The S3 endpoint, `http://127.0.0.1:<port>`.
+    pub url: String,
+    pub bucket: String,
+    pub process: Process,
+}
+
+impl S3Store {
+    pub const BUCKET: &'static str = "mlflow";
+
+    /// Starts SeaweedFS with its data under `dir` and waits until the bucket stores objects.
+    pub fn start(dir: &Path) -> Result<S3Store> {
+        Self::start_on(dir, free_port())
+    }
+
+    /// As [`S3Store::start`], with the S3 gateway on `s3_port`.
+    pub fn start_on(dir: &Path, s3_port: u16) -> Result<S3Store> {
+        let mut store = Self::spawn(dir, s3_port)?;
+        store.wait_ready()?;
+        Ok(store)
+    }
+
+    fn spawn(dir: &Path, s3_port: u16) -> Result<S3Store> {
+        let data = dir.join(format!("seaweedfs-{s3_port}"));
+        fs::create_dir_all(&data).with_context(|| format!("creating {}", data.display()))?;
+        // Every port is explicit: the gRPC ports default to port + 10000, which overflows for
+        // high random ports, and defaults would collide between parallel instances.
+        let ports = [
+            ("master.port", free_port()),
+            ("master.port.grpc", free_port()),
+            ("volume.port", free_port()),
+            ("volume.port.grpc", free_port()),
+            ("filer.port", free_port()),
+            ("filer.port.grpc", free_port()),
+            ("s3.port", s3_port),
+            ("s3.port.grpc", free_port()),
+            ("s3.port.iceberg", 0),
+            ("s3.port.lance", 0),
+        ];
+        let mut command = Command::new(venv().join("bin/weed"));
+        command.args([
+            "server",
+            "-ip=127.0.0.1",
+            "-ip.bind=127.0.0.1",
+            "-filer",
+            "-s3",
+            // No network: do not try to send usage statistics.
+            "-master.telemetry=false",
+            // Small volumes; a test stack stores megabytes, not the default 30 GiB per volume.
+            "-master.volumeSizeLimitMB=256",
+            "-volume.max=0",
+            // Exit at once on SIGTERM instead of the 10 s default drain.
+            "-volume.preStopSeconds=0",
+        ]);
+        command.arg(format!("-dir={}", data.display()));
+        command.args(ports.iter().map(|(flag, port)| format!("-{flag}={port}")));
+        for socket in ["filer", "s3"] {
+            command.arg(format!(
+                "-{socket}.localSocket={}",
+                data.join(format!("{socket}.sock")).display()
+            ));
+        }
+        let process = Process::spawn(
+            "SeaweedFS",
+            &command,
+            &dir.join(format!("seaweedfs-{s3_port}.log")),
+        )?;
+        Ok(S3Store {
+            url: format!("http://127.0.0.1:{s3_port}"),
+            bucket: Self::BUCKET.to_owned(),
+            process,
+        })
+    }
+
+    /// Creates the bucket and writes an object: the gateway answers before the master has
+    /// elected itself and the volume server has registered, and only then do writes succeed.
+    fn wait_ready(&mut self) -> Result<()> {
+        let addr = authority(&self.url)?.to_owned();
+        let bucket = format!("/{}", self.bucket);
+        let probe = format!("/{}/.mlscope-ready", self.bucket);
+        self.process
+            .wait_until("storing objects", S3_READY_TIMEOUT, || {
+                matches!(http_status(&addr, "PUT", &bucket, b""), Ok(200 | 409))
+                    && matches!(http_status(&addr, "PUT", &probe, b"ok"), Ok(200))
+            })?;
+        // Keep the bucket as MLflow would find it: empty.
+        http_status(&addr, "DELETE", &probe, b"").context("deleting the readiness probe object")?;
+        Ok(())
+    }
+}
+
+// === impl MlflowServer ===
+
+/// An MLflow tracking server (`mlflow server`) that serves artifacts itself from the S3 store.
+#[derive(Debug)]
+pub struct MlflowServer {
+    /// `http://127.0.0.1:<port>`.
+    pub url: String,
+    /// The backend store URI it was started with.
+    pub backend_store_uri: String,
+    pub process: Process,
+}
+
+impl MlflowServer {
+    /// Starts MLflow on a free port with artifacts under `s3://<bucket>/artifacts` and the given
+    /// backend store (default: an SQLite file in `dir`), and waits until `/health` answers.
+    pub fn start(
+        dir: &Path,
+        s3: &S3Store,
+        backend_store_uri: Option<&str>,
+    ) -> Result<MlflowServer> {
+        Self::start_on(dir, s3, backend_store_uri, free_port())
+    }
+
+    /// As [`MlflowServer::start`], on `port`.
+    pub fn start_on(
+        dir: &Path,
+        s3: &S3Store,
+        backend_store_uri: Option<&str>,
+        port: u16,
+    ) -> Result<MlflowServer> {
+        let mut server = Self::spawn(dir, s3, backend_store_uri, port)?;
+        server.wait_ready()?;
+        Ok(server)
+    }
+
+    fn spawn(
+        dir: &Path,
+        s3: &S3Store,
+        backend_store_uri: Option<&str>,
+        port: u16,
+    ) -> Result<MlflowServer> {
+        let backend_store_uri = match backend_store_uri {
+            Some(uri) => uri.to_owned(),
+            None => format!(
+                "sqlite:///{}",
+                dir.join(format!("mlflow-{port}.db")).display()
+            ),
+        };
+        let mut command = Command::new(venv().join("bin/mlflow"));
+        command
+            .args([
+                "server",
+                "--host",
+                "127.0.0.1",
+                "--workers",
+                "1",
+                "--serve-artifacts",
+            ])
+            .args(["--port", &port.to_string()])
+            .args(["--backend-store-uri", &backend_store_uri])
+            .args([
+                "--artifacts-destination",
+                &format!("s3://{}/artifacts", s3.bucket),
+            ])
+            .env("MLFLOW_S3_ENDPOINT_URL", &s3.url)
+            .env("AWS_ACCESS_KEY_ID", "mlscope")
+            .env("AWS_SECRET_ACCESS_KEY", "mlscope")
+            .env("AWS_DEFAULT_REGION", "us-east-1")
+            // The job runner starts three extra worker processes for GenAI jobs that nothing
+            // here uses; on a 2-core machine they only take CPU from the server under test.
+            .env("MLFLOW_SERVER_ENABLE_JOB_EXECUTION", "false")
+            .current_dir(dir);
+        let process = Process::spawn("MLflow", &command, &dir.join(format!("mlflow-{port}.log")))?;
+        Ok(MlflowServer {
+            url: format!("http://127.0.0.1:{port}"),
+            backend_store_uri,
+            process,
+        })
+    }
+
+    fn wait_ready(&mut self) -> Result<()> {
+        let addr = authority(&self.url)?.to_owned();
+        self.process
+            .wait_until("answering GET /health", MLFLOW_READY_TIMEOUT, || {
+                answers_200(&addr, "/health")
+            })
+    }
+}
+
+// === impl ProxyProcess ===
+
+/// A running `mlscope-proxy`.
+#[derive(Debug)]
+pub struct ProxyProcess {
+    /// The MLflow-facing listener, `http://127.0.0.1:<port>`.
+    pub url: String,
+    /// The admin listener (`/healthz`, `/readyz`, `/metrics`).
+    pub admin_url: String,
+    pub process: Process,
+    pub log_path: PathBuf,
+}
+
+/// Starts `mlscope-proxy` in front of `upstream` on free ports for `--listen` and
+/// `--admin-listen`, with JSON logs and an SQLite state file in `dir`, and waits until the admin
+/// `/healthz` answers 200. `extra_args` come last; one naming `--listen`, `--admin-listen`,
+/// `--upstream`, `--database-url` or `--log-format` replaces the harness's default for it.
+pub fn spawn_proxy(upstream: &str, extra_args: &[&str], dir: &Path) -> Result<ProxyProcess> {
+    spawn_proxy_on(upstream, extra_args, dir, free_port(), free_port())
+}
+
+/// As [`spawn_proxy`], on the given ports.
+pub fn spawn_proxy_on(
+    upstream: &str,
+    extra_args: &[&str],
+    dir: &Path,
+    port: u16,
+    admin_port: u16,
+) -> Result<ProxyProcess> {
+    let listen = format!("127.0.0.1:{port}");
+    let admin_listen = format!("127.0.0.1:{admin_port}");
+    let database_url = format!(
+        "sqlite://{}",
+        dir.join(format!("mlscope-{port}.db")).display()
+    );
+    let defaults = [
+        ("--listen", listen.as_str()),
+        ("--admin-listen", admin_listen.as_str()),
+        ("--upstream", upstream),
+        ("--database-url", database_url.as_str()),
+        ("--log-format", "json"),
+    ];
+    let mut command = Command::new(proxy_binary());
+    for (flag, value) in defaults {
+        let overridden = extra_args.iter().any(|arg| {
+            *arg == flag
+                || arg
+                    .strip_prefix(flag)
+                    .is_some_and(|rest| rest.starts_with('='))
+        });
+        if !overridden {
+            command.args([flag, value]);
+        }
+    }
+    command.args(extra_args).current_dir(dir);
+    let log_path = dir.join(format!("mlscope-proxy-{port}.log"));
+    let mut process = Process::spawn("mlscope-proxy", &command, &log_path)?;
+    process.wait_until("answering GET /healthz", PROXY_READY_TIMEOUT, || {
+        answers_200(&admin_listen, "/healthz")
+    })?;
+    Ok(ProxyProcess {
+        url: format!("http://{listen}"),
+        admin_url: format!("http://{admin_listen}"),
+        process,
+        log_path,
+    })
+}
+
+// === impl TestStack ===
+
+/// What [`TestStack::start`] starts.
+#[derive(Debug, Clone)]
+pub struct StackOptions {
+    /// Start a proxy in front of MLflow.
+    pub proxy: bool,
+    /// Extra arguments for the proxy (see [`spawn_proxy`]).
+    pub proxy_args: Vec<String>,
+    /// MLflow's backend store URI; default: an SQLite file in the stack directory.
+    pub mlflow_backend: Option<String>,
+}
+
+impl Default for StackOptions {
+    fn default() -> Self {
+        StackOptions {
+            proxy: true,
+            proxy_args: Vec::new(),
+            mlflow_backend: None,
+        }
+    }
+}
+
+/// SeaweedFS, MLflow and (optionally) the proxy, with their data and logs in one temporary
+/// directory. Dropping it stops the processes, then removes the directory.
+#[derive(Debug)]
+pub struct TestStack {
+    pub dir: tempfile::TempDir,
+    pub s3: S3Store,
+    pub mlflow: MlflowServer,
+    pub proxy: Option<ProxyProcess>,
+    /// Held only for what happens when it is dropped, or never dropped.
+    _remover: DirRemover,
+}
+
+impl TestStack {
+    /// Starts a stack on free ports and waits until every part is ready.
+    pub fn start(opts: StackOptions) -> Result<TestStack> {
+        let dir = tempfile::Builder::new()
+            .prefix("mlscope-stack-")
+            .tempdir()
+            .context("creating the stack directory")?;
+        let ports = StackPorts {
+            s3: free_port(),
+            mlflow: free_port(),
+            proxy: free_port(),
+            admin: free_port(),
+        };
+        Self::start_in(dir, &opts, ports)
+    }
+
+    /// Starts a stack in `dir` on the given ports.
+    pub fn start_in(
+        dir: tempfile::TempDir,
+        opts: &StackOptions,
+        ports: StackPorts,
+    ) -> Result<TestStack> {
+        let remover = DirRemover::spawn(dir.path())?;
+        // MLflow takes the longest to start and needs no S3 until the first artifact request:
+        // start both at once and wait for each afterwards.
+        let mut s3 = S3Store::spawn(dir.path(), ports.s3)?;
+        let mut mlflow = MlflowServer::spawn(
+            dir.path(),
+            &s3,
+            opts.mlflow_backend.as_deref(),
+            ports.mlflow,
+        )?;
+        s3.wait_ready()?;
+        mlflow.wait_ready()?;
+        let proxy = if opts.proxy {
+            let args: Vec<&str> = opts.proxy_args.iter().map(String::as_str).collect();
+            Some(spawn_proxy_on(
+                &mlflow.url,
+                &args,
+                dir.path(),
+                ports.proxy,
+                ports.admin,
+            )?)
+        } else {
+            None
+        };
+        Ok(TestStack {
+            dir,
+            s3,
+            mlflow,
+            proxy,
+            _remover: remover,
+        })
+    }
+
+    /// One stack (proxy included) for the whole test process, started by the first caller.
+    /// A static is never dropped: its processes and directory go away when the test process
+    /// exits, through the watchdogs and the directory remover.
+    pub fn shared() -> &'static TestStack {
+        static SHARED: OnceLock<Result<TestStack, String>> = OnceLock::new();
+        let stack = SHARED.get_or_init(|| {
+            TestStack::start(StackOptions::default()).map_err(|e| format!("{e:#}"))
+        });
+        match stack {
+            Ok(stack) => stack,
+            Err(error) => panic!("the shared test stack did not start: {error}"),
+        }
+    }
+
+    /// The proxy's URL; panics for a stack started without one.
+    pub fn proxy_url(&self) -> &str {
+        &self
+            .proxy
+            .as_ref()
+            .expect("this stack was started without a proxy")
+            .url
+    }
+}
+
+impl Drop for TestStack {
+    fn drop(&mut self) {
+        // Stop the processes front to back before `dir` (the first field) is removed.
+        self.proxy = None;
+        self.mlflow.process.stop(DROP_GRACE);
+        self.s3.process.stop(DROP_GRACE);
+    }
+}
+
+/// Ports for [`TestStack::start_in`].
+#[derive(Debug, Clone, Copy)]
+pub struct StackPorts {
+    pub s3: u16,
+    pub mlflow: u16,
+    pub proxy: u16,
+    pub admin: u16,
+}
+
+/// Removes a stack directory if the process that started the stack dies without dropping it
+/// (SIGKILL, a test timeout, or the shared stack, which lives in a static and is never dropped).
+/// Like the watchdogs, it notices that death by EOF on its stdin; it then waits until the
+/// watchdogs have stopped the processes writing into the directory.
+#[derive(Debug)]
+struct DirRemover {
+    child: Child,
+}
+
+impl DirRemover {
+    fn spawn(dir: &Path) -> Result<DirRemover> {
+        let child = Command::new("sh")
+            .args(["-c", "read -r _; sleep 7; exec rm -rf -- \"$1\"", "sh"])
+            .arg(dir)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            // Out of the terminal's process group, so that Ctrl-C does not take it along.
+            .process_group(0)
+            .spawn()
+            .context("starting the stack directory remover")?;
+        Ok(DirRemover { child })
+    }
+}
+
+impl Drop for DirRemover {
+    fn drop(&mut self) {
+        // The stack was dropped properly and its directory is gone already.
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+// === impl Nginx ===
+
+/// nginx as a plain reverse proxy, the reference gateway that the proxy's overhead is compared
+/// with. Configured like a production gateway in front of MLflow: upstream keep-alive, no body
+/// size limit, and no buffering in either direction.
+#[derive(Debug)]
+pub struct Nginx {
+    /// `http://127.0.0.1:<port>`.
+    pub url: String,
+    pub process: Process,
+}
+
+impl Nginx {
+    /// Used when the repository has no `deploy/nginx/mlscope-bench.conf.tmpl`. Placeholders
+    /// (also in the template): `@PREFIX@` (a directory for pid, logs and temporary files),
+    /// `@LISTEN@` (`127.0.0.1:<port>`) and `@UPSTREAM@` (`host:port`).
+    const DEFAULT_CONFIG: &'static str = r#"daemon off;
+master_process on;
+worker_processes auto;
+# Only takes effect when started as root; workers must reach the temporary paths below.
+user root root;
+pid @PREFIX@/nginx.pid;
+error_log @PREFIX@/error.log warn;
+events { worker_connections 4096; }
+http {
+    access_log off;
+    client_body_temp_path @PREFIX@/client_body;
+    proxy_temp_path @PREFIX@/proxy;
+    fastcgi_temp_path @PREFIX@/fastcgi;
+    uwsgi_temp_path @PREFIX@/uwsgi;
+    scgi_temp_path @PREFIX@/scgi;
+    upstream mlflow {
+        server @UPSTREAM@;
+        keepalive 32;
+    }
+    server {
+        listen @LISTEN@;
+        client_max_body_size 0;
+        location / {
+            proxy_pass http://mlflow;
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+            proxy_set_header Host $http_host;
+            proxy_request_buffering off;
+            proxy_buffering off;
+            proxy_read_timeout 300s;
+            proxy_send_timeout 300s;
+        }
+    }
+}
+"#;
+
+    /// Starts `/usr/sbin/nginx` on a free port in front of `upstream` (`http://host:port`).
+    pub fn start(upstream: &str, dir: &Path) -> Result<Nginx> {
+        let port = free_port();
+        let listen = format!("127.0.0.1:{port}");
+        let prefix = dir.join(format!("nginx-{port}"));
+        fs::create_dir_all(&prefix).with_context(|| format!("creating {}", prefix.display()))?;
+        let template_path = repo_root().join("deploy/nginx/mlscope-bench.conf.tmpl");
+        let template = match fs::read_to_string(&template_path) {
+            Ok(template) => template,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Self::DEFAULT_CONFIG.to_owned(),
+            Err(e) => {
+                return Err(e).with_context(|| format!("reading {}", template_path.display()))
+            }
+        };
+        let config = template
+            .replace("@PREFIX@", &prefix.display().to_string())
+            .replace("@LISTEN@", &listen)
+            .replace("@UPSTREAM@", authority(upstream)?);
+        let config_path = prefix.join("nginx.conf");
+        fs::write(&config_path, config)
+            .with_context(|| format!("writing {}", config_path.display()))?;
+        let mut command = Command::new("/usr/sbin/nginx");
+        command
+            .arg("-p")
+            .arg(&prefix)
+            .arg("-c")
+            .arg(&config_path)
+            .arg("-e")
+            .arg(prefix.join("error.log"));
+        let mut process = Process::spawn("nginx", &command, &prefix.join("stderr.log"))?;
+        process.wait_until("accepting connections", PROXY_READY_TIMEOUT, || {
+            accepts_connections(&listen)
+        })?;
+        Ok(Nginx {
+            url: format!("http://{listen}"),
+            process,
+        })
+    }
+}

@@ -1,0 +1,6 @@
+//! Integration tests against the real stack (SeaweedFS, MLflow, mlscope-proxy), compiled as one
+//! binary so that its tests share one stack (`TestStack::shared`).
+
+mod compat;
+mod python_client;
+mod stack;
