@@ -1,0 +1,251 @@
+//! Command-line interface: one subcommand per benchmark, and the limits that keep every run
+//! bounded.
+
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+use crate::units::{parse_byte_size, ByteSize};
+
+/// Highest request rate accepted per target. MLflow with SQLite saturates at about 70 log-batch
+/// requests/s on the 2-core benchmark machines; rates far above that measure MLflow's queue.
+const MAX_RATE: u32 = 1_000;
+/// Longest measured duration per (endpoint, rate, target), so a typo cannot run for a day.
+const MAX_DURATION: Duration = Duration::from_secs(3_600);
+/// Largest generated artifact.
+const MAX_ARTIFACT_SIZE: u64 = 64 << 30;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "mlscope-bench",
+    version,
+    about = "Benchmarks mlscope-proxy side by side with direct MLflow and nginx on loopback",
+    long_about = "Starts a private stack (SeaweedFS, MLflow, mlscope-proxy, nginx) on free loopback \
+                  ports, runs one benchmark and prints a markdown report on stdout."
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Added latency of nginx and mlscope-proxy over direct MLflow, at fixed request rates.
+    Passthrough(PassthroughArgs),
+    /// Streamed upload and download of a generated object through mlscope-proxy and direct.
+    Artifact(ArtifactArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct PassthroughArgs {
+    /// Request rates per target in requests/s, comma separated. Keep them below MLflow's
+    /// saturation (about 70 log-batch requests/s with SQLite on 2 cores).
+    #[arg(long, value_delimiter = ',', default_values_t = [20u32, 50])]
+    pub rates: Vec<u32>,
+    /// Measured time per (endpoint, rate, target), spread over interleaved slices.
+    #[arg(long, default_value = "20s", value_parser = humantime::parse_duration)]
+    pub duration: Duration,
+    /// Unmeasured load per (endpoint, target) before the first rate, at the lowest rate.
+    #[arg(long, default_value = "3s", value_parser = humantime::parse_duration)]
+    pub warmup: Duration,
+    /// Length of one slice; targets take turns slice by slice so drift (database growth, other
+    /// processes on the machine) hits all of them alike.
+    #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
+    pub slice: Duration,
+    /// Endpoints to measure, comma separated.
+    #[arg(long, value_enum, value_delimiter = ',', default_values_t = [Endpoint::LogBatch, Endpoint::RunsGet])]
+    pub endpoints: Vec<Endpoint>,
+    /// Metrics per log-batch request (MLflow allows up to 1000).
+    #[arg(long, default_value_t = 10)]
+    pub metrics_per_request: usize,
+    /// Requests outstanding per target at most; when reached, later sends wait, and the wait
+    /// counts in their latency.
+    #[arg(long, default_value_t = 64)]
+    pub max_in_flight: usize,
+    /// Time after which a request counts as an error.
+    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+    pub request_timeout: Duration,
+    #[command(flatten)]
+    pub stack: StackArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct ArtifactArgs {
+    /// Size of the generated object, e.g. 64MiB, 1GiB, 500MB or a plain number of bytes.
+    #[arg(long, default_value = "1GiB", value_parser = parse_byte_size)]
+    pub size: ByteSize,
+    /// Size of each generated chunk handed to the HTTP client.
+    #[arg(long, default_value = "1MiB", value_parser = parse_byte_size)]
+    pub chunk_size: ByteSize,
+    /// Time limit for each single upload or download.
+    #[arg(long, default_value = "20m", value_parser = humantime::parse_duration)]
+    pub transfer_timeout: Duration,
+    /// Skip the comparison transfer directly to MLflow.
+    #[arg(long)]
+    pub no_direct: bool,
+    #[command(flatten)]
+    pub stack: StackArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct StackArgs {
+    /// MLflow `--backend-store-uri` (default: the harness's SQLite file).
+    #[arg(long)]
+    pub mlflow_backend: Option<String>,
+    /// Extra argument for mlscope-proxy; repeat for several.
+    #[arg(long = "proxy-arg", allow_hyphen_values = true)]
+    pub proxy_args: Vec<String>,
+}
+
+/// The MLflow REST calls the pass-through benchmark sends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, ValueEnum)]
+pub enum Endpoint {
+    /// `POST /api/2.0/mlflow/runs/log-batch`, a unique step per request.
+    LogBatch,
+    /// `GET /api/2.0/mlflow/runs/get?run_id=...`.
+    RunsGet,
+}
+
+// === impl Cli ===
+
+impl Cli {
+    /// Checks what clap cannot: ranges and relations between arguments.
+    pub fn validate(&self) -> Result<(), String> {
+        match &self.command {
+            Command::Passthrough(args) => args.validate(),
+            Command::Artifact(args) => args.validate(),
+        }
+    }
+}
+
+impl PassthroughArgs {
+    fn validate(&self) -> Result<(), String> {
+        if self.rates.is_empty() {
+            return Err("--rates needs at least one rate".into());
+        }
+        if let Some(rate) = self.rates.iter().find(|&&r| r == 0 || r > MAX_RATE) {
+            return Err(format!(
+                "--rates: {rate} is outside 1..={MAX_RATE} requests/s"
+            ));
+        }
+        if self.duration < Duration::from_secs(1) || self.duration > MAX_DURATION {
+            return Err("--duration must be between 1s and 1h".into());
+        }
+        if self.warmup > MAX_DURATION {
+            return Err("--warmup must be at most 1h".into());
+        }
+        if self.slice < Duration::from_millis(500) {
+            return Err("--slice must be at least 500ms".into());
+        }
+        if self.endpoints.is_empty() {
+            return Err("--endpoints needs at least one endpoint".into());
+        }
+        if !(1..=1000).contains(&self.metrics_per_request) {
+            return Err("--metrics-per-request must be within 1..=1000 (MLflow's limit)".into());
+        }
+        if !(1..=10_000).contains(&self.max_in_flight) {
+            return Err("--max-in-flight must be within 1..=10000".into());
+        }
+        if self.request_timeout.is_zero() || self.request_timeout > Duration::from_secs(300) {
+            return Err("--request-timeout must be between 1ms and 5m".into());
+        }
+        Ok(())
+    }
+
+    /// Rates in ascending order without repeats; the report reads best that way.
+    pub(crate) fn sorted_rates(&self) -> Vec<u32> {
+        let mut rates = self.rates.clone();
+        rates.sort_unstable();
+        rates.dedup();
+        rates
+    }
+
+    /// Endpoints in a fixed order without repeats.
+    pub(crate) fn sorted_endpoints(&self) -> Vec<Endpoint> {
+        let mut endpoints = self.endpoints.clone();
+        endpoints.sort_unstable();
+        endpoints.dedup();
+        endpoints
+    }
+}
+
+impl ArtifactArgs {
+    fn validate(&self) -> Result<(), String> {
+        if self.size.0 == 0 || self.size.0 > MAX_ARTIFACT_SIZE {
+            return Err(format!(
+                "--size must be between 1 byte and {}",
+                ByteSize(MAX_ARTIFACT_SIZE)
+            ));
+        }
+        if !(4 << 10..=64 << 20).contains(&self.chunk_size.0) {
+            return Err("--chunk-size must be between 4KiB and 64MiB".into());
+        }
+        if self.transfer_timeout < Duration::from_secs(1)
+            || self.transfer_timeout > Duration::from_secs(4 * 3_600)
+        {
+            return Err("--transfer-timeout must be between 1s and 4h".into());
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> Cli {
+        Cli::try_parse_from(std::iter::once("mlscope-bench").chain(args.iter().copied()))
+            .expect("arguments parse")
+    }
+
+    #[test]
+    fn passthrough_defaults_match_the_documented_benchmark() {
+        let Command::Passthrough(args) = parse(&["passthrough"]).command else {
+            panic!("wrong subcommand")
+        };
+        assert_eq!(args.rates, vec![20, 50]);
+        assert_eq!(args.duration, Duration::from_secs(20));
+        assert_eq!(args.warmup, Duration::from_secs(3));
+        assert_eq!(args.slice, Duration::from_secs(5));
+        assert_eq!(
+            args.sorted_endpoints(),
+            vec![Endpoint::LogBatch, Endpoint::RunsGet]
+        );
+        assert!(args.validate().is_ok());
+    }
+
+    #[test]
+    fn rates_are_comma_separated_and_sorted_for_the_report() {
+        let Command::Passthrough(args) =
+            parse(&["passthrough", "--rates", "50,10,50", "--duration", "6s"]).command
+        else {
+            panic!("wrong subcommand")
+        };
+        assert_eq!(args.sorted_rates(), vec![10, 50]);
+        assert_eq!(args.duration, Duration::from_secs(6));
+    }
+
+    #[test]
+    fn a_zero_rate_is_rejected_by_validation() {
+        assert!(parse(&["passthrough", "--rates", "0"]).validate().is_err());
+    }
+
+    #[test]
+    fn artifact_size_accepts_binary_units() {
+        let Command::Artifact(args) = parse(&["artifact", "--size", "64MiB"]).command else {
+            panic!("wrong subcommand")
+        };
+        assert_eq!(args.size.0, 64 << 20);
+        assert!(args.validate().is_ok());
+    }
+
+    #[test]
+    fn proxy_args_may_look_like_flags() {
+        let Command::Artifact(args) =
+            parse(&["artifact", "--proxy-arg", "--log-level=debug"]).command
+        else {
+            panic!("wrong subcommand")
+        };
+        assert_eq!(args.stack.proxy_args, vec!["--log-level=debug".to_string()]);
+    }
+}

@@ -1,0 +1,19 @@
+//! The HTTP client every benchmark uses.
+
+use std::time::Duration;
+
+use anyhow::Context as _;
+
+/// A client with its own connection pool (one per target, so targets never share connections),
+/// keep-alive, no system proxy (all traffic is loopback) and no retries or overall timeout: the
+/// callers bound each request themselves.
+pub(crate) fn client(max_idle_connections: usize) -> anyhow::Result<reqwest::Client> {
+    reqwest::Client::builder()
+        .no_proxy()
+        .tcp_nodelay(true)
+        .pool_max_idle_per_host(max_idle_connections)
+        .pool_idle_timeout(Duration::from_secs(60))
+        .connect_timeout(Duration::from_secs(5))
+        .build()
+        .context("building the HTTP client")
+}

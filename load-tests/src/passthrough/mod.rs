@@ -1,0 +1,187 @@
+//! `mlscope-bench passthrough`: what a request pays for going through nginx or mlscope-proxy
+//! instead of straight to MLflow, at request rates MLflow sustains.
+//!
+//! For each endpoint and rate the measured time is cut into short slices and the targets take
+//! turns, slice by slice, with the order rotated every round. Everything that drifts during a run
+//! (the SQLite file growing, page cache, other processes on a 2-core machine) then drifts for every
+//! target alike, which a run of "all of direct, then all of nginx, then all of the proxy" cannot
+//! promise.
+
+mod open_loop;
+mod report;
+mod workload;
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use anyhow::Context as _;
+
+use crate::cli::{Endpoint, PassthroughArgs};
+use crate::progress;
+use crate::stack::{BenchStack, TargetKind};
+use crate::Report;
+use open_loop::{Measurements, OpenLoop};
+use workload::Workload;
+
+/// What the report needs to know about the setting besides the numbers.
+pub(crate) struct RunFacts {
+    pub(crate) command_line: String,
+    pub(crate) mlflow_version: Option<String>,
+    pub(crate) rounds: usize,
+    pub(crate) slice: Duration,
+}
+
+/// Measurements per (endpoint, rate, target).
+type Results = BTreeMap<(Endpoint, u32, TargetKind), Measurements>;
+
+/// Runs the benchmark against `stack`. Failed requests make the run a failure: latency compared
+/// across targets means little when one of them was answering errors.
+pub(crate) async fn run(
+    args: &PassthroughArgs,
+    stack: &BenchStack,
+    command_line: &str,
+) -> anyhow::Result<Report> {
+    let targets = stack.targets();
+    let direct = targets
+        .iter()
+        .find(|t| t.kind == TargetKind::Direct)
+        .context("no direct target")?;
+    let experiment_name = format!("mlscope-bench-{}", uuid::Uuid::new_v4());
+    let experiment_id = workload::create_experiment(direct, &experiment_name).await?;
+    let mut workloads = Vec::with_capacity(targets.len());
+    for target in &targets {
+        workloads.push(
+            Workload::prepare(
+                target,
+                &experiment_id,
+                args.metrics_per_request,
+                args.max_in_flight,
+            )
+            .await?,
+        );
+    }
+
+    let rates = args.sorted_rates();
+    let endpoints = args.sorted_endpoints();
+    let slices = split_into_slices(args.duration, args.slice);
+    let planned = planned_load_time(args, targets.len());
+    let bar = progress::timed_bar(planned);
+    let mut results = Results::new();
+
+    for &endpoint in &endpoints {
+        if !args.warmup.is_zero() {
+            for (target, workload) in targets.iter().zip(&workloads) {
+                bar.set_message(format!(
+                    "warm-up {} via {}",
+                    endpoint_name(endpoint),
+                    target.kind
+                ));
+                let mut discarded = Measurements::new();
+                fixed_rate(args, rates[0], args.warmup)
+                    .run(|_| workload.request(endpoint), &mut discarded)
+                    .await;
+                bar.inc(millis(args.warmup));
+            }
+        }
+        for &rate in &rates {
+            for (round, &slice) in slices.iter().enumerate() {
+                for turn in 0..targets.len() {
+                    let index = (round + turn) % targets.len();
+                    let (target, workload) = (&targets[index], &workloads[index]);
+                    bar.set_message(format!(
+                        "{} {rate} req/s via {} (round {}/{})",
+                        endpoint_name(endpoint),
+                        target.kind,
+                        round + 1,
+                        slices.len()
+                    ));
+                    let measured = results
+                        .entry((endpoint, rate, target.kind))
+                        .or_insert_with(Measurements::new);
+                    fixed_rate(args, rate, slice)
+                        .run(|_| workload.request(endpoint), measured)
+                        .await;
+                    bar.inc(millis(slice));
+                }
+            }
+        }
+    }
+    bar.finish_and_clear();
+
+    let facts = RunFacts {
+        command_line: command_line.to_string(),
+        mlflow_version: workload::mlflow_version(direct).await,
+        rounds: slices.len(),
+        slice: slices.first().copied().unwrap_or(args.slice),
+    };
+    let problems = results
+        .iter()
+        .filter(|(_, measured)| measured.errors.total() > 0)
+        .map(|((endpoint, rate, kind), measured)| {
+            format!(
+                "{} at {rate} req/s via {kind}: {}",
+                endpoint_name(*endpoint),
+                measured.errors.describe()
+            )
+        })
+        .collect();
+    Ok(Report {
+        markdown: report::render(args, &facts, &results),
+        problems,
+    })
+}
+
+fn fixed_rate(args: &PassthroughArgs, rate: u32, duration: Duration) -> OpenLoop {
+    OpenLoop {
+        rate,
+        duration,
+        max_in_flight: args.max_in_flight,
+        request_timeout: args.request_timeout,
+    }
+}
+
+/// Splits `total` into equal slices no longer than `slice`: 20 s by 5 s gives four of 5 s,
+/// 6 s by 5 s two of 3 s (equal slices keep every round's weight the same).
+fn split_into_slices(total: Duration, slice: Duration) -> Vec<Duration> {
+    let rounds = (total.as_secs_f64() / slice.as_secs_f64()).ceil().max(1.0) as u32;
+    vec![total / rounds; rounds as usize]
+}
+
+/// Load time the run will generate, for the progress bar (start-up and draining not included).
+fn planned_load_time(args: &PassthroughArgs, targets: usize) -> Duration {
+    let per_endpoint =
+        args.warmup * targets as u32 + args.duration * (targets * args.sorted_rates().len()) as u32;
+    per_endpoint * args.sorted_endpoints().len() as u32
+}
+
+pub(crate) fn endpoint_name(endpoint: Endpoint) -> &'static str {
+    match endpoint {
+        Endpoint::LogBatch => "log-batch",
+        Endpoint::RunsGet => "runs/get",
+    }
+}
+
+fn millis(duration: Duration) -> u64 {
+    duration.as_millis() as u64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slices_divide_the_duration_evenly() {
+        assert_eq!(
+            split_into_slices(Duration::from_secs(20), Duration::from_secs(5)),
+            vec![Duration::from_secs(5); 4]
+        );
+        assert_eq!(
+            split_into_slices(Duration::from_secs(6), Duration::from_secs(5)),
+            vec![Duration::from_secs(3); 2]
+        );
+        assert_eq!(
+            split_into_slices(Duration::from_secs(2), Duration::from_secs(5)),
+            vec![Duration::from_secs(2)]
+        );
+    }
+}

@@ -1,0 +1,274 @@
+//! Open-loop load: requests leave at fixed intervals whether or not earlier ones have finished.
+//!
+//! A closed loop (send, wait, send) slows down together with the server and so hides exactly the
+//! stalls a benchmark is looking for ("coordinated omission"). Here request `i` is *scheduled* for
+//! `start + i / rate` and its latency is measured from that scheduled instant to the end of the
+//! response body, so time spent waiting behind a slow request — for a timer, or for one of the
+//! bounded in-flight slots — counts against the target that caused it.
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use hdrhistogram::Histogram;
+use tokio::sync::Semaphore;
+use tokio::task::JoinSet;
+use tokio::time::Instant;
+
+/// Highest latency the histograms can hold: anything slower is recorded as this.
+const MAX_TRACKABLE_MICROS: u64 = 3_600_000_000;
+/// Lead time before the first scheduled send, so setting up the slice does not count.
+const START_LEAD: Duration = Duration::from_millis(5);
+
+/// Why a request did not count as a success.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum RequestError {
+    /// The target answered with this non-2xx status.
+    Status(u16),
+    /// Connecting, sending or reading failed.
+    Transport,
+    /// No complete response within the request timeout.
+    Timeout,
+}
+
+/// One fixed-rate slice of load.
+#[derive(Debug, Clone)]
+pub(crate) struct OpenLoop {
+    pub(crate) rate: u32,
+    pub(crate) duration: Duration,
+    pub(crate) max_in_flight: usize,
+    pub(crate) request_timeout: Duration,
+}
+
+/// Latencies of successful requests and counts of failed ones, accumulated over slices.
+#[derive(Debug, Clone)]
+pub(crate) struct Measurements {
+    /// Microseconds from scheduled send to the end of the response body.
+    pub(crate) latency_micros: Histogram<u64>,
+    pub(crate) errors: ErrorCounts,
+    /// Requests the schedule asked for (successes + errors, including dropped ones).
+    pub(crate) scheduled: u64,
+}
+
+/// Failed requests by cause.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct ErrorCounts {
+    pub(crate) by_status: BTreeMap<u16, u64>,
+    pub(crate) transport: u64,
+    pub(crate) timeout: u64,
+    /// Scheduled requests never sent: all in-flight slots stayed busy past the slice's deadline.
+    pub(crate) dropped: u64,
+}
+
+// === impl OpenLoop ===
+
+impl OpenLoop {
+    /// Number of requests this slice schedules: `rate × duration`, rounded, at least one.
+    pub(crate) fn request_count(&self) -> u64 {
+        ((self.duration.as_secs_f64() * f64::from(self.rate)).round() as u64).max(1)
+    }
+
+    /// Runs the slice: calls `request(sequence)` for each scheduled send and records the outcome
+    /// into `into`. Returns when every sent request has finished or timed out, so consecutive
+    /// slices against different targets never overlap.
+    ///
+    /// Bounded in count (`request_count`) and time: sends stop at `duration + request_timeout`
+    /// after the start, and each request is cut off after `request_timeout`.
+    pub(crate) async fn run<F, Fut>(&self, mut request: F, into: &mut Measurements)
+    where
+        F: FnMut(u64) -> Fut,
+        Fut: Future<Output = Result<(), RequestError>> + Send + 'static,
+    {
+        let count = self.request_count();
+        let period = Duration::from_secs_f64(1.0 / f64::from(self.rate));
+        let start = Instant::now() + START_LEAD;
+        let send_deadline = start + self.duration + self.request_timeout;
+        let slots = Arc::new(Semaphore::new(self.max_in_flight));
+        let mut in_flight = JoinSet::new();
+        into.scheduled += count;
+
+        for sequence in 0..count {
+            // Computed from `start`, not from the previous send: timer lateness never accumulates.
+            let scheduled = start + period.mul_f64(sequence as f64);
+            tokio::time::sleep_until(scheduled).await;
+            let slot =
+                match tokio::time::timeout_at(send_deadline, slots.clone().acquire_owned()).await {
+                    Ok(Ok(slot)) => slot,
+                    _ => {
+                        into.errors.dropped += count - sequence;
+                        break;
+                    }
+                };
+            let response = request(sequence);
+            let timeout = self.request_timeout;
+            in_flight.spawn(async move {
+                let outcome = match tokio::time::timeout(timeout, response).await {
+                    Ok(outcome) => outcome,
+                    Err(_) => Err(RequestError::Timeout),
+                };
+                drop(slot);
+                (scheduled, Instant::now(), outcome)
+            });
+            while let Some(done) = in_flight.try_join_next() {
+                into.record(done);
+            }
+        }
+        while let Some(done) = in_flight.join_next().await {
+            into.record(done);
+        }
+    }
+}
+
+// === impl Measurements ===
+
+impl Measurements {
+    pub(crate) fn new() -> Measurements {
+        Measurements {
+            latency_micros: Histogram::new_with_bounds(1, MAX_TRACKABLE_MICROS, 3)
+                .expect("valid histogram bounds"),
+            errors: ErrorCounts::default(),
+            scheduled: 0,
+        }
+    }
+
+    /// Successful requests, i.e. the samples behind the percentiles.
+    pub(crate) fn successes(&self) -> u64 {
+        self.latency_micros.len()
+    }
+
+    /// Latency at `quantile` (0.0..=1.0) in microseconds; `None` without successes.
+    pub(crate) fn quantile_micros(&self, quantile: f64) -> Option<u64> {
+        (!self.latency_micros.is_empty()).then(|| self.latency_micros.value_at_quantile(quantile))
+    }
+
+    fn record(
+        &mut self,
+        done: Result<(Instant, Instant, Result<(), RequestError>), tokio::task::JoinError>,
+    ) {
+        match done {
+            Ok((scheduled, finished, Ok(()))) => {
+                let micros = finished.saturating_duration_since(scheduled).as_micros();
+                self.latency_micros
+                    .saturating_record(u64::try_from(micros).unwrap_or(u64::MAX).max(1));
+            }
+            Ok((_, _, Err(RequestError::Status(status)))) => {
+                *self.errors.by_status.entry(status).or_default() += 1
+            }
+            Ok((_, _, Err(RequestError::Transport))) => self.errors.transport += 1,
+            Ok((_, _, Err(RequestError::Timeout))) => self.errors.timeout += 1,
+            // A panicking request task is a bug in this tool, but it must not stop the run.
+            Err(_) => self.errors.transport += 1,
+        }
+    }
+}
+
+// === impl ErrorCounts ===
+
+impl ErrorCounts {
+    pub(crate) fn total(&self) -> u64 {
+        self.by_status.values().sum::<u64>() + self.transport + self.timeout + self.dropped
+    }
+
+    /// `"503×4, timeout×1"`; empty when there were no errors.
+    pub(crate) fn describe(&self) -> String {
+        let mut parts: Vec<String> = self
+            .by_status
+            .iter()
+            .map(|(status, n)| format!("HTTP {status}×{n}"))
+            .collect();
+        for (name, n) in [
+            ("transport", self.transport),
+            ("timeout", self.timeout),
+            ("dropped", self.dropped),
+        ] {
+            if n > 0 {
+                parts.push(format!("{name}×{n}"));
+            }
+        }
+        parts.join(", ")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn slice(rate: u32, millis: u64, max_in_flight: usize) -> OpenLoop {
+        OpenLoop {
+            rate,
+            duration: Duration::from_millis(millis),
+            max_in_flight,
+            request_timeout: Duration::from_secs(10),
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_slice_sends_rate_times_duration_requests() {
+        let mut measured = Measurements::new();
+        slice(50, 2_000, 8)
+            .run(|_| async { Ok(()) }, &mut measured)
+            .await;
+        assert_eq!(measured.scheduled, 100);
+        assert_eq!(measured.successes(), 100);
+        assert_eq!(measured.errors.total(), 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn latency_is_measured_from_the_scheduled_send_not_the_actual_one() {
+        // 10 requests/s for 1 s, each taking 200 ms, one slot: request i is scheduled at i·100 ms
+        // but can only start at i·200 ms, so it completes (i+1)·200 ms after the start.
+        let mut measured = Measurements::new();
+        let service = || async {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            Ok(())
+        };
+        slice(10, 1_000, 1).run(|_| service(), &mut measured).await;
+        assert_eq!(measured.successes(), 10);
+        let max_ms = measured.latency_micros.max() / 1_000;
+        assert!(
+            (1_095..=1_110).contains(&max_ms),
+            "the last request waited 900 ms for its slot: {max_ms} ms"
+        );
+        let min_ms = measured.latency_micros.min() / 1_000;
+        assert!(
+            (195..=210).contains(&min_ms),
+            "the first request only took its service time: {min_ms} ms"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn sends_stop_at_the_deadline_and_the_rest_count_as_dropped() {
+        let mut measured = Measurements::new();
+        let mut loop_ = slice(10, 1_000, 1);
+        loop_.request_timeout = Duration::from_millis(500);
+        // Every request hangs until the timeout: one slot frees every 500 ms, while the deadline is
+        // 1.5 s after the start, so only a few requests are ever sent.
+        loop_.run(|_| std::future::pending(), &mut measured).await;
+        assert_eq!(measured.scheduled, 10);
+        assert_eq!(measured.successes(), 0);
+        assert!(measured.errors.timeout >= 2, "{:?}", measured.errors);
+        assert!(measured.errors.dropped >= 5, "{:?}", measured.errors);
+        assert_eq!(measured.errors.timeout + measured.errors.dropped, 10);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn errors_are_counted_by_cause() {
+        let mut measured = Measurements::new();
+        slice(4, 1_000, 4)
+            .run(
+                |i| async move {
+                    match i {
+                        0 => Err(RequestError::Status(503)),
+                        1 => Err(RequestError::Transport),
+                        _ => Ok(()),
+                    }
+                },
+                &mut measured,
+            )
+            .await;
+        assert_eq!(measured.successes(), 2);
+        assert_eq!(measured.errors.total(), 2);
+        assert_eq!(measured.errors.describe(), "HTTP 503×1, transport×1");
+    }
+}

@@ -1,0 +1,190 @@
+//! The pass-through report: one row per (endpoint, rate, target), proxies compared with direct.
+
+use std::fmt::Write as _;
+
+use super::open_loop::Measurements;
+use super::{endpoint_name, Results, RunFacts};
+use crate::cli::{Endpoint, PassthroughArgs};
+use crate::markdown::{command_block, Align, Table};
+use crate::stack::TargetKind;
+use crate::units::{micros_as_millis, signed_micros_as_millis};
+
+/// Percentiles reported, as (column name, quantile).
+const PERCENTILES: [(&str, f64); 3] = [("p50", 0.50), ("p99", 0.99), ("p99.9", 0.999)];
+
+/// Below this many samples p99.9 is simply the slowest request, which the report says.
+const SAMPLES_FOR_P999: u64 = 1_000;
+
+pub(crate) fn render(args: &PassthroughArgs, facts: &RunFacts, results: &Results) -> String {
+    let mut out = String::new();
+    let _ = writeln!(out, "### Pass-through overhead\n");
+    out.push_str(&command_block(&facts.command_line));
+    let _ = writeln!(
+        out,
+        "\n{} rounds of {} per target, targets rotated each round; warm-up {} per target and endpoint; \
+         at most {} requests in flight per target; log-batch carries {} metrics with a unique step; \
+         MLflow {}; {} logical CPUs shared by the load generator, MLflow, nginx and mlscope-proxy.\n",
+        facts.rounds,
+        humantime::format_duration(facts.slice),
+        humantime::format_duration(args.warmup),
+        args.max_in_flight,
+        args.metrics_per_request,
+        facts.mlflow_version.as_deref().unwrap_or("(version unknown)"),
+        std::thread::available_parallelism().map_or(0, |n| n.get()),
+    );
+
+    let mut columns = vec![
+        ("endpoint", Align::Left),
+        ("rate req/s", Align::Right),
+        ("target", Align::Left),
+        ("requests", Align::Right),
+        ("errors", Align::Right),
+    ];
+    columns.extend([
+        ("p50 ms", Align::Right),
+        ("p99 ms", Align::Right),
+        ("p99.9 ms", Align::Right),
+    ]);
+    columns.extend([
+        ("+p50 ms", Align::Right),
+        ("+p99 ms", Align::Right),
+        ("+p99.9 ms", Align::Right),
+    ]);
+    let mut table = Table::new(&columns);
+    let mut error_notes = Vec::new();
+    let mut few_samples = false;
+
+    // The map's key order (endpoint, rate, target) is the report's row order.
+    for (&(endpoint, rate, kind), measured) in results {
+        let direct = results.get(&(endpoint, rate, TargetKind::Direct));
+        let mut cells = vec![
+            endpoint_label(endpoint, args.metrics_per_request),
+            rate.to_string(),
+            kind.to_string(),
+            measured.scheduled.to_string(),
+            measured.errors.total().to_string(),
+        ];
+        for (_, quantile) in PERCENTILES {
+            cells.push(
+                measured
+                    .quantile_micros(quantile)
+                    .map_or_else(|| "n/a".into(), micros_as_millis),
+            );
+        }
+        for (_, quantile) in PERCENTILES {
+            cells.push(added_latency(kind, measured, direct, quantile));
+        }
+        table.row(cells);
+        if measured.errors.total() > 0 {
+            error_notes.push(format!(
+                "{} at {rate} req/s via {kind}: {}",
+                endpoint_name(endpoint),
+                measured.errors.describe()
+            ));
+        }
+        few_samples |= measured.successes() < SAMPLES_FOR_P999;
+    }
+    out.push_str(&table.render());
+
+    let _ = writeln!(
+        out,
+        "\nLatency runs from each request's *scheduled* send time to the last byte of its response \
+         (open loop, so a stall delays the requests behind it and shows in their latency), over \
+         successful requests only. `+` columns: target minus direct at the same endpoint and rate."
+    );
+    if few_samples {
+        let _ = writeln!(
+            out,
+            "With fewer than {SAMPLES_FOR_P999} successful requests in a row, \
+             p99.9 is that row's slowest request."
+        );
+    }
+    if !error_notes.is_empty() {
+        let _ = writeln!(out, "\nErrors:");
+        for note in error_notes {
+            let _ = writeln!(out, "- {note}");
+        }
+    }
+    out
+}
+
+fn endpoint_label(endpoint: Endpoint, metrics_per_request: usize) -> String {
+    match endpoint {
+        Endpoint::LogBatch => format!("POST runs/log-batch ({metrics_per_request} metrics)"),
+        Endpoint::RunsGet => "GET runs/get".to_string(),
+    }
+}
+
+/// `target − direct` at `quantile`, "—" for the direct row itself, "n/a" without data.
+fn added_latency(
+    kind: TargetKind,
+    measured: &Measurements,
+    direct: Option<&Measurements>,
+    quantile: f64,
+) -> String {
+    if kind == TargetKind::Direct {
+        return "—".into();
+    }
+    match (
+        measured.quantile_micros(quantile),
+        direct.and_then(|d| d.quantile_micros(quantile)),
+    ) {
+        (Some(target), Some(direct)) => signed_micros_as_millis(target as i64 - direct as i64),
+        _ => "n/a".into(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use clap::Parser as _;
+
+    use super::*;
+    use crate::cli::{Cli, Command};
+
+    fn measurements(latencies_micros: &[u64]) -> Measurements {
+        let mut m = Measurements::new();
+        for &l in latencies_micros {
+            m.latency_micros.record(l).expect("in range");
+        }
+        m.scheduled = latencies_micros.len() as u64;
+        m
+    }
+
+    #[test]
+    fn proxies_are_reported_with_their_latency_added_over_direct() {
+        let Command::Passthrough(args) =
+            Cli::parse_from(["mlscope-bench", "passthrough", "--rates", "20"]).command
+        else {
+            panic!("wrong subcommand")
+        };
+        let mut results = Results::new();
+        results.insert(
+            (Endpoint::RunsGet, 20, TargetKind::Direct),
+            measurements(&[1_000; 10]),
+        );
+        results.insert(
+            (Endpoint::RunsGet, 20, TargetKind::Proxy),
+            measurements(&[1_500; 10]),
+        );
+        let facts = RunFacts {
+            command_line: "mlscope-bench passthrough --rates 20".into(),
+            mlflow_version: Some("3.17.2".into()),
+            rounds: 4,
+            slice: Duration::from_secs(5),
+        };
+        let report = render(&args, &facts, &results);
+        assert!(
+            report.contains("```sh\nmlscope-bench passthrough --rates 20\n```"),
+            "{report}"
+        );
+        assert!(
+            report.contains(
+                "| GET runs/get | 20 | direct | 10 | 0 | 1.00 | 1.00 | 1.00 | — | — | — |"
+            ),
+            "{report}"
+        );
+        assert!(report.contains("| GET runs/get | 20 | mlscope-proxy | 10 | 0 | 1.50 | 1.50 | 1.50 | +0.50 | +0.50 | +0.50 |"), "{report}");
+    }
+}
