@@ -443,11 +443,8 @@ fn operations() -> Vec<Op> {
             Ok(json!([root.observed(), data.observed()]))
         }),
         op!("GET /get-artifact (UI download)", |s| {
-            let query = [
-                ("run_uuid", s.var("run")?),
-                ("path", "notes/hello.txt".to_owned()),
-            ];
-            let query: Vec<(&str, &str)> = query.iter().map(|(k, v)| (*k, v.as_str())).collect();
+            let run = s.var("run")?;
+            let query = [("run_uuid", run.as_str()), ("path", "notes/hello.txt")];
             Ok(s.get("/get-artifact", &query).await?.observed_bytes())
         }),
         op!("mlflow-artifacts delete and list", |s| {
@@ -580,8 +577,8 @@ fn operations() -> Vec<Op> {
             .observed())
         }),
         op!("ajax-api metrics/get-history", |s| {
-            let query = [("run_id", s.var("run")?), ("metric_key", "loss".to_owned())];
-            let query: Vec<(&str, &str)> = query.iter().map(|(k, v)| (*k, v.as_str())).collect();
+            let run = s.var("run")?;
+            let query = [("run_id", run.as_str()), ("metric_key", "loss")];
             Ok(s.get(&format!("{AJAX}/metrics/get-history"), &query)
                 .await?
                 .observed_with_raw_numbers())
