@@ -218,7 +218,7 @@ mod tests {
         assert_eq!(live, expected);
         a.close().await;
         b.close().await;
-        sqlx::query(&format!("DROP DATABASE {db}")).execute(&admin).await.unwrap();
+        sqlx::query(&format!("DROP DATABASE {db} WITH (FORCE)")).execute(&admin).await.unwrap();
     }
 
     #[test]

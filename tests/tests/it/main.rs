@@ -2,5 +2,7 @@
 //! binary so that its tests share one stack (`TestStack::shared`).
 
 mod compat;
+mod forwarding;
 mod python_client;
 mod stack;
+mod system_metrics;

@@ -247,13 +247,28 @@ impl SimRank {
     }
 }
 
-/// Creates an empty PostgreSQL database for one test and returns its URL.
-async fn postgres_database() -> String {
-    let admin = std::env::var("MLSCOPE_TEST_POSTGRES_URL").unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into());
-    let db = format!("mlscope_it_{}", uuid::Uuid::new_v4().simple());
-    let status = Command::new("psql").args([&admin, "-qc", &format!("CREATE DATABASE {db}")]).status().expect("psql");
-    assert!(status.success(), "PostgreSQL must be running at {admin}");
-    format!("{}/{db}", admin.rsplit_once('/').unwrap().0)
+/// An empty PostgreSQL database for one test, dropped with the guard.
+struct PostgresDatabase {
+    admin: String,
+    name: String,
+    url: String,
+}
+
+impl PostgresDatabase {
+    fn create() -> Self {
+        let admin = std::env::var("MLSCOPE_TEST_POSTGRES_URL").unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into());
+        let name = format!("mlscope_it_{}", uuid::Uuid::new_v4().simple());
+        let status = Command::new("psql").args([&admin, "-qc", &format!("CREATE DATABASE {name}")]).status().expect("psql");
+        assert!(status.success(), "PostgreSQL must be running at {admin}");
+        let url = format!("{}/{name}", admin.rsplit_once('/').unwrap().0);
+        Self { admin, name, url }
+    }
+}
+
+impl Drop for PostgresDatabase {
+    fn drop(&mut self) {
+        let _ = Command::new("psql").args([&self.admin, "-qc", &format!("DROP DATABASE IF EXISTS {} WITH (FORCE)", self.name)]).status();
+    }
 }
 
 async fn node_series_and_rank_counts(mlflow: &str, run_id: &str, node: &str, ranks: &[SimRank]) -> Vec<(i64, i64)> {
@@ -271,8 +286,8 @@ async fn node_series_and_rank_counts(mlflow: &str, run_id: &str, node: &str, ran
 async fn two_replicas_sharing_postgres_keep_one_reporter_through_a_failover() {
     let stack = TestStack::shared();
     let dir = tempfile::tempdir().unwrap();
-    let database = postgres_database().await;
-    let args = ["--database-url", database.as_str(), "--dedup-update-interval", "100ms", "--dedup-failover-timeout", "1500ms"];
+    let database = PostgresDatabase::create();
+    let args = ["--database-url", database.url.as_str(), "--dedup-update-interval", "100ms", "--dedup-failover-timeout", "1500ms"];
     let replicas = [spawn_proxy(&stack.mlflow.url, &args, dir.path()).unwrap(), spawn_proxy(&stack.mlflow.url, &args, dir.path()).unwrap()];
     let run_id = create_run(&stack.mlflow.url).await;
     // Rank counters differ on purpose, as real ranks' do.
@@ -305,10 +320,10 @@ async fn two_replicas_sharing_postgres_keep_one_reporter_through_a_failover() {
     assert!(points.len() >= 8 + 12 - 7 && points.len() <= 8 + 12, "{points:?}");
 }
 
-async fn leases_survive_a_proxy_restart(database: Option<String>) {
+async fn leases_survive_a_proxy_restart(postgres: Option<&PostgresDatabase>) {
     let stack = TestStack::shared();
     let dir = tempfile::tempdir().unwrap();
-    let database = database.unwrap_or_else(|| format!("sqlite://{}/restart.db", dir.path().display()));
+    let database = postgres.map_or_else(|| format!("sqlite://{}/restart.db", dir.path().display()), |db| db.url.clone());
     let args = ["--database-url", database.as_str(), "--dedup-update-interval", "100ms", "--dedup-failover-timeout", "20s"];
     let run_id = create_run(&stack.mlflow.url).await;
     let mut ranks = [SimRank::new("node-s", 0, 0), SimRank::new("node-s", 1, 100)];
@@ -343,7 +358,8 @@ async fn leases_survive_a_proxy_restart_on_sqlite() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn leases_survive_a_proxy_restart_on_postgres() {
-    leases_survive_a_proxy_restart(Some(postgres_database().await)).await;
+    let database = PostgresDatabase::create();
+    leases_survive_a_proxy_restart(Some(&database)).await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
