@@ -17,17 +17,6 @@ pub struct NodeLease {
 
 const COLUMNS: &str = "run_id, node, reporter_rank, epoch, renewed_at, step_offset, last_step";
 
-/// Runs one query on whichever backend the store has; every statement here is written in the
-/// SQL both dialects share (`$n` placeholders, `ON CONFLICT`, `RETURNING`, `CASE`).
-macro_rules! on_backend {
-    ($store:expr, |$pool:ident| $body:expr) => {
-        match $store {
-            Store::Sqlite($pool) => $body,
-            Store::Postgres($pool) => $body,
-        }
-    };
-}
-
 impl Store {
     pub async fn lease(&self, run_id: &str, node: &str) -> Result<Option<NodeLease>, StoreError> {
         let sql = format!("SELECT {COLUMNS} FROM node_leases WHERE run_id = $1 AND node = $2");

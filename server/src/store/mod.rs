@@ -1,6 +1,17 @@
 //! The proxy's own state in SQL: SQLite by default (one file, zero setup), PostgreSQL when several
-//! replicas share state behind a gateway. Migrations live in the top-level `migrations/` folder,
-//! one subfolder per dialect, and run at startup.
+//! replicas share state behind a gateway. Migrations live in the top-level `migrations/` folder
+//! and run at startup; they, and every statement here, are written in the SQL both dialects
+//! share (`$n` placeholders, `ON CONFLICT`, `RETURNING`, `CASE`), so there is one copy of each.
+
+/// Runs one query on whichever backend the store has.
+macro_rules! on_backend {
+    ($store:expr, |$pool:ident| $body:expr) => {
+        match $store {
+            Store::Sqlite($pool) => $body,
+            Store::Postgres($pool) => $body,
+        }
+    };
+}
 
 mod leases;
 pub use leases::NodeLease;
@@ -66,7 +77,7 @@ impl Store {
                     .connect_with(options)
                     .await
                     .map_err(|source| StoreError::Connect { backend: "sqlite", source })?;
-                sqlx::migrate!("../migrations/sqlite")
+                sqlx::migrate!("../migrations")
                     .run(&pool)
                     .await
                     .map_err(|source| StoreError::Migrate { backend: "sqlite", source })?;
@@ -81,7 +92,7 @@ impl Store {
                     .connect_with(options)
                     .await
                     .map_err(|source| StoreError::Connect { backend: "postgres", source })?;
-                sqlx::migrate!("../migrations/postgres")
+                sqlx::migrate!("../migrations")
                     .run(&pool)
                     .await
                     .map_err(|source| StoreError::Migrate { backend: "postgres", source })?;
@@ -102,30 +113,17 @@ impl Store {
     /// take this write cannot take lease updates either.
     pub async fn heartbeat(&self, replica: &Replica) -> Result<(), StoreError> {
         let now = unix_millis(SystemTime::now());
-        // Same statement in both dialects: `$n` placeholders are understood by SQLite too.
         let sql = "INSERT INTO proxy_replicas (replica_id, version, started_at, last_seen_at) \
                    VALUES ($1, $2, $3, $4) \
                    ON CONFLICT (replica_id) DO UPDATE SET last_seen_at = excluded.last_seen_at";
-        match self {
-            Store::Sqlite(pool) => {
-                sqlx::query(sql)
-                    .bind(&replica.id)
-                    .bind(&replica.version)
-                    .bind(replica.started_at_ms)
-                    .bind(now)
-                    .execute(pool)
-                    .await?;
-            }
-            Store::Postgres(pool) => {
-                sqlx::query(sql)
-                    .bind(&replica.id)
-                    .bind(&replica.version)
-                    .bind(replica.started_at_ms)
-                    .bind(now)
-                    .execute(pool)
-                    .await?;
-            }
-        }
+        on_backend!(self, |pool| sqlx::query(sql)
+            .bind(&replica.id)
+            .bind(&replica.version)
+            .bind(replica.started_at_ms)
+            .bind(now)
+            .execute(pool)
+            .await?
+            .rows_affected());
         Ok(())
     }
 
@@ -133,18 +131,11 @@ impl Store {
     pub async fn live_replicas(&self, window: Duration) -> Result<Vec<String>, StoreError> {
         let since = unix_millis(SystemTime::now()) - window.as_millis() as i64;
         let sql = "SELECT replica_id FROM proxy_replicas WHERE last_seen_at >= $1 ORDER BY last_seen_at DESC";
-        let ids = match self {
-            Store::Sqlite(pool) => sqlx::query_scalar(sql).bind(since).fetch_all(pool).await?,
-            Store::Postgres(pool) => sqlx::query_scalar(sql).bind(since).fetch_all(pool).await?,
-        };
-        Ok(ids)
+        Ok(on_backend!(self, |pool| sqlx::query_scalar(sql).bind(since).fetch_all(pool).await?))
     }
 
     pub async fn close(&self) {
-        match self {
-            Store::Sqlite(pool) => pool.close().await,
-            Store::Postgres(pool) => pool.close().await,
-        }
+        on_backend!(self, |pool| pool.close().await)
     }
 }
 
