@@ -99,7 +99,16 @@ pub struct ScopeRule {
     pub scope: Scope,
 }
 
-const VOLUME_SUFFIXES: &[&str] = &["usage_megabytes", "usage_percentage", "available_megabytes"];
+/// The metric names a watched volume gets, after `volume_<name>_`.
+pub const VOLUME_SUFFIXES: &[&str] = &["usage_megabytes", "usage_percentage", "available_megabytes"];
+
+/// The bare metric name of one of a watched volume's series (`volume_<volume>_<suffix>`), or
+/// `None` when the table would not recognise it (an empty volume name or an unknown suffix), so
+/// the collector cannot invent a name the proxy does not know.
+pub fn volume_metric_name(volume: &str, suffix: &str) -> Option<String> {
+    let name = format!("volume_{volume}_{suffix}");
+    rule_for(&name).filter(|rule| rule.scope == Scope::Volume).map(|_| name)
+}
 
 /// The rewrite table. Scoped names are listed as rules of their own so rewriting is idempotent:
 /// a key already in scoped form (what the collector sends) maps to itself.
@@ -350,6 +359,14 @@ mod tests {
         assert!(rule_for("gpu__x").is_none());
         assert!(rule_for("gpu_a_utilization").is_none());
         assert!(rule_for("volume__usage_megabytes").is_none());
+    }
+
+    #[test]
+    fn volume_names_come_from_the_table() {
+        assert_eq!(volume_metric_name("data", "usage_percentage").as_deref(), Some("volume_data_usage_percentage"));
+        assert_eq!(collector_key(&volume_metric_name("ckpt", "available_megabytes").unwrap(), &id(Some("n1"), Some(2))), "system/rank-2/volume_ckpt_available_megabytes");
+        assert_eq!(volume_metric_name("", "usage_percentage"), None);
+        assert_eq!(volume_metric_name("data", "inodes"), None);
     }
 
     #[test]
