@@ -369,6 +369,23 @@ mod tests {
         assert_eq!(&passed.into_body().collect().await.unwrap().to_bytes()[..], b"{oops");
     }
 
+    #[tokio::test]
+    async fn during_the_migration_period_the_original_key_is_written_too() {
+        let body = r#"{"run_id":"r","metrics":[{"key":"system/cpu_utilization_percentage","value":1,"timestamp":1,"step":0}]}"#;
+        let keys = |config: ScopeConfig| async move {
+            let rewriter = MetricsRewriter::new(config, None, Metrics::new());
+            let (_, json) = body_json(rewriter.prepare(request("/api/2.0/mlflow/runs/log-batch", &[("x-mlscope-node", "n")], body), Endpoint::LogBatch).await.unwrap()).await;
+            json["metrics"].as_array().unwrap().iter().map(|m| m["key"].as_str().unwrap().to_owned()).collect::<Vec<_>>()
+        };
+        let hour = std::time::Duration::from_secs(3600);
+        let during = ScopeConfig { dedup: false, keep_original_until: Some(SystemTime::now() + hour), ..Default::default() };
+        assert_eq!(keys(during).await, ["system/n/node_cpu_utilization_percentage", "system/cpu_utilization_percentage"]);
+        let after = ScopeConfig { dedup: false, keep_original_until: Some(SystemTime::now() - hour), ..Default::default() };
+        assert_eq!(keys(after).await, ["system/n/node_cpu_utilization_percentage"]);
+        let off = ScopeConfig { dedup: false, rewrite: false, ..Default::default() };
+        assert_eq!(keys(off).await, ["system/cpu_utilization_percentage"]);
+    }
+
     fn metric_strategy() -> impl Strategy<Value = Value> {
         let key = prop_oneof![
             Just("system/cpu_utilization_percentage".to_owned()),

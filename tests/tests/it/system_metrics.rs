@@ -172,6 +172,15 @@ async fn eight_ranks_on_two_nodes_store_one_series_per_node_and_every_rank_serie
     assert_eq!(view["reporters"].as_array().unwrap().len(), 2, "{view}");
     let dropping = view["identities"].as_array().unwrap().iter().filter(|i| i["node_samples_dropped"].as_u64().unwrap_or(0) > 0).count();
     assert_eq!(dropping, 6, "{view}");
+    let metrics = http().get(format!("{}/metrics", proxy.admin_url)).send().await.unwrap().text().await.unwrap();
+    for expected in [
+        r#"mlscope_dedup_elections_total{reason="elected"} 2"#,
+        r#"mlscope_system_metric_keys_total{family="cpu",outcome="rewritten"}"#,
+        r#"mlscope_node_samples_total{reason="dropped"}"#,
+        r#"mlscope_node_samples_total{reason="kept"}"#,
+    ] {
+        assert!(metrics.contains(expected), "{expected} missing from /metrics:\n{metrics}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread")]
