@@ -73,6 +73,7 @@ impl Forwarder {
     /// classified by the side that failed; the caller turns them into a response.
     pub async fn send(&self, request: Request, peer: SocketAddr, request_id: &HeaderValue) -> Result<Response, ProxyError> {
         let permit = self.permits.clone().try_acquire_owned().map_err(|_| ProxyError::Overloaded { limit: self.max_in_flight })?;
+        let guard = InFlight::new(&self.metrics, permit);
         let (mut parts, body) = request.into_parts();
         let path_and_query = parts.uri.path_and_query().map(|pq| pq.as_str()).unwrap_or("/");
         let uri = self.upstream.uri_for(path_and_query).map_err(|e| ProxyError::Internal { reason: e.to_string() })?;
@@ -90,7 +91,6 @@ impl Forwarder {
         };
         let (mut parts, body) = response.into_parts();
         strip_hop_by_hop(&mut parts.headers);
-        let guard = InFlight::new(&self.metrics, permit);
         let body = StreamingBody::new(body, self.timeouts.body_idle, Direction::Response).with_guard(Box::new(guard));
         Ok(Response::from_parts(parts, Body::new(body)))
     }
