@@ -1,0 +1,219 @@
+//! The collector's life: sample on a fixed schedule on the main thread, hand samples to the
+//! sender thread through the bounded outbox, and on SIGTERM (sidecar) or the command's exit
+//! (wrapper) take one final sample, flush within the deadline and exit — with 0, or with the
+//! wrapped command's status; never with an error because of the network.
+
+use std::path::PathBuf;
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use mlscope_scopes::Identity;
+use nix::sys::signal::Signal;
+
+use crate::config::Config;
+use crate::outbox::{spawn_sender, Backoff, HttpSettings, MlflowTransport, Outbox, Payload, SenderStats};
+use crate::signals::{self, Received, SignalMask};
+use crate::sources::cgroup::{discover, DiscoveryRoots};
+use crate::sources::disk::WatchedVolume;
+use crate::sources::{Sampler, SourceSettings};
+use crate::wrapper::{self, ChildOutcome, Ended};
+
+/// The first retry comes this soon after a failure.
+const INITIAL_BACKOFF: Duration = Duration::from_millis(500);
+
+/// What ends the sampling loop.
+#[derive(Debug)]
+enum Event {
+    /// SIGTERM or SIGINT in sidecar mode.
+    Stop,
+    /// The wrapped command ended.
+    ChildExited(Ended),
+}
+
+/// Runs until stopped and returns the process exit code. `signals` must have been blocked
+/// before any thread was spawned.
+pub fn run(config: Config, signals: SignalMask) -> u8 {
+    tracing::info!(node = %config.node, node_from = %config.node_source, rank = config.rank, rank_from = %config.rank_source, interval = ?config.interval, "mlscope-collector starting");
+    if config.command.is_empty() {
+        sidecar(&config, signals)
+    } else {
+        wrapped(&config, signals)
+    }
+}
+
+fn sidecar(config: &Config, signals: SignalMask) -> u8 {
+    let http = config.http.as_ref().expect("validated: sidecar mode has MLflow settings");
+    let (events, received) = mpsc::channel();
+    let listener = signals::spawn_listener(signals, move |Received { signal, .. }| {
+        if matches!(signal, Signal::SIGTERM | Signal::SIGINT) {
+            let _ = events.send(Event::Stop);
+        }
+    });
+    if let Err(error) = listener {
+        tracing::warn!(%error, "cannot listen for signals; stop the collector with SIGKILL");
+    }
+    let mut agent = Agent::start(config, http);
+    agent.sample_until_event(&received);
+    agent.finish(config.flush_timeout, None);
+    0
+}
+
+fn wrapped(config: &Config, signals: SignalMask) -> u8 {
+    let node_id = format!("{}/rank-{}", config.node, config.rank);
+    let already_set = std::env::var_os(wrapper::NODE_ID_VARIABLE).is_some();
+    let mut agent = match &config.http {
+        Some(http) => Some(Agent::start(config, http)),
+        None => {
+            tracing::warn!("MLFLOW_TRACKING_URI or MLFLOW_RUN_ID is not set: running the command without measuring it");
+            None
+        }
+    };
+    let oom_kills_before = agent.as_ref().and_then(Agent::oom_kills);
+    let child = match wrapper::spawn(&config.command, &node_id, already_set) {
+        Ok(child) => child,
+        Err(error) => {
+            tracing::error!(%error, command = ?config.command, "cannot start the command");
+            let code = wrapper::spawn_failure_code(&error);
+            if let Some(agent) = agent {
+                let tags = vec![(format!("mlscope/rank-{}/outcome", config.rank), "not_started".to_owned()), (format!("mlscope/rank-{}/exit_code", config.rank), code.to_string())];
+                agent.finish(config.flush_timeout, Some(tags));
+            }
+            return code;
+        }
+    };
+    let pid = child.id();
+    let listener = signals::spawn_listener(signals, move |Received { signal, from_terminal }| {
+        // A terminal delivers its signals to the whole foreground group, the command included.
+        if !from_terminal {
+            wrapper::forward(pid, signal);
+        }
+    });
+    if let Err(error) = listener {
+        tracing::warn!(%error, "cannot listen for signals; they will not be forwarded to the command");
+    }
+    let (events, received) = mpsc::channel();
+    let waiter = std::thread::Builder::new().name("mlscope-wait".into()).spawn(move || {
+        let ended = wrapper::wait(pid);
+        let _ = events.send(Event::ChildExited(ended));
+        ended
+    });
+    let ended = match (&mut agent, waiter) {
+        (Some(agent), Ok(_)) => match agent.sample_until_event(&received) {
+            Event::ChildExited(ended) => ended,
+            Event::Stop => unreachable!("wrapper mode forwards signals instead of stopping"),
+        },
+        (None, Ok(waiter)) => waiter.join().unwrap_or(Ended::Exited(255)),
+        (_, Err(error)) => {
+            tracing::warn!(%error, "cannot start the waiting thread; waiting without sampling");
+            wrapper::wait(pid)
+        }
+    };
+    drop(child);
+    let Some(agent) = agent else {
+        return ChildOutcome { ended, oom_kills_before: None, oom_kills_after: None }.exit_code();
+    };
+    let outcome = ChildOutcome { ended, oom_kills_before, oom_kills_after: agent.oom_kills_after(ended) };
+    tracing::info!(outcome = outcome.outcome(), exit_code = outcome.exit_code(), oom_kills = ?outcome.new_oom_kills(), "the command ended");
+    agent.finish(config.flush_timeout, Some(outcome.tags(&config.node, config.rank)));
+    outcome.exit_code()
+}
+
+// === impl Agent ===
+
+/// The sampler with its outbox and sender thread.
+struct Agent {
+    sampler: Sampler,
+    outbox: Arc<Outbox>,
+    sender: JoinHandle<SenderStats>,
+    interval: Duration,
+}
+
+impl Agent {
+    fn start(config: &Config, http: &HttpSettings) -> Agent {
+        let cgroup = match discover(&DiscoveryRoots::default(), config.cgroup_path.as_deref()) {
+            Ok(layout) => {
+                tracing::info!(cgroup = %layout.describe(), "measuring the container's cgroup");
+                Some(layout)
+            }
+            Err(error) => {
+                tracing::warn!(%error, "no container series");
+                None
+            }
+        };
+        let volumes = config.volumes.iter().filter_map(|(name, path)| WatchedVolume::new(name, path.clone())).collect();
+        let settings = SourceSettings { proc_root: PathBuf::from("/proc"), rootfs: PathBuf::from("/"), volumes, cgroup, gpus: true };
+        let identity = Identity { node: Some(config.node.clone()), rank: Some(config.rank) };
+        let sampler = Sampler::new(settings, identity);
+        let outbox = Arc::new(Outbox::new(config.buffer_samples));
+        let backoff = Backoff::new(INITIAL_BACKOFF, config.max_backoff, Backoff::seed());
+        let sender = spawn_sender(outbox.clone(), MlflowTransport::new(http), backoff);
+        tracing::info!(tracking_uri = %http.tracking_uri, run_id = %http.run_id, buffer_samples = config.buffer_samples, "posting samples to MLflow");
+        Agent { sampler, outbox, sender, interval: config.interval }
+    }
+
+    fn oom_kills(&self) -> Option<u64> {
+        self.sampler.container()?.oom_kills()
+    }
+
+    /// The counter after the child ended. The kernel counts an OOM kill before the victim is
+    /// gone, but give it a moment when the child died of SIGKILL and the count did not move.
+    fn oom_kills_after(&self, ended: Ended) -> Option<u64> {
+        let first = self.oom_kills();
+        if ended != Ended::Signaled(Signal::SIGKILL) {
+            return first;
+        }
+        let mut kills = first;
+        for _ in 0..10 {
+            std::thread::sleep(Duration::from_millis(20));
+            kills = self.oom_kills();
+            if kills != first {
+                break;
+            }
+        }
+        kills
+    }
+
+    fn push_sample(&mut self) {
+        for batch in self.sampler.sample().into_batches() {
+            self.outbox.push(Payload::Sample(batch));
+        }
+    }
+
+    /// Samples every `interval` on a fixed schedule (a late tick does not shift the next ones;
+    /// ticks missed entirely are skipped) until an event arrives.
+    fn sample_until_event(&mut self, events: &Receiver<Event>) -> Event {
+        let mut next = Instant::now() + self.interval;
+        loop {
+            match events.recv_timeout(next.saturating_duration_since(Instant::now())) {
+                Ok(event) => return event,
+                Err(RecvTimeoutError::Disconnected) => return Event::Stop,
+                Err(RecvTimeoutError::Timeout) => {
+                    self.push_sample();
+                    next += self.interval;
+                    let now = Instant::now();
+                    if next <= now {
+                        next = now + self.interval;
+                    }
+                }
+            }
+        }
+    }
+
+    /// One final sample, the tags, then whatever can be sent within `flush_timeout`.
+    fn finish(mut self, flush_timeout: Duration, tags: Option<Vec<(String, String)>>) {
+        self.push_sample();
+        if let Some(tags) = tags {
+            self.outbox.push(Payload::Tags(tags));
+        }
+        self.outbox.close(Instant::now() + flush_timeout);
+        match self.sender.join() {
+            Ok(stats) if stats.unsent > 0 || stats.dropped > 0 => {
+                tracing::warn!(sent = stats.sent, refused = stats.rejected, dropped = stats.dropped, unsent = stats.unsent, "stopped with samples that never reached MLflow");
+            }
+            Ok(stats) => tracing::info!(sent = stats.sent, refused = stats.rejected, "stopped; everything buffered was sent"),
+            Err(_) => tracing::error!("the sender thread panicked"),
+        }
+    }
+}

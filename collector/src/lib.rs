@@ -1,0 +1,25 @@
+//! mlscope-collector: the thin in-pod agent that measures what a training container really
+//! uses and posts it to MLflow (through the mlscope proxy) under the scope contract's keys
+//! (`docs/metric-scopes.md`, the table in `mlscope-scopes`).
+//!
+//! ```text
+//! main.rs      thin binary: signals blocked first, config (exit 64), logging, run
+//! config.rs    flags and the environment a training pod already has
+//! agent.rs     the sampling schedule, sidecar and wrapper modes, final flush
+//! sources/     one module per scope: cgroup/ (v1, v2, discovery), node, disk, network, gpu
+//! sample.rs    one timestamp and one step per sample; keys from the scope table
+//! outbox/      bounded buffer, sender thread with backoff, MLflow's runs/log-batch
+//! wrapper.rs   the wrapped command: spawn, wait, exit status, OOM verdict, run tags
+//! signals.rs   signalfd listener
+//! ```
+
+pub mod agent;
+pub mod config;
+pub mod outbox;
+pub mod sample;
+pub mod signals;
+pub mod sources;
+pub mod telemetry;
+pub mod wrapper;
+
+pub use agent::run;

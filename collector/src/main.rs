@@ -1,0 +1,37 @@
+use std::process::ExitCode;
+
+use mlscope_collector::config::{Config, ConfigError};
+
+/// EX_USAGE from sysexits.h: the configuration was refused.
+const EXIT_CONFIG: u8 = 64;
+
+fn main() -> ExitCode {
+    // Before any thread exists, so that no thread ever takes these signals the default way.
+    let signals = match mlscope_collector::signals::block() {
+        Ok(mask) => mask,
+        Err(error) => {
+            eprintln!("mlscope-collector: cannot block signals: {error}");
+            return ExitCode::from(EXIT_CONFIG);
+        }
+    };
+    let config = match Config::from_env_and_args() {
+        Ok(config) => config,
+        Err(ConfigError::Cli(e)) if !e.use_stderr() => {
+            // --help / --version
+            let _ = e.print();
+            return ExitCode::SUCCESS;
+        }
+        Err(ConfigError::Cli(e)) => {
+            let text = e.to_string();
+            let line = text.lines().next().unwrap_or("invalid arguments").trim_start_matches("error: ");
+            eprintln!("mlscope-collector: invalid configuration: {line} (see --help)");
+            return ExitCode::from(EXIT_CONFIG);
+        }
+        Err(e) => {
+            eprintln!("mlscope-collector: invalid configuration: {e}");
+            return ExitCode::from(EXIT_CONFIG);
+        }
+    };
+    mlscope_collector::telemetry::init_logging(config.log_format, &config.log_level);
+    ExitCode::from(mlscope_collector::run(config, signals))
+}

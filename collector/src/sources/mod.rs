@@ -1,0 +1,97 @@
+//! What the collector measures, one module per scope: the container's cgroup, the node's CPU
+//! and memory, filesystems (root and watched volumes), the pod's network and its GPUs.
+//! Every source appends bare metric names (`node_cpu_utilization_percentage`, ...) with values;
+//! [`Sampler`] turns them into one [`Sample`] with the scope contract's keys.
+
+pub mod cgroup;
+pub mod disk;
+pub mod gpu;
+pub mod network;
+pub mod node;
+
+use std::borrow::Cow;
+use std::path::PathBuf;
+
+use mlscope_scopes::Identity;
+
+use crate::sample::{KeyBook, Sample};
+use cgroup::{CgroupLayout, ContainerSource};
+use disk::{DiskSource, WatchedVolume};
+use gpu::GpuSource;
+use network::NetworkSource;
+use node::NodeSource;
+
+/// A bare metric name and its value.
+pub type Named = (Cow<'static, str>, f64);
+
+/// Rounds to one decimal, as MLflow's monitor rounds what it logs.
+pub fn round1(value: f64) -> f64 {
+    (value * 10.0).round() / 10.0
+}
+
+/// Where the sources read from.
+#[derive(Debug)]
+pub struct SourceSettings {
+    /// `/proc` (node CPU and memory, network).
+    pub proc_root: PathBuf,
+    /// The root filesystem whose space `rootfs_*` reports.
+    pub rootfs: PathBuf,
+    pub volumes: Vec<WatchedVolume>,
+    /// The cgroup to measure; `None`: no container series.
+    pub cgroup: Option<CgroupLayout>,
+    /// Try NVML.
+    pub gpus: bool,
+}
+
+/// Reads every source once per tick and stamps the result with one timestamp and one step.
+#[derive(Debug)]
+pub struct Sampler {
+    node: NodeSource,
+    disk: DiskSource,
+    network: NetworkSource,
+    container: Option<ContainerSource>,
+    gpu: Option<GpuSource>,
+    keys: KeyBook,
+    step: i64,
+    scratch: Vec<Named>,
+}
+
+impl Sampler {
+    /// Takes the baselines (CPU times, network counters), so the first sample covers the time
+    /// since now.
+    pub fn new(settings: SourceSettings, identity: Identity) -> Self {
+        Sampler {
+            node: NodeSource::new(settings.proc_root.clone()),
+            disk: DiskSource::new(settings.rootfs, settings.volumes),
+            network: NetworkSource::new(settings.proc_root),
+            container: settings.cgroup.map(ContainerSource::new),
+            gpu: if settings.gpus { GpuSource::load() } else { None },
+            keys: KeyBook::new(identity),
+            step: 0,
+            scratch: Vec::with_capacity(64),
+        }
+    }
+
+    pub fn container(&self) -> Option<&ContainerSource> {
+        self.container.as_ref()
+    }
+
+    /// One sample of everything, at the next step.
+    pub fn sample(&mut self) -> Sample {
+        let timestamp_ms = crate::sample::now_ms();
+        self.scratch.clear();
+        if let Some(container) = &mut self.container {
+            container.sample(&mut self.scratch);
+        }
+        self.node.sample(&mut self.scratch);
+        self.disk.sample(&mut self.scratch);
+        self.network.sample(&mut self.scratch);
+        if let Some(gpu) = &mut self.gpu {
+            gpu.sample(&mut self.scratch);
+        }
+        let metrics = self.scratch.iter().filter(|(_, value)| value.is_finite()).map(|(name, value)| (self.keys.key(name), *value)).collect();
+        let sample = Sample { timestamp_ms, step: self.step, metrics };
+        self.step += 1;
+        sample
+    }
+}
