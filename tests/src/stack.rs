@@ -60,23 +60,31 @@ pub fn venv() -> PathBuf {
 /// (a test binary lives in `target/<profile>/deps`, a binary in `target/<profile>`), so tests use
 /// the proxy of their own profile; else `<CARGO_TARGET_DIR or repo/target>/{debug,release}`.
 pub fn proxy_binary() -> PathBuf {
-    const NAME: &str = "mlscope-proxy";
-    if let Some(path) = std::env::var_os("MLSCOPE_PROXY_BIN") {
+    workspace_binary("mlscope-proxy", "MLSCOPE_PROXY_BIN")
+}
+
+/// The `mlscope-collector` binary: `MLSCOPE_COLLECTOR_BIN`, else found as [`proxy_binary`] is.
+pub fn collector_binary() -> PathBuf {
+    workspace_binary("mlscope-collector", "MLSCOPE_COLLECTOR_BIN")
+}
+
+fn workspace_binary(name: &str, variable: &str) -> PathBuf {
+    if let Some(path) = std::env::var_os(variable) {
         return PathBuf::from(path);
     }
     let mut candidates = Vec::new();
     if let Ok(exe) = std::env::current_exe() {
-        candidates.extend(exe.ancestors().skip(1).take(2).map(|dir| dir.join(NAME)));
+        candidates.extend(exe.ancestors().skip(1).take(2).map(|dir| dir.join(name)));
     }
     let target = std::env::var_os("CARGO_TARGET_DIR")
         .map(PathBuf::from)
         .unwrap_or_else(|| repo_root().join("target"));
-    candidates.extend(["debug", "release"].map(|profile| target.join(profile).join(NAME)));
+    candidates.extend(["debug", "release"].map(|profile| target.join(profile).join(name)));
     match candidates.iter().find(|path| path.is_file()) {
         Some(path) => path.clone(),
         None => panic!(
-            "no {NAME} binary found (looked at {candidates:?}): run `cargo build --bins` first, \
-             or set MLSCOPE_PROXY_BIN"
+            "no {name} binary found (looked at {candidates:?}): run `cargo build --bins` first, \
+             or set {variable}"
         ),
     }
 }

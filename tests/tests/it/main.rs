@@ -2,6 +2,7 @@
 //! binary so that its tests share one stack (`TestStack::shared`).
 
 mod binary;
+mod collector;
 mod compat;
 mod forwarding;
 mod python_client;
