@@ -60,17 +60,22 @@ pub fn venv() -> PathBuf {
 /// (a test binary lives in `target/<profile>/deps`, a binary in `target/<profile>`), so tests use
 /// the proxy of their own profile; else `<CARGO_TARGET_DIR or repo/target>/{debug,release}`.
 pub fn proxy_binary() -> PathBuf {
-    workspace_binary("mlscope-proxy", "MLSCOPE_PROXY_BIN")
+    workspace_binary("mlscope-proxy", "MLSCOPE_PROXY_BIN").unwrap_or_else(|e| panic!("{e}"))
 }
 
 /// The `mlscope-collector` binary: `MLSCOPE_COLLECTOR_BIN`, else found as [`proxy_binary`] is.
 pub fn collector_binary() -> PathBuf {
+    find_collector_binary().unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// As [`collector_binary`], with an error instead of a panic when there is none.
+pub fn find_collector_binary() -> Result<PathBuf> {
     workspace_binary("mlscope-collector", "MLSCOPE_COLLECTOR_BIN")
 }
 
-fn workspace_binary(name: &str, variable: &str) -> PathBuf {
+fn workspace_binary(name: &str, variable: &str) -> Result<PathBuf> {
     if let Some(path) = std::env::var_os(variable) {
-        return PathBuf::from(path);
+        return Ok(PathBuf::from(path));
     }
     let mut candidates = Vec::new();
     if let Ok(exe) = std::env::current_exe() {
@@ -81,8 +86,8 @@ fn workspace_binary(name: &str, variable: &str) -> PathBuf {
         .unwrap_or_else(|| repo_root().join("target"));
     candidates.extend(["debug", "release"].map(|profile| target.join(profile).join(name)));
     match candidates.iter().find(|path| path.is_file()) {
-        Some(path) => path.clone(),
-        None => panic!(
+        Some(path) => Ok(path.clone()),
+        None => bail!(
             "no {name} binary found (looked at {candidates:?}): run `cargo build --bins` first, \
              or set {variable}"
         ),

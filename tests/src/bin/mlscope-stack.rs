@@ -1,12 +1,17 @@
 //! The local stack behind the README's quick start: SeaweedFS, MLflow and mlscope-proxy on fixed
-//! loopback ports (a busy port is replaced by a free one), until Ctrl-C or SIGTERM.
+//! loopback ports (a busy port is replaced by a free one), until Ctrl-C or SIGTERM. A demo run
+//! gets mlscope-collector's scoped series (through the proxy) beside MLflow's own system metrics
+//! (posted straight to MLflow), so the difference shows in the MLflow UI.
 
 use std::net::TcpListener;
-use std::process::ExitCode;
+use std::path::Path;
+use std::process::{Command, ExitCode};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use anyhow::{Context, Result};
+use anyhow::{bail, Context, Result};
 use clap::Parser;
-use mlscope_tests::{free_port, StackOptions, StackPorts, TestStack};
+use mlscope_tests::{find_collector_binary, free_port, repo_root, venv, Process, ProxyProcess, StackOptions, StackPorts, TestStack};
+use serde_json::{json, Value};
 
 #[derive(Debug, Parser)]
 #[command(about = "Runs SeaweedFS, MLflow and mlscope-proxy locally until Ctrl-C")]
@@ -29,6 +34,12 @@ struct Args {
     /// Extra arguments for mlscope-proxy, e.g. `--proxy-arg=--log-format=text`.
     #[arg(long = "proxy-arg", allow_hyphen_values = true)]
     proxy_args: Vec<String>,
+    /// Do not start the demo run (mlscope-collector and MLflow's own monitor).
+    #[arg(long, env = "MLSCOPE_STACK_NO_DEMO")]
+    no_demo: bool,
+    /// Sampling interval of the demo's collector and MLflow monitor, in seconds.
+    #[arg(long, env = "MLSCOPE_STACK_DEMO_INTERVAL", default_value_t = 5)]
+    demo_interval: u32,
 }
 
 fn main() -> ExitCode {
@@ -80,12 +91,88 @@ fn run(args: Args) -> Result<()> {
         "logs and data:                       {}",
         stack.dir.path().display()
     );
+    let demo = if args.no_demo {
+        None
+    } else {
+        match Demo::start(&stack, proxy, args.demo_interval) {
+            Ok(demo) => Some(demo),
+            Err(error) => {
+                eprintln!("mlscope-stack: no demo run: {error:#}");
+                None
+            }
+        }
+    };
     println!("export MLFLOW_TRACKING_URI={}", proxy.url);
     println!("press Ctrl-C to stop");
     wait_for_shutdown_signal()?;
     eprintln!("stopping");
+    // The collector flushes its last sample through the proxy before the proxy stops.
+    drop(demo);
     drop(stack);
     Ok(())
+}
+
+/// The demo run: one rank measured twice. `mlscope-collector` posts through the proxy
+/// (`system/<node>/node_*`, `system/rank-0/container_*`, ...); MLflow's own monitor posts
+/// straight to MLflow, under the names MLflow gives them (`system/cpu_utilization_percentage`).
+struct Demo {
+    _collector: Process,
+    _mlflow_monitor: Process,
+}
+
+impl Demo {
+    const EXPERIMENT: &'static str = "mlscope-demo";
+    /// MLflow's monitor gives up after this long; the collector runs until the stack stops.
+    const MONITOR_SECONDS: u32 = 7 * 24 * 3600;
+
+    fn start(stack: &TestStack, proxy: &ProxyProcess, interval: u32) -> Result<Demo> {
+        let collector_binary = find_collector_binary()?;
+        let client = reqwest::blocking::Client::builder().timeout(Duration::from_secs(30)).build()?;
+        let experiment_id = match mlflow_post(&client, &proxy.url, "experiments/create", json!({ "name": Self::EXPERIMENT })) {
+            Ok(created) => created["experiment_id"].clone(),
+            // A persistent backend (--mlflow-backend) already has it.
+            Err(_) => client
+                .get(format!("{}/api/2.0/mlflow/experiments/get-by-name", proxy.url))
+                .query(&[("experiment_name", Self::EXPERIMENT)])
+                .send()?
+                .json::<Value>()?["experiment"]["experiment_id"]
+                .clone(),
+        };
+        let now = SystemTime::now().duration_since(UNIX_EPOCH)?.as_millis() as u64;
+        let run = mlflow_post(&client, &proxy.url, "runs/create", json!({ "experiment_id": experiment_id, "start_time": now, "run_name": "rank-0-collector-and-mlflow-monitor" }))?;
+        let run_id = run["run"]["info"]["run_id"].as_str().context("runs/create answered no run id")?.to_owned();
+        let dir: &Path = stack.dir.path();
+
+        let mut collector = Command::new(collector_binary);
+        collector.env("MLFLOW_TRACKING_URI", &proxy.url).env("MLFLOW_RUN_ID", &run_id).env("RANK", "0").args(["--interval", &interval.to_string()]);
+        let collector = Process::spawn("mlscope-collector", &collector, &dir.join("demo-collector.log"))?;
+        let mut monitor = Command::new(venv().join("bin/python"));
+        monitor
+            .arg(repo_root().join("tests/python/demo_monitor.py"))
+            .args([run_id.as_str(), &Self::MONITOR_SECONDS.to_string()])
+            .env("MLFLOW_TRACKING_URI", &stack.mlflow.url)
+            .env("MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL", interval.to_string());
+        let monitor = Process::spawn("MLflow system-metrics monitor", &monitor, &dir.join("demo-mlflow-monitor.log"))?;
+
+        println!("demo run ({}):                     {}/#/experiments/{}/runs/{run_id}", Self::EXPERIMENT, proxy.url, json_id(&experiment_id));
+        println!("  system/<node>/node_*, rootfs_* and system/rank-0/container_*, network_*: mlscope-collector (through the proxy)");
+        println!("  system/cpu_utilization_percentage, system_memory_*, disk_*, network_*: MLflow's own monitor (straight to MLflow)");
+        Ok(Demo { _collector: collector, _mlflow_monitor: monitor })
+    }
+}
+
+fn mlflow_post(client: &reqwest::blocking::Client, base: &str, path: &str, body: Value) -> Result<Value> {
+    let response = client.post(format!("{base}/api/2.0/mlflow/{path}")).json(&body).send()?;
+    let status = response.status();
+    let answer: Value = response.json().unwrap_or(Value::Null);
+    if !status.is_success() {
+        bail!("{path}: {status} {answer}");
+    }
+    Ok(answer)
+}
+
+fn json_id(id: &Value) -> String {
+    id.as_str().map_or_else(|| id.to_string(), str::to_owned)
 }
 
 /// `port` if it can be bound on loopback now, else a free one, so a second stack or a local
