@@ -14,6 +14,15 @@ const MAX_RATE: u32 = 1_000;
 const MAX_DURATION: Duration = Duration::from_secs(3_600);
 /// Largest generated artifact.
 const MAX_ARTIFACT_SIZE: u64 = 64 << 30;
+/// MLflow's limit on metrics per log-batch; mlscope-proxy forwards larger batches uninspected.
+const MAX_METRICS_PER_BATCH: usize = 1000;
+/// Most simulated ranks in `dedup-rows` (nodes × ranks per node).
+const MAX_SIMULATED_RANKS: u32 = 1024;
+/// Most publishes per rank in `dedup-rows`.
+const MAX_PUBLISHES: u64 = 10_000;
+/// Flags of the scoping comparison that `--proxy-arg` must not repeat (the proxy refuses a flag
+/// given twice).
+const SCOPING_FLAGS: [&str; 2] = ["--rewrite-system-metrics", "--dedup"];
 
 #[derive(Debug, Parser)]
 #[command(
@@ -21,7 +30,8 @@ const MAX_ARTIFACT_SIZE: u64 = 64 << 30;
     version,
     about = "Benchmarks mlscope-proxy side by side with direct MLflow and nginx on loopback",
     long_about = "Starts a private stack (SeaweedFS, MLflow, mlscope-proxy, nginx) on free loopback \
-                  ports, runs one benchmark and prints a markdown report on stdout."
+                  ports, runs one benchmark and prints a markdown report on stdout. `rewrite` needs \
+                  no stack: it runs the proxy's rewrite engine in process."
 )]
 pub struct Cli {
     #[command(subcommand)]
@@ -34,6 +44,12 @@ pub enum Command {
     Passthrough(PassthroughArgs),
     /// Streamed upload and download of a generated object through mlscope-proxy and direct.
     Artifact(ArtifactArgs),
+    /// The system-metric rewrite engine alone, in process on one thread, next to a plain
+    /// serde_json round trip and a byte copy.
+    Rewrite(RewriteArgs),
+    /// Rows MLflow stores for simulated system-metrics monitors of many ranks, with and without
+    /// node-series deduplication.
+    DedupRows(DedupRowsArgs),
 }
 
 #[derive(Debug, Args)]
@@ -58,6 +74,11 @@ pub struct PassthroughArgs {
     /// Metrics per log-batch request (MLflow allows up to 1000).
     #[arg(long, default_value_t = 10)]
     pub metrics_per_request: usize,
+    /// Make each log-batch one publish of MLflow's system-metrics monitor of one rank (13 keys
+    /// under `system/node-a/rank-3/`), and add a second mlscope-proxy with scoping off
+    /// (`--rewrite-system-metrics false --dedup false`) as a target.
+    #[arg(long, conflicts_with = "metrics_per_request")]
+    pub system_metrics: bool,
     /// Requests outstanding per target at most; when reached, later sends wait, and the wait
     /// counts in their latency.
     #[arg(long, default_value_t = 64)]
@@ -83,6 +104,41 @@ pub struct ArtifactArgs {
     /// Skip the comparison transfer directly to MLflow.
     #[arg(long)]
     pub no_direct: bool,
+    #[command(flatten)]
+    pub stack: StackArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct RewriteArgs {
+    /// Metrics per log-batch body (MLflow allows up to 1000).
+    #[arg(long, default_value_t = 1000)]
+    pub metrics: usize,
+    /// Bodies per variant at most; the run ends at `--iterations` or `--duration`, whichever
+    /// comes first.
+    #[arg(long)]
+    pub iterations: Option<u64>,
+    /// Measured time per variant at most, spread over interleaved rounds.
+    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+    pub duration: Duration,
+    /// Unmeasured work per variant before the measurement (caches, allocator, CPU clock).
+    #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
+    pub warmup: Duration,
+}
+
+#[derive(Debug, Args)]
+pub struct DedupRowsArgs {
+    /// Simulated ranks (training processes, one system-metrics monitor each) per node.
+    #[arg(long, default_value_t = 8)]
+    pub ranks_per_node: u32,
+    /// Simulated nodes.
+    #[arg(long, default_value_t = 2)]
+    pub nodes: u32,
+    /// Publishes (log-batch requests) per rank and target.
+    #[arg(long, default_value_t = 20)]
+    pub publishes: u64,
+    /// Time after which a request counts as failed.
+    #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
+    pub request_timeout: Duration,
     #[command(flatten)]
     pub stack: StackArgs,
 }
@@ -114,6 +170,8 @@ impl Cli {
         match &self.command {
             Command::Passthrough(args) => args.validate(),
             Command::Artifact(args) => args.validate(),
+            Command::Rewrite(args) => args.validate(),
+            Command::DedupRows(args) => args.validate(),
         }
     }
 }
@@ -140,8 +198,11 @@ impl PassthroughArgs {
         if self.endpoints.is_empty() {
             return Err("--endpoints needs at least one endpoint".into());
         }
-        if !(1..=1000).contains(&self.metrics_per_request) {
+        if !(1..=MAX_METRICS_PER_BATCH).contains(&self.metrics_per_request) {
             return Err("--metrics-per-request must be within 1..=1000 (MLflow's limit)".into());
+        }
+        if self.system_metrics {
+            self.stack.refuse_scoping_flags("--system-metrics")?;
         }
         if !(1..=10_000).contains(&self.max_in_flight) {
             return Err("--max-in-flight must be within 1..=10000".into());
@@ -166,6 +227,77 @@ impl PassthroughArgs {
         endpoints.sort_unstable();
         endpoints.dedup();
         endpoints
+    }
+}
+
+impl RewriteArgs {
+    fn validate(&self) -> Result<(), String> {
+        if !(1..=MAX_METRICS_PER_BATCH).contains(&self.metrics) {
+            return Err(
+                "--metrics must be within 1..=1000 (MLflow's limit; mlscope-proxy forwards larger \
+                 batches uninspected)"
+                    .into(),
+            );
+        }
+        if self.iterations == Some(0) {
+            return Err("--iterations must be at least 1".into());
+        }
+        if self.duration < Duration::from_millis(100) || self.duration > MAX_DURATION {
+            return Err("--duration must be between 100ms and 1h".into());
+        }
+        if self.warmup > MAX_DURATION {
+            return Err("--warmup must be at most 1h".into());
+        }
+        Ok(())
+    }
+}
+
+impl DedupRowsArgs {
+    fn validate(&self) -> Result<(), String> {
+        if self.ranks_per_node == 0 || self.nodes == 0 {
+            return Err("--ranks-per-node and --nodes must be at least 1".into());
+        }
+        if u64::from(self.ranks_per_node) * u64::from(self.nodes) > u64::from(MAX_SIMULATED_RANKS) {
+            return Err(format!(
+                "--ranks-per-node × --nodes must be at most {MAX_SIMULATED_RANKS}"
+            ));
+        }
+        if !(1..=MAX_PUBLISHES).contains(&self.publishes) {
+            return Err(format!("--publishes must be within 1..={MAX_PUBLISHES}"));
+        }
+        if self.request_timeout.is_zero() || self.request_timeout > Duration::from_secs(300) {
+            return Err("--request-timeout must be between 1ms and 5m".into());
+        }
+        self.stack.refuse_scoping_flags("dedup-rows")
+    }
+
+    /// Every simulated rank: ranks are numbered globally, node by node (`node-0` holds ranks
+    /// `0..ranks_per_node`).
+    pub(crate) fn ranks(&self) -> Vec<(String, u32)> {
+        (0..self.nodes)
+            .flat_map(|node| {
+                (0..self.ranks_per_node)
+                    .map(move |local| (format!("node-{node}"), node * self.ranks_per_node + local))
+            })
+            .collect()
+    }
+}
+
+impl StackArgs {
+    /// The comparison sets `--rewrite-system-metrics`/`--dedup` itself on each proxy.
+    fn refuse_scoping_flags(&self, what: &str) -> Result<(), String> {
+        let clash = self.proxy_args.iter().find(|arg| {
+            SCOPING_FLAGS
+                .iter()
+                .any(|flag| arg.as_str() == *flag || arg.starts_with(&format!("{flag}=")))
+        });
+        match clash {
+            Some(arg) => Err(format!(
+                "{what} sets --rewrite-system-metrics and --dedup on each proxy itself; \
+                 --proxy-arg {arg} would clash"
+            )),
+            None => Ok(()),
+        }
     }
 }
 
@@ -237,6 +369,72 @@ mod tests {
         };
         assert_eq!(args.size.0, 64 << 20);
         assert!(args.validate().is_ok());
+    }
+
+    #[test]
+    fn system_metrics_replace_the_metric_count_and_refuse_scoping_proxy_args() {
+        let Command::Passthrough(args) = parse(&["passthrough", "--system-metrics"]).command else {
+            panic!("wrong subcommand")
+        };
+        assert!(args.system_metrics);
+        assert!(args.validate().is_ok());
+        assert!(Cli::try_parse_from([
+            "mlscope-bench",
+            "passthrough",
+            "--system-metrics",
+            "--metrics-per-request",
+            "5"
+        ])
+        .is_err());
+        let clash = parse(&[
+            "passthrough",
+            "--system-metrics",
+            "--proxy-arg",
+            "--dedup=false",
+        ]);
+        assert!(clash.validate().is_err());
+        let fine = parse(&[
+            "passthrough",
+            "--system-metrics",
+            "--proxy-arg",
+            "--dedup-update-interval=2s",
+        ]);
+        assert!(fine.validate().is_ok());
+    }
+
+    #[test]
+    fn rewrite_defaults_to_full_batches_for_ten_seconds() {
+        let Command::Rewrite(args) = parse(&["rewrite"]).command else {
+            panic!("wrong subcommand")
+        };
+        assert_eq!(args.metrics, 1000);
+        assert_eq!(args.iterations, None);
+        assert_eq!(args.duration, Duration::from_secs(10));
+        assert!(args.validate().is_ok());
+        assert!(parse(&["rewrite", "--metrics", "1001"]).validate().is_err());
+        assert!(parse(&["rewrite", "--iterations", "0"]).validate().is_err());
+    }
+
+    #[test]
+    fn dedup_rows_numbers_ranks_globally_node_by_node() {
+        let Command::DedupRows(args) =
+            parse(&["dedup-rows", "--ranks-per-node", "2", "--nodes", "2"]).command
+        else {
+            panic!("wrong subcommand")
+        };
+        assert_eq!(args.publishes, 20);
+        assert_eq!(
+            args.ranks(),
+            vec![
+                ("node-0".to_string(), 0),
+                ("node-0".to_string(), 1),
+                ("node-1".to_string(), 2),
+                ("node-1".to_string(), 3)
+            ]
+        );
+        assert!(parse(&["dedup-rows", "--nodes", "2000"])
+            .validate()
+            .is_err());
     }
 
     #[test]

@@ -1,25 +1,33 @@
 //! Benchmarks for mlscope: what mlscope-proxy adds to MLflow requests (next to nginx, the usual
-//! alternative), and how it streams large artifacts.
+//! alternative), how it streams large artifacts, what its system-metric rewrite engine costs per
+//! sample, and how many rows its node-series deduplication saves MLflow.
 //!
-//! Every benchmark starts its own stack through the `mlscope-tests` harness — loopback only, free
-//! ports, one temporary directory — and bounds every request loop in count and time.
+//! Every benchmark that talks to MLflow starts its own stack through the `mlscope-tests` harness —
+//! loopback only, free ports, one temporary directory — and bounds every request loop in count
+//! and time. `rewrite` needs no stack: it runs the engine in process.
 
 mod artifact;
 mod cli;
+mod dedup_rows;
 mod http;
 mod markdown;
+mod mlflow;
+mod monitor;
 mod passthrough;
 mod progress;
+mod rewrite;
 mod stack;
 mod units;
 
-pub use cli::{ArtifactArgs, Cli, Command, Endpoint, PassthroughArgs, StackArgs};
+pub use cli::{
+    ArtifactArgs, Cli, Command, DedupRowsArgs, Endpoint, PassthroughArgs, RewriteArgs, StackArgs,
+};
 pub use markdown::shell_words;
 pub use units::ByteSize;
 
 use anyhow::Context as _;
 
-use stack::BenchStack;
+use stack::{BenchStack, StackPlan, TargetKind};
 
 /// A finished benchmark: the markdown for stdout, and what made it a failure (empty when nothing).
 pub struct Report {
@@ -30,21 +38,36 @@ pub struct Report {
 /// Starts the stack the command needs, runs the benchmark and tears the stack down again.
 /// `command_line` is quoted into the report as the way to reproduce it.
 pub fn run(cli: &Cli, command_line: &str) -> anyhow::Result<Report> {
-    let (stack_args, with_nginx) = match &cli.command {
-        Command::Passthrough(args) => (&args.stack, true),
-        Command::Artifact(args) => (&args.stack, false),
+    let (stack_args, plan) = match &cli.command {
+        // In process, on a runtime of its own: nothing to start.
+        Command::Rewrite(args) => return rewrite::run(args, command_line),
+        Command::Passthrough(args) => (
+            &args.stack,
+            StackPlan {
+                nginx: true,
+                extra_proxies: if args.system_metrics {
+                    vec![TargetKind::ProxyScopingOff]
+                } else {
+                    Vec::new()
+                },
+            },
+        ),
+        Command::Artifact(args) => (&args.stack, StackPlan::default()),
+        Command::DedupRows(args) => (
+            &args.stack,
+            StackPlan {
+                nginx: false,
+                extra_proxies: vec![TargetKind::ProxyDedupOff],
+            },
+        ),
     };
-    let starting = progress::spinner(if with_nginx {
-        "starting S3 store, MLflow, mlscope-proxy and nginx"
-    } else {
-        "starting S3 store, MLflow and mlscope-proxy"
-    });
-    let stack = BenchStack::start(stack_args, with_nginx);
+    let starting = progress::spinner(plan.describe());
+    let stack = BenchStack::start(stack_args, &plan);
     starting.finish_and_clear();
     let stack = stack?;
 
     // One thread: the load generator should take as little as possible of the two cores it shares
-    // with MLflow, nginx and the proxy, and the rates involved need far less than one.
+    // with MLflow, nginx and the proxies, and the rates involved need far less than one.
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -53,6 +76,8 @@ pub fn run(cli: &Cli, command_line: &str) -> anyhow::Result<Report> {
         match &cli.command {
             Command::Passthrough(args) => passthrough::run(args, &stack, command_line).await,
             Command::Artifact(args) => artifact::run(args, &stack, command_line).await,
+            Command::DedupRows(args) => dedup_rows::run(args, &stack, command_line).await,
+            Command::Rewrite(_) => unreachable!("rewrite returned above"),
         }
     })
 }

@@ -31,6 +31,18 @@ pub(crate) fn timed_bar(planned: Duration) -> ProgressBar {
     bar
 }
 
+/// A bar over a number of requests.
+pub(crate) fn count_bar(total: u64) -> ProgressBar {
+    let bar = ProgressBar::new(total);
+    bar.set_style(
+        ProgressStyle::with_template("{spinner} [{elapsed}] {wide_bar} {pos}/{len} {msg}")
+            .expect("valid template")
+            .progress_chars("=> "),
+    );
+    bar.enable_steady_tick(TICK);
+    bar
+}
+
 /// A bar over bytes transferred.
 pub(crate) fn bytes_bar(total: u64, message: impl Into<String>) -> ProgressBar {
     let bar = ProgressBar::new(total).with_message(message.into());

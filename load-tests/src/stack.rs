@@ -1,5 +1,6 @@
 //! The processes a benchmark measures: MLflow (with its S3 store), mlscope-proxy in front of it
-//! and, for the pass-through benchmark, nginx in front of MLflow as the reference reverse proxy.
+//! and, where a benchmark compares with them, nginx in front of MLflow as the reference reverse
+//! proxy and further mlscope-proxy instances with system-metric scoping partly or wholly off.
 //!
 //! Everything is started by the `mlscope-tests` harness on free loopback ports under one temporary
 //! directory, and torn down when [`BenchStack`] is dropped.
@@ -7,18 +8,24 @@
 use std::fmt;
 
 use anyhow::Context as _;
-use mlscope_tests::{Nginx, StackOptions, TestStack};
+use mlscope_tests::{Nginx, ProxyProcess, StackOptions, TestStack};
 
 use crate::cli::StackArgs;
 
-/// Where a benchmark sends its requests.
+/// Where a benchmark sends its requests. The order is the report's row order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub(crate) enum TargetKind {
     /// Straight to MLflow: the baseline every other target is compared with.
     Direct,
     /// nginx in front of MLflow, with the settings of `deploy/nginx/mlscope-bench.conf.tmpl`.
     Nginx,
-    /// mlscope-proxy in front of MLflow.
+    /// A second mlscope-proxy with `--rewrite-system-metrics false --dedup false`: forwarding
+    /// only, for the cost of scoping itself.
+    ProxyScopingOff,
+    /// A second mlscope-proxy with `--dedup false`: keys are rewritten, every sample is kept.
+    ProxyDedupOff,
+    /// mlscope-proxy in front of MLflow, as configured by `--proxy-arg` (scoping and dedup on
+    /// by default).
     Proxy,
 }
 
@@ -29,10 +36,20 @@ pub(crate) struct Target {
     pub(crate) base_url: String,
 }
 
-/// The running stack; dropping it stops nginx, the proxy, MLflow and the store.
+/// What a benchmark needs started besides MLflow and the main proxy.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct StackPlan {
+    pub(crate) nginx: bool,
+    /// Extra proxies, each of a kind that has [`TargetKind::extra_proxy_args`].
+    pub(crate) extra_proxies: Vec<TargetKind>,
+}
+
+/// The running stack; dropping it stops nginx, the proxies, MLflow and the store.
 pub(crate) struct BenchStack {
-    // Field order is drop order: nginx goes before the MLflow server it forwards to.
+    // Field order is drop order: nginx and the extra proxies go before the MLflow server they
+    // forward to.
     nginx: Option<Nginx>,
+    extra_proxies: Vec<(TargetKind, ProxyProcess)>,
     stack: TestStack,
 }
 
@@ -43,7 +60,32 @@ impl TargetKind {
         match self {
             TargetKind::Direct => "direct",
             TargetKind::Nginx => "nginx",
+            TargetKind::ProxyScopingOff => "mlscope-proxy (scoping off)",
+            TargetKind::ProxyDedupOff => "mlscope-proxy (dedup off)",
             TargetKind::Proxy => "mlscope-proxy",
+        }
+    }
+
+    /// The label as one word, for run names.
+    pub(crate) fn slug(self) -> &'static str {
+        match self {
+            TargetKind::Direct => "direct",
+            TargetKind::Nginx => "nginx",
+            TargetKind::ProxyScopingOff => "mlscope-proxy-scoping-off",
+            TargetKind::ProxyDedupOff => "mlscope-proxy-dedup-off",
+            TargetKind::Proxy => "mlscope-proxy",
+        }
+    }
+
+    /// Flags that make a second mlscope-proxy this kind of target; `None` for kinds that are not
+    /// an extra proxy.
+    pub(crate) fn extra_proxy_args(self) -> Option<&'static [&'static str]> {
+        match self {
+            TargetKind::ProxyScopingOff => {
+                Some(&["--rewrite-system-metrics", "false", "--dedup", "false"])
+            }
+            TargetKind::ProxyDedupOff => Some(&["--dedup", "false"]),
+            TargetKind::Direct | TargetKind::Nginx | TargetKind::Proxy => None,
         }
     }
 }
@@ -54,19 +96,51 @@ impl fmt::Display for TargetKind {
     }
 }
 
+// === impl StackPlan ===
+
+impl StackPlan {
+    /// What starting the stack means, for the spinner.
+    pub(crate) fn describe(&self) -> String {
+        let mut parts = vec!["S3 store", "MLflow", "mlscope-proxy"];
+        parts.extend(self.extra_proxies.iter().map(|kind| kind.label()));
+        if self.nginx {
+            parts.push("nginx");
+        }
+        let last = parts.pop().unwrap_or_default();
+        format!("starting {} and {last}", parts.join(", "))
+    }
+}
+
 // === impl BenchStack ===
 
 impl BenchStack {
-    /// Starts the store, MLflow and mlscope-proxy, and nginx when `with_nginx`. Blocking: call it
-    /// before the async runtime starts.
-    pub(crate) fn start(args: &StackArgs, with_nginx: bool) -> anyhow::Result<BenchStack> {
+    /// Starts the store, MLflow and mlscope-proxy, then what `plan` asks for. Blocking: call it
+    /// before the async runtime starts. `args.proxy_args` go to every mlscope-proxy, before an
+    /// extra proxy's own flags.
+    pub(crate) fn start(args: &StackArgs, plan: &StackPlan) -> anyhow::Result<BenchStack> {
         let stack = TestStack::start(StackOptions {
             proxy: true,
             proxy_args: args.proxy_args.clone(),
             mlflow_backend: args.mlflow_backend.clone(),
         })
         .context("starting the benchmark stack (S3 store, MLflow, mlscope-proxy)")?;
-        let nginx = if with_nginx {
+        let mut extra_proxies = Vec::with_capacity(plan.extra_proxies.len());
+        for &kind in &plan.extra_proxies {
+            let own_args = kind
+                .extra_proxy_args()
+                .with_context(|| format!("{kind} is not an extra mlscope-proxy"))?;
+            let proxy_args: Vec<&str> = args
+                .proxy_args
+                .iter()
+                .map(String::as_str)
+                .chain(own_args.iter().copied())
+                .collect();
+            let proxy =
+                mlscope_tests::spawn_proxy(&stack.mlflow.url, &proxy_args, stack.dir.path())
+                    .with_context(|| format!("starting {kind} in front of MLflow"))?;
+            extra_proxies.push((kind, proxy));
+        }
+        let nginx = if plan.nginx {
             let dir = stack.dir.path().join("nginx");
             std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
             let nginx = Nginx::start(&stack.mlflow.url, &dir)
@@ -75,10 +149,14 @@ impl BenchStack {
         } else {
             None
         };
-        Ok(BenchStack { nginx, stack })
+        Ok(BenchStack {
+            nginx,
+            extra_proxies,
+            stack,
+        })
     }
 
-    /// The targets in report order: direct first, then nginx (when started), then the proxy.
+    /// The targets in report order: direct, nginx (when started), the extra proxies, the proxy.
     pub(crate) fn targets(&self) -> Vec<Target> {
         let mut targets = vec![Target {
             kind: TargetKind::Direct,
@@ -90,10 +168,15 @@ impl BenchStack {
                 base_url: trim_url(&nginx.url),
             });
         }
+        targets.extend(self.extra_proxies.iter().map(|(kind, proxy)| Target {
+            kind: *kind,
+            base_url: trim_url(&proxy.url),
+        }));
         targets.push(Target {
             kind: TargetKind::Proxy,
             base_url: trim_url(&self.proxy().url),
         });
+        targets.sort_by_key(|t| t.kind);
         targets
     }
 
@@ -106,7 +189,20 @@ impl BenchStack {
         self.proxy().process.pid()
     }
 
-    fn proxy(&self) -> &mlscope_tests::ProxyProcess {
+    /// Admin URL (`/metrics`) of the mlscope-proxy behind `kind`; `None` for other targets.
+    pub(crate) fn admin_url(&self, kind: TargetKind) -> Option<String> {
+        let proxy = if kind == TargetKind::Proxy {
+            Some(self.proxy())
+        } else {
+            self.extra_proxies
+                .iter()
+                .find(|(k, _)| *k == kind)
+                .map(|(_, p)| p)
+        };
+        proxy.map(|p| trim_url(&p.admin_url))
+    }
+
+    fn proxy(&self) -> &ProxyProcess {
         self.stack
             .proxy
             .as_ref()
@@ -116,4 +212,38 @@ impl BenchStack {
 
 fn trim_url(url: &str) -> String {
     url.trim_end_matches('/').to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_extra_proxy_kinds_have_their_own_flags() {
+        assert_eq!(
+            TargetKind::ProxyScopingOff.extra_proxy_args(),
+            Some(&["--rewrite-system-metrics", "false", "--dedup", "false"][..])
+        );
+        assert_eq!(
+            TargetKind::ProxyDedupOff.extra_proxy_args(),
+            Some(&["--dedup", "false"][..])
+        );
+        assert_eq!(TargetKind::Proxy.extra_proxy_args(), None);
+    }
+
+    #[test]
+    fn the_spinner_names_every_process_it_starts() {
+        let plan = StackPlan {
+            nginx: true,
+            extra_proxies: vec![TargetKind::ProxyScopingOff],
+        };
+        assert_eq!(
+            plan.describe(),
+            "starting S3 store, MLflow, mlscope-proxy, mlscope-proxy (scoping off) and nginx"
+        );
+        assert_eq!(
+            StackPlan::default().describe(),
+            "starting S3 store, MLflow and mlscope-proxy"
+        );
+    }
 }

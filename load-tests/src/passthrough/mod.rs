@@ -1,5 +1,7 @@
 //! `mlscope-bench passthrough`: what a request pays for going through nginx or mlscope-proxy
-//! instead of straight to MLflow, at request rates MLflow sustains.
+//! instead of straight to MLflow, at request rates MLflow sustains. With `--system-metrics`, the
+//! log-batch bodies carry one rank's system metrics, which mlscope-proxy rewrites and deduplicates,
+//! and a second mlscope-proxy with scoping off shows what that work adds to plain forwarding.
 //!
 //! For each endpoint and rate the measured time is cut into short slices and the targets take
 //! turns, slice by slice, with the order rotated every round. Everything that drifts during a run
@@ -17,16 +19,18 @@ use std::time::Duration;
 use anyhow::Context as _;
 
 use crate::cli::{Endpoint, PassthroughArgs};
+use crate::mlflow;
 use crate::progress;
 use crate::stack::{BenchStack, TargetKind};
 use crate::Report;
 use open_loop::{Measurements, OpenLoop};
-use workload::Workload;
+use workload::{BatchContent, Workload};
 
 /// What the report needs to know about the setting besides the numbers.
 pub(crate) struct RunFacts {
     pub(crate) command_line: String,
     pub(crate) mlflow_version: Option<String>,
+    pub(crate) content: BatchContent,
     pub(crate) rounds: usize,
     pub(crate) slice: Duration,
 }
@@ -47,18 +51,12 @@ pub(crate) async fn run(
         .find(|t| t.kind == TargetKind::Direct)
         .context("no direct target")?;
     let experiment_name = format!("mlscope-bench-{}", uuid::Uuid::new_v4());
-    let experiment_id = workload::create_experiment(direct, &experiment_name).await?;
+    let experiment_id = mlflow::create_experiment(direct, &experiment_name).await?;
+    let content = BatchContent::new(args.system_metrics, args.metrics_per_request);
     let mut workloads = Vec::with_capacity(targets.len());
     for target in &targets {
-        workloads.push(
-            Workload::prepare(
-                target,
-                &experiment_id,
-                args.metrics_per_request,
-                args.max_in_flight,
-            )
-            .await?,
-        );
+        workloads
+            .push(Workload::prepare(target, &experiment_id, &content, args.max_in_flight).await?);
     }
 
     let rates = args.sorted_rates();
@@ -110,7 +108,8 @@ pub(crate) async fn run(
 
     let facts = RunFacts {
         command_line: command_line.to_string(),
-        mlflow_version: workload::mlflow_version(direct).await,
+        mlflow_version: mlflow::version(direct).await,
+        content,
         rounds: slices.len(),
         slice: slices.first().copied().unwrap_or(args.slice),
     };

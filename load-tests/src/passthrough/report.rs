@@ -3,6 +3,7 @@
 use std::fmt::Write as _;
 
 use super::open_loop::Measurements;
+use super::workload::BatchContent;
 use super::{endpoint_name, Results, RunFacts};
 use crate::cli::{Endpoint, PassthroughArgs};
 use crate::markdown::{command_block, Align, Table};
@@ -22,13 +23,13 @@ pub(crate) fn render(args: &PassthroughArgs, facts: &RunFacts, results: &Results
     let _ = writeln!(
         out,
         "\n{} rounds of {} per target, targets rotated each round; warm-up {} per target and endpoint; \
-         at most {} requests in flight per target; log-batch carries {} metrics with a unique step; \
+         at most {} requests in flight per target; log-batch carries {} with a unique step; \
          MLflow {}; {} logical CPUs shared by the load generator, MLflow, nginx and mlscope-proxy.\n",
         facts.rounds,
         humantime::format_duration(facts.slice),
         humantime::format_duration(args.warmup),
         args.max_in_flight,
-        args.metrics_per_request,
+        facts.content.describe(),
         facts.mlflow_version.as_deref().unwrap_or("(version unknown)"),
         std::thread::available_parallelism().map_or(0, |n| n.get()),
     );
@@ -58,7 +59,7 @@ pub(crate) fn render(args: &PassthroughArgs, facts: &RunFacts, results: &Results
     for (&(endpoint, rate, kind), measured) in results {
         let direct = results.get(&(endpoint, rate, TargetKind::Direct));
         let mut cells = vec![
-            endpoint_label(endpoint, args.metrics_per_request),
+            endpoint_label(endpoint, &facts.content),
             rate.to_string(),
             kind.to_string(),
             measured.scheduled.to_string(),
@@ -99,6 +100,9 @@ pub(crate) fn render(args: &PassthroughArgs, facts: &RunFacts, results: &Results
              p99.9 is that row's slowest request."
         );
     }
+    if let Some(scoping) = scoping_cost(facts, results) {
+        out.push_str(&scoping);
+    }
     if !error_notes.is_empty() {
         let _ = writeln!(out, "\nErrors:");
         for note in error_notes {
@@ -108,11 +112,57 @@ pub(crate) fn render(args: &PassthroughArgs, facts: &RunFacts, results: &Results
     out
 }
 
-fn endpoint_label(endpoint: Endpoint, metrics_per_request: usize) -> String {
+fn endpoint_label(endpoint: Endpoint, content: &BatchContent) -> String {
     match endpoint {
-        Endpoint::LogBatch => format!("POST runs/log-batch ({metrics_per_request} metrics)"),
+        Endpoint::LogBatch => match content {
+            BatchContent::Plain(n) => format!("POST runs/log-batch ({n} metrics)"),
+            BatchContent::SystemMetrics(_) => {
+                format!("POST runs/log-batch ({} system metrics)", content.metrics())
+            }
+        },
         Endpoint::RunsGet => "GET runs/get".to_string(),
     }
+}
+
+/// The cost of scoping itself: mlscope-proxy minus mlscope-proxy with scoping off, per endpoint and
+/// rate. `None` when the run had no scoping-off proxy.
+fn scoping_cost(facts: &RunFacts, results: &Results) -> Option<String> {
+    let mut columns = vec![("endpoint", Align::Left), ("rate req/s", Align::Right)];
+    columns.extend([
+        ("+p50 ms", Align::Right),
+        ("+p99 ms", Align::Right),
+        ("+p99.9 ms", Align::Right),
+    ]);
+    let mut table = Table::new(&columns);
+    let mut rows = 0;
+    for (&(endpoint, rate, kind), measured) in results {
+        if kind != TargetKind::Proxy {
+            continue;
+        }
+        let Some(off) = results.get(&(endpoint, rate, TargetKind::ProxyScopingOff)) else {
+            continue;
+        };
+        let mut cells = vec![endpoint_label(endpoint, &facts.content), rate.to_string()];
+        for (_, quantile) in PERCENTILES {
+            cells.push(added_latency(kind, measured, Some(off), quantile));
+        }
+        table.row(cells);
+        rows += 1;
+    }
+    if rows == 0 {
+        return None;
+    }
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "\nWhat rewriting and deduplication add to forwarding alone \
+         (`{}` minus `{}`; every sample comes from one rank, so that rank holds its node's \
+         reporter seat and no sample is dropped):\n",
+        TargetKind::Proxy,
+        TargetKind::ProxyScopingOff
+    );
+    out.push_str(&table.render());
+    Some(out)
 }
 
 /// `target − direct` at `quantile`, "—" for the direct row itself, "n/a" without data.
@@ -171,6 +221,7 @@ mod tests {
         let facts = RunFacts {
             command_line: "mlscope-bench passthrough --rates 20".into(),
             mlflow_version: Some("3.17.2".into()),
+            content: BatchContent::Plain(10),
             rounds: 4,
             slice: Duration::from_secs(5),
         };
@@ -186,5 +237,46 @@ mod tests {
             "{report}"
         );
         assert!(report.contains("| GET runs/get | 20 | mlscope-proxy | 10 | 0 | 1.50 | 1.50 | 1.50 | +0.50 | +0.50 | +0.50 |"), "{report}");
+        assert!(!report.contains("scoping off"), "{report}");
+    }
+
+    #[test]
+    fn with_a_scoping_off_proxy_the_cost_of_scoping_gets_its_own_table() {
+        let Command::Passthrough(args) = Cli::parse_from([
+            "mlscope-bench",
+            "passthrough",
+            "--system-metrics",
+            "--rates",
+            "20",
+            "--endpoints",
+            "log-batch",
+        ])
+        .command
+        else {
+            panic!("wrong subcommand")
+        };
+        let mut results = Results::new();
+        for (kind, micros) in [
+            (TargetKind::Direct, 4_000),
+            (TargetKind::ProxyScopingOff, 4_300),
+            (TargetKind::Proxy, 4_500),
+        ] {
+            results.insert((Endpoint::LogBatch, 20, kind), measurements(&[micros; 10]));
+        }
+        let facts = RunFacts {
+            command_line: "mlscope-bench passthrough --system-metrics".into(),
+            mlflow_version: None,
+            content: BatchContent::new(true, 10),
+            rounds: 2,
+            slice: Duration::from_secs(5),
+        };
+        let report = render(&args, &facts, &results);
+        assert!(report.contains("| POST runs/log-batch (13 system metrics) | 20 | mlscope-proxy (scoping off) | 10 | 0 | 4.30 | 4.30 | 4.30 | +0.30 | +0.30 | +0.30 |"), "{report}");
+        assert!(
+            report.contains(
+                "| POST runs/log-batch (13 system metrics) | 20 | +0.20 | +0.20 | +0.20 |"
+            ),
+            "{report}"
+        );
     }
 }

@@ -7,18 +7,33 @@
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use anyhow::{bail, Context as _};
 use serde_json::{json, Value};
 
 use super::open_loop::RequestError;
 use crate::cli::Endpoint;
 use crate::http;
+use crate::mlflow::{self, unix_millis};
+use crate::monitor::MonitoredRank;
 use crate::stack::Target;
 
 /// Keys are `bench/metric_<n>`: outside `system/`, so mlscope passes them through untouched.
 const METRIC_PREFIX: &str = "bench/metric_";
+/// The rank whose monitor `--system-metrics` bodies imitate.
+const SYSTEM_METRICS_NODE: &str = "node-a";
+const SYSTEM_METRICS_RANK: u32 = 3;
+/// GPUs the imitated rank's monitor reports (one per rank, as with one GPU per pod).
+pub(crate) const SYSTEM_METRICS_GPUS: u32 = 1;
+
+/// What each log-batch request carries.
+#[derive(Debug, Clone)]
+pub(crate) enum BatchContent {
+    /// `n` metrics `bench/metric_<i>`, which no proxy changes.
+    Plain(usize),
+    /// One publish of MLflow's system-metrics monitor of one rank (`system/node-a/rank-3/...`),
+    /// which mlscope-proxy scopes and deduplicates.
+    SystemMetrics(MonitoredRank),
+}
 
 /// A target's HTTP client and run.
 #[derive(Clone)]
@@ -26,45 +41,69 @@ pub(crate) struct Workload {
     client: reqwest::Client,
     base_url: Arc<str>,
     run_id: Arc<str>,
-    metrics_per_request: usize,
+    content: Arc<BatchContent>,
     /// Next `step` for log-batch: unique per request within the run.
     next_step: Arc<AtomicU64>,
 }
+
+// === impl BatchContent ===
+
+impl BatchContent {
+    pub(crate) fn new(system_metrics: bool, metrics_per_request: usize) -> BatchContent {
+        if system_metrics {
+            BatchContent::SystemMetrics(MonitoredRank::new(
+                SYSTEM_METRICS_NODE,
+                SYSTEM_METRICS_RANK,
+            ))
+        } else {
+            BatchContent::Plain(metrics_per_request)
+        }
+    }
+
+    /// Metrics in each log-batch.
+    pub(crate) fn metrics(&self) -> usize {
+        match self {
+            BatchContent::Plain(n) => *n,
+            BatchContent::SystemMetrics(rank) => rank.publish(0, SYSTEM_METRICS_GPUS).len(),
+        }
+    }
+
+    /// How the report describes the body.
+    pub(crate) fn describe(&self) -> String {
+        match self {
+            BatchContent::Plain(n) => format!("{n} metrics"),
+            BatchContent::SystemMetrics(rank) => format!(
+                "{} system metrics of one rank, `{}…`",
+                self.metrics(),
+                rank.key_prefix()
+            ),
+        }
+    }
+}
+
+// === impl Workload ===
 
 impl Workload {
     /// Creates a run in `experiment_id` through `target` and a keep-alive client for it.
     pub(crate) async fn prepare(
         target: &Target,
         experiment_id: &str,
-        metrics_per_request: usize,
+        content: &BatchContent,
         max_in_flight: usize,
     ) -> anyhow::Result<Workload> {
         let client = http::client(max_in_flight)?;
-        let created = post_json(
+        let run_id = mlflow::create_run(
             &client,
-            &format!("{}/api/2.0/mlflow/runs/create", target.base_url),
-            &json!({
-                "experiment_id": experiment_id,
-                "run_name": format!("bench-{}", target.kind),
-                "start_time": unix_millis(),
-            }),
+            target,
+            experiment_id,
+            &format!("bench-{}", target.kind.slug()),
         )
-        .await
-        .with_context(|| format!("creating the benchmark run through {}", target.kind))?;
-        let run_id = created
-            .pointer("/run/info/run_id")
-            .and_then(Value::as_str)
-            .with_context(|| {
-                format!(
-                    "runs/create through {} returned no run id: {created}",
-                    target.kind
-                )
-            })?;
+        .await?;
         Ok(Workload {
             client,
             base_url: target.base_url.as_str().into(),
             run_id: run_id.into(),
-            metrics_per_request,
+            content: Arc::new(content.clone()),
             next_step: Arc::new(AtomicU64::new(0)),
         })
     }
@@ -81,7 +120,7 @@ impl Workload {
                     .post(format!("{}/api/2.0/mlflow/runs/log-batch", self.base_url))
                     .json(&log_batch_body(
                         &self.run_id,
-                        self.metrics_per_request,
+                        &self.content,
                         step,
                         unix_millis(),
                     ))
@@ -106,69 +145,28 @@ impl Workload {
     }
 }
 
-/// Creates the experiment all benchmark runs live in, through `target` (normally direct MLflow).
-pub(crate) async fn create_experiment(target: &Target, name: &str) -> anyhow::Result<String> {
-    let client = http::client(1)?;
-    let created = post_json(
-        &client,
-        &format!("{}/api/2.0/mlflow/experiments/create", target.base_url),
-        &json!({ "name": name }),
-    )
-    .await
-    .context("creating the benchmark experiment")?;
-    created
-        .get("experiment_id")
-        .and_then(Value::as_str)
-        .map(str::to_string)
-        .with_context(|| format!("experiments/create returned no experiment id: {created}"))
-}
-
-/// `GET /version` of MLflow, for the report. `None` when it does not answer.
-pub(crate) async fn mlflow_version(target: &Target) -> Option<String> {
-    let client = http::client(1).ok()?;
-    let response = client
-        .get(format!("{}/version", target.base_url))
-        .send()
-        .await
-        .ok()?;
-    if !response.status().is_success() {
-        return None;
-    }
-    response.text().await.ok().map(|v| v.trim().to_string())
-}
-
-fn log_batch_body(run_id: &str, metrics: usize, step: u64, timestamp: u64) -> Value {
-    let metrics: Vec<Value> = (0..metrics)
-        .map(|n| {
-            json!({
-                "key": format!("{METRIC_PREFIX}{n}"),
-                "value": (step as f64) * 0.5 + n as f64,
-                "timestamp": timestamp,
-                "step": step,
+fn log_batch_body(run_id: &str, content: &BatchContent, step: u64, timestamp: u64) -> Value {
+    let metrics: Vec<Value> = match content {
+        BatchContent::Plain(metrics) => (0..*metrics)
+            .map(|n| {
+                json!({
+                    "key": format!("{METRIC_PREFIX}{n}"),
+                    "value": (step as f64) * 0.5 + n as f64,
+                    "timestamp": timestamp,
+                    "step": step,
+                })
             })
-        })
-        .collect();
+            .collect(),
+        // The monitor's own step counter: one step per publish, like `step` here.
+        BatchContent::SystemMetrics(rank) => rank
+            .publish(step, SYSTEM_METRICS_GPUS)
+            .into_iter()
+            .map(|(key, value)| {
+                json!({ "key": key, "value": value, "timestamp": timestamp, "step": step })
+            })
+            .collect(),
+    };
     json!({ "run_id": run_id, "metrics": metrics })
-}
-
-async fn post_json(client: &reqwest::Client, url: &str, body: &Value) -> anyhow::Result<Value> {
-    let response = client
-        .post(url)
-        .json(body)
-        .timeout(Duration::from_secs(30))
-        .send()
-        .await
-        .with_context(|| format!("POST {url}"))?;
-    let status = response.status();
-    let text = response
-        .text()
-        .await
-        .with_context(|| format!("reading the answer of POST {url}"))?;
-    if !status.is_success() {
-        bail!("POST {url} answered {status}: {text}");
-    }
-    serde_json::from_str(&text)
-        .with_context(|| format!("POST {url} answered with invalid JSON: {text}"))
 }
 
 fn classify(error: reqwest::Error) -> RequestError {
@@ -179,19 +177,13 @@ fn classify(error: reqwest::Error) -> RequestError {
     }
 }
 
-fn unix_millis() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
     fn a_log_batch_body_carries_one_step_and_timestamp_for_all_metrics() {
-        let body = log_batch_body("abc", 3, 7, 1_700_000_000_000);
+        let body = log_batch_body("abc", &BatchContent::Plain(3), 7, 1_700_000_000_000);
         assert_eq!(body["run_id"], "abc");
         let metrics = body["metrics"].as_array().expect("metrics array");
         assert_eq!(metrics.len(), 3);
@@ -199,5 +191,18 @@ mod tests {
             .iter()
             .all(|m| m["step"] == 7 && m["timestamp"] == 1_700_000_000_000u64));
         assert_eq!(metrics[2]["key"], "bench/metric_2");
+    }
+
+    #[test]
+    fn a_system_metrics_body_is_one_monitor_publish_of_one_rank() {
+        let content = BatchContent::new(true, 10);
+        let body = log_batch_body("abc", &content, 5, 1_700_000_000_000);
+        let metrics = body["metrics"].as_array().expect("metrics array");
+        assert_eq!(metrics.len(), content.metrics());
+        assert_eq!(metrics.len(), 13);
+        assert!(metrics.iter().all(|m| m["key"]
+            .as_str()
+            .is_some_and(|k| k.starts_with("system/node-a/rank-3/"))
+            && m["step"] == 5));
     }
 }
