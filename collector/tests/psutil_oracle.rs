@@ -62,7 +62,7 @@ fn node() -> NodeSource {
 
 #[test]
 fn node_cpu_percent_agrees_with_psutil_over_a_loaded_interval() {
-    let node = node();
+    let mut node = node();
     let mut oracle = Oracle::start();
     // Both baselines now: psutil's was taken just before "ready".
     let before = node.cpu_times().unwrap();
@@ -97,7 +97,7 @@ fn num_cpus() -> usize {
 
 #[test]
 fn node_memory_used_agrees_with_psutil_within_one_percent() {
-    let node = node();
+    let mut node = node();
     let mut oracle = Oracle::start();
     let ours_before = memory_used(&node.meminfo().unwrap(), || None);
     let answer = oracle.ask("memory");

@@ -49,11 +49,17 @@ impl MlflowTransport {
         if let Some(certs) = &settings.ca_certificates {
             tls = tls.root_certs(RootCerts::Specific(Arc::new(certs.clone())));
         }
+        // Limits per phase, not `timeout_global`: with a global limit ureq resolves the host on
+        // a new thread for every request. Resolving on the sender thread blocks nothing else.
+        let limit = Some(settings.request_timeout);
         let agent: ureq::Agent = ureq::Agent::config_builder()
             .http_status_as_error(false)
             .max_redirects(0)
-            .timeout_global(Some(settings.request_timeout))
             .timeout_connect(Some(settings.request_timeout.min(Duration::from_secs(5))))
+            .timeout_send_request(limit)
+            .timeout_send_body(limit)
+            .timeout_recv_response(limit)
+            .timeout_recv_body(limit)
             .user_agent(concat!("mlscope-collector/", env!("CARGO_PKG_VERSION")))
             .tls_config(tls.build())
             .build()

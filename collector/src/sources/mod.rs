@@ -5,6 +5,7 @@
 
 pub mod cgroup;
 pub mod disk;
+pub mod files;
 pub mod gpu;
 pub mod network;
 pub mod node;

@@ -4,9 +4,9 @@
 
 use std::borrow::Cow;
 use std::collections::BTreeMap;
-use std::fs;
 use std::path::PathBuf;
 
+use super::files::OpenFiles;
 use super::Named;
 
 /// Received and transmitted bytes of one interface.
@@ -38,6 +38,7 @@ pub fn parse_net_dev(text: &str) -> BTreeMap<String, Counters> {
 #[derive(Debug)]
 pub struct NetworkSource {
     path: PathBuf,
+    files: OpenFiles,
     last: BTreeMap<String, Counters>,
     total: Counters,
 }
@@ -45,8 +46,9 @@ pub struct NetworkSource {
 impl NetworkSource {
     pub fn new(proc_root: PathBuf) -> Self {
         let path = proc_root.join("net/dev");
-        let last = fs::read_to_string(&path).map(|t| parse_net_dev(&t)).unwrap_or_default();
-        NetworkSource { path, last, total: Counters::default() }
+        let mut files = OpenFiles::default();
+        let last = files.read(&path).map(parse_net_dev).unwrap_or_default();
+        NetworkSource { path, files, last, total: Counters::default() }
     }
 
     /// Folds a new reading into the totals.
@@ -65,8 +67,8 @@ impl NetworkSource {
     }
 
     pub fn sample(&mut self, out: &mut Vec<Named>) {
-        let Ok(text) = fs::read_to_string(&self.path) else { return };
-        self.update(parse_net_dev(&text));
+        let Some(now) = self.files.read(&self.path).map(parse_net_dev) else { return };
+        self.update(now);
         out.push((Cow::Borrowed("network_receive_megabytes"), self.total.received as f64 / 1e6));
         out.push((Cow::Borrowed("network_transmit_megabytes"), self.total.transmitted as f64 / 1e6));
     }
@@ -91,7 +93,7 @@ veth:x: 10 1 0 0 0 0 0 0 20 1 0 0 0 0 0 0\n";
 
     #[test]
     fn totals_count_from_start_and_survive_a_counter_reset() {
-        let mut source = NetworkSource { path: PathBuf::new(), last: parse_net_dev(DEV), total: Counters::default() };
+        let mut source = NetworkSource { path: PathBuf::new(), files: OpenFiles::default(), last: parse_net_dev(DEV), total: Counters::default() };
         source.update(parse_net_dev(&DEV.replace("eth0: 1000", "eth0: 1500")));
         assert_eq!(source.total(), Counters { received: 500, transmitted: 0 });
         // eth0 was recreated: its counter restarts at 300.

@@ -3,9 +3,9 @@
 //! users already see — under `node_*` names, because inside a container they describe the node.
 
 use std::borrow::Cow;
-use std::fs;
 use std::path::PathBuf;
 
+use super::files::OpenFiles;
 use super::{round1, Named};
 
 /// The aggregate `cpu` line of `/proc/stat`: user, nice, system, idle, iowait, irq, softirq,
@@ -123,28 +123,37 @@ pub fn parse_zoneinfo_low_pages(text: &str) -> u64 {
 /// without `MemAvailable`).
 #[derive(Debug)]
 pub struct NodeSource {
-    proc_root: PathBuf,
+    stat: PathBuf,
+    meminfo: PathBuf,
+    zoneinfo: PathBuf,
+    files: OpenFiles,
     last_cpu: Option<CpuTimes>,
 }
 
 impl NodeSource {
     /// Reads the baseline CPU times, so the first sample covers the time since start.
     pub fn new(proc_root: PathBuf) -> Self {
-        let mut source = NodeSource { proc_root, last_cpu: None };
+        let mut source = NodeSource {
+            stat: proc_root.join("stat"),
+            meminfo: proc_root.join("meminfo"),
+            zoneinfo: proc_root.join("zoneinfo"),
+            files: OpenFiles::default(),
+            last_cpu: None,
+        };
         source.last_cpu = source.cpu_times();
         source
     }
 
-    pub fn cpu_times(&self) -> Option<CpuTimes> {
-        parse_proc_stat(&fs::read_to_string(self.proc_root.join("stat")).ok()?)
+    pub fn cpu_times(&mut self) -> Option<CpuTimes> {
+        parse_proc_stat(self.files.read(&self.stat)?)
     }
 
-    pub fn meminfo(&self) -> Option<MemInfo> {
-        parse_meminfo(&fs::read_to_string(self.proc_root.join("meminfo")).ok()?)
+    pub fn meminfo(&mut self) -> Option<MemInfo> {
+        parse_meminfo(self.files.read(&self.meminfo)?)
     }
 
-    fn low_watermark_bytes(&self) -> Option<u64> {
-        let pages = parse_zoneinfo_low_pages(&fs::read_to_string(self.proc_root.join("zoneinfo")).ok()?);
+    fn low_watermark_bytes(&mut self) -> Option<u64> {
+        let pages = parse_zoneinfo_low_pages(self.files.read(&self.zoneinfo)?);
         let page_size = nix::unistd::sysconf(nix::unistd::SysconfVar::PAGE_SIZE).ok().flatten().and_then(|p| u64::try_from(p).ok())?;
         Some(pages * page_size)
     }

@@ -6,12 +6,11 @@ mod v1;
 mod v2;
 
 use std::borrow::Cow;
-use std::fs;
-use std::path::Path;
 use std::time::{Duration, Instant};
 
 pub use discovery::{discover, parse_mountinfo, parse_proc_cgroup, CgroupLayout, DiscoveryError, DiscoveryRoots, MountInfo, ProcCgroupLine, V1Dirs};
 
+use super::files::OpenFiles;
 use super::Named;
 
 /// One reading of a cgroup's files. `None`: the file or field is not there (an old kernel, a
@@ -52,10 +51,16 @@ impl CpuQuota {
 }
 
 impl CgroupLayout {
+    /// Reads the cgroup's files once.
     pub fn read(&self) -> CgroupReading {
+        self.read_with(&mut OpenFiles::default())
+    }
+
+    /// Reads through `files`, which keeps them open for the next reading.
+    pub fn read_with(&self, files: &mut OpenFiles) -> CgroupReading {
         match self {
-            CgroupLayout::V2 { dir, mount_point } => v2::read(dir, mount_point),
-            CgroupLayout::V1(dirs) => v1::read(dirs),
+            CgroupLayout::V2 { dir, mount_point } => v2::read(dir, mount_point, files),
+            CgroupLayout::V1(dirs) => v1::read(dirs, files),
         }
     }
 }
@@ -109,6 +114,7 @@ fn megabytes(bytes: u64) -> f64 {
 #[derive(Debug)]
 pub struct ContainerSource {
     layout: CgroupLayout,
+    files: OpenFiles,
     last: CgroupReading,
     last_at: Instant,
 }
@@ -116,8 +122,9 @@ pub struct ContainerSource {
 impl ContainerSource {
     /// Takes the baseline reading, so the first sample already has CPU use.
     pub fn new(layout: CgroupLayout) -> Self {
-        let last = layout.read();
-        ContainerSource { layout, last, last_at: Instant::now() }
+        let mut files = OpenFiles::default();
+        let last = layout.read_with(&mut files);
+        ContainerSource { layout, files, last, last_at: Instant::now() }
     }
 
     pub fn layout(&self) -> &CgroupLayout {
@@ -126,7 +133,7 @@ impl ContainerSource {
 
     pub fn sample(&mut self, out: &mut Vec<Named>) {
         let now = Instant::now();
-        let cur = self.layout.read();
+        let cur = self.layout.read_with(&mut self.files);
         container_metrics(&self.last, &cur, now - self.last_at, out);
         self.last = cur;
         self.last_at = now;
@@ -138,15 +145,7 @@ impl ContainerSource {
     }
 }
 
-// === file helpers shared by v1 and v2 ===
-
-fn read_text(path: &Path) -> Option<String> {
-    fs::read_to_string(path).ok()
-}
-
-fn read_u64(path: &Path) -> Option<u64> {
-    read_text(path)?.trim().parse().ok()
-}
+// === helpers shared by v1 and v2 ===
 
 /// A value from a flat keyed file (`memory.stat`, `cpu.stat`, `memory.events`, ...).
 fn keyed(text: &str, key: &str) -> Option<u64> {
