@@ -10,7 +10,10 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use anyhow::{bail, Context, Result};
 use clap::Parser;
-use mlscope_tests::{find_collector_binary, free_port, repo_root, venv, Process, ProxyProcess, StackOptions, StackPorts, TestStack};
+use mlscope_tests::{
+    find_collector_binary, free_port, repo_root, venv, Process, ProxyProcess, StackOptions,
+    StackPorts, TestStack,
+};
 use serde_json::{json, Value};
 
 #[derive(Debug, Parser)]
@@ -127,42 +130,91 @@ impl Demo {
 
     fn start(stack: &TestStack, proxy: &ProxyProcess, interval: u32) -> Result<Demo> {
         let collector_binary = find_collector_binary()?;
-        let client = reqwest::blocking::Client::builder().timeout(Duration::from_secs(30)).build()?;
-        let experiment_id = match mlflow_post(&client, &proxy.url, "experiments/create", json!({ "name": Self::EXPERIMENT })) {
+        let client = reqwest::blocking::Client::builder()
+            .timeout(Duration::from_secs(30))
+            .build()?;
+        let experiment_id = match mlflow_post(
+            &client,
+            &proxy.url,
+            "experiments/create",
+            json!({ "name": Self::EXPERIMENT }),
+        ) {
             Ok(created) => created["experiment_id"].clone(),
             // A persistent backend (--mlflow-backend) already has it.
             Err(_) => client
-                .get(format!("{}/api/2.0/mlflow/experiments/get-by-name", proxy.url))
+                .get(format!(
+                    "{}/api/2.0/mlflow/experiments/get-by-name",
+                    proxy.url
+                ))
                 .query(&[("experiment_name", Self::EXPERIMENT)])
                 .send()?
                 .json::<Value>()?["experiment"]["experiment_id"]
                 .clone(),
         };
         let now = SystemTime::now().duration_since(UNIX_EPOCH)?.as_millis() as u64;
-        let run = mlflow_post(&client, &proxy.url, "runs/create", json!({ "experiment_id": experiment_id, "start_time": now, "run_name": "rank-0-collector-and-mlflow-monitor" }))?;
-        let run_id = run["run"]["info"]["run_id"].as_str().context("runs/create answered no run id")?.to_owned();
+        let run = mlflow_post(
+            &client,
+            &proxy.url,
+            "runs/create",
+            json!({ "experiment_id": experiment_id, "start_time": now, "run_name": "rank-0-collector-and-mlflow-monitor" }),
+        )?;
+        let run_id = run["run"]["info"]["run_id"]
+            .as_str()
+            .context("runs/create answered no run id")?
+            .to_owned();
         let dir: &Path = stack.dir.path();
 
         let mut collector = Command::new(collector_binary);
-        collector.env("MLFLOW_TRACKING_URI", &proxy.url).env("MLFLOW_RUN_ID", &run_id).env("RANK", "0").args(["--interval", &interval.to_string()]);
-        let collector = Process::spawn("mlscope-collector", &collector, &dir.join("demo-collector.log"))?;
+        collector
+            .env("MLFLOW_TRACKING_URI", &proxy.url)
+            .env("MLFLOW_RUN_ID", &run_id)
+            .env("RANK", "0")
+            .args(["--interval", &interval.to_string()]);
+        let collector = Process::spawn(
+            "mlscope-collector",
+            &collector,
+            &dir.join("demo-collector.log"),
+        )?;
         let mut monitor = Command::new(venv().join("bin/python"));
         monitor
             .arg(repo_root().join("tests/python/demo_monitor.py"))
             .args([run_id.as_str(), &Self::MONITOR_SECONDS.to_string()])
             .env("MLFLOW_TRACKING_URI", &stack.mlflow.url)
-            .env("MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL", interval.to_string());
-        let monitor = Process::spawn("MLflow system-metrics monitor", &monitor, &dir.join("demo-mlflow-monitor.log"))?;
+            .env(
+                "MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL",
+                interval.to_string(),
+            );
+        let monitor = Process::spawn(
+            "MLflow system-metrics monitor",
+            &monitor,
+            &dir.join("demo-mlflow-monitor.log"),
+        )?;
 
-        println!("demo run ({}):                     {}/#/experiments/{}/runs/{run_id}", Self::EXPERIMENT, proxy.url, json_id(&experiment_id));
+        println!(
+            "demo run ({}):                     {}/#/experiments/{}/runs/{run_id}",
+            Self::EXPERIMENT,
+            proxy.url,
+            json_id(&experiment_id)
+        );
         println!("  system/<node>/node_*, rootfs_* and system/rank-0/container_*, network_*: mlscope-collector (through the proxy)");
         println!("  system/cpu_utilization_percentage, system_memory_*, disk_*, network_*: MLflow's own monitor (straight to MLflow)");
-        Ok(Demo { _collector: collector, _mlflow_monitor: monitor })
+        Ok(Demo {
+            _collector: collector,
+            _mlflow_monitor: monitor,
+        })
     }
 }
 
-fn mlflow_post(client: &reqwest::blocking::Client, base: &str, path: &str, body: Value) -> Result<Value> {
-    let response = client.post(format!("{base}/api/2.0/mlflow/{path}")).json(&body).send()?;
+fn mlflow_post(
+    client: &reqwest::blocking::Client,
+    base: &str,
+    path: &str,
+    body: Value,
+) -> Result<Value> {
+    let response = client
+        .post(format!("{base}/api/2.0/mlflow/{path}"))
+        .json(&body)
+        .send()?;
     let status = response.status();
     let answer: Value = response.json().unwrap_or(Value::Null);
     if !status.is_success() {
