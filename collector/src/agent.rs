@@ -4,6 +4,7 @@
 //! wrapped command's status; never with an error because of the network.
 
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -84,9 +85,12 @@ fn wrapped(config: &Config, signals: SignalMask) -> u8 {
         }
     };
     let pid = child.id();
+    // Cleared once the child is reaped, so that a late signal is not sent to a reused pid.
+    let running = Arc::new(AtomicBool::new(true));
+    let forwarding = running.clone();
     let listener = signals::spawn_listener(signals, move |Received { signal, from_terminal }| {
         // A terminal delivers its signals to the whole foreground group, the command included.
-        if !from_terminal {
+        if !from_terminal && forwarding.load(Ordering::SeqCst) {
             wrapper::forward(pid, signal);
         }
     });
@@ -94,8 +98,10 @@ fn wrapped(config: &Config, signals: SignalMask) -> u8 {
         tracing::warn!(%error, "cannot listen for signals; they will not be forwarded to the command");
     }
     let (events, received) = mpsc::channel();
+    let reaped = running.clone();
     let waiter = std::thread::Builder::new().name("mlscope-wait".into()).spawn(move || {
         let ended = wrapper::wait(pid);
+        reaped.store(false, Ordering::SeqCst);
         let _ = events.send(Event::ChildExited(ended));
         ended
     });
@@ -107,7 +113,9 @@ fn wrapped(config: &Config, signals: SignalMask) -> u8 {
         (None, Ok(waiter)) => waiter.join().unwrap_or(Ended::Exited(255)),
         (_, Err(error)) => {
             tracing::warn!(%error, "cannot start the waiting thread; waiting without sampling");
-            wrapper::wait(pid)
+            let ended = wrapper::wait(pid);
+            running.store(false, Ordering::SeqCst);
+            ended
         }
     };
     drop(child);
@@ -149,7 +157,7 @@ impl Agent {
         let outbox = Arc::new(Outbox::new(config.buffer_samples));
         let backoff = Backoff::new(INITIAL_BACKOFF, config.max_backoff, Backoff::seed());
         let sender = spawn_sender(outbox.clone(), MlflowTransport::new(http), backoff);
-        tracing::info!(tracking_uri = %http.tracking_uri, run_id = %http.run_id, buffer_samples = config.buffer_samples, "posting samples to MLflow");
+        tracing::info!(tracking_uri = %without_userinfo(&http.tracking_uri), run_id = %http.run_id, buffer_samples = config.buffer_samples, "posting samples to MLflow");
         Agent { sampler, outbox, sender, interval: config.interval }
     }
 
@@ -215,5 +223,31 @@ impl Agent {
             Ok(stats) => tracing::info!(sent = stats.sent, refused = stats.rejected, "stopped; everything buffered was sent"),
             Err(_) => tracing::error!("the sender thread panicked"),
         }
+    }
+}
+
+/// The URI without `user:password@`, for logs.
+fn without_userinfo(uri: &str) -> String {
+    match uri.split_once("://") {
+        Some((scheme, rest)) => {
+            let authority_end = rest.find('/').unwrap_or(rest.len());
+            match rest[..authority_end].rfind('@') {
+                Some(at) => format!("{scheme}://{}", &rest[at + 1..]),
+                None => uri.to_owned(),
+            }
+        }
+        None => uri.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn credentials_in_the_tracking_uri_are_not_logged() {
+        assert_eq!(without_userinfo("https://u:secret@mlflow.example/prefix"), "https://mlflow.example/prefix");
+        assert_eq!(without_userinfo("http://127.0.0.1:5001"), "http://127.0.0.1:5001");
+        assert_eq!(without_userinfo("http://host/a@b"), "http://host/a@b");
     }
 }
