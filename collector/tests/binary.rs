@@ -244,6 +244,20 @@ fn sigterm_reaches_the_wrapped_command_and_its_status_is_returned() {
 }
 
 #[test]
+fn sigint_sent_to_the_wrapper_reaches_the_wrapped_command() {
+    let mlflow = MockMlflow::ok();
+    let dir = tempfile::tempdir().unwrap();
+    let ready = dir.path().join("ready");
+    let script = format!("trap 'exit 8' INT; touch '{}'; i=0; while [ $i -lt 600 ]; do sleep 0.1; i=$((i+1)); done", ready.display());
+    let child = spawn(&mut collector(&mlflow.url, &["--interval", "1h", "--", "sh", "-c", &script]));
+    wait_for("the command to start", WAIT, || ready.exists());
+    let status = std::process::Command::new("kill").args(["-INT", &child.id().to_string()]).status().unwrap();
+    assert!(status.success());
+    let (status, _, stderr) = finish(child, EXIT);
+    assert_eq!(status.code(), Some(8), "{stderr}");
+}
+
+#[test]
 fn a_command_killed_by_a_signal_exits_128_plus_the_signal() {
     let mlflow = MockMlflow::ok();
     let child = spawn(&mut collector(&mlflow.url, &["--interval", "1h", "--", "sh", "-c", "kill -KILL $$"]));
