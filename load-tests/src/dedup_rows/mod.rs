@@ -30,7 +30,7 @@ use crate::{http, Report};
 /// MLflow's SQLAlchemy pool holds 15 connections (5 + 10 overflow); 16 concurrent log-batch
 /// requests into one run, writing the same keys, exhaust it, and MLflow answers 400 ("QueuePool
 /// limit ... reached") 30 s later. Staying well below keeps MLflow's limit out of the count.
-const MAX_IN_FLIGHT: usize = 8;
+pub(crate) const MAX_IN_FLIGHT: usize = 8;
 /// GPUs per simulated rank: none, so every key is a CPU-monitor key the brief counts.
 const GPUS: u32 = 0;
 /// Most pages of one `metrics/get-history` read, to keep the count bounded.

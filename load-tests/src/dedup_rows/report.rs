@@ -105,8 +105,9 @@ pub(crate) fn render(
          (`MLFLOW_SYSTEM_METRICS_NODE_ID=<node>/rank-<r>`), {} publishes each: one log-batch of \
          the monitor's {} CPU, memory, disk and network keys under `system/<node>/rank-<r>/`, the \
          rank's own step counter from 0, one timestamp per publish ({} s apart). Each target logs \
-         into a run of its own; targets take turns publish by publish, and all ranks of a publish \
-         are sent at once. Rows counted afterwards straight from MLflow: the lengths of \
+         into a run of its own; targets take turns publish by publish, and the ranks of a publish \
+         are sent together, at most {} in flight (below MLflow's 15 pooled database connections). \
+         Rows counted afterwards straight from MLflow: the lengths of \
          `metrics/get-history` for every key `runs/get` lists. MLflow {}.\n",
         facts.nodes,
         facts.ranks_per_node,
@@ -114,6 +115,7 @@ pub(crate) fn render(
         facts.publishes,
         facts.keys_per_publish,
         crate::monitor::SAMPLING_INTERVAL_MILLIS / 1_000,
+        super::MAX_IN_FLIGHT,
         facts
             .mlflow_version
             .as_deref()
