@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
+use axum::serve::ListenerExt;
 use axum::Router;
 use tokio::net::TcpListener;
 
@@ -78,6 +79,12 @@ pub async fn run(
     let stopped = move |mut rx: tokio::sync::watch::Receiver<bool>| async move {
         let _ = rx.wait_for(|stop| *stop).await;
     };
+    // Small MLflow responses must not wait for Nagle's algorithm and the client's delayed ACK.
+    let listener = listener.tap_io(|tcp| {
+        if let Err(e) = tcp.set_nodelay(true) {
+            tracing::debug!(error = %e, "TCP_NODELAY not set on an accepted connection");
+        }
+    });
     let main = axum::serve(listener, app(state.clone()).into_make_service_with_connect_info::<SocketAddr>())
         .with_graceful_shutdown(stopped(stop_rx.clone()))
         .into_future();

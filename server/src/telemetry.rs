@@ -142,12 +142,12 @@ impl Metrics {
         }
     }
 
-    pub fn key(&self, family: &'static str, outcome: &'static str) {
-        self.metric_keys.get_or_create(&KeyLabels { family, outcome }).inc();
+    pub fn keys(&self, family: &'static str, outcome: &'static str, samples: u64) {
+        self.metric_keys.get_or_create(&KeyLabels { family, outcome }).inc_by(samples);
     }
 
-    pub fn node_sample(&self, reason: &'static str) {
-        self.node_samples.get_or_create(&ReasonLabels { reason }).inc();
+    pub fn node_samples(&self, reason: &'static str, samples: u64) {
+        self.node_samples.get_or_create(&ReasonLabels { reason }).inc_by(samples);
     }
 
     pub fn election(&self, reason: &'static str) {

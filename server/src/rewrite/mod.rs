@@ -5,6 +5,7 @@
 pub mod body;
 pub mod stats;
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::SystemTime;
 
@@ -13,7 +14,7 @@ use axum::extract::Request;
 use axum::response::Response;
 use http::{header, HeaderMap, HeaderValue, StatusCode};
 use http_body_util::{BodyExt, Limited};
-use mlscope_scopes::{scoped_key, Identity, KeyOutcome, OwnerPattern};
+use mlscope_scopes::{scoped_key, Identity, KeyOutcome, OwnerPattern, ScopedKey};
 
 use crate::dedup::{Decision, DedupConfig, Deduplicator, Event};
 use crate::error::mlflow_error;
@@ -69,7 +70,33 @@ struct NodeBatch {
     rank: u32,
     first_step: i64,
     last_step: i64,
+    samples: u64,
     decision: Option<Decision>,
+}
+
+/// The contract applied to one distinct key of a batch.
+struct KeyPlan {
+    scoped: ScopedKey,
+    /// The renamed key, when the contract renames it.
+    new_key: Option<String>,
+    /// `(node, rank)` when these samples take part in deduplication.
+    dedup_identity: Option<(String, u32)>,
+    samples: u64,
+}
+
+impl KeyPlan {
+    fn new(scoped: ScopedKey, dedup: bool) -> Self {
+        let new_key = match &scoped.outcome {
+            KeyOutcome::Rewritten { key, .. } => Some(key.clone()),
+            _ => None,
+        };
+        let node_wide = scoped.outcome.scope().is_some_and(|s| s.is_node_wide()) && !matches!(scoped.outcome, KeyOutcome::Invalid { .. });
+        let dedup_identity = match (&scoped.identity.node, scoped.identity.rank) {
+            (Some(node), Some(rank)) if dedup && node_wide => Some((node.clone(), rank)),
+            _ => None,
+        };
+        Self { scoped, new_key, dedup_identity, samples: 0 }
+    }
 }
 
 impl MetricsRewriter {
@@ -157,61 +184,48 @@ impl MetricsRewriter {
     async fn plan(&self, body: &MetricsBody<'_>, request_identity: &Identity) -> Result<Vec<Edit>, Response> {
         let keep_original = self.config.keep_original_until.is_some_and(|until| SystemTime::now() < until);
         let run_id = body.run_id.as_deref();
-        let mut edits = Vec::with_capacity(body.metrics.len());
-        let mut node_batches: Vec<NodeBatch> = Vec::new();
-        let mut per_metric_node: Vec<Option<usize>> = Vec::with_capacity(body.metrics.len());
 
+        // A batch repeats a handful of keys (one set per monitor publish): apply the contract once
+        // per distinct key and count, instead of once per sample.
+        let mut plans: Vec<KeyPlan> = Vec::new();
+        let mut plan_of: HashMap<&str, usize> = HashMap::new();
+        let mut metric_plans = Vec::with_capacity(body.metrics.len());
         for metric in &body.metrics {
-            let scoped = scoped_key(&metric.key, request_identity, &self.config.owner_pattern);
-            if let (Some(run_id), Some(_)) = (run_id, scoped.outcome.scope()) {
-                self.stats.seen(run_id, &scoped.identity, 1);
-            }
-            let new_key = match &scoped.outcome {
-                KeyOutcome::Untouched => None,
-                KeyOutcome::Unchanged { family, .. } => {
-                    self.metrics.key(family, "unchanged");
-                    None
-                }
-                KeyOutcome::Rewritten { key, family, .. } => {
-                    if self.config.rewrite {
-                        self.metrics.key(family, "rewritten");
-                        Some(key.clone())
-                    } else {
-                        None
-                    }
-                }
-                KeyOutcome::Invalid { rejected, family, .. } => {
-                    self.metrics.key(family, "invalid");
-                    tracing::warn!(key = %metric.key, rejected, "scoped key would break MLflow's key rules; kept the original");
-                    None
-                }
-            };
-            // Node-wide samples with a known node and rank take part in deduplication.
-            let node_slot = match (&scoped.outcome.scope(), &scoped.identity, run_id, metric.step) {
-                (Some(scope), Identity { node: Some(node), rank: Some(rank) }, Some(_), Some(step))
-                    if scope.is_node_wide() && self.dedup.is_some() && !matches!(scoped.outcome, KeyOutcome::Invalid { .. }) =>
-                {
+            let index = *plan_of.entry(metric.key.as_ref()).or_insert_with(|| {
+                plans.push(KeyPlan::new(scoped_key(&metric.key, request_identity, &self.config.owner_pattern), self.dedup.is_some()));
+                plans.len() - 1
+            });
+            plans[index].samples += 1;
+            metric_plans.push(index);
+        }
+        for plan in &plans {
+            self.account(run_id, plan);
+        }
+
+        // Node-wide samples with a known node and rank take part in deduplication, decided once
+        // per (node, rank) of the batch over the steps it carries.
+        let mut node_batches: Vec<NodeBatch> = Vec::new();
+        let mut metric_batches: Vec<Option<usize>> = Vec::with_capacity(body.metrics.len());
+        for (metric, &index) in body.metrics.iter().zip(&metric_plans) {
+            let slot = match (&plans[index].dedup_identity, run_id, metric.step) {
+                (Some((node, rank)), Some(_), Some(step)) => {
                     let slot = match node_batches.iter().position(|b| &b.node == node && b.rank == *rank) {
                         Some(i) => i,
                         None => {
-                            node_batches.push(NodeBatch { node: node.clone(), rank: *rank, first_step: step, last_step: step, decision: None });
+                            node_batches.push(NodeBatch { node: node.clone(), rank: *rank, first_step: step, last_step: step, samples: 0, decision: None });
                             node_batches.len() - 1
                         }
                     };
                     let batch = &mut node_batches[slot];
                     batch.first_step = batch.first_step.min(step);
                     batch.last_step = batch.last_step.max(step);
+                    batch.samples += 1;
                     Some(slot)
                 }
                 _ => None,
             };
-            per_metric_node.push(node_slot);
-            edits.push(match new_key {
-                Some(key) => Edit::Change { key: Some(key), step: None, also_original: keep_original },
-                None => Edit::Keep,
-            });
+            metric_batches.push(slot);
         }
-
         if let (Some(dedup), Some(run_id)) = (&self.dedup, run_id) {
             for batch in &mut node_batches {
                 let (decision, event) = dedup
@@ -230,35 +244,52 @@ impl MetricsRewriter {
                     Event::Failover => self.metrics.election("failover"),
                     Event::None => {}
                 }
+                let kept = matches!(decision, Decision::Report { .. });
+                self.metrics.node_samples(if kept { "kept" } else { "dropped" }, batch.samples);
+                let identity = Identity { node: Some(batch.node.clone()), rank: Some(batch.rank) };
+                self.stats.node_samples(run_id, &identity, kept, batch.samples);
                 batch.decision = Some(decision);
             }
         }
 
-        for ((edit, slot), metric) in edits.iter_mut().zip(&per_metric_node).zip(&body.metrics) {
-            let Some(batch) = slot.map(|i| &node_batches[i]) else { continue };
-            let identity = Identity { node: Some(batch.node.clone()), rank: Some(batch.rank) };
-            match batch.decision {
-                Some(Decision::Standby { .. }) => {
-                    self.metrics.node_sample("dropped");
-                    self.stats.node_sample(run_id.unwrap_or_default(), &identity, false);
-                    *edit = Edit::Drop;
-                }
-                Some(Decision::Report { step_offset }) => {
-                    self.metrics.node_sample("kept");
-                    self.stats.node_sample(run_id.unwrap_or_default(), &identity, true);
-                    if step_offset != 0 {
-                        let step = metric.step.map(|s| s + step_offset);
-                        *edit = match std::mem::replace(edit, Edit::Keep) {
-                            // The original key (migration copy) keeps the rank's own steps.
-                            Edit::Change { key, also_original, .. } => Edit::Change { key, step, also_original },
-                            _ => Edit::Change { key: None, step, also_original: false },
-                        };
+        let edits = body
+            .metrics
+            .iter()
+            .zip(metric_plans.iter().zip(&metric_batches))
+            .map(|(metric, (&index, slot))| {
+                let new_key = plans[index].new_key.clone().filter(|_| self.config.rewrite);
+                match slot.and_then(|i| node_batches[i].decision) {
+                    Some(Decision::Standby { .. }) => Edit::Drop,
+                    Some(Decision::Report { step_offset }) if step_offset != 0 => {
+                        // A migration copy under the original key keeps the bytes as sent.
+                        let also_original = keep_original && new_key.is_some();
+                        Edit::Change { key: new_key, step: metric.step.map(|s| s + step_offset), also_original }
                     }
+                    _ => match new_key {
+                        Some(key) => Edit::Change { key: Some(key), step: None, also_original: keep_original },
+                        None => Edit::Keep,
+                    },
                 }
-                None => {}
-            }
-        }
+            })
+            .collect();
         Ok(edits)
+    }
+
+    /// Counters and per-run stats for one distinct key of a batch.
+    fn account(&self, run_id: Option<&str>, plan: &KeyPlan) {
+        let (family, outcome) = match &plan.scoped.outcome {
+            KeyOutcome::Untouched => return,
+            KeyOutcome::Unchanged { family, .. } => (*family, "unchanged"),
+            KeyOutcome::Rewritten { family, .. } => (*family, if self.config.rewrite { "rewritten" } else { "unchanged" }),
+            KeyOutcome::Invalid { family, rejected, .. } => {
+                tracing::warn!(rejected, "scoped key would break MLflow's key rules; kept the original");
+                (*family, "invalid")
+            }
+        };
+        self.metrics.keys(family, outcome, plan.samples);
+        if let Some(run_id) = run_id {
+            self.stats.seen(run_id, &plan.scoped.identity, plan.samples);
+        }
     }
 }
 

@@ -79,12 +79,12 @@ impl RunStats {
         self.with_identity(run_id, identity, |s| s.samples += samples);
     }
 
-    pub fn node_sample(&self, run_id: &str, identity: &Identity, kept: bool) {
+    pub fn node_samples(&self, run_id: &str, identity: &Identity, kept: bool, samples: u64) {
         self.with_identity(run_id, identity, |s| {
             if kept {
-                s.node_samples_kept += 1
+                s.node_samples_kept += samples
             } else {
-                s.node_samples_dropped += 1
+                s.node_samples_dropped += samples
             }
         });
     }
