@@ -95,13 +95,13 @@ pub struct MetricsBody<'a> {
 }
 
 /// What happens to one metric.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Edit {
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Edit<'k> {
     Keep,
     Drop,
     /// Forward with a new key and/or step; `also_original` keeps a copy under the key the client
     /// sent (the migration period for existing dashboards).
-    Change { key: Option<String>, step: Option<i64>, also_original: bool },
+    Change { key: Option<&'k str>, step: Option<i64>, also_original: bool },
 }
 
 fn offset_in(text: &str, part: &str) -> Range<usize> {
@@ -226,52 +226,56 @@ impl<'a> MetricsBody<'a> {
     /// Writes the body back with `edits` (one per metric) applied. Returns the endpoint the
     /// result must go to: a log-metric whose metric is dropped or duplicated becomes a
     /// log-batch, which MLflow answers the same way (`{}`).
-    pub fn render(&self, edits: &[Edit]) -> (Endpoint, Vec<u8>) {
+    pub fn render(&self, edits: &[Edit<'_>]) -> (Endpoint, Vec<u8>) {
         debug_assert_eq!(edits.len(), self.metrics.len());
         match self.endpoint {
             Endpoint::LogBatch => {
                 let Some(span) = &self.metrics_span else { return (Endpoint::LogBatch, self.text.as_bytes().to_vec()) };
-                let mut out = String::with_capacity(self.text.len() + 64);
+                let mut out = String::with_capacity(self.text.len() + self.text.len() / 4);
                 out.push_str(&self.text[..span.start]);
-                let mut elements = Vec::with_capacity(self.metrics.len());
+                let mut array = ArrayWriter::open(&mut out);
                 for (metric, edit) in self.metrics.iter().zip(edits) {
                     let original = &self.text[metric.span.clone()];
-                    match edit {
+                    match *edit {
                         Edit::Drop => {}
-                        Edit::Keep => elements.push(Cow::Borrowed(original)),
+                        Edit::Keep => array.element().push_str(original),
                         Edit::Change { key, step, also_original } => {
-                            elements.push(Cow::Owned(splice(original, metric.span.start, metric, key.as_deref(), *step)));
-                            if *also_original {
-                                elements.push(Cow::Borrowed(original));
+                            splice_into(array.element(), original, metric.span.start, metric, key, step);
+                            if also_original {
+                                array.element().push_str(original);
                             }
                         }
                     }
                 }
-                push_array(&mut out, &elements);
+                array.close();
                 out.push_str(&self.text[span.end..]);
                 (Endpoint::LogBatch, out.into_bytes())
             }
             Endpoint::LogMetric => {
                 let metric = &self.metrics[0];
-                let elements = match &edits[0] {
+                let mut out = String::with_capacity(self.text.len() + 64);
+                match edits[0] {
                     Edit::Keep => return (Endpoint::LogMetric, self.text.as_bytes().to_vec()),
                     Edit::Change { key, step, also_original: false } => {
-                        return (Endpoint::LogMetric, splice(self.text, 0, metric, key.as_deref(), *step).into_bytes())
+                        splice_into(&mut out, self.text, 0, metric, key, step);
+                        return (Endpoint::LogMetric, out.into_bytes());
                     }
-                    Edit::Drop => Vec::new(),
-                    Edit::Change { key, step, also_original: true } => {
-                        vec![Cow::Owned(metric_object(metric, key.as_deref(), *step)), Cow::Owned(metric_object(metric, None, None))]
-                    }
-                };
-                // Rebuild as a one-run batch from the metric's own raw parts.
-                let mut out = String::from("{");
+                    _ => {}
+                }
+                // Dropped or duplicated: rebuild as a one-run batch from the metric's raw parts.
+                out.push('{');
                 if let Some(run_id) = self.run_id_raw {
                     out.push_str("\"run_id\":");
                     out.push_str(run_id);
                     out.push(',');
                 }
                 out.push_str("\"metrics\":");
-                push_array(&mut out, &elements);
+                let mut array = ArrayWriter::open(&mut out);
+                if let Edit::Change { key, step, .. } = edits[0] {
+                    write_metric_object(array.element(), metric, key, step);
+                    write_metric_object(array.element(), metric, None, None);
+                }
+                array.close();
                 out.push('}');
                 (Endpoint::LogBatch, out.into_bytes())
             }
@@ -279,55 +283,105 @@ impl<'a> MetricsBody<'a> {
     }
 }
 
-fn push_array(out: &mut String, elements: &[Cow<'_, str>]) {
-    out.push('[');
-    for (i, element) in elements.iter().enumerate() {
-        if i > 0 {
-            out.push(',');
-        }
-        out.push_str(element);
+/// Writes a JSON array element by element.
+struct ArrayWriter<'o> {
+    out: &'o mut String,
+    empty: bool,
+}
+
+impl<'o> ArrayWriter<'o> {
+    fn open(out: &'o mut String) -> Self {
+        out.push('[');
+        Self { out, empty: true }
     }
-    out.push(']');
+
+    /// The output, positioned for the next element.
+    fn element(&mut self) -> &mut String {
+        if !self.empty {
+            self.out.push(',');
+        }
+        self.empty = false;
+        self.out
+    }
+
+    fn close(self) {
+        self.out.push(']');
+    }
+}
+
+/// A JSON string token for `s`; keys valid under MLflow's rules need no escaping.
+fn push_json_string(out: &mut String, s: &str) {
+    if s.bytes().all(|b| b >= 0x20 && b != b'"' && b != b'\\') {
+        out.push('"');
+        out.push_str(s);
+        out.push('"');
+    } else {
+        out.push_str(&serde_json::to_string(s).expect("a string serializes"));
+    }
+}
+
+fn push_step(out: &mut String, step: i64, quoted: bool) {
+    use std::fmt::Write;
+    if quoted {
+        let _ = write!(out, "\"{step}\"");
+    } else {
+        let _ = write!(out, "{step}");
+    }
 }
 
 /// A metric object for a batch, from a log-metric body's raw parts (values stay as sent).
-fn metric_object(metric: &Metric<'_>, key: Option<&str>, step: Option<i64>) -> String {
-    let key = key.unwrap_or(&metric.key);
-    let mut out = String::from("{\"key\":");
-    out.push_str(&serde_json::to_string(key).expect("a string serializes"));
+fn write_metric_object(out: &mut String, metric: &Metric<'_>, key: Option<&str>, step: Option<i64>) {
+    out.push_str("{\"key\":");
+    push_json_string(out, key.unwrap_or(&metric.key));
     for (name, raw) in [("value", metric.value), ("timestamp", metric.timestamp)] {
         if let Some(raw) = raw {
-            out.push_str(&format!(",\"{name}\":{raw}"));
+            out.push_str(",\"");
+            out.push_str(name);
+            out.push_str("\":");
+            out.push_str(raw);
         }
     }
     if let Some(step) = step.or(metric.step) {
-        out.push_str(&format!(",\"step\":{step}"));
+        out.push_str(",\"step\":");
+        push_step(out, step, false);
     }
     out.push('}');
-    out
 }
 
-/// `text` (which starts at `base` in the parsed body) with the metric's key and/or step replaced.
-fn splice(text: &str, base: usize, metric: &Metric<'_>, key: Option<&str>, step: Option<i64>) -> String {
+/// Appends `text` (which starts at `base` in the parsed body) with the metric's key and/or step
+/// replaced.
+fn splice_into(out: &mut String, text: &str, base: usize, metric: &Metric<'_>, key: Option<&str>, step: Option<i64>) {
     let shift = |span: &Range<usize>| span.start - base..span.end - base;
-    let mut replacements: Vec<(Range<usize>, String)> = Vec::with_capacity(2);
-    if let Some(key) = key {
-        replacements.push((shift(&metric.key_span), serde_json::to_string(key).expect("a string serializes")));
-    }
-    if let (Some(step), Some(span)) = (step, &metric.step_span) {
-        let rendered = if metric.step_quoted { format!("\"{step}\"") } else { step.to_string() };
-        replacements.push((shift(span), rendered));
-    }
-    replacements.sort_by_key(|(span, _)| span.start);
-    let mut out = String::with_capacity(text.len() + 32);
+    let key_part = key.map(|key| (shift(&metric.key_span), key));
+    let step_part = step.zip(metric.step_span.as_ref()).map(|(step, span)| (shift(span), step));
+    // Key and step may come in either order in the object.
+    let key_first = match (&key_part, &step_part) {
+        (Some((k, _)), Some((s, _))) => k.start < s.start,
+        _ => true,
+    };
     let mut at = 0;
-    for (span, replacement) in replacements {
-        out.push_str(&text[at..span.start]);
-        out.push_str(&replacement);
-        at = span.end;
+    let write_key = |out: &mut String, at: &mut usize| {
+        if let Some((span, key)) = &key_part {
+            out.push_str(&text[*at..span.start]);
+            push_json_string(out, key);
+            *at = span.end;
+        }
+    };
+    let write_step = |out: &mut String, at: &mut usize| {
+        if let Some((span, step)) = &step_part {
+            out.push_str(&text[*at..span.start]);
+            push_step(out, *step, metric.step_quoted);
+            *at = span.end;
+        }
+    };
+    if key_first {
+        write_key(out, &mut at);
+        write_step(out, &mut at);
+    } else {
+        write_step(out, &mut at);
+        write_key(out, &mut at);
     }
     out.push_str(&text[at..]);
-    out
 }
 
 #[cfg(test)]
@@ -350,7 +404,7 @@ mod tests {
     #[test]
     fn keys_and_steps_change_and_nothing_else_does() {
         let body = MetricsBody::parse(BATCH.as_bytes(), Endpoint::LogBatch).unwrap();
-        let edits = [Edit::Change { key: Some("system/n/node_cpu_utilization_percentage".into()), step: Some(12), also_original: false }, Edit::Keep];
+        let edits = [Edit::Change { key: Some("system/n/node_cpu_utilization_percentage"), step: Some(12), also_original: false }, Edit::Keep];
         let (_, out) = body.render(&edits);
         let text = std::str::from_utf8(&out).unwrap();
         assert_eq!(
@@ -367,7 +421,7 @@ mod tests {
         assert_eq!(v["metrics"], serde_json::json!([]));
         assert_eq!(v["params"][0]["key"], "p");
 
-        let (_, out) = body.render(&[Edit::Change { key: Some("system/new".into()), step: None, also_original: true }, Edit::Drop]);
+        let (_, out) = body.render(&[Edit::Change { key: Some("system/new"), step: None, also_original: true }, Edit::Drop]);
         let v: Value = serde_json::from_slice(&out).unwrap();
         let keys: Vec<_> = v["metrics"].as_array().unwrap().iter().map(|m| m["key"].as_str().unwrap()).collect();
         assert_eq!(keys, ["system/new", "system/cpu_utilization_percentage"]);
@@ -378,7 +432,7 @@ mod tests {
         let text = r#"{"run_id":"r1","run_uuid":"r1","key":"system/rank-1/network_receive_megabytes","value":"Infinity","timestamp":5,"step":"7"}"#;
         let body = MetricsBody::parse(text.as_bytes(), Endpoint::LogMetric).unwrap();
         assert_eq!(body.metrics[0].step, Some(7));
-        let (endpoint, out) = body.render(&[Edit::Change { key: Some("system/x".into()), step: Some(9), also_original: false }]);
+        let (endpoint, out) = body.render(&[Edit::Change { key: Some("system/x"), step: Some(9), also_original: false }]);
         assert_eq!(endpoint, Endpoint::LogMetric);
         assert_eq!(std::str::from_utf8(&out).unwrap(), text.replace("system/rank-1/network_receive_megabytes", "system/x").replace("\"7\"", "\"9\""));
 
@@ -386,7 +440,7 @@ mod tests {
         assert_eq!(endpoint, Endpoint::LogBatch);
         assert_eq!(std::str::from_utf8(&out).unwrap(), r#"{"run_id":"r1","metrics":[]}"#);
 
-        let (endpoint, out) = body.render(&[Edit::Change { key: Some("system/x".into()), step: None, also_original: true }]);
+        let (endpoint, out) = body.render(&[Edit::Change { key: Some("system/x"), step: None, also_original: true }]);
         assert_eq!(endpoint, Endpoint::LogBatch);
         let v: Value = serde_json::from_slice(&out).unwrap();
         assert_eq!(v["metrics"][0], serde_json::json!({"key": "system/x", "value": "Infinity", "timestamp": 5, "step": 7}));

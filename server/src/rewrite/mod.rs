@@ -150,7 +150,8 @@ impl MetricsRewriter {
         }
 
         let identity = identity_from_headers(&parts.headers);
-        let edits = self.plan(&parsed, &identity).await?;
+        let mut plans = Vec::new();
+        let edits = self.plan(&parsed, &identity, &mut plans).await?;
         if edits.iter().all(|e| *e == Edit::Keep) {
             return Ok(Request::from_parts(parts, Body::from(bytes)));
         }
@@ -181,13 +182,14 @@ impl MetricsRewriter {
     }
 
     /// One edit per metric: the contract's key, and for node-wide samples the dedup decision.
-    async fn plan(&self, body: &MetricsBody<'_>, request_identity: &Identity) -> Result<Vec<Edit>, Response> {
+    /// `plans` receives the contract's result per distinct key; the edits borrow their new keys
+    /// from it.
+    async fn plan<'k>(&self, body: &MetricsBody<'_>, request_identity: &Identity, plans: &'k mut Vec<KeyPlan>) -> Result<Vec<Edit<'k>>, Response> {
         let keep_original = self.config.keep_original_until.is_some_and(|until| SystemTime::now() < until);
         let run_id = body.run_id.as_deref();
 
         // A batch repeats a handful of keys (one set per monitor publish): apply the contract once
         // per distinct key and count, instead of once per sample.
-        let mut plans: Vec<KeyPlan> = Vec::new();
         let mut plan_of: HashMap<&str, usize> = HashMap::new();
         let mut metric_plans = Vec::with_capacity(body.metrics.len());
         for metric in &body.metrics {
@@ -198,7 +200,8 @@ impl MetricsRewriter {
             plans[index].samples += 1;
             metric_plans.push(index);
         }
-        for plan in &plans {
+        let plans: &'k [KeyPlan] = plans;
+        for plan in plans {
             self.account(run_id, plan);
         }
 
@@ -257,7 +260,7 @@ impl MetricsRewriter {
             .iter()
             .zip(metric_plans.iter().zip(&metric_batches))
             .map(|(metric, (&index, slot))| {
-                let new_key = plans[index].new_key.clone().filter(|_| self.config.rewrite);
+                let new_key = plans[index].new_key.as_deref().filter(|_| self.config.rewrite);
                 match slot.and_then(|i| node_batches[i].decision) {
                     Some(Decision::Standby { .. }) => Edit::Drop,
                     Some(Decision::Report { step_offset }) if step_offset != 0 => {
@@ -266,7 +269,7 @@ impl MetricsRewriter {
                         Edit::Change { key: new_key, step: metric.step.map(|s| s + step_offset), also_original }
                     }
                     _ => match new_key {
-                        Some(key) => Edit::Change { key: Some(key), step: None, also_original: keep_original },
+                        key @ Some(_) => Edit::Change { key, step: None, also_original: keep_original },
                         None => Edit::Keep,
                     },
                 }
