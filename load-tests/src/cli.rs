@@ -151,6 +151,11 @@ pub struct StackArgs {
     /// Extra argument for mlscope-proxy; repeat for several.
     #[arg(long = "proxy-arg", allow_hyphen_values = true)]
     pub proxy_args: Vec<String>,
+    /// Put a constant-latency stub that answers like MLflow (passthrough's calls only) in place
+    /// of MLflow as every target's upstream: measures what the proxies add without MLflow's
+    /// jitter.
+    #[arg(long)]
+    pub stub_upstream: bool,
 }
 
 /// The MLflow REST calls the pass-through benchmark sends.

@@ -17,6 +17,7 @@ mod passthrough;
 mod progress;
 mod rewrite;
 mod stack;
+mod stub;
 mod units;
 
 pub use cli::{

@@ -50,6 +50,10 @@ pub(crate) struct BenchStack {
     // forward to.
     nginx: Option<Nginx>,
     extra_proxies: Vec<(TargetKind, ProxyProcess)>,
+    /// The main proxy when it forwards to the stub instead of MLflow.
+    stub_proxy: Option<ProxyProcess>,
+    /// What `direct` means and every proxy forwards to: MLflow, or the stub.
+    upstream_url: String,
     stack: TestStack,
 }
 
@@ -119,11 +123,20 @@ impl BenchStack {
     /// extra proxy's own flags.
     pub(crate) fn start(args: &StackArgs, plan: &StackPlan) -> anyhow::Result<BenchStack> {
         let stack = TestStack::start(StackOptions {
-            proxy: true,
+            proxy: !args.stub_upstream,
             proxy_args: args.proxy_args.clone(),
             mlflow_backend: args.mlflow_backend.clone(),
         })
         .context("starting the benchmark stack (S3 store, MLflow, mlscope-proxy)")?;
+        let (upstream_url, stub_proxy) = if args.stub_upstream {
+            let stub = crate::stub::StubUpstream::start()?;
+            let proxy_args: Vec<&str> = args.proxy_args.iter().map(String::as_str).collect();
+            let proxy = mlscope_tests::spawn_proxy(&stub.url, &proxy_args, stack.dir.path())
+                .context("starting mlscope-proxy in front of the stub upstream")?;
+            (stub.url, Some(proxy))
+        } else {
+            (stack.mlflow.url.clone(), None)
+        };
         let mut extra_proxies = Vec::with_capacity(plan.extra_proxies.len());
         for &kind in &plan.extra_proxies {
             let own_args = kind
@@ -136,14 +149,14 @@ impl BenchStack {
                 .chain(own_args.iter().copied())
                 .collect();
             let proxy =
-                mlscope_tests::spawn_proxy(&stack.mlflow.url, &proxy_args, stack.dir.path())
+                mlscope_tests::spawn_proxy(&upstream_url, &proxy_args, stack.dir.path())
                     .with_context(|| format!("starting {kind} in front of MLflow"))?;
             extra_proxies.push((kind, proxy));
         }
         let nginx = if plan.nginx {
             let dir = stack.dir.path().join("nginx");
             std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
-            let nginx = Nginx::start(&stack.mlflow.url, &dir)
+            let nginx = Nginx::start(&upstream_url, &dir)
                 .context("starting nginx in front of MLflow")?;
             Some(nginx)
         } else {
@@ -152,6 +165,8 @@ impl BenchStack {
         Ok(BenchStack {
             nginx,
             extra_proxies,
+            stub_proxy,
+            upstream_url,
             stack,
         })
     }
@@ -160,7 +175,7 @@ impl BenchStack {
     pub(crate) fn targets(&self) -> Vec<Target> {
         let mut targets = vec![Target {
             kind: TargetKind::Direct,
-            base_url: trim_url(&self.stack.mlflow.url),
+            base_url: trim_url(&self.upstream_url),
         }];
         if let Some(nginx) = &self.nginx {
             targets.push(Target {
@@ -203,9 +218,9 @@ impl BenchStack {
     }
 
     fn proxy(&self) -> &ProxyProcess {
-        self.stack
-            .proxy
+        self.stub_proxy
             .as_ref()
+            .or(self.stack.proxy.as_ref())
             .expect("the benchmark stack always starts the proxy")
     }
 }
