@@ -5,57 +5,16 @@
 use std::collections::BTreeSet;
 use std::path::Path;
 use std::process::{Command, ExitStatus};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use mlscope_tests::{collector_binary, free_port, spawn_proxy, spawn_proxy_on, Process, ProxyProcess, TestStack};
-use serde_json::{json, Value};
+use serde_json::Value;
 
-// === MLflow REST helpers ===
-
-fn http() -> reqwest::Client {
-    reqwest::Client::builder().timeout(Duration::from_secs(60)).build().unwrap()
-}
-
-async fn post(base: &str, path: &str, body: Value) -> Value {
-    let response = http().post(format!("{base}/api/2.0/mlflow/{path}")).json(&body).send().await.unwrap();
-    let status = response.status();
-    let json: Value = response.json().await.unwrap_or(Value::Null);
-    assert!(status.is_success(), "{path}: {status} {json}");
-    json
-}
-
-async fn create_run(mlflow: &str) -> String {
-    let name = format!("collector-{}", uuid::Uuid::new_v4().simple());
-    let experiment = post(mlflow, "experiments/create", json!({ "name": name })).await;
-    let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_millis() as i64;
-    let run = post(mlflow, "runs/create", json!({ "experiment_id": experiment["experiment_id"], "start_time": now })).await;
-    run["run"]["info"]["run_id"].as_str().unwrap().to_owned()
-}
-
-async fn get_run(mlflow: &str, run_id: &str) -> Value {
-    http().get(format!("{mlflow}/api/2.0/mlflow/runs/get?run_id={run_id}")).send().await.unwrap().json().await.unwrap()
-}
-
-async fn metric_keys(mlflow: &str, run_id: &str) -> BTreeSet<String> {
-    let run = get_run(mlflow, run_id).await;
-    run["run"]["data"]["metrics"].as_array().map(|m| m.iter().map(|m| m["key"].as_str().unwrap().to_owned()).collect()).unwrap_or_default()
-}
+use crate::mlflow::{create_run, get_run, history, http, metric_keys};
 
 /// The steps of a series, in timestamp order.
 async fn steps(mlflow: &str, run_id: &str, key: &str) -> Vec<i64> {
-    let page: Value = http()
-        .get(format!("{mlflow}/api/2.0/mlflow/metrics/get-history"))
-        .query(&[("run_id", run_id), ("metric_key", key), ("max_results", "25000")])
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    let mut points: Vec<(i64, i64)> =
-        page["metrics"].as_array().map(|m| m.iter().map(|p| (p["timestamp"].as_i64().unwrap(), p["step"].as_i64().unwrap_or(0))).collect()).unwrap_or_default();
-    points.sort();
-    points.into_iter().map(|(_, step)| step).collect()
+    history(mlflow, run_id, key).await.into_iter().map(|(step, _)| step).collect()
 }
 
 /// Polls `steps` of `key` until it has at least `count` points.
@@ -126,7 +85,7 @@ async fn two_collectors_claiming_one_node_store_the_contracts_keys_and_one_node_
     let mlflow = stack.mlflow.url.as_str();
     let dir = tempfile::tempdir().unwrap();
     let proxy = dedup_proxy(dir.path(), mlflow);
-    let run_id = create_run(mlflow).await;
+    let run_id = create_run(mlflow, "collector").await;
 
     let collectors = [start_collector(dir.path(), &proxy.url, &run_id, "node-c", 0, &[]), start_collector(dir.path(), &proxy.url, &run_id, "node-c", 1, &[])];
     for rank in [0, 1] {
@@ -183,7 +142,7 @@ async fn with_the_proxy_down_for_a_minute_no_sample_is_lost() {
     let dir = tempfile::tempdir().unwrap();
     let (port, admin_port) = (free_port(), free_port());
     let mut proxy = spawn_proxy_on(mlflow, &[], dir.path(), port, admin_port).unwrap();
-    let run_id = create_run(mlflow).await;
+    let run_id = create_run(mlflow, "collector").await;
     let collector = start_collector(dir.path(), &proxy.url, &run_id, "node-d", 0, &[]);
     let rank_key = "system/rank-0/network_receive_megabytes";
     wait_for_points(mlflow, &run_id, rank_key, 3, Duration::from_secs(60)).await;
@@ -219,7 +178,7 @@ async fn wrapper_mode_records_how_the_rank_ended_on_the_run() {
     let stack = TestStack::shared();
     let mlflow = stack.mlflow.url.as_str();
     let dir = tempfile::tempdir().unwrap();
-    let run_id = create_run(mlflow).await;
+    let run_id = create_run(mlflow, "collector").await;
     let mut collector = start_collector(dir.path(), stack.proxy_url(), &run_id, "node-w", 4, &["sh", "-c", "sleep 1; exit 3"]);
     let status = tokio::task::spawn_blocking(move || {
         let deadline = Instant::now() + Duration::from_secs(60);

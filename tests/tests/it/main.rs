@@ -5,6 +5,7 @@ mod binary;
 mod collector;
 mod compat;
 mod forwarding;
+mod mlflow;
 mod python_client;
 mod stack;
 mod system_metrics;

@@ -6,64 +6,15 @@
 //! what that monitor sends: `system/<node>/rank-<r>/<name>` keys, one timestamp per publish and
 //! a step counter that starts at its own value.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use mlscope_tests::{repo_root, spawn_proxy, venv, ProxyProcess, TestStack};
 use serde_json::{json, Value};
 
-// === MLflow REST helpers ===
-
-fn http() -> reqwest::Client {
-    reqwest::Client::builder().timeout(Duration::from_secs(60)).build().unwrap()
-}
-
-async fn post(base: &str, path: &str, body: Value) -> Value {
-    let response = http().post(format!("{base}/api/2.0/mlflow/{path}")).json(&body).send().await.unwrap();
-    let status = response.status();
-    let json: Value = response.json().await.unwrap_or(Value::Null);
-    assert!(status.is_success(), "{path}: {status} {json}");
-    json
-}
-
-/// A fresh run, created directly in MLflow.
-async fn create_run(mlflow: &str) -> String {
-    let name = format!("system-metrics-{}", uuid::Uuid::new_v4().simple());
-    let experiment = post(mlflow, "experiments/create", json!({ "name": name })).await;
-    let run = post(mlflow, "runs/create", json!({ "experiment_id": experiment["experiment_id"], "start_time": now_ms() })).await;
-    run["run"]["info"]["run_id"].as_str().unwrap().to_owned()
-}
-
-async fn metric_keys(mlflow: &str, run_id: &str) -> BTreeSet<String> {
-    let run: Value = http().get(format!("{mlflow}/api/2.0/mlflow/runs/get?run_id={run_id}")).send().await.unwrap().json().await.unwrap();
-    run["run"]["data"]["metrics"].as_array().map(|m| m.iter().map(|m| m["key"].as_str().unwrap().to_owned()).collect()).unwrap_or_default()
-}
-
-/// `(step, timestamp)` of every point of a series, in timestamp order.
-async fn history(mlflow: &str, run_id: &str, key: &str) -> Vec<(i64, i64)> {
-    let url = format!("{mlflow}/api/2.0/mlflow/metrics/get-history");
-    let page: Value = http()
-        .get(url)
-        .query(&[("run_id", run_id), ("metric_key", key), ("max_results", "25000")])
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    let mut points: Vec<(i64, i64)> = page["metrics"]
-        .as_array()
-        .map(|m| m.iter().map(|p| (p["step"].as_i64().unwrap_or(0), p["timestamp"].as_i64().unwrap())).collect())
-        .unwrap_or_default();
-    points.sort_by_key(|&(step, ts)| (ts, step));
-    points
-}
-
-fn now_ms() -> i64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_millis() as i64
-}
+use crate::mlflow::{create_run, history, http, metric_keys, now_ms};
 
 /// A node series must never reuse a step or go back in step: in timestamp order, steps rise.
 fn assert_monotonic(key: &str, points: &[(i64, i64)]) {
@@ -133,7 +84,7 @@ async fn eight_ranks_on_two_nodes_store_one_series_per_node_and_every_rank_serie
     let stack = TestStack::shared();
     let dir = tempfile::tempdir().unwrap();
     let proxy = dedup_proxy(dir.path(), &stack.mlflow.url, &[]);
-    let run_id = create_run(&stack.mlflow.url).await;
+    let run_id = create_run(&stack.mlflow.url, "system-metrics").await;
 
     let ranks: Vec<(String, u32)> = (0..8).map(|r| (if r < 4 { "node-a" } else { "node-b" }.to_owned(), r)).collect();
     let children: Vec<_> = ranks.iter().map(|(node, rank)| spawn_monitor_rank(&proxy, &run_id, node, *rank, 10)).collect();
@@ -188,7 +139,7 @@ async fn when_the_reporter_stops_another_rank_takes_over_within_the_failover_tim
     let stack = TestStack::shared();
     let dir = tempfile::tempdir().unwrap();
     let proxy = dedup_proxy(dir.path(), &stack.mlflow.url, &[]);
-    let run_id = create_run(&stack.mlflow.url).await;
+    let run_id = create_run(&stack.mlflow.url, "system-metrics").await;
 
     let mut first = spawn_monitor_rank(&proxy, &run_id, "node-f", 0, 60);
     let deadline = Instant::now() + Duration::from_secs(90);
@@ -298,7 +249,7 @@ async fn two_replicas_sharing_postgres_keep_one_reporter_through_a_failover() {
     let database = PostgresDatabase::create();
     let args = ["--database-url", database.url.as_str(), "--dedup-update-interval", "100ms", "--dedup-failover-timeout", "1500ms"];
     let replicas = [spawn_proxy(&stack.mlflow.url, &args, dir.path()).unwrap(), spawn_proxy(&stack.mlflow.url, &args, dir.path()).unwrap()];
-    let run_id = create_run(&stack.mlflow.url).await;
+    let run_id = create_run(&stack.mlflow.url, "system-metrics").await;
     // Rank counters differ on purpose, as real ranks' do.
     let mut ranks: Vec<SimRank> = (0..4).map(|r| SimRank::new("node-r", r, i64::from(r) * 7)).collect();
 
@@ -334,7 +285,7 @@ async fn leases_survive_a_proxy_restart(postgres: Option<&PostgresDatabase>) {
     let dir = tempfile::tempdir().unwrap();
     let database = postgres.map_or_else(|| format!("sqlite://{}/restart.db", dir.path().display()), |db| db.url.clone());
     let args = ["--database-url", database.as_str(), "--dedup-update-interval", "100ms", "--dedup-failover-timeout", "20s"];
-    let run_id = create_run(&stack.mlflow.url).await;
+    let run_id = create_run(&stack.mlflow.url, "system-metrics").await;
     let mut ranks = [SimRank::new("node-s", 0, 0), SimRank::new("node-s", 1, 100)];
 
     let mut proxy = spawn_proxy(&stack.mlflow.url, &args, dir.path()).unwrap();
@@ -374,7 +325,7 @@ async fn leases_survive_a_proxy_restart_on_postgres() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_single_rank_run_gets_the_contracts_keys_and_untouched_training_metrics() {
     let stack = TestStack::shared();
-    let run_id = create_run(&stack.mlflow.url).await;
+    let run_id = create_run(&stack.mlflow.url, "system-metrics").await;
     let proxy = stack.proxy.as_ref().unwrap();
     let body = json!({"run_id": run_id, "metrics": [
         {"key": "system/gpu-node-1/rank-3/cpu_utilization_percentage", "value": 12.5, "timestamp": 1_700_000_000_000i64, "step": 0},

@@ -1,0 +1,59 @@
+//! The MLflow REST calls the end-to-end tests make to set up runs and read back what MLflow stored.
+
+use std::collections::BTreeSet;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use serde_json::{json, Value};
+
+pub(crate) fn http() -> reqwest::Client {
+    reqwest::Client::builder().timeout(Duration::from_secs(60)).build().unwrap()
+}
+
+pub(crate) fn now_ms() -> i64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_millis() as i64
+}
+
+/// POSTs to `/api/2.0/mlflow/<path>` and asserts success.
+pub(crate) async fn post(base: &str, path: &str, body: Value) -> Value {
+    let response = http().post(format!("{base}/api/2.0/mlflow/{path}")).json(&body).send().await.unwrap();
+    let status = response.status();
+    let json: Value = response.json().await.unwrap_or(Value::Null);
+    assert!(status.is_success(), "{path}: {status} {json}");
+    json
+}
+
+/// A fresh run in an experiment of its own, created directly in MLflow.
+pub(crate) async fn create_run(mlflow: &str, prefix: &str) -> String {
+    let name = format!("{prefix}-{}", uuid::Uuid::new_v4().simple());
+    let experiment = post(mlflow, "experiments/create", json!({ "name": name })).await;
+    let run = post(mlflow, "runs/create", json!({ "experiment_id": experiment["experiment_id"], "start_time": now_ms() })).await;
+    run["run"]["info"]["run_id"].as_str().unwrap().to_owned()
+}
+
+pub(crate) async fn get_run(mlflow: &str, run_id: &str) -> Value {
+    http().get(format!("{mlflow}/api/2.0/mlflow/runs/get?run_id={run_id}")).send().await.unwrap().json().await.unwrap()
+}
+
+pub(crate) async fn metric_keys(mlflow: &str, run_id: &str) -> BTreeSet<String> {
+    let run = get_run(mlflow, run_id).await;
+    run["run"]["data"]["metrics"].as_array().map(|m| m.iter().map(|m| m["key"].as_str().unwrap().to_owned()).collect()).unwrap_or_default()
+}
+
+/// `(step, timestamp)` of every point of a series, in timestamp order.
+pub(crate) async fn history(mlflow: &str, run_id: &str, key: &str) -> Vec<(i64, i64)> {
+    let page: Value = http()
+        .get(format!("{mlflow}/api/2.0/mlflow/metrics/get-history"))
+        .query(&[("run_id", run_id), ("metric_key", key), ("max_results", "25000")])
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let mut points: Vec<(i64, i64)> = page["metrics"]
+        .as_array()
+        .map(|m| m.iter().map(|p| (p["step"].as_i64().unwrap_or(0), p["timestamp"].as_i64().unwrap())).collect())
+        .unwrap_or_default();
+    points.sort_by_key(|&(step, ts)| (ts, step));
+    points
+}
