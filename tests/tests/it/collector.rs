@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use mlscope_tests::{collector_binary, free_port, spawn_proxy, spawn_proxy_on, Process, ProxyProcess, TestStack};
 use serde_json::Value;
 
-use crate::mlflow::{create_run, get_run, history, http, metric_keys};
+use crate::mlflow::{create_run, get_run, history, http, metric_keys, NODE_WIDE_NAMES};
 
 /// The steps of a series, in timestamp order.
 async fn steps(mlflow: &str, run_id: &str, key: &str) -> Vec<i64> {
@@ -58,14 +58,6 @@ fn stop_collector(mut collector: Process) -> (ExitStatus, Value) {
     (status, last)
 }
 
-const NODE_NAMES: [&str; 6] = [
-    "node_cpu_utilization_percentage",
-    "node_memory_usage_megabytes",
-    "node_memory_usage_percentage",
-    "rootfs_usage_megabytes",
-    "rootfs_usage_percentage",
-    "rootfs_available_megabytes",
-];
 const RANK_NAMES: [&str; 5] = [
     "network_receive_megabytes",
     "network_transmit_megabytes",
@@ -98,7 +90,7 @@ async fn two_collectors_claiming_one_node_store_the_contracts_keys_and_one_node_
     }
 
     let keys = metric_keys(mlflow, &run_id).await;
-    for name in NODE_NAMES {
+    for name in NODE_WIDE_NAMES {
         assert!(keys.contains(&format!("system/node-c/{name}")), "missing node-c/{name} in {keys:?}");
     }
     for rank in [0, 1] {
@@ -122,12 +114,12 @@ async fn two_collectors_claiming_one_node_store_the_contracts_keys_and_one_node_
     let reporter = view["reporters"][0]["rank"].as_i64().expect("a reporter for node-c");
     assert_eq!(view["reporters"].as_array().unwrap().len(), 1, "{view}");
     let reporter_samples = steps(mlflow, &run_id, &format!("system/rank-{reporter}/network_receive_megabytes")).await;
-    for name in NODE_NAMES {
+    for name in NODE_WIDE_NAMES {
         let node_steps = steps(mlflow, &run_id, &format!("system/node-c/{name}")).await;
         assert_eq!(node_steps, reporter_samples, "{name}: one point per reporter sample, not one per collector");
     }
     let standby = view["identities"].as_array().unwrap().iter().find(|i| i["rank"].as_i64() == Some(1 - reporter)).expect("the standby rank");
-    assert!(standby["node_samples_dropped"].as_u64().unwrap() >= 5 * NODE_NAMES.len() as u64, "{view}");
+    assert!(standby["node_samples_dropped"].as_u64().unwrap() >= 5 * NODE_WIDE_NAMES.len() as u64, "{view}");
 
     let run = get_run(mlflow, &run_id).await;
     let latest = |key: &str| run["run"]["data"]["metrics"].as_array().unwrap().iter().find(|m| m["key"] == key).unwrap()["value"].as_f64().unwrap();

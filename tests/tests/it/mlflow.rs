@@ -1,9 +1,21 @@
-//! The MLflow REST calls the end-to-end tests make to set up runs and read back what MLflow stored.
+//! The MLflow REST calls the end-to-end tests make to set up runs and read back what MLflow stored,
+//! and the scoped names they expect to find there.
 
 use std::collections::BTreeSet;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde_json::{json, Value};
+
+/// The contract's node-wide names, written out here (not taken from the table under test) so a
+/// wrong table fails the tests.
+pub(crate) const NODE_WIDE_NAMES: [&str; 6] = [
+    "node_cpu_utilization_percentage",
+    "node_memory_usage_megabytes",
+    "node_memory_usage_percentage",
+    "rootfs_usage_megabytes",
+    "rootfs_usage_percentage",
+    "rootfs_available_megabytes",
+];
 
 pub(crate) fn http() -> reqwest::Client {
     reqwest::Client::builder().timeout(Duration::from_secs(60)).build().unwrap()

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use mlscope_tests::{repo_root, spawn_proxy, venv, ProxyProcess, TestStack};
 use serde_json::{json, Value};
 
-use crate::mlflow::{create_run, history, http, metric_keys, now_ms};
+use crate::mlflow::{create_run, history, http, metric_keys, now_ms, NODE_WIDE_NAMES};
 
 /// A node series must never reuse a step or go back in step: in timestamp order, steps rise.
 fn assert_monotonic(key: &str, points: &[(i64, i64)]) {
@@ -32,14 +32,6 @@ async fn reporter_of(proxy: &ProxyProcess, run_id: &str, node: &str) -> Option<i
     view["reporters"].as_array()?.iter().find(|r| r["node"] == node).and_then(|r| r["rank"].as_i64())
 }
 
-const NODE_KEYS: [&str; 6] = [
-    "node_cpu_utilization_percentage",
-    "node_memory_usage_megabytes",
-    "node_memory_usage_percentage",
-    "rootfs_usage_megabytes",
-    "rootfs_usage_percentage",
-    "rootfs_available_megabytes",
-];
 const MLFLOW_NAMES: [&str; 6] = [
     "cpu_utilization_percentage",
     "system_memory_usage_megabytes",
@@ -92,7 +84,7 @@ async fn eight_ranks_on_two_nodes_store_one_series_per_node_and_every_rank_serie
 
     let keys = metric_keys(&stack.mlflow.url, &run_id).await;
     for node in ["node-a", "node-b"] {
-        for name in NODE_KEYS {
+        for name in NODE_WIDE_NAMES {
             let key = format!("system/{node}/{name}");
             assert!(keys.contains(&key), "missing {key} in {keys:?}");
             let points = history(&stack.mlflow.url, &run_id, &key).await;
