@@ -12,6 +12,7 @@ use axum::serve::ListenerExt;
 use axum::Router;
 use tokio::net::TcpListener;
 
+use crate::artifacts::Gateway;
 use crate::config::Config;
 use crate::dedup::{Deduplicator, SystemClock};
 use crate::proxy::{self, Forwarder};
@@ -28,6 +29,8 @@ pub struct AppState {
     pub replica: Arc<Replica>,
     /// System-metric scoping and node deduplication on the metrics endpoints.
     pub rewriter: SharedRewriter,
+    /// The artifact gateway, when an artifacts destination is configured.
+    pub artifacts: Option<Gateway>,
     /// Set on shutdown so `/readyz` turns away new traffic while requests drain.
     pub draining: Arc<AtomicBool>,
 }
@@ -41,8 +44,11 @@ impl AppState {
         let metrics = Metrics::new();
         let dedup = config.scopes.dedup.then(|| Deduplicator::new(store.clone(), Arc::new(SystemClock), config.scopes.dedup_config));
         let rewriter = Arc::new(MetricsRewriter::new(config.scopes.clone(), dedup, metrics.clone()));
+        let forwarder = Forwarder::new(config, metrics.clone());
+        let artifacts = Gateway::new(&config.artifacts, forwarder.clone(), store.clone(), metrics.clone()).await;
         Ok(Self {
-            forwarder: Forwarder::new(config, metrics.clone()),
+            forwarder,
+            artifacts,
             rewriter,
             store,
             metrics,
@@ -71,6 +77,7 @@ pub async fn run(
         admin = %admin_listener.local_addr()?,
         upstream = %state.forwarder.upstream().url(),
         store = state.store.backend(),
+        artifacts = state.artifacts.as_ref().map(|g| g.bucket().destination.to_string()).unwrap_or_else(|| "forwarded".into()),
         replica = %state.replica.id,
         "mlscope-proxy started"
     );

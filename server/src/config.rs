@@ -10,6 +10,7 @@ use clap::{ArgAction, Parser};
 use mlscope_scopes::OwnerPattern;
 use serde::Deserialize;
 
+use crate::artifacts::{ArtifactsConfig, Destination, Quirks, WritePolicy};
 use crate::rewrite::ScopeConfig;
 
 /// Why a configuration was refused. `main` prints it on one line and exits with 64 (EX_USAGE).
@@ -126,6 +127,8 @@ pub struct Config {
     pub log_level: String,
     /// System-metric scoping and node deduplication.
     pub scopes: ScopeConfig,
+    /// The artifact gateway: MLflow's artifact API served from an S3-compatible store.
+    pub artifacts: ArtifactsConfig,
 }
 
 impl Default for Config {
@@ -147,6 +150,7 @@ impl Default for Config {
             log_format: LogFormat::Pretty,
             log_level: "info".to_owned(),
             scopes: ScopeConfig::default(),
+            artifacts: ArtifactsConfig::default(),
         }
     }
 }
@@ -222,6 +226,68 @@ struct Cli {
     /// Largest metrics body inspected; larger ones get 413 (e.g. 16MiB, 512KiB) [default: 16MiB].
     #[arg(long, env = "MLSCOPE_MAX_INSPECT_BODY", value_parser = parse_size, value_name = "SIZE")]
     max_inspect_body: Option<usize>,
+    /// Serve MLflow's artifact API from this S3 location, laid out as MLflow's own
+    /// `--artifacts-destination` (e.g. s3://mlflow/artifacts). Unset: artifact requests are forwarded.
+    #[arg(long, global = true, env = "MLSCOPE_ARTIFACTS_DESTINATION", value_name = "URI")]
+    artifacts_destination: Option<String>,
+    /// S3 endpoint of an S3-compatible store (e.g. http://seaweedfs:8333); unset for AWS S3.
+    #[arg(long, global = true, env = "MLSCOPE_S3_ENDPOINT_URL", value_name = "URL")]
+    s3_endpoint_url: Option<String>,
+    /// Region to sign requests for [default: the quirks profile's, us-east-1 for most].
+    #[arg(long, global = true, env = "MLSCOPE_S3_REGION", value_name = "REGION")]
+    s3_region: Option<String>,
+    /// Path-style addressing (endpoint/bucket/key) [default: the quirks profile's].
+    #[arg(long, global = true, env = "MLSCOPE_S3_PATH_STYLE", value_name = "BOOL", action = ArgAction::Set)]
+    s3_path_style: Option<bool>,
+    /// Store quirks profile: generic, aws, seaweedfs, minio, ceph, r2 [default: generic].
+    #[arg(long, global = true, env = "MLSCOPE_S3_QUIRKS", value_name = "PROFILE")]
+    s3_quirks: Option<String>,
+    /// Endpoint written into presigned multipart URLs when clients reach the store under
+    /// another address than the proxy [default: --s3-endpoint-url].
+    #[arg(long, global = true, env = "MLSCOPE_S3_PRESIGN_ENDPOINT_URL", value_name = "URL")]
+    s3_presign_endpoint_url: Option<String>,
+    /// Part size of multipart uploads; memory per upload is bounded by part size x
+    /// (concurrency + 1) [default: 8MiB, at least 5MiB].
+    #[arg(long, env = "MLSCOPE_ARTIFACT_PART_SIZE", value_parser = parse_size, value_name = "SIZE")]
+    artifact_part_size: Option<usize>,
+    /// Parts of one upload sent to the store at once [default: 4].
+    #[arg(long, env = "MLSCOPE_ARTIFACT_UPLOAD_CONCURRENCY", value_name = "N")]
+    artifact_upload_concurrency: Option<usize>,
+    /// Uploads up to this size go to the store as one PUT; larger or unknown-length ones as
+    /// multipart uploads [default: 8MiB].
+    #[arg(long, env = "MLSCOPE_ARTIFACT_MULTIPART_THRESHOLD", value_parser = parse_size, value_name = "SIZE")]
+    artifact_multipart_threshold: Option<usize>,
+    /// Artifact uploads handled at once; more get 503 and are retried by the client [default: 32].
+    #[arg(long, env = "MLSCOPE_ARTIFACT_MAX_CONCURRENT_UPLOADS", value_name = "N")]
+    artifact_max_concurrent_uploads: Option<usize>,
+    /// Writes outside MLflow-owned roots (<exp>/<run>/artifacts, <exp>/models/<id>/artifacts,
+    /// <exp>/traces/<id>/artifacts): enforce (403), warn (log and allow) or off [default: enforce].
+    #[arg(long, env = "MLSCOPE_ARTIFACT_WRITE_POLICY", value_enum)]
+    artifact_write_policy: Option<WritePolicy>,
+    /// How long a run's, model's or trace's existence is cached for the write policy [default: 5m].
+    #[arg(long, env = "MLSCOPE_ARTIFACT_OWNER_CACHE_TTL", value_parser = parse_duration, value_name = "DURATION")]
+    artifact_owner_cache_ttl: Option<Duration>,
+    /// Validity of presigned multipart part URLs [default: 1h].
+    #[arg(long, env = "MLSCOPE_ARTIFACT_PRESIGN_EXPIRY", value_parser = parse_duration, value_name = "DURATION")]
+    artifact_presign_expiry: Option<Duration>,
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+#[derive(Debug, clap::Subcommand)]
+enum Command {
+    /// Copy stray objects (e.g. checkpoints written outside MLflow's layout) into a run's
+    /// artifact path with server-side copies; originals are kept unless --delete-source.
+    Relocate(crate::artifacts::relocate::RelocateArgs),
+}
+
+/// What the command line asks for.
+#[derive(Debug)]
+pub enum Invocation {
+    /// Run the proxy (no subcommand).
+    Serve(Config),
+    /// `relocate`: repair history with server-side copies, using the S3 and upstream settings.
+    Relocate(Config, crate::artifacts::relocate::RelocateArgs),
 }
 
 /// The TOML file: the same settings as the flags.
@@ -256,6 +322,23 @@ struct FileConfig {
     dedup_failover_timeout: Option<Duration>,
     #[serde(default, deserialize_with = "size_from_toml")]
     max_inspect_body: Option<usize>,
+    artifacts_destination: Option<String>,
+    s3_endpoint_url: Option<String>,
+    s3_region: Option<String>,
+    s3_path_style: Option<bool>,
+    s3_quirks: Option<String>,
+    s3_presign_endpoint_url: Option<String>,
+    #[serde(default, deserialize_with = "size_from_toml")]
+    artifact_part_size: Option<usize>,
+    artifact_upload_concurrency: Option<usize>,
+    #[serde(default, deserialize_with = "size_from_toml")]
+    artifact_multipart_threshold: Option<usize>,
+    artifact_max_concurrent_uploads: Option<usize>,
+    artifact_write_policy: Option<WritePolicy>,
+    #[serde(default, with = "humantime_serde")]
+    artifact_owner_cache_ttl: Option<Duration>,
+    #[serde(default, with = "humantime_serde")]
+    artifact_presign_expiry: Option<Duration>,
 }
 
 fn size_from_toml<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<usize>, D::Error> {
@@ -305,13 +388,27 @@ impl Config {
         Self::from_args(std::env::args_os())
     }
 
-    /// Loads from the given arguments (environment still applies through clap's `env`).
+    /// Loads from the given arguments (environment still applies through clap's `env`) for
+    /// serving; a subcommand is refused.
     pub fn from_args<I, T>(args: I) -> Result<Self, ConfigError>
     where
         I: IntoIterator<Item = T>,
         T: Into<std::ffi::OsString> + Clone,
     {
-        let cli = Cli::try_parse_from(args)?;
+        match Self::invocation(args)? {
+            Invocation::Serve(config) => Ok(config),
+            Invocation::Relocate(..) => Err(ConfigError::Invalid("a subcommand was given where serving was expected".into())),
+        }
+    }
+
+    /// Parses the command line: serving, or a subcommand with the configuration it shares.
+    pub fn invocation<I, T>(args: I) -> Result<Invocation, ConfigError>
+    where
+        I: IntoIterator<Item = T>,
+        T: Into<std::ffi::OsString> + Clone,
+    {
+        let mut cli = Cli::try_parse_from(args)?;
+        let command = cli.command.take();
         let file = match &cli.config {
             Some(path) => read_file(path)?,
             None => FileConfig::default(),
@@ -350,9 +447,31 @@ impl Config {
             shutdown_grace => config.shutdown_grace,
             log_format => config.log_format,
             log_level => config.log_level,
+            artifact_part_size => config.artifacts.part_size,
+            artifact_upload_concurrency => config.artifacts.upload_concurrency,
+            artifact_multipart_threshold => config.artifacts.multipart_threshold,
+            artifact_max_concurrent_uploads => config.artifacts.max_concurrent_uploads,
+            artifact_write_policy => config.artifacts.write_policy,
+            artifact_owner_cache_ttl => config.artifacts.owner_cache_ttl,
+            artifact_presign_expiry => config.artifacts.presign_expiry,
         }
+        if let Some(uri) = cli.artifacts_destination.or(file.artifacts_destination) {
+            config.artifacts.destination = Some(Destination::parse(&uri).map_err(ConfigError::Invalid)?);
+        }
+        let s3 = &mut config.artifacts.s3;
+        s3.endpoint_url = cli.s3_endpoint_url.or(file.s3_endpoint_url).or(s3.endpoint_url.take());
+        s3.region = cli.s3_region.or(file.s3_region).or(s3.region.take());
+        s3.path_style = cli.s3_path_style.or(file.s3_path_style).or(s3.path_style);
+        s3.presign_endpoint_url = cli.s3_presign_endpoint_url.or(file.s3_presign_endpoint_url).or(s3.presign_endpoint_url.take());
+        if let Some(name) = cli.s3_quirks.or(file.s3_quirks) {
+            config.artifacts.s3.quirks = Quirks::named(&name).map_err(ConfigError::Invalid)?;
+        }
+        config.artifacts.s3.stall_grace = config.timeouts.body_idle;
         config.validate()?;
-        Ok(config)
+        Ok(match command {
+            None => Invocation::Serve(config),
+            Some(Command::Relocate(args)) => Invocation::Relocate(config, args),
+        })
     }
 
     pub fn validate(&self) -> Result<(), ConfigError> {
@@ -382,6 +501,7 @@ impl Config {
         if self.scopes.max_inspect_bytes < 1024 {
             return invalid("max-inspect-body must be at least 1KiB".into());
         }
+        self.artifacts.validate().map_err(ConfigError::Invalid)?;
         crate::store::StoreUrl::parse(&self.database_url).map_err(|e| ConfigError::Invalid(e.to_string()))?;
         tracing_subscriber::EnvFilter::try_new(&self.log_level)
             .map_err(|e| ConfigError::Invalid(format!("log-level {:?}: {e}", self.log_level)))?;

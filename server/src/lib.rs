@@ -6,6 +6,7 @@
 //! - [`app`] wires them and runs until shutdown.
 
 pub mod admin;
+pub mod artifacts;
 pub mod app;
 pub mod config;
 pub mod dedup;

@@ -1,6 +1,6 @@
 use std::process::ExitCode;
 
-use mlscope_proxy::config::{Config, ConfigError};
+use mlscope_proxy::config::{Config, ConfigError, Invocation};
 use tokio::net::TcpListener;
 use tokio::signal::unix::{signal, SignalKind};
 
@@ -8,8 +8,8 @@ use tokio::signal::unix::{signal, SignalKind};
 const EXIT_CONFIG: u8 = 64;
 
 fn main() -> ExitCode {
-    let config = match Config::from_env_and_args() {
-        Ok(config) => config,
+    let invocation = match Config::invocation(std::env::args_os()) {
+        Ok(invocation) => invocation,
         Err(ConfigError::Cli(e)) if !e.use_stderr() => {
             // --help / --version
             let _ = e.print();
@@ -26,8 +26,21 @@ fn main() -> ExitCode {
             return ExitCode::from(EXIT_CONFIG);
         }
     };
-    mlscope_proxy::telemetry::init_logging(config.log_format, &config.log_level);
     let runtime = tokio::runtime::Runtime::new().expect("tokio runtime");
+    let config = match invocation {
+        Invocation::Serve(config) => config,
+        Invocation::Relocate(config, args) => {
+            mlscope_proxy::telemetry::init_logging(config.log_format, "warn");
+            return match runtime.block_on(mlscope_proxy::artifacts::relocate::run(&config, &args)) {
+                Ok(code) => code,
+                Err(e) => {
+                    eprintln!("mlscope-proxy relocate: {e:#}");
+                    ExitCode::FAILURE
+                }
+            };
+        }
+    };
+    mlscope_proxy::telemetry::init_logging(config.log_format, &config.log_level);
     match runtime.block_on(serve(config)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

@@ -75,6 +75,12 @@ pub struct KeyLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ArtifactLabels {
+    pub op: &'static str,
+    pub status: u16,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ReasonLabels {
     pub reason: &'static str,
 }
@@ -87,6 +93,9 @@ pub struct Metrics {
     pub latency: Family<RouteLabels, Histogram, fn() -> Histogram>,
     pub upstream_errors: Family<ErrorLabels, Counter>,
     pub in_flight: Gauge<i64, AtomicI64>,
+    pub artifact_requests: Family<ArtifactLabels, Counter>,
+    pub artifact_bytes_uploaded: Counter,
+    pub artifact_policy_violations: Counter,
     metric_keys: Family<KeyLabels, Counter>,
     node_samples: Family<ReasonLabels, Counter>,
     elections: Family<ReasonLabels, Counter>,
@@ -114,6 +123,16 @@ impl Metrics {
         registry.register("upstream_errors", "Requests the upstream did not answer, by cause", upstream_errors.clone());
         let in_flight = Gauge::<i64, AtomicI64>::default();
         registry.register("http_requests_in_flight", "Requests whose response has not finished streaming", in_flight.clone());
+        let artifact_requests = Family::<ArtifactLabels, Counter>::default();
+        registry.register("artifact_requests", "Artifact API requests the gateway answered from the store, by operation and status", artifact_requests.clone());
+        let artifact_bytes_uploaded = Counter::default();
+        registry.register("artifact_uploaded_bytes", "Bytes the gateway stored", artifact_bytes_uploaded.clone());
+        let artifact_policy_violations = Counter::default();
+        registry.register(
+            "artifact_policy_violations",
+            "Artifact writes outside the artifact root of an existing run, model or trace (refused under enforce, logged under warn)",
+            artifact_policy_violations.clone(),
+        );
         let metric_keys = Family::<KeyLabels, Counter>::default();
         registry.register(
             "system_metric_keys",
@@ -132,6 +151,9 @@ impl Metrics {
             registry: Arc::new(registry),
             requests,
             latency,
+            artifact_requests,
+            artifact_bytes_uploaded,
+            artifact_policy_violations,
             upstream_errors,
             in_flight,
             metric_keys,

@@ -343,6 +343,26 @@ pub struct S3Store {
 
 impl S3Store {
     pub const BUCKET: &'static str = "mlflow";
+    /// Where MLflow keeps artifacts in the bucket (its `--artifacts-destination` prefix).
+    pub const PREFIX: &'static str = "artifacts";
+
+    /// `s3://<bucket>/<prefix>`: MLflow's `--artifacts-destination`, and the gateway's.
+    pub fn destination(&self) -> String {
+        format!("s3://{}/{}", self.bucket, Self::PREFIX)
+    }
+
+    /// Proxy arguments that make it serve the artifact API from this store at `endpoint`
+    /// (this store's own URL, or a shim in front of it), under MLflow's destination.
+    pub fn gateway_args(&self, endpoint: &str) -> Vec<String> {
+        vec![
+            "--artifacts-destination".into(),
+            self.destination(),
+            "--s3-endpoint-url".into(),
+            endpoint.to_owned(),
+            "--s3-quirks".into(),
+            "seaweedfs".into(),
+        ]
+    }
 
     /// Starts SeaweedFS with its data under `dir` and waits until the bucket stores objects.
     pub fn start(dir: &Path) -> Result<S3Store> {
@@ -487,7 +507,7 @@ impl MlflowServer {
             .args(["--backend-store-uri", &backend_store_uri])
             .args([
                 "--artifacts-destination",
-                &format!("s3://{}/artifacts", s3.bucket),
+                &s3.destination(),
             ])
             .env("MLFLOW_S3_ENDPOINT_URL", &s3.url)
             .env("AWS_ACCESS_KEY_ID", "mlscope")
@@ -569,6 +589,13 @@ pub fn spawn_proxy_on(
         }
     }
     command.args(extra_args).current_dir(dir);
+    // Credentials for the artifact gateway's S3 client (SeaweedFS here accepts any), and no
+    // instance-metadata probing on a machine that is not a cloud instance.
+    for (name, value) in [("AWS_ACCESS_KEY_ID", "mlscope"), ("AWS_SECRET_ACCESS_KEY", "mlscope"), ("AWS_EC2_METADATA_DISABLED", "true")] {
+        if std::env::var_os(name).is_none() {
+            command.env(name, value);
+        }
+    }
     let log_path = dir.join(format!("mlscope-proxy-{port}.log"));
     let mut process = Process::spawn("mlscope-proxy", &command, &log_path)?;
     process.wait_until("answering GET /healthz", PROXY_READY_TIMEOUT, || {

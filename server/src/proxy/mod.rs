@@ -25,6 +25,8 @@ pub use headers::{request_id, strip_hop_by_hop, X_REQUEST_ID};
 pub use route::RouteClass;
 
 use crate::app::AppState;
+use crate::artifacts::legacy_listing as listing_filter;
+use crate::artifacts::ArtifactOp;
 use crate::config::{Config, HostHeader, Timeouts, Upstream};
 use crate::rewrite::body::Endpoint;
 use crate::error::ProxyError;
@@ -93,6 +95,50 @@ impl Forwarder {
         strip_hop_by_hop(&mut parts.headers);
         let body = StreamingBody::new(body, self.timeouts.body_idle, Direction::Response).with_guard(Box::new(guard));
         Ok(Response::from_parts(parts, Body::new(body)))
+    }
+
+    /// A request of the proxy's own to MLflow (write-policy lookups, failure tags), answered in
+    /// full. The client's credentials (`Authorization`, `Cookie`) are passed on so MLflow's own
+    /// authorization applies; `Host` is the upstream's.
+    pub async fn call(
+        &self,
+        method: http::Method,
+        path_and_query: &str,
+        client_headers: &http::HeaderMap,
+        json: Option<serde_json::Value>,
+    ) -> Result<(http::StatusCode, bytes::Bytes), String> {
+        use http_body_util::BodyExt;
+        let uri = self.upstream.uri_for(path_and_query).map_err(|e| e.to_string())?;
+        let mut builder = http::Request::builder().method(method).uri(uri).header(http::header::HOST, self.upstream.authority.as_str());
+        for name in [http::header::AUTHORIZATION, http::header::COOKIE] {
+            if let Some(value) = client_headers.get(&name) {
+                builder = builder.header(name, value);
+            }
+        }
+        let body = match json {
+            Some(value) => {
+                builder = builder.header(http::header::CONTENT_TYPE, "application/json");
+                Body::from(serde_json::to_vec(&value).map_err(|e| e.to_string())?)
+            }
+            None => Body::empty(),
+        };
+        let request = builder
+            .body(StreamingBody::new(body, self.timeouts.body_idle, Direction::Request))
+            .map_err(|e| e.to_string())?;
+        let exchange = async {
+            let response = self.client.request(request).await.map_err(|e| root_cause(&e).to_string())?;
+            let status = response.status();
+            let body = http_body_util::Limited::new(response.into_body(), 16 << 20)
+                .collect()
+                .await
+                .map_err(|e| e.to_string())?
+                .to_bytes();
+            Ok::<_, String>((status, body))
+        };
+        match tokio::time::timeout(self.timeouts.response_headers, exchange).await {
+            Ok(result) => result.map_err(|e| format!("MLflow at {} did not answer: {e}", self.upstream.url())),
+            Err(_) => Err(format!("MLflow at {} did not answer within {:?}", self.upstream.url(), self.timeouts.response_headers)),
+        }
     }
 
     /// A bodiless GET to the upstream, for readiness checks.
@@ -180,14 +226,23 @@ pub async fn forward(State(state): State<AppState>, ConnectInfo(peer): ConnectIn
     let id = request_id(request.headers());
     let span = tracing::info_span!("request", request_id = id.to_str().unwrap_or_default(), route = route.as_str(), method = %method, path = request.uri().path());
     async move {
-        let prepared = match (route, request.method() == http::Method::POST) {
-            (RouteClass::LogBatch, true) => state.rewriter.prepare(request, Endpoint::LogBatch).await,
-            (RouteClass::LogMetric, true) => state.rewriter.prepare(request, Endpoint::LogMetric).await,
-            _ => Ok(request),
-        };
-        let result = match prepared {
-            Ok(request) => forwarder.send(request, peer, &id).await,
-            Err(answer) => Ok(answer),
+        let gateway_op = state.artifacts.as_ref().and_then(|g| ArtifactOp::of(request.method(), request.uri().path()).map(|op| (g, op)));
+        let legacy_listing = listing_filter::applies(route, request.method(), request.uri().path());
+        let result = if let Some((gateway, op)) = gateway_op {
+            Ok(gateway.serve(op, request).await)
+        } else {
+            let prepared = match (route, request.method() == http::Method::POST) {
+                (RouteClass::LogBatch, true) => state.rewriter.prepare(request, Endpoint::LogBatch).await,
+                (RouteClass::LogMetric, true) => state.rewriter.prepare(request, Endpoint::LogMetric).await,
+                _ => Ok(request),
+            };
+            match prepared {
+                Ok(request) => match forwarder.send(request, peer, &id).await {
+                    Ok(response) if legacy_listing => Ok(listing_filter::filter(response).await),
+                    other => other,
+                },
+                Err(answer) => Ok(answer),
+            }
         };
         let mut response = match result {
             Ok(response) => response,

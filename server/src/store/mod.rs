@@ -13,6 +13,7 @@ macro_rules! on_backend {
     };
 }
 
+mod failures;
 mod leases;
 pub use leases::NodeLease;
 

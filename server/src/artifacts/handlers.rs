@@ -1,0 +1,559 @@
+//! The artifact routes, answered from the store.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use aws_sdk_s3::presigning::PresigningConfig;
+use aws_sdk_s3::types::{CompletedMultipartUpload, CompletedPart};
+use axum::body::Body;
+use axum::extract::{Query, Request};
+use axum::response::{IntoResponse, Response};
+use http::{header, HeaderMap, HeaderValue, Method, StatusCode};
+use http_body_util::{BodyExt, Limited};
+use serde::Deserialize;
+use tokio::sync::Semaphore;
+
+use super::failures::FailureRecorder;
+use super::listing;
+use super::path::{self, Owner};
+use super::policy::{OwnerCheck, Verdict};
+use super::s3::{Bucket, StoreError};
+use super::upload::{self, UploadError, UploadLimits};
+use super::{ArtifactsConfig, WritePolicy};
+use crate::error::mlflow_error;
+use crate::proxy::Forwarder;
+use crate::telemetry::Metrics;
+
+const PREFIXES: [&str; 2] = ["/api/2.0/mlflow-artifacts/", "/ajax-api/2.0/mlflow-artifacts/"];
+/// Largest JSON body of an mpu request.
+const MAX_JSON_BODY: usize = 4 << 20;
+/// Validity of presigned download URLs, as MLflow's default.
+const PRESIGNED_DOWNLOAD_TTL: std::time::Duration = std::time::Duration::from_secs(300);
+
+/// One artifact operation, with the still-encoded path it names.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ArtifactOp {
+    List,
+    Download(String),
+    Head(String),
+    Upload(String),
+    Delete(String),
+    MpuCreate(String),
+    MpuComplete(String),
+    MpuAbort(String),
+    Presigned(String),
+}
+
+impl ArtifactOp {
+    /// The operation a request asks for, if it is one the gateway serves.
+    pub fn of(method: &Method, path: &str) -> Option<ArtifactOp> {
+        let rest = PREFIXES.iter().find_map(|p| path.strip_prefix(p))?;
+        if rest == "artifacts" || rest == "artifacts/" {
+            return (method == Method::GET).then_some(ArtifactOp::List);
+        }
+        if let Some(p) = rest.strip_prefix("artifacts/") {
+            let p = p.to_owned();
+            return match *method {
+                Method::GET => Some(ArtifactOp::Download(p)),
+                Method::HEAD => Some(ArtifactOp::Head(p)),
+                Method::PUT => Some(ArtifactOp::Upload(p)),
+                Method::DELETE => Some(ArtifactOp::Delete(p)),
+                _ => None,
+            };
+        }
+        if let Some(p) = rest.strip_prefix("presigned/") {
+            return (method == Method::GET).then(|| ArtifactOp::Presigned(p.to_owned()));
+        }
+        if method != Method::POST {
+            return None;
+        }
+        let (kind, p) = rest.strip_prefix("mpu/")?.split_once('/')?;
+        let p = p.to_owned();
+        match kind {
+            "create" => Some(ArtifactOp::MpuCreate(p)),
+            "complete" => Some(ArtifactOp::MpuComplete(p)),
+            "abort" => Some(ArtifactOp::MpuAbort(p)),
+            _ => None,
+        }
+    }
+
+    fn name(&self) -> &'static str {
+        match self {
+            ArtifactOp::List => "list",
+            ArtifactOp::Download(_) => "download",
+            ArtifactOp::Head(_) => "head",
+            ArtifactOp::Upload(_) => "upload",
+            ArtifactOp::Delete(_) => "delete",
+            ArtifactOp::MpuCreate(_) => "mpu_create",
+            ArtifactOp::MpuComplete(_) => "mpu_complete",
+            ArtifactOp::MpuAbort(_) => "mpu_abort",
+            ArtifactOp::Presigned(_) => "presigned",
+        }
+    }
+}
+
+/// The gateway: the store, the write policy and the upload limits.
+#[derive(Clone)]
+pub struct Gateway {
+    bucket: Bucket,
+    config: Arc<ArtifactsConfig>,
+    owners: OwnerCheck,
+    failures: FailureRecorder,
+    uploads: Arc<Semaphore>,
+    metrics: Metrics,
+}
+
+type Answer = Result<Response, Response>;
+
+fn invalid_path() -> Response {
+    mlflow_error(StatusCode::BAD_REQUEST, "INVALID_PARAMETER_VALUE", "Invalid path")
+}
+
+impl Gateway {
+    pub async fn new(config: &ArtifactsConfig, forwarder: Forwarder, store: crate::store::Store, metrics: Metrics) -> Option<Gateway> {
+        let destination = config.destination.clone()?;
+        let bucket = Bucket::connect(&config.s3, destination).await;
+        Some(Gateway {
+            owners: OwnerCheck::new(forwarder.clone(), config.owner_cache_ttl),
+            failures: FailureRecorder::new(forwarder, store),
+            uploads: Arc::new(Semaphore::new(config.max_concurrent_uploads)),
+            bucket,
+            config: Arc::new(config.clone()),
+            metrics,
+        })
+    }
+
+    pub fn bucket(&self) -> &Bucket {
+        &self.bucket
+    }
+
+    /// Answers one artifact request. Every error is MLflow's error JSON.
+    pub async fn serve(&self, op: ArtifactOp, request: Request) -> Response {
+        let name = op.name();
+        let result = match op {
+            ArtifactOp::List => self.list(request).await,
+            ArtifactOp::Download(p) => self.download(&p, request.headers(), false).await,
+            ArtifactOp::Head(p) => self.download(&p, request.headers(), true).await,
+            ArtifactOp::Upload(p) => self.upload(&p, request).await,
+            ArtifactOp::Delete(p) => self.delete(&p).await,
+            ArtifactOp::MpuCreate(p) => self.mpu_create(&p, request).await,
+            ArtifactOp::MpuComplete(p) => self.mpu_complete(&p, request).await,
+            ArtifactOp::MpuAbort(p) => self.mpu_abort(&p, request).await,
+            ArtifactOp::Presigned(p) => self.presigned(&p).await,
+        };
+        let response = result.unwrap_or_else(|e| e);
+        self.metrics.artifact_requests.get_or_create(&crate::telemetry::ArtifactLabels { op: name, status: response.status().as_u16() }).inc();
+        response
+    }
+
+    fn store_error(&self, what: &str, path: &str, error: &StoreError) -> Response {
+        let status = if error.is_transient() { StatusCode::SERVICE_UNAVAILABLE } else { StatusCode::BAD_GATEWAY };
+        let message = format!(
+            "the artifact store {} at {} failed to {what} {path}: {error}. The object was not changed; retry, and check the store if this persists.",
+            self.bucket.destination, self.bucket.endpoint
+        );
+        tracing::warn!(path, error = %error, status = status.as_u16(), "artifact store operation failed");
+        mlflow_error(status, "TEMPORARILY_UNAVAILABLE", &message)
+    }
+
+    async fn list(&self, request: Request) -> Answer {
+        let query: Query<HashMap<String, String>> = Query::try_from_uri(request.uri()).map_err(|_| invalid_path())?;
+        let path = match query.get("path") {
+            Some(p) => path::validate(&percent_encoding::utf8_percent_encode(p, percent_encoding::NON_ALPHANUMERIC).to_string())
+                .map_err(|_| invalid_path())?,
+            None => String::new(),
+        };
+        let prefix = self.bucket.destination.dir_prefix(&path);
+        let entries = listing::list_dir(&self.bucket, &prefix).await.map_err(|e| self.store_error("list", &path, &e))?;
+        Ok(listing::pretty(&listing::to_mlflow_json(&entries)))
+    }
+
+    async fn download(&self, raw: &str, headers: &HeaderMap, head_only: bool) -> Answer {
+        let path = path::validate(raw).map_err(|_| invalid_path())?;
+        let key = self.bucket.destination.key(&path);
+        let range = headers.get(header::RANGE).and_then(|v| v.to_str().ok()).map(str::to_owned);
+        if head_only {
+            let out = self.bucket.client.head_object().bucket(self.bucket.name()).key(&key).send().await;
+            let out = match out {
+                Ok(out) => out,
+                Err(e) => return Err(self.missing_or_dir(&path, &key, StoreError::from_sdk(e)).await),
+            };
+            let mut response = Response::new(Body::empty());
+            let h = response.headers_mut();
+            h.insert(header::CONTENT_LENGTH, HeaderValue::from(out.content_length().unwrap_or(0).max(0) as u64));
+            self.download_headers(h, &path, out.e_tag(), out.last_modified().map(|t| t.secs()));
+            return Ok(response);
+        }
+        let mut get = self.bucket.client.get_object().bucket(self.bucket.name()).key(&key);
+        if let Some(r) = &range {
+            get = get.range(r);
+        }
+        let out = match get.send().await {
+            Ok(out) => out,
+            Err(e) => return Err(self.missing_or_dir(&path, &key, StoreError::from_sdk(e)).await),
+        };
+        let status = if out.content_range().is_some() { StatusCode::PARTIAL_CONTENT } else { StatusCode::OK };
+        let length = out.content_length().unwrap_or(0).max(0) as u64;
+        let mut response = Response::new(Body::empty());
+        *response.status_mut() = status;
+        let h = response.headers_mut();
+        h.insert(header::CONTENT_LENGTH, HeaderValue::from(length));
+        if let Some(cr) = out.content_range().and_then(|v| HeaderValue::from_str(v).ok()) {
+            h.insert(header::CONTENT_RANGE, cr);
+        }
+        self.download_headers(h, &path, out.e_tag(), out.last_modified().map(|t| t.secs()));
+        let mut stream = out.body;
+        let body = futures_util::stream::poll_fn(move |cx| {
+            // ByteStream yields the store's chunks as they arrive; nothing is buffered whole.
+            std::pin::Pin::new(&mut stream).poll_next(cx)
+        });
+        *response.body_mut() = Body::from_stream(body);
+        Ok(response)
+    }
+
+    fn download_headers(&self, h: &mut HeaderMap, path: &str, etag: Option<&str>, modified: Option<i64>) {
+        h.insert(header::CONTENT_TYPE, HeaderValue::from_static(path::content_type(path)));
+        h.insert(header::ACCEPT_RANGES, HeaderValue::from_static("bytes"));
+        h.insert(header::X_CONTENT_TYPE_OPTIONS, HeaderValue::from_static("nosniff"));
+        if let Ok(v) = HeaderValue::from_str(&path::content_disposition(path)) {
+            h.insert(header::CONTENT_DISPOSITION, v);
+        }
+        if let Some(v) = etag.and_then(|e| HeaderValue::from_str(e).ok()) {
+            h.insert(header::ETAG, v);
+        }
+        if let Some(secs) = modified.and_then(|s| u64::try_from(s).ok()) {
+            let when = std::time::UNIX_EPOCH + std::time::Duration::from_secs(secs);
+            if let Ok(v) = HeaderValue::from_str(&httpdate(when)) {
+                h.insert(header::LAST_MODIFIED, v);
+            }
+        }
+    }
+
+    /// A failed read: a directory is told apart from a missing file, as MLflow does.
+    async fn missing_or_dir(&self, path: &str, key: &str, error: StoreError) -> Response {
+        if error.is_not_found() {
+            let probe = self.bucket.client.list_objects_v2().bucket(self.bucket.name()).prefix(format!("{key}/")).max_keys(1).send().await;
+            if probe.is_ok_and(|page| page.key_count().unwrap_or(0) > 0) {
+                return mlflow_error(
+                    StatusCode::BAD_REQUEST,
+                    "INVALID_PARAMETER_VALUE",
+                    &format!("Artifact path refers to a directory, not a file: '{path}'"),
+                );
+            }
+        }
+        self.read_error(path, error)
+    }
+
+    fn read_error(&self, path: &str, error: StoreError) -> Response {
+        if error.is_not_found() {
+            return mlflow_error(
+                StatusCode::NOT_FOUND,
+                "RESOURCE_DOES_NOT_EXIST",
+                &format!("artifact {path} does not exist in {}", self.bucket.destination),
+            );
+        }
+        if error.status == Some(416) || error.code.as_deref() == Some("InvalidRange") {
+            return mlflow_error(StatusCode::RANGE_NOT_SATISFIABLE, "INVALID_PARAMETER_VALUE", &format!("the requested range is not satisfiable for {path}"));
+        }
+        self.store_error("read", path, &error)
+    }
+
+    /// Applies the write policy to `path`; `Ok` lets the write go ahead.
+    async fn check_write(&self, path: &str, headers: &HeaderMap) -> Result<Option<Owner>, Response> {
+        if self.config.write_policy == WritePolicy::Off {
+            return Ok(Owner::of(path));
+        }
+        let owner = Owner::of(path);
+        let verdict = match &owner {
+            None => Verdict::Stray,
+            Some(owner) => self.owners.check(owner, headers).await,
+        };
+        let refusal = match verdict {
+            Verdict::Owned => return Ok(owner),
+            Verdict::Unverifiable(reason) => {
+                return Err(mlflow_error(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "TEMPORARILY_UNAVAILABLE",
+                    &format!("mlscope-proxy could not check with MLflow that {} exists ({reason}); retry.", owner.as_ref().map(ToString::to_string).unwrap_or_default()),
+                ))
+            }
+            Verdict::Stray => format!(
+                "Artifact writes are only accepted inside an MLflow artifact root: <experiment_id>/<run_id>/artifacts/..., <experiment_id>/models/<model_id>/artifacts/... or <experiment_id>/traces/<trace_id>/artifacts/.... '{path}' is outside them, so MLflow would never show it. Log the file to the run instead, e.g. mlflow.log_artifact(local_path, artifact_path=\"checkpoints\") inside the run, which stores it under <experiment_id>/<run_id>/artifacts/checkpoints/."
+            ),
+            Verdict::Missing(detail) => format!(
+                "Artifact path '{path}' names {}, but {detail}. Write the file under the artifact root of an existing run, model or trace of that experiment (use the run's artifact_uri, e.g. through mlflow.log_artifact).",
+                owner.as_ref().map(ToString::to_string).unwrap_or_default()
+            ),
+        };
+        self.metrics.artifact_policy_violations.inc();
+        if self.config.write_policy == WritePolicy::Warn {
+            tracing::warn!(path, reason = %refusal, "write outside MLflow's artifact roots allowed (write policy: warn)");
+            return Ok(owner);
+        }
+        tracing::info!(path, "write outside MLflow's artifact roots refused (write policy: enforce)");
+        Err(mlflow_error(StatusCode::FORBIDDEN, "PERMISSION_DENIED", &refusal))
+    }
+
+    async fn upload(&self, raw: &str, request: Request) -> Answer {
+        let path = path::validate(raw).map_err(|_| invalid_path())?;
+        if path.is_empty() || path.ends_with('/') {
+            return Err(invalid_path());
+        }
+        let owner = self.check_write(&path, request.headers()).await?;
+        let credentials = FailureRecorder::credentials(request.headers());
+        let _slot = self.uploads.clone().try_acquire_owned().map_err(|_| {
+            mlflow_error(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "TEMPORARILY_UNAVAILABLE",
+                &format!("mlscope-proxy is handling its limit of {} concurrent artifact uploads; retry with backoff.", self.config.max_concurrent_uploads),
+            )
+        })?;
+        let length = request.headers().get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok());
+        let key = self.bucket.destination.key(&path);
+        let limits = UploadLimits {
+            part_size: self.config.part_size,
+            concurrency: self.config.upload_concurrency,
+            threshold: self.config.multipart_threshold,
+        };
+        match upload::upload(&self.bucket, &key, path::content_type(&path), request.into_body(), length, limits).await {
+            Ok(bytes) => {
+                self.metrics.artifact_bytes_uploaded.inc_by(bytes);
+                tracing::info!(path, bytes, "artifact stored");
+                // As MLflow's server answers an upload: 200 with an empty body.
+                Ok(StatusCode::OK.into_response())
+            }
+            Err(UploadError::Client(reason)) => {
+                tracing::info!(path, reason, "upload abandoned by the client; nothing was stored");
+                Err(mlflow_error(StatusCode::BAD_REQUEST, "BAD_REQUEST", &format!("the upload of {path} was not completed: {reason}. Nothing was stored; retry the upload.")))
+            }
+            Err(UploadError::TooLarge { max }) => Err(mlflow_error(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "INVALID_PARAMETER_VALUE",
+                &format!("{path} is larger than the {max} bytes a multipart upload of this part size can hold; raise --artifact-part-size."),
+            )),
+            Err(UploadError::Store(error)) => {
+                let response = self.store_error("store", &path, &error);
+                if let Some(Owner::Run { run, .. }) = &owner {
+                    self.failures.record(run, &path, &error.to_string(), &credentials).await;
+                }
+                Err(response)
+            }
+        }
+    }
+
+    async fn delete(&self, raw: &str) -> Answer {
+        let path = path::validate(raw).map_err(|_| invalid_path())?;
+        if path.is_empty() {
+            return Err(invalid_path());
+        }
+        let key = self.bucket.destination.key(&path);
+        listing::delete_tree(&self.bucket, &key).await.map_err(|e| self.store_error("delete", &path, &e))?;
+        Ok(axum::Json(serde_json::json!({})).into_response())
+    }
+
+    async fn json_body<T: serde::de::DeserializeOwned>(request: Request) -> Result<T, Response> {
+        let body = Limited::new(request.into_body(), MAX_JSON_BODY)
+            .collect()
+            .await
+            .map_err(|e| mlflow_error(StatusCode::BAD_REQUEST, "BAD_REQUEST", &format!("the request body could not be read: {e}")))?
+            .to_bytes();
+        serde_json::from_slice(&body).map_err(|e| {
+            mlflow_error(StatusCode::BAD_REQUEST, "MALFORMED_REQUEST", &format!("the request body is not valid JSON for this endpoint: {e}"))
+        })
+    }
+
+    /// The key of a multipart upload: MLflow's client names the destination directory in the URL
+    /// and the local file in the body's `path`, of which only the base name counts.
+    fn mpu_target(raw_dir: &str, file: &str) -> Result<String, Response> {
+        let dir = path::validate(raw_dir).map_err(|_| invalid_path())?;
+        let base = file.rsplit(['/', '\\']).next().unwrap_or(file);
+        if base.is_empty() || base == "." || base == ".." {
+            return Err(invalid_path());
+        }
+        let joined = if dir.is_empty() { base.to_owned() } else { format!("{}/{base}", dir.trim_end_matches('/')) };
+        path::validate(&joined).map_err(|_| invalid_path())
+    }
+
+    async fn mpu_create(&self, raw: &str, request: Request) -> Answer {
+        #[derive(Deserialize)]
+        struct Create {
+            path: String,
+            #[serde(default)]
+            num_parts: i64,
+        }
+        let headers = request.headers().clone();
+        let create: Create = Self::json_body(request).await?;
+        let path = Self::mpu_target(raw, &create.path)?;
+        self.check_write(&path, &headers).await?;
+        if !(1..=upload::MAX_PARTS as i64).contains(&create.num_parts) {
+            return Err(mlflow_error(StatusCode::BAD_REQUEST, "INVALID_PARAMETER_VALUE", &format!("num_parts must be between 1 and 10000, not {}", create.num_parts)));
+        }
+        let key = self.bucket.destination.key(&path);
+        let created = self
+            .bucket
+            .client
+            .create_multipart_upload()
+            .bucket(self.bucket.name())
+            .key(&key)
+            .content_type(path::content_type(&path))
+            .send()
+            .await
+            .map_err(|e| self.store_error("start a multipart upload of", &path, &StoreError::from_sdk(e)))?;
+        let upload_id = created.upload_id().unwrap_or_default().to_owned();
+        let presigning = PresigningConfig::expires_in(self.config.presign_expiry)
+            .map_err(|e| mlflow_error(StatusCode::INTERNAL_SERVER_ERROR, "INTERNAL_ERROR", &e.to_string()))?;
+        let mut credentials = Vec::with_capacity(create.num_parts as usize);
+        for part_number in 1..=create.num_parts as i32 {
+            // Presigned without checksum parameters: a checksum baked into the URL would be the
+            // empty body's, and the store would reject the real part.
+            let presigned = self
+                .bucket
+                .presigner
+                .upload_part()
+                .bucket(self.bucket.name())
+                .key(&key)
+                .upload_id(&upload_id)
+                .part_number(part_number)
+                .presigned(presigning.clone())
+                .await
+                .map_err(|e| mlflow_error(StatusCode::INTERNAL_SERVER_ERROR, "INTERNAL_ERROR", &format!("presigning part {part_number}: {e}")))?;
+            credentials.push(serde_json::json!({ "url": presigned.uri(), "part_number": part_number }));
+        }
+        Ok(listing::pretty(&serde_json::json!({ "upload_id": upload_id, "credentials": credentials })))
+    }
+
+    async fn mpu_complete(&self, raw: &str, request: Request) -> Answer {
+        #[derive(Deserialize)]
+        struct Part {
+            part_number: i64,
+            etag: String,
+        }
+        #[derive(Deserialize)]
+        struct Complete {
+            path: String,
+            upload_id: String,
+            parts: Vec<Part>,
+        }
+        let credentials = FailureRecorder::credentials(request.headers());
+        let complete: Complete = Self::json_body(request).await?;
+        let path = Self::mpu_target(raw, &complete.path)?;
+        let key = self.bucket.destination.key(&path);
+        let mut parts: Vec<CompletedPart> = complete
+            .parts
+            .iter()
+            .map(|p| CompletedPart::builder().part_number(p.part_number as i32).e_tag(&p.etag).build())
+            .collect();
+        parts.sort_by_key(|p| p.part_number());
+        let done = self
+            .bucket
+            .client
+            .complete_multipart_upload()
+            .bucket(self.bucket.name())
+            .key(&key)
+            .upload_id(&complete.upload_id)
+            .multipart_upload(CompletedMultipartUpload::builder().set_parts(Some(parts)).build())
+            .send()
+            .await;
+        if let Err(e) = done {
+            let error = StoreError::from_sdk(e);
+            if let Some(Owner::Run { run, .. }) = Owner::of(&path) {
+                self.failures.record(&run, &path, &error.to_string(), &credentials).await;
+            }
+            return Err(self.store_error("complete the multipart upload of", &path, &error));
+        }
+        Ok(listing::pretty(&serde_json::json!({})))
+    }
+
+    async fn mpu_abort(&self, raw: &str, request: Request) -> Answer {
+        #[derive(Deserialize)]
+        struct Abort {
+            path: String,
+            upload_id: String,
+        }
+        let abort: Abort = Self::json_body(request).await?;
+        let path = Self::mpu_target(raw, &abort.path)?;
+        let key = self.bucket.destination.key(&path);
+        self.bucket
+            .client
+            .abort_multipart_upload()
+            .bucket(self.bucket.name())
+            .key(&key)
+            .upload_id(&abort.upload_id)
+            .send()
+            .await
+            .map_err(|e| self.store_error("abort the multipart upload of", &path, &StoreError::from_sdk(e)))?;
+        Ok(listing::pretty(&serde_json::json!({})))
+    }
+
+    /// A presigned GET URL for a direct download (what MLflow's 3.16+ client asks for before
+    /// ranged downloads straight from the store).
+    async fn presigned(&self, raw: &str) -> Answer {
+        let path = path::validate(raw).map_err(|_| invalid_path())?;
+        let key = self.bucket.destination.key(&path);
+        let head = match self.bucket.client.head_object().bucket(self.bucket.name()).key(&key).send().await {
+            Ok(head) => head,
+            Err(e) => return Err(self.missing_or_dir(&path, &key, StoreError::from_sdk(e)).await),
+        };
+        let base = path.rsplit('/').next().unwrap_or(&path);
+        let presigning = PresigningConfig::expires_in(PRESIGNED_DOWNLOAD_TTL)
+            .map_err(|e| mlflow_error(StatusCode::INTERNAL_SERVER_ERROR, "INTERNAL_ERROR", &e.to_string()))?;
+        let presigned = self
+            .bucket
+            .presigner
+            .get_object()
+            .bucket(self.bucket.name())
+            .key(&key)
+            .response_content_disposition(format!("attachment; filename=\"{base}\""))
+            .presigned(presigning)
+            .await
+            .map_err(|e| mlflow_error(StatusCode::INTERNAL_SERVER_ERROR, "INTERNAL_ERROR", &format!("presigning the download of {path}: {e}")))?;
+        let body = serde_json::json!({ "url": presigned.uri(), "headers": {}, "file_size": head.content_length().unwrap_or(0) });
+        Ok(axum::Json(body).into_response())
+    }
+}
+
+/// An IMF-fixdate (`Sun, 06 Nov 1994 08:49:37 GMT`).
+fn httpdate(when: std::time::SystemTime) -> String {
+    let secs = when.duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
+    let days = secs / 86_400;
+    let rem = secs % 86_400;
+    let (h, m, s) = (rem / 3600, (rem % 3600) / 60, rem % 60);
+    let weekday = ["Thu", "Fri", "Sat", "Sun", "Mon", "Tue", "Wed"][(days % 7) as usize];
+    // Civil from days (Howard Hinnant's algorithm).
+    let z = days as i64 + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    let name = ["Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"][(month - 1) as usize];
+    format!("{weekday}, {day:02} {name} {year} {h:02}:{m:02}:{s:02} GMT")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn artifact_routes_are_recognised_under_both_prefixes() {
+        let get = Method::GET;
+        assert_eq!(ArtifactOp::of(&get, "/api/2.0/mlflow-artifacts/artifacts"), Some(ArtifactOp::List));
+        assert_eq!(
+            ArtifactOp::of(&get, "/ajax-api/2.0/mlflow-artifacts/artifacts/1/r/artifacts/a%20b.txt"),
+            Some(ArtifactOp::Download("1/r/artifacts/a%20b.txt".into()))
+        );
+        assert_eq!(ArtifactOp::of(&Method::PUT, "/api/2.0/mlflow-artifacts/artifacts/x"), Some(ArtifactOp::Upload("x".into())));
+        assert_eq!(ArtifactOp::of(&Method::POST, "/api/2.0/mlflow-artifacts/mpu/create/1/r/artifacts/big"), Some(ArtifactOp::MpuCreate("1/r/artifacts/big".into())));
+        assert_eq!(ArtifactOp::of(&Method::POST, "/api/2.0/mlflow-artifacts/artifacts/x"), None);
+        assert_eq!(ArtifactOp::of(&get, "/api/2.0/mlflow/artifacts/list"), None);
+    }
+
+    #[test]
+    fn http_dates_are_imf_fixdates() {
+        let t = std::time::UNIX_EPOCH + std::time::Duration::from_secs(784_111_777);
+        assert_eq!(httpdate(t), "Sun, 06 Nov 1994 08:49:37 GMT");
+    }
+}

@@ -1,0 +1,239 @@
+//! The S3 client, built once from the configuration with the provider's quirks applied, and the
+//! artifact destination it writes under.
+
+use std::fmt;
+use std::time::Duration;
+
+use aws_config::BehaviorVersion;
+use aws_sdk_s3::config::{
+    Region, RequestChecksumCalculation, ResponseChecksumValidation, StalledStreamProtectionConfig,
+};
+use aws_sdk_s3::config::http::HttpResponse;
+use aws_sdk_s3::Client;
+
+use super::quirks::{Checksums, Quirks};
+
+/// `s3://<bucket>/<prefix>`: where artifacts live, laid out as MLflow's
+/// `--artifacts-destination` lays them out (`<prefix>/<experiment>/<run>/artifacts/...`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Destination {
+    pub bucket: String,
+    /// Without leading or trailing `/`; empty for the bucket's root.
+    pub prefix: String,
+}
+
+impl Destination {
+    pub fn parse(uri: &str) -> Result<Self, String> {
+        let rest = uri
+            .strip_prefix("s3://")
+            .ok_or_else(|| format!("artifacts destination {uri:?} must be an s3://<bucket>/<prefix> URI"))?;
+        let (bucket, prefix) = rest.split_once('/').unwrap_or((rest, ""));
+        if bucket.is_empty() {
+            return Err(format!("artifacts destination {uri:?} names no bucket"));
+        }
+        Ok(Self { bucket: bucket.to_owned(), prefix: prefix.trim_matches('/').to_owned() })
+    }
+
+    /// The object key for an artifact path relative to the destination (already validated).
+    pub fn key(&self, path: &str) -> String {
+        let path = path.trim_matches('/');
+        match (self.prefix.is_empty(), path.is_empty()) {
+            (true, _) => path.to_owned(),
+            (false, true) => self.prefix.clone(),
+            (false, false) => format!("{}/{}", self.prefix, path),
+        }
+    }
+
+    /// The listing prefix for a directory: its key followed by `/` (empty at the bucket root).
+    pub fn dir_prefix(&self, path: &str) -> String {
+        let key = self.key(path);
+        if key.is_empty() {
+            key
+        } else {
+            key + "/"
+        }
+    }
+}
+
+impl fmt::Display for Destination {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.prefix.is_empty() {
+            write!(f, "s3://{}", self.bucket)
+        } else {
+            write!(f, "s3://{}/{}", self.bucket, self.prefix)
+        }
+    }
+}
+
+/// How to reach the store. Credentials come from the standard AWS chain (environment,
+/// shared config/credentials files and profile, web identity, container and instance metadata).
+#[derive(Debug, Clone)]
+pub struct S3Settings {
+    /// `--s3-endpoint-url`; `None` means AWS S3 itself.
+    pub endpoint_url: Option<String>,
+    pub region: Option<String>,
+    /// Overrides the quirks profile's addressing style.
+    pub path_style: Option<bool>,
+    pub quirks: &'static Quirks,
+    /// Endpoint written into presigned URLs, when clients reach the store under another address
+    /// than the proxy does.
+    pub presign_endpoint_url: Option<String>,
+    /// How long a transfer to or from the store may make no progress before it is aborted.
+    /// Slow transfers that keep moving are never cut.
+    pub stall_grace: Duration,
+}
+
+impl Default for S3Settings {
+    fn default() -> Self {
+        Self {
+            endpoint_url: None,
+            region: None,
+            path_style: None,
+            quirks: Quirks::generic(),
+            presign_endpoint_url: None,
+            stall_grace: Duration::from_secs(120),
+        }
+    }
+}
+
+/// A client bound to one destination.
+#[derive(Clone, Debug)]
+pub struct Bucket {
+    pub client: Client,
+    /// Signs presigned URLs (the same as `client` unless a presign endpoint is configured).
+    pub presigner: Client,
+    pub destination: Destination,
+    pub quirks: &'static Quirks,
+    /// For messages: where the store is.
+    pub endpoint: String,
+}
+
+impl Bucket {
+    pub async fn connect(settings: &S3Settings, destination: Destination) -> Bucket {
+        let quirks = settings.quirks;
+        let region = settings.region.clone().unwrap_or_else(|| quirks.default_region.to_owned());
+        let shared = aws_config::defaults(BehaviorVersion::latest()).region(Region::new(region)).load().await;
+        let build = |endpoint: Option<&String>| {
+            let (calculation, validation) = match quirks.checksums {
+                Checksums::WhenRequired => (RequestChecksumCalculation::WhenRequired, ResponseChecksumValidation::WhenRequired),
+                Checksums::WhenSupported => (RequestChecksumCalculation::WhenSupported, ResponseChecksumValidation::WhenSupported),
+            };
+            let mut builder = aws_sdk_s3::config::Builder::from(&shared)
+                .force_path_style(settings.path_style.unwrap_or(quirks.path_style))
+                .request_checksum_calculation(calculation)
+                .response_checksum_validation(validation)
+                .stalled_stream_protection(
+                    StalledStreamProtectionConfig::enabled().grace_period(settings.stall_grace).build(),
+                );
+            if let Some(url) = endpoint {
+                builder = builder.endpoint_url(url);
+            }
+            Client::from_conf(builder.build())
+        };
+        let client = build(settings.endpoint_url.as_ref());
+        let presigner = match &settings.presign_endpoint_url {
+            Some(url) => build(Some(url)),
+            None => client.clone(),
+        };
+        Bucket {
+            client,
+            presigner,
+            destination,
+            quirks,
+            endpoint: settings.endpoint_url.clone().unwrap_or_else(|| "AWS S3".to_owned()),
+        }
+    }
+
+    pub fn name(&self) -> &str {
+        &self.destination.bucket
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn destinations_map_artifact_paths_to_keys_like_mlflow() {
+        let d = Destination::parse("s3://mlflow/artifacts/").unwrap();
+        assert_eq!(d.bucket, "mlflow");
+        assert_eq!(d.key("1/abc/artifacts/model.pt"), "artifacts/1/abc/artifacts/model.pt");
+        assert_eq!(d.dir_prefix("1/abc/artifacts"), "artifacts/1/abc/artifacts/");
+        assert_eq!(d.dir_prefix(""), "artifacts/");
+        assert_eq!(d.to_string(), "s3://mlflow/artifacts");
+        let root = Destination::parse("s3://bucket").unwrap();
+        assert_eq!(root.key("0/r/artifacts/a"), "0/r/artifacts/a");
+        assert_eq!(root.dir_prefix(""), "");
+        assert!(Destination::parse("gs://b/p").unwrap_err().contains("s3://"));
+        assert!(Destination::parse("s3:///p").is_err());
+    }
+}
+
+/// A failed store operation, reduced to what a client and a log line need.
+#[derive(Debug, Clone)]
+pub struct StoreError {
+    /// The store's HTTP status when it answered; `None` when it could not be reached.
+    pub status: Option<u16>,
+    /// The store's error code (`NoSuchKey`, `SlowDown`, ...), when it sent one.
+    pub code: Option<String>,
+    pub message: String,
+}
+
+impl StoreError {
+    pub fn from_sdk<E>(error: aws_sdk_s3::error::SdkError<E, HttpResponse>) -> Self
+    where
+        E: aws_sdk_s3::error::ProvideErrorMetadata + std::error::Error + 'static,
+    {
+        use aws_sdk_s3::error::SdkError;
+        match &error {
+            SdkError::ServiceError(service) => {
+                let inner = service.err();
+                StoreError {
+                    status: Some(service.raw().status().as_u16()),
+                    code: inner.code().map(str::to_owned),
+                    message: inner.message().map(str::to_owned).unwrap_or_else(|| inner.to_string()),
+                }
+            }
+            SdkError::ResponseError(response) => StoreError {
+                status: Some(response.raw().status().as_u16()),
+                code: None,
+                message: root_message(&error),
+            },
+            _ => StoreError { status: None, code: None, message: root_message(&error) },
+        }
+    }
+
+    /// The store could not be reached, or asked to slow down: worth a retry.
+    pub fn is_transient(&self) -> bool {
+        self.status.is_none_or(|s| s == 503 || s == 500)
+            || matches!(self.code.as_deref(), Some("SlowDown" | "ServiceUnavailable" | "RequestTimeout" | "InternalError"))
+    }
+
+    pub fn is_not_found(&self) -> bool {
+        self.status == Some(404) || matches!(self.code.as_deref(), Some("NoSuchKey" | "NotFound" | "NoSuchUpload"))
+    }
+}
+
+impl fmt::Display for StoreError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match (&self.code, self.status) {
+            (Some(code), Some(status)) => write!(f, "{code} (HTTP {status}): {}", self.message),
+            (Some(code), None) => write!(f, "{code}: {}", self.message),
+            (None, Some(status)) => write!(f, "HTTP {status}: {}", self.message),
+            (None, None) => write!(f, "{}", self.message),
+        }
+    }
+}
+
+fn root_message(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut parts = vec![error.to_string()];
+    let mut current = error.source();
+    while let Some(e) = current {
+        let text = e.to_string();
+        if !parts.iter().any(|p| p.contains(&text)) {
+            parts.push(text);
+        }
+        current = e.source();
+    }
+    parts.join(": ")
+}

@@ -1,0 +1,329 @@
+//! Streaming uploads: a request body goes to the store as it arrives, with no temporary file.
+//!
+//! Bodies up to the multipart threshold are sent as one PutObject with an exact Content-Length.
+//! Larger bodies, and bodies of unknown length, become multipart uploads of equal parts (the
+//! last one shorter), at most `concurrency` parts in flight; memory per upload stays below
+//! `threshold + part_size × concurrency` whatever the object's size. Any failure, or the client
+//! going away, aborts the multipart upload, so no partial object and no dangling upload remain.
+
+use aws_sdk_s3::primitives::ByteStream;
+use aws_sdk_s3::types::{CompletedMultipartUpload, CompletedPart};
+use axum::body::Body;
+use bytes::{Bytes, BytesMut};
+use futures_util::StreamExt;
+use tokio::task::JoinSet;
+
+use super::s3::{Bucket, StoreError};
+
+/// S3's limits on multipart uploads.
+pub const MIN_PART_SIZE: usize = 5 << 20;
+pub const MAX_PART_SIZE: usize = 5 << 30;
+pub const MAX_PARTS: u64 = 10_000;
+
+#[derive(Debug, Clone, Copy)]
+pub struct UploadLimits {
+    pub part_size: usize,
+    pub concurrency: usize,
+    pub threshold: usize,
+}
+
+#[derive(Debug)]
+pub enum UploadError {
+    /// The client's body failed: disconnect, stall, or a length that does not match.
+    Client(String),
+    /// The store refused or could not be reached.
+    Store(StoreError),
+    /// More than 10,000 parts would be needed.
+    TooLarge { max: u64 },
+}
+
+/// Sends `body` to `key`; returns the number of bytes stored.
+pub async fn upload(
+    bucket: &Bucket,
+    key: &str,
+    content_type: &str,
+    body: Body,
+    length: Option<u64>,
+    limits: UploadLimits,
+) -> Result<u64, UploadError> {
+    let mut reader = BodyReader { stream: body.into_data_stream(), carry: None, total: 0 };
+    let first_target = match length {
+        Some(n) if n <= limits.threshold as u64 => n as usize,
+        _ => limits.threshold,
+    };
+    // Read one byte past the threshold to tell "exactly at the threshold" from "more to come".
+    let mut head = BytesMut::with_capacity(first_target.min(limits.threshold) + 1);
+    let eof = reader.fill(&mut head, limits.threshold + 1).await?;
+    if eof && head.len() <= limits.threshold {
+        check_length(length, reader.total)?;
+        let len = head.len() as u64;
+        bucket
+            .client
+            .put_object()
+            .bucket(bucket.name())
+            .key(key)
+            .content_type(content_type)
+            .content_length(len as i64)
+            .body(ByteStream::from(head.freeze()))
+            .send()
+            .await
+            .map_err(|e| UploadError::Store(StoreError::from_sdk(e)))?;
+        return Ok(len);
+    }
+    let part_size = part_size_for(length, limits.part_size);
+    if let Some(n) = length {
+        if n.div_ceil(part_size as u64) > MAX_PARTS {
+            return Err(UploadError::TooLarge { max: MAX_PARTS * MAX_PART_SIZE as u64 });
+        }
+    }
+    let created = bucket
+        .client
+        .create_multipart_upload()
+        .bucket(bucket.name())
+        .key(key)
+        .content_type(content_type)
+        .send()
+        .await
+        .map_err(|e| UploadError::Store(StoreError::from_sdk(e)))?;
+    let upload_id = created.upload_id().unwrap_or_default().to_owned();
+    let mut guard = AbortGuard { bucket: bucket.clone(), key: key.to_owned(), upload_id: upload_id.clone(), armed: true };
+    let result = send_parts(bucket, key, &upload_id, head, &mut reader, part_size, limits.concurrency, length).await;
+    match result {
+        Ok(parts) => {
+            let completed = CompletedMultipartUpload::builder().set_parts(Some(parts)).build();
+            match bucket
+                .client
+                .complete_multipart_upload()
+                .bucket(bucket.name())
+                .key(key)
+                .upload_id(&upload_id)
+                .multipart_upload(completed)
+                .send()
+                .await
+            {
+                Ok(_) => {
+                    guard.armed = false;
+                    Ok(reader.total)
+                }
+                Err(e) => {
+                    guard.abort_now().await;
+                    Err(UploadError::Store(StoreError::from_sdk(e)))
+                }
+            }
+        }
+        Err(e) => {
+            guard.abort_now().await;
+            Err(e)
+        }
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn send_parts(
+    bucket: &Bucket,
+    key: &str,
+    upload_id: &str,
+    mut pending: BytesMut,
+    reader: &mut BodyReader,
+    part_size: usize,
+    concurrency: usize,
+    length: Option<u64>,
+) -> Result<Vec<CompletedPart>, UploadError> {
+    let mut tasks: JoinSet<Result<CompletedPart, StoreError>> = JoinSet::new();
+    let mut done = Vec::new();
+    let mut next_part: i32 = 1;
+    let mut eof = false;
+    loop {
+        if !eof && pending.len() < part_size {
+            pending.reserve(part_size - pending.len());
+            eof = reader.fill(&mut pending, part_size).await?;
+        }
+        while pending.len() >= part_size || (eof && !pending.is_empty()) {
+            let take = pending.len().min(part_size);
+            let part = pending.split_to(take).freeze();
+            if next_part as u64 > MAX_PARTS {
+                return Err(UploadError::TooLarge { max: MAX_PARTS * part_size as u64 });
+            }
+            while tasks.len() >= concurrency.max(1) {
+                done.push(joined(tasks.join_next().await)?);
+            }
+            tasks.spawn(upload_part(bucket.clone(), key.to_owned(), upload_id.to_owned(), next_part, part));
+            next_part += 1;
+        }
+        if eof {
+            break;
+        }
+    }
+    check_length(length, reader.total)?;
+    while let Some(result) = tasks.join_next().await {
+        done.push(joined(Some(result))?);
+    }
+    done.sort_by_key(|p| p.part_number());
+    Ok(done)
+}
+
+fn joined(
+    result: Option<Result<Result<CompletedPart, StoreError>, tokio::task::JoinError>>,
+) -> Result<CompletedPart, UploadError> {
+    match result {
+        Some(Ok(Ok(part))) => Ok(part),
+        Some(Ok(Err(e))) => Err(UploadError::Store(e)),
+        Some(Err(e)) => Err(UploadError::Store(StoreError { status: None, code: None, message: format!("part upload task failed: {e}") })),
+        None => Err(UploadError::Store(StoreError { status: None, code: None, message: "no part upload in flight".into() })),
+    }
+}
+
+async fn upload_part(bucket: Bucket, key: String, upload_id: String, number: i32, data: Bytes) -> Result<CompletedPart, StoreError> {
+    let len = data.len() as i64;
+    let out = bucket
+        .client
+        .upload_part()
+        .bucket(bucket.name())
+        .key(&key)
+        .upload_id(&upload_id)
+        .part_number(number)
+        .content_length(len)
+        .body(ByteStream::from(data))
+        .send()
+        .await
+        .map_err(StoreError::from_sdk)?;
+    Ok(CompletedPart::builder().part_number(number).set_e_tag(out.e_tag().map(str::to_owned)).build())
+}
+
+/// Grows the part size when the declared length would need more than 10,000 parts.
+pub fn part_size_for(length: Option<u64>, configured: usize) -> usize {
+    match length {
+        Some(n) if n.div_ceil(configured as u64) > MAX_PARTS => {
+            let needed = n.div_ceil(MAX_PARTS) as usize;
+            needed.div_ceil(1 << 20) * (1 << 20)
+        }
+        _ => configured,
+    }
+    .clamp(MIN_PART_SIZE.min(configured), MAX_PART_SIZE)
+}
+
+fn check_length(declared: Option<u64>, received: u64) -> Result<(), UploadError> {
+    match declared {
+        Some(n) if n != received => Err(UploadError::Client(format!(
+            "the request declared Content-Length {n} but carried {received} bytes"
+        ))),
+        _ => Ok(()),
+    }
+}
+
+/// Reads a body into part buffers, splitting frames that straddle a part boundary.
+struct BodyReader {
+    stream: axum::body::BodyDataStream,
+    carry: Option<Bytes>,
+    total: u64,
+}
+
+impl BodyReader {
+    /// Appends to `buf` until it holds `target` bytes or the body ends; returns true at the end.
+    async fn fill(&mut self, buf: &mut BytesMut, target: usize) -> Result<bool, UploadError> {
+        while buf.len() < target {
+            let mut chunk = match self.carry.take() {
+                Some(chunk) => chunk,
+                None => match self.stream.next().await {
+                    Some(Ok(chunk)) => {
+                        self.total += chunk.len() as u64;
+                        chunk
+                    }
+                    Some(Err(e)) => return Err(UploadError::Client(client_error(&e))),
+                    None => return Ok(true),
+                },
+            };
+            let room = target - buf.len();
+            if chunk.len() > room {
+                self.carry = Some(chunk.split_off(room));
+            }
+            buf.extend_from_slice(&chunk);
+        }
+        Ok(false)
+    }
+}
+
+fn client_error(error: &axum::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = std::error::Error::source(error);
+    while let Some(e) = source {
+        let s = e.to_string();
+        if !text.contains(&s) {
+            text = format!("{text}: {s}");
+        }
+        source = e.source();
+    }
+    text
+}
+
+/// Aborts a multipart upload unless disarmed. Dropped without being disarmed — the request
+/// future was cancelled because the client went away — it aborts in a task of its own.
+struct AbortGuard {
+    bucket: Bucket,
+    key: String,
+    upload_id: String,
+    armed: bool,
+}
+
+impl AbortGuard {
+    async fn abort_now(&mut self) {
+        self.armed = false;
+        abort(&self.bucket, &self.key, &self.upload_id).await;
+    }
+}
+
+impl Drop for AbortGuard {
+    fn drop(&mut self) {
+        if self.armed {
+            let (bucket, key, upload_id) = (self.bucket.clone(), std::mem::take(&mut self.key), std::mem::take(&mut self.upload_id));
+            if let Ok(handle) = tokio::runtime::Handle::try_current() {
+                handle.spawn(async move { abort(&bucket, &key, &upload_id).await });
+            }
+        }
+    }
+}
+
+async fn abort(bucket: &Bucket, key: &str, upload_id: &str) {
+    match bucket.client.abort_multipart_upload().bucket(bucket.name()).key(key).upload_id(upload_id).send().await {
+        Ok(_) => tracing::info!(key, upload_id, "multipart upload aborted"),
+        Err(e) => tracing::warn!(key, upload_id, error = %StoreError::from_sdk(e), "aborting a multipart upload failed; the store's lifecycle rules must clean it up"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn part_size_grows_only_when_ten_thousand_parts_would_not_do() {
+        assert_eq!(part_size_for(Some(1 << 30), 8 << 20), 8 << 20);
+        assert_eq!(part_size_for(None, 8 << 20), 8 << 20);
+        let big = 200u64 << 30;
+        let size = part_size_for(Some(big), 8 << 20);
+        assert!(big.div_ceil(size as u64) <= MAX_PARTS);
+        assert_eq!(size % (1 << 20), 0);
+    }
+
+    #[tokio::test]
+    async fn frames_are_split_at_part_boundaries_without_losing_bytes() {
+        let frames: Vec<Result<Bytes, std::io::Error>> = (0..10u8).map(|i| Ok(Bytes::from(vec![i; 7]))).collect();
+        let body = Body::from_stream(futures_util::stream::iter(frames));
+        let mut reader = BodyReader { stream: body.into_data_stream(), carry: None, total: 0 };
+        let mut parts = Vec::new();
+        loop {
+            let mut buf = BytesMut::new();
+            let eof = reader.fill(&mut buf, 16).await.unwrap();
+            if !buf.is_empty() {
+                parts.push(buf.freeze());
+            }
+            if eof {
+                break;
+            }
+        }
+        assert_eq!(parts.iter().map(Bytes::len).collect::<Vec<_>>(), vec![16, 16, 16, 16, 6]);
+        let joined: Vec<u8> = parts.concat();
+        let expected: Vec<u8> = (0..10u8).flat_map(|i| vec![i; 7]).collect();
+        assert_eq!(joined, expected);
+        assert_eq!(reader.total, 70);
+    }
+}
