@@ -356,7 +356,7 @@ fn size_from_toml<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<usize
 }
 
 /// `16MiB`, `512KiB`, `1GiB`, `1000000` (bytes); `MB`/`KB`/`GB` are decimal.
-fn parse_size(s: &str) -> Result<usize, String> {
+pub(crate) fn parse_size(s: &str) -> Result<usize, String> {
     let s = s.trim();
     let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
     let (number, unit) = s.split_at(split);

@@ -7,5 +7,6 @@ mod compat;
 mod forwarding;
 mod mlflow;
 mod python_client;
+mod relocate;
 mod stack;
 mod system_metrics;
