@@ -170,7 +170,7 @@ struct Cli {
     #[arg(long, env = "MLSCOPE_ADMIN_LISTEN", value_name = "ADDR")]
     admin_listen: Option<SocketAddr>,
     /// URL of the MLflow tracking server [default: http://127.0.0.1:5000].
-    #[arg(long, env = "MLSCOPE_UPSTREAM", value_name = "URL")]
+    #[arg(long, global = true, env = "MLSCOPE_UPSTREAM", value_name = "URL")]
     upstream: Option<String>,
     /// State store: `sqlite://<path>` (created on first start) or `postgres://...` when several
     /// replicas share state [default: sqlite://mlscope.db].

@@ -281,7 +281,7 @@ impl Gateway {
                 "Artifact writes are only accepted inside an MLflow artifact root: <experiment_id>/<run_id>/artifacts/..., <experiment_id>/models/<model_id>/artifacts/... or <experiment_id>/traces/<trace_id>/artifacts/.... '{path}' is outside them, so MLflow would never show it. Log the file to the run instead, e.g. mlflow.log_artifact(local_path, artifact_path=\"checkpoints\") inside the run, which stores it under <experiment_id>/<run_id>/artifacts/checkpoints/."
             ),
             Verdict::Missing(detail) => format!(
-                "Artifact path '{path}' names {}, but {detail}. Write the file under the artifact root of an existing run, model or trace of that experiment (use the run's artifact_uri, e.g. through mlflow.log_artifact).",
+                "Artifact path '{path}' names {}, but {detail}. Files must go under <experiment_id>/<run_id>/artifacts/... (or <experiment_id>/models/<model_id>/artifacts/..., <experiment_id>/traces/<trace_id>/artifacts/...) of a run, model or trace that exists in that experiment; use the run's artifact_uri, e.g. through mlflow.log_artifact inside the run.",
                 owner.as_ref().map(ToString::to_string).unwrap_or_default()
             ),
         };
@@ -417,9 +417,14 @@ impl Gateway {
                 .presigned(presigning.clone())
                 .await
                 .map_err(|e| mlflow_error(StatusCode::INTERNAL_SERVER_ERROR, "INTERNAL_ERROR", &format!("presigning part {part_number}: {e}")))?;
-            credentials.push(serde_json::json!({ "url": presigned.uri(), "part_number": part_number }));
+            credentials.push(Credential { url: presigned.uri().to_owned(), part_number });
         }
-        Ok(listing::pretty(&serde_json::json!({ "upload_id": upload_id, "credentials": credentials })))
+        #[derive(serde::Serialize)]
+        struct Created {
+            upload_id: String,
+            credentials: Vec<Credential>,
+        }
+        Ok(listing::pretty(&Created { upload_id, credentials }))
     }
 
     async fn mpu_complete(&self, raw: &str, request: Request) -> Answer {
@@ -510,6 +515,13 @@ impl Gateway {
         let body = serde_json::json!({ "url": presigned.uri(), "headers": {}, "file_size": head.content_length().unwrap_or(0) });
         Ok(axum::Json(body).into_response())
     }
+}
+
+/// A presigned part URL, fields in MLflow's order.
+#[derive(serde::Serialize)]
+struct Credential {
+    url: String,
+    part_number: i32,
 }
 
 /// An IMF-fixdate (`Sun, 06 Nov 1994 08:49:37 GMT`).

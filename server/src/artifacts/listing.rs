@@ -62,27 +62,56 @@ pub async fn list_dir(bucket: &Bucket, prefix: &str) -> Result<Vec<Entry>, Store
     Ok(entries)
 }
 
-/// MLflow's listing JSON: `{"files": [...]}`, or `{}` for an empty directory. MLflow sends it
-/// indented by two spaces, and so does the gateway (see [`pretty`]).
-pub fn to_mlflow_json(entries: &[Entry]) -> serde_json::Value {
-    if entries.is_empty() {
-        return serde_json::json!({});
-    }
-    let files: Vec<serde_json::Value> = entries
-        .iter()
-        .map(|e| match (e.is_dir, e.size) {
-            // MLflow leaves file_size out for directories and for empty files.
-            (true, _) | (false, None | Some(0)) => serde_json::json!({ "path": e.name, "is_dir": e.is_dir }),
-            (false, Some(size)) => serde_json::json!({ "path": e.name, "is_dir": false, "file_size": size }),
-        })
-        .collect();
-    serde_json::json!({ "files": files })
+/// One entry of MLflow's listing JSON, fields in MLflow's order.
+#[derive(Debug, serde::Serialize)]
+pub struct FileInfo<'a> {
+    pub path: &'a str,
+    pub is_dir: bool,
+    /// MLflow leaves it out for directories and for empty files.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub file_size: Option<i64>,
 }
 
-/// JSON as MLflow's Flask handlers write it: indented by two spaces.
-pub fn pretty(value: &serde_json::Value) -> axum::response::Response {
-    let body = serde_json::to_string_pretty(value).unwrap_or_else(|_| "{}".to_owned());
-    ([(http::header::CONTENT_TYPE, "application/json")], body).into_response()
+/// MLflow's listing: `{"files": [...]}`, or `{}` for an empty directory.
+#[derive(Debug, serde::Serialize)]
+pub struct Listing<'a> {
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub files: Vec<FileInfo<'a>>,
+}
+
+pub fn to_mlflow_json(entries: &[Entry]) -> Listing<'_> {
+    Listing {
+        files: entries
+            .iter()
+            .map(|e| FileInfo { path: &e.name, is_dir: e.is_dir, file_size: e.size.filter(|s| !e.is_dir && *s > 0) })
+            .collect(),
+    }
+}
+
+/// JSON as MLflow's Flask handlers write it (Python's `json.dumps(indent=2)`): indented by two
+/// spaces, non-ASCII characters escaped as `\uXXXX`.
+pub fn pretty<T: serde::Serialize>(value: &T) -> axum::response::Response {
+    ([(http::header::CONTENT_TYPE, "application/json")], pretty_string(value)).into_response()
+}
+
+pub fn pretty_string<T: serde::Serialize>(value: &T) -> String {
+    let text = serde_json::to_string_pretty(value).unwrap_or_else(|_| "{}".to_owned());
+    if text.is_ascii() {
+        return text;
+    }
+    // Non-ASCII characters only occur inside strings, where `\uXXXX` means the same.
+    let mut out = String::with_capacity(text.len() + 16);
+    let mut units = [0u16; 2];
+    for c in text.chars() {
+        if c.is_ascii() {
+            out.push(c);
+        } else {
+            for unit in c.encode_utf16(&mut units) {
+                out.push_str(&format!("\\u{unit:04x}"));
+            }
+        }
+    }
+    out
 }
 
 /// Every key under `prefix` (no delimiter), following pagination.
@@ -124,12 +153,52 @@ pub async fn delete_tree(bucket: &Bucket, key: &str) -> Result<usize, StoreError
             bucket.client.delete_object().bucket(bucket.name()).key(k).send().await.map_err(StoreError::from_sdk)?;
         }
     }
+    if bucket.quirks.empty_dirs_linger {
+        // Deleting a `dir/` entry that still holds objects is a no-op on such stores, so every
+        // directory of the deleted tree and every ancestor below the destination can be tried.
+        let floor = bucket.destination.dir_prefix("");
+        for dir in emptied_dirs(&keys, key, &floor) {
+            if let Err(e) = bucket.client.delete_object().bucket(bucket.name()).key(&dir).send().await {
+                tracing::debug!(dir, error = %StoreError::from_sdk(e), "removing an emptied directory entry failed");
+            }
+        }
+    }
     Ok(count)
+}
+
+/// The `dir/` entries a delete of `deleted` (and its tree `keys`) may have emptied, deepest
+/// first: directories inside the tree, the tree itself, and its ancestors down to `floor`.
+fn emptied_dirs(keys: &[String], deleted: &str, floor: &str) -> Vec<String> {
+    let mut dirs = std::collections::BTreeSet::new();
+    for k in keys.iter().map(String::as_str).chain([deleted]) {
+        let mut end = k.len();
+        while let Some(slash) = k[..end].rfind('/') {
+            let dir = &k[..=slash];
+            if dir.len() <= floor.len() {
+                break;
+            }
+            dirs.insert(dir.to_owned());
+            end = slash;
+        }
+    }
+    dirs.insert(format!("{deleted}/"));
+    let mut dirs: Vec<String> = dirs.into_iter().collect();
+    dirs.sort_by_key(|d| std::cmp::Reverse(d.matches('/').count()));
+    dirs
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn deletes_try_the_emptied_directories_deepest_first_and_stop_at_the_destination() {
+        let keys = vec!["art/1/r/artifacts/ckpt/a.pt".to_owned(), "art/1/r/artifacts/ckpt/sub/b.pt".to_owned()];
+        assert_eq!(
+            emptied_dirs(&keys, "art/1/r/artifacts/ckpt", "art/"),
+            ["art/1/r/artifacts/ckpt/sub/", "art/1/r/artifacts/ckpt/", "art/1/r/artifacts/", "art/1/r/", "art/1/"]
+        );
+    }
 
     #[test]
     fn listing_json_matches_mlflow_shape() {
@@ -138,10 +207,11 @@ mod tests {
             Entry { name: "a.txt".into(), is_dir: false, size: Some(5) },
         ];
         assert_eq!(
-            to_mlflow_json(&entries),
-            serde_json::json!({"files": [{"path": "dir", "is_dir": true}, {"path": "a.txt", "is_dir": false, "file_size": 5}]})
+            serde_json::to_string(&to_mlflow_json(&entries)).unwrap(),
+            r#"{"files":[{"path":"dir","is_dir":true},{"path":"a.txt","is_dir":false,"file_size":5}]}"#
         );
-        assert_eq!(to_mlflow_json(&[]), serde_json::json!({}));
+        assert_eq!(pretty_string(&to_mlflow_json(&[])), "{}");
+        assert_eq!(pretty_string(&serde_json::json!({"path": "ü😀"})), "{\n  \"path\": \"\\u00fc\\ud83d\\ude00\"\n}");
         assert!(is_marker("x/dir/", 0));
         assert!(!is_marker("x/dir/", 3));
         assert!(!is_marker("x/file", 0));

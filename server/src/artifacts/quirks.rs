@@ -36,6 +36,10 @@ pub struct Quirks {
     pub max_presign_expiry: Duration,
     /// Objects above this size are copied with UploadPartCopy instead of one CopyObject.
     pub max_single_copy: u64,
+    /// The store keeps listing a "directory" after its last object is deleted (SeaweedFS's filer
+    /// keeps the empty directory entry, shown as a common prefix). Deletes then also delete the
+    /// emptied `dir/` entries, deepest first; on other stores that is a harmless no-op.
+    pub empty_dirs_linger: bool,
 }
 
 const GIB: u64 = 1 << 30;
@@ -51,6 +55,7 @@ pub const PROFILES: &[Quirks] = &[
         batch_delete: false,
         max_presign_expiry: WEEK,
         max_single_copy: GIB,
+        empty_dirs_linger: true,
     },
     Quirks {
         name: "aws",
@@ -60,6 +65,7 @@ pub const PROFILES: &[Quirks] = &[
         batch_delete: true,
         max_presign_expiry: WEEK,
         max_single_copy: 5 * GIB,
+        empty_dirs_linger: false,
     },
     Quirks {
         name: "seaweedfs",
@@ -69,6 +75,7 @@ pub const PROFILES: &[Quirks] = &[
         batch_delete: true,
         max_presign_expiry: WEEK,
         max_single_copy: 5 * GIB,
+        empty_dirs_linger: true,
     },
     Quirks {
         name: "minio",
@@ -78,6 +85,7 @@ pub const PROFILES: &[Quirks] = &[
         batch_delete: true,
         max_presign_expiry: WEEK,
         max_single_copy: 5 * GIB,
+        empty_dirs_linger: false,
     },
     Quirks {
         name: "ceph",
@@ -88,6 +96,7 @@ pub const PROFILES: &[Quirks] = &[
         batch_delete: false,
         max_presign_expiry: WEEK,
         max_single_copy: 5 * GIB,
+        empty_dirs_linger: false,
     },
     Quirks {
         name: "r2",
@@ -97,6 +106,7 @@ pub const PROFILES: &[Quirks] = &[
         batch_delete: true,
         max_presign_expiry: WEEK,
         max_single_copy: 5 * GIB,
+        empty_dirs_linger: false,
     },
 ];
 

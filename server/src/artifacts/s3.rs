@@ -225,6 +225,8 @@ impl fmt::Display for StoreError {
     }
 }
 
+impl std::error::Error for StoreError {}
+
 fn root_message(error: &(dyn std::error::Error + 'static)) -> String {
     let mut parts = vec![error.to_string()];
     let mut current = error.source();

@@ -122,7 +122,7 @@ async fn the_python_client_retries_through_the_proxy_until_a_late_upstream_answe
 
 /// The venv's Python with `MLFLOW_TRACKING_URI` set and piped output, never through an HTTP
 /// proxy from the environment.
-fn python(tracking_uri: &str, envs: &[(&str, &str)]) -> Command {
+pub(crate) fn python(tracking_uri: &str, envs: &[(&str, &str)]) -> Command {
     let mut command = Command::new(venv().join("bin/python"));
     command
         .env("MLFLOW_TRACKING_URI", tracking_uri)
@@ -142,7 +142,7 @@ fn python(tracking_uri: &str, envs: &[(&str, &str)]) -> Command {
 }
 
 /// Waits for `child`, killing it after `limit`, and returns success, stdout and stderr.
-async fn finish(child: Child, limit: Duration) -> (bool, String, String) {
+pub(crate) async fn finish(child: Child, limit: Duration) -> (bool, String, String) {
     match timeout(limit, child.wait_with_output()).await {
         Ok(Ok(output)) => (
             output.status.success(),

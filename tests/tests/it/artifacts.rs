@@ -1,0 +1,450 @@
+//! The artifact gateway against the real thing: MLflow 3.17.2 serving the same SeaweedFS bucket
+//! under the same `--artifacts-destination`, so every answer of the gateway can be compared with
+//! MLflow's own, and every object either side writes can be read back through the other.
+
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use mlscope_tests::{repo_root, spawn_proxy, ProxyProcess, StackOptions, TestStack};
+use reqwest::StatusCode;
+use serde_json::{json, Value};
+use sha2::{Digest, Sha256};
+use tokio::io::AsyncWriteExt;
+
+use crate::mlflow::{create_run, get_run, http};
+use crate::python_client::{finish, python};
+
+/// One stack for this module: SeaweedFS, MLflow (serving artifacts from the bucket itself) and
+/// a proxy whose gateway serves the artifact API from the same bucket.
+struct Gateway {
+    stack: TestStack,
+    proxy: ProxyProcess,
+}
+
+fn gateway() -> &'static Gateway {
+    static GATEWAY: OnceLock<Gateway> = OnceLock::new();
+    GATEWAY.get_or_init(|| {
+        let stack = TestStack::start(StackOptions { proxy: false, ..Default::default() }).expect("starting the stack");
+        let args = stack.s3.gateway_args(&stack.s3.url);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let proxy = spawn_proxy(&stack.mlflow.url, &args, stack.dir.path()).expect("starting the gateway");
+        Gateway { stack, proxy }
+    })
+}
+
+impl Gateway {
+    fn mlflow(&self) -> &str {
+        &self.stack.mlflow.url
+    }
+    fn proxy(&self) -> &str {
+        &self.proxy.url
+    }
+}
+
+/// A new run; returns `(experiment_id, run_id, run artifact root)`.
+async fn new_run(mlflow: &str) -> (String, String, String) {
+    let run_id = create_run(mlflow, "artifacts").await;
+    let run = get_run(mlflow, &run_id).await;
+    let experiment = run["run"]["info"]["experiment_id"].as_str().unwrap().to_owned();
+    let root = format!("{experiment}/{run_id}/artifacts");
+    (experiment, run_id, root)
+}
+
+fn artifact_url(base: &str, path: &str) -> String {
+    format!("{base}/api/2.0/mlflow-artifacts/artifacts/{path}")
+}
+
+async fn put(base: &str, path: &str, body: impl Into<reqwest::Body>) -> (StatusCode, String) {
+    let response = http().put(artifact_url(base, path)).body(body).send().await.unwrap();
+    (response.status(), response.text().await.unwrap())
+}
+
+async fn get_bytes(base: &str, path: &str) -> (StatusCode, Vec<u8>) {
+    let response = http().get(artifact_url(base, path)).send().await.unwrap();
+    (response.status(), response.bytes().await.unwrap().to_vec())
+}
+
+/// The listing's raw bytes and status.
+async fn list_raw(base: &str, path: &str) -> (StatusCode, String) {
+    let response = http().get(format!("{base}/api/2.0/mlflow-artifacts/artifacts")).query(&[("path", path)]).send().await.unwrap();
+    (response.status(), response.text().await.unwrap())
+}
+
+fn sha256(bytes: &[u8]) -> String {
+    format!("{:x}", Sha256::digest(bytes))
+}
+
+/// Deterministic, position-dependent bytes: a part written at the wrong offset changes them.
+fn pattern(len: usize, seed: u64) -> Vec<u8> {
+    let mut state = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..len)
+        .map(|_| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state as u8
+        })
+        .collect()
+}
+
+/// Keys under `prefix` in the bucket, read straight from SeaweedFS (unsigned ListObjectsV2).
+async fn store_keys(stack: &TestStack, prefix: &str) -> Vec<String> {
+    let xml = http()
+        .get(format!("{}/{}", stack.s3.url, stack.s3.bucket))
+        .query(&[("list-type", "2"), ("prefix", prefix)])
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    xml_values(&xml, "Key")
+}
+
+/// Multipart uploads the store still holds under `prefix`.
+async fn pending_uploads(stack: &TestStack, prefix: &str) -> Vec<String> {
+    let xml = http()
+        .get(format!("{}/{}?uploads&prefix={prefix}", stack.s3.url, stack.s3.bucket))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    xml_values(&xml, "UploadId")
+}
+
+fn xml_values(xml: &str, tag: &str) -> Vec<String> {
+    let (open, close) = (format!("<{tag}>"), format!("</{tag}>"));
+    xml.split(&open).skip(1).filter_map(|rest| rest.split_once(&close).map(|(v, _)| v.to_owned())).collect()
+}
+
+#[tokio::test]
+async fn objects_written_by_either_side_read_back_identically_through_the_other() {
+    let g = gateway();
+    let (_, _, root) = new_run(g.mlflow()).await;
+    let through_gateway = pattern(20 << 20, 1); // multipart: above the 8 MiB threshold
+    let through_mlflow = pattern(3 << 20, 2);
+    let (status, body) = put(g.proxy(), &format!("{root}/model/weights.bin"), through_gateway.clone()).await;
+    assert_eq!((status, body.as_str()), (StatusCode::OK, ""), "an upload is answered as MLflow answers it: 200, empty");
+    let (status, _) = put(g.mlflow(), &format!("{root}/data/sample.bin"), through_mlflow.clone()).await;
+    assert_eq!(status, StatusCode::OK);
+    let (status, _) = put(g.proxy(), &format!("{root}/empty.txt"), Vec::new()).await;
+    assert_eq!(status, StatusCode::OK);
+
+    let (status, back) = get_bytes(g.mlflow(), &format!("{root}/model/weights.bin")).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(sha256(&back), sha256(&through_gateway), "MLflow reads what the gateway wrote");
+    let (status, back) = get_bytes(g.proxy(), &format!("{root}/data/sample.bin")).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(sha256(&back), sha256(&through_mlflow), "the gateway reads what MLflow wrote");
+    let (status, back) = get_bytes(g.proxy(), &format!("{root}/empty.txt")).await;
+    assert_eq!((status, back.len()), (StatusCode::OK, 0));
+
+    // A body of unknown length (chunked) goes multipart too.
+    let chunks: Vec<Result<Vec<u8>, std::io::Error>> = pattern(12 << 20, 3).chunks(1 << 20).map(|c| Ok(c.to_vec())).collect();
+    let (status, _) = put(g.proxy(), &format!("{root}/chunked.bin"), reqwest::Body::wrap_stream(futures_util::stream::iter(chunks))).await;
+    assert_eq!(status, StatusCode::OK);
+    let (_, back) = get_bytes(g.mlflow(), &format!("{root}/chunked.bin")).await;
+    assert_eq!(sha256(&back), sha256(&pattern(12 << 20, 3)));
+
+    let response = http().get(artifact_url(g.proxy(), &format!("{root}/model/weights.bin"))).send().await.unwrap();
+    assert_eq!(response.headers()["content-length"], (20u64 << 20).to_string().as_str());
+    assert_eq!(response.headers()["content-type"], "application/octet-stream");
+    assert_eq!(response.headers()["content-disposition"], "attachment; filename=weights.bin");
+}
+
+#[tokio::test]
+async fn listings_match_mlflow_byte_for_byte_and_page_through_thousands_of_objects() {
+    let g = gateway();
+    let (_, _, root) = new_run(g.mlflow()).await;
+    let files = [
+        ("a.txt", b"alpha\n".to_vec()),
+        ("empty.txt", Vec::new()),
+        ("dir/b.json", b"{}".to_vec()),
+        ("dir/sub/c.bin", vec![7; 1000]),
+        ("spaced name/\u{fc}nicode \u{e9}.txt", b"u".to_vec()),
+        ("z/deep/deeper/file", b"z".to_vec()),
+    ];
+    for (name, body) in &files {
+        let (status, _) = put(g.proxy(), &format!("{root}/{}", urlencode_path(name)), body.clone()).await;
+        assert_eq!(status, StatusCode::OK, "{name}");
+    }
+    // More than one page of ListObjectsV2 (1000 keys).
+    let many = 1100;
+    let uploads = futures_util::stream::iter(0..many)
+        .map(|i| {
+            let url = format!("{root}/many/f{i:05}.txt");
+            async move { put(g.proxy(), &url, format!("{i}")).await.0 }
+        })
+        .buffer_unordered(16)
+        .collect::<Vec<_>>()
+        .await;
+    assert!(uploads.iter().all(|s| *s == StatusCode::OK));
+
+    for path in [
+        root.clone(),
+        format!("{root}/dir"),
+        format!("{root}/dir/sub"),
+        format!("{root}/spaced name"),
+        format!("{root}/many"),
+        format!("{root}/does-not-exist"),
+        format!("{root}/a.txt"),
+    ] {
+        let theirs = list_raw(g.mlflow(), &path).await;
+        let ours = list_raw(g.proxy(), &path).await;
+        assert_eq!(ours, theirs, "listing of {path}: gateway vs MLflow");
+    }
+    let (_, many_listing) = list_raw(g.proxy(), &format!("{root}/many")).await;
+    let parsed: Value = serde_json::from_str(&many_listing).unwrap();
+    assert_eq!(parsed["files"].as_array().unwrap().len(), many, "every object of a 2-page directory is listed");
+    let (_, root_listing) = list_raw(g.proxy(), &root).await;
+    let parsed: Value = serde_json::from_str(&root_listing).unwrap();
+    let empty = parsed["files"].as_array().unwrap().iter().find(|f| f["path"] == "empty.txt").unwrap();
+    assert!(empty.get("file_size").is_none(), "MLflow leaves file_size out for empty files: {empty}");
+}
+
+/// One HTTP/1.1 request with the path exactly as given; returns the status and the body.
+async fn raw_request(base: &str, method: &str, path: &str) -> (u16, String) {
+    use tokio::io::AsyncReadExt;
+    let address = base.trim_start_matches("http://");
+    let mut socket = tokio::net::TcpStream::connect(address).await.unwrap();
+    let request = format!("{method} {path} HTTP/1.1\r\nHost: {address}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n");
+    socket.write_all(request.as_bytes()).await.unwrap();
+    let mut answer = Vec::new();
+    socket.read_to_end(&mut answer).await.unwrap();
+    let text = String::from_utf8_lossy(&answer).into_owned();
+    let status = text.split(' ').nth(1).and_then(|s| s.parse().ok()).unwrap_or(0);
+    let body = text.split_once("\r\n\r\n").map(|(_, b)| b.to_owned()).unwrap_or_default();
+    // A chunked body (MLflow's ASGI server) is reduced to its JSON by taking the braces' span.
+    let body = match (body.find('{'), body.rfind('}')) {
+        (Some(start), Some(end)) if start <= end => body[start..=end].to_owned(),
+        _ => body,
+    };
+    (status, body)
+}
+
+fn urlencode_path(path: &str) -> String {
+    path.split('/').map(|s| reqwest::Url::parse(&format!("http://x/{s}")).unwrap().path()[1..].to_owned()).collect::<Vec<_>>().join("/")
+}
+
+#[tokio::test]
+async fn errors_match_mlflow_where_mlflow_answers_sensibly() {
+    let g = gateway();
+    let (_, _, root) = new_run(g.mlflow()).await;
+    let (status, _) = put(g.proxy(), &format!("{root}/dir/file.txt"), "x").await;
+    assert_eq!(status, StatusCode::OK);
+
+    // Traversal in any encoding: 400 INVALID_PARAMETER_VALUE "Invalid path", as MLflow. Sent
+    // raw: an HTTP client library would normalise `%2e%2e` away before sending.
+    for bad in ["%2e%2e/%2e%2e/etc/passwd", "%252e%252e/secret", "a/..%2f..%2fb", "C:/windows/x", "a/%2E%2E/%2E%2E/%2E%2E/x"] {
+        for base in [g.mlflow(), g.proxy()] {
+            let (status, body) = raw_request(base, "GET", &format!("/api/2.0/mlflow-artifacts/artifacts/{bad}")).await;
+            let body: Value = serde_json::from_str(&body).unwrap_or(Value::Null);
+            assert_eq!(status, 400, "{base} GET {bad}: {body}");
+            assert_eq!(body["error_code"], "INVALID_PARAMETER_VALUE", "{base} GET {bad}");
+            assert_eq!(body["message"], "Invalid path", "{base} GET {bad}");
+        }
+        let (status, _) = raw_request(g.proxy(), "PUT", &format!("/api/2.0/mlflow-artifacts/artifacts/{bad}")).await;
+        assert_eq!(status, 400, "PUT {bad}");
+    }
+    for base in [g.mlflow(), g.proxy()] {
+        let (status, body) = list_raw(base, "../x").await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{base} list ../x");
+        assert_eq!(serde_json::from_str::<Value>(&body).unwrap()["message"], "Invalid path");
+    }
+
+    // A missing file: MLflow 3.17.2 answers 500 INTERNAL_ERROR wrapping the store's 404; the
+    // gateway answers what happened, 404 RESOURCE_DOES_NOT_EXIST (the client raises either way).
+    let (status, body) = get_bytes(g.mlflow(), &format!("{root}/missing.txt")).await;
+    assert_eq!(status, StatusCode::INTERNAL_SERVER_ERROR, "MLflow's answer changed: {}", String::from_utf8_lossy(&body));
+    let (status, body) = get_bytes(g.proxy(), &format!("{root}/missing.txt")).await;
+    let body: Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!((status, body["error_code"].as_str()), (StatusCode::NOT_FOUND, Some("RESOURCE_DOES_NOT_EXIST")), "{body}");
+
+    // A directory: MLflow's Flask handler answers 400 (its ASGI route on S3 sends 200 and then
+    // breaks off the body); the gateway answers the 400.
+    let (status, body) = get_bytes(g.proxy(), &format!("{root}/dir")).await;
+    let body: Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    assert_eq!(body["message"], format!("Artifact path refers to a directory, not a file: '{root}/dir'"));
+}
+
+#[tokio::test]
+async fn ranged_and_head_downloads_are_served_from_the_store() {
+    let g = gateway();
+    let (_, _, root) = new_run(g.mlflow()).await;
+    let data = pattern(10 << 20, 9);
+    put(g.proxy(), &format!("{root}/blob.bin"), data.clone()).await;
+    let url = artifact_url(g.proxy(), &format!("{root}/blob.bin"));
+
+    let response = http().get(&url).header("Range", "bytes=5-9").send().await.unwrap();
+    assert_eq!(response.status(), StatusCode::PARTIAL_CONTENT);
+    assert_eq!(response.headers()["content-range"], format!("bytes 5-9/{}", 10 << 20).as_str());
+    assert_eq!(response.headers()["content-length"], "5");
+    assert_eq!(response.bytes().await.unwrap().as_ref(), &data[5..10]);
+
+    let response = http().get(&url).header("Range", "bytes=-4").send().await.unwrap();
+    assert_eq!(response.status(), StatusCode::PARTIAL_CONTENT);
+    assert_eq!(response.bytes().await.unwrap().as_ref(), &data[data.len() - 4..]);
+
+    let response = http().get(&url).header("Range", format!("bytes={}-", 20 << 20)).send().await.unwrap();
+    assert_eq!(response.status(), StatusCode::RANGE_NOT_SATISFIABLE);
+
+    let response = http().head(&url).send().await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    assert_eq!(response.headers()["content-length"], (10u64 << 20).to_string().as_str());
+    assert_eq!(response.headers()["accept-ranges"], "bytes");
+}
+
+#[tokio::test]
+async fn delete_removes_a_tree_but_not_siblings_that_share_its_prefix() {
+    let g = gateway();
+    let (_, _, root) = new_run(g.mlflow()).await;
+    for name in ["ckpt/a.pt", "ckpt/sub/b.pt", "ckpt-best/c.pt", "ckptx.pt"] {
+        put(g.proxy(), &format!("{root}/{name}"), "x").await;
+    }
+    let response = http().delete(artifact_url(g.proxy(), &format!("{root}/ckpt"))).send().await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    assert_eq!(response.text().await.unwrap(), "{}");
+    let (_, listing) = list_raw(g.mlflow(), &root).await;
+    let names: Vec<String> = serde_json::from_str::<Value>(&listing).unwrap()["files"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f["path"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(names, ["ckpt-best", "ckptx.pt"], "MLflow lists what is left");
+}
+
+#[tokio::test]
+async fn writes_outside_mlflow_roots_are_refused_with_where_the_file_must_go() {
+    let g = gateway();
+    let (experiment, run_id, root) = new_run(g.mlflow()).await;
+    let (other_experiment, _, _) = new_run(g.mlflow()).await;
+    let cases = [
+        ("checkpoints/my-experiment/epoch_3.pt".to_owned(), "outside them".to_owned()),
+        (format!("{experiment}/0123456789abcdef0123456789abcdef/artifacts/x.pt"), "MLflow has no such run".to_owned()),
+        (format!("{other_experiment}/{run_id}/artifacts/x.pt"), format!("belongs to experiment {experiment}")),
+        (format!("{experiment}/models/m-doesnotexist/artifacts/MLmodel"), "MLflow has no such logged model".to_owned()),
+        (format!("{experiment}/{run_id}/artifacts"), "outside them".to_owned()),
+    ];
+    for (path, why) in &cases {
+        let (status, body) = put(g.proxy(), path, "weights").await;
+        let body: Value = serde_json::from_str(&body).unwrap_or(Value::Null);
+        assert_eq!(status, StatusCode::FORBIDDEN, "PUT {path}: {body}");
+        assert_eq!(body["error_code"], "PERMISSION_DENIED");
+        let message = body["message"].as_str().unwrap();
+        assert!(message.contains(why.as_str()), "PUT {path}: {message}");
+        assert!(message.contains("<experiment_id>/<run_id>/artifacts"), "the message says where files go: {message}");
+        assert!(store_keys(&g.stack, &format!("artifacts/{path}")).await.is_empty(), "nothing stored for {path}");
+    }
+    let create = http()
+        .post(format!("{}/api/2.0/mlflow-artifacts/mpu/create/checkpoints/my-experiment", g.proxy()))
+        .json(&json!({"path": "/tmp/epoch_3.pt", "num_parts": 2}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(create.status(), StatusCode::FORBIDDEN, "multipart uploads follow the same policy");
+    let (status, _) = put(g.proxy(), &format!("{root}/checkpoints/epoch_3.pt"), "weights").await;
+    assert_eq!(status, StatusCode::OK, "inside the run it is accepted");
+
+    // warn: accepted and counted; off: accepted.
+    let metrics_before = policy_violations(&g.proxy).await;
+    assert!(metrics_before >= cases.len() as u64 + 1, "violations are counted: {metrics_before}");
+    for policy in ["warn", "off"] {
+        let args: Vec<String> = g.stack.s3.gateway_args(&g.stack.s3.url).into_iter().chain(["--artifact-write-policy".into(), policy.into()]).collect();
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let lenient = spawn_proxy(g.mlflow(), &args, g.stack.dir.path()).unwrap();
+        let path = format!("checkpoints/{policy}/epoch_3.pt");
+        let (status, _) = put(&lenient.url, &path, "weights").await;
+        assert_eq!(status, StatusCode::OK, "policy {policy}");
+        assert_eq!(store_keys(&g.stack, &format!("artifacts/{path}")).await.len(), 1);
+    }
+}
+
+async fn policy_violations(proxy: &ProxyProcess) -> u64 {
+    let text = http().get(format!("{}/metrics", proxy.admin_url)).send().await.unwrap().text().await.unwrap();
+    text.lines()
+        .find(|l| l.starts_with("mlscope_artifact_policy_violations_total "))
+        .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+        .unwrap_or(0)
+}
+
+#[tokio::test]
+async fn a_client_that_disconnects_mid_upload_leaves_no_object_and_no_multipart_upload() {
+    let g = gateway();
+    let (_, _, root) = new_run(g.mlflow()).await;
+    let path = format!("{root}/interrupted.bin");
+    let address = g.proxy().trim_start_matches("http://").to_owned();
+    let mut socket = tokio::net::TcpStream::connect(&address).await.unwrap();
+    let head = format!(
+        "PUT /api/2.0/mlflow-artifacts/artifacts/{path} HTTP/1.1\r\nHost: {address}\r\nContent-Length: {}\r\n\r\n",
+        200u64 << 20
+    );
+    socket.write_all(head.as_bytes()).await.unwrap();
+    let chunk = pattern(1 << 20, 4);
+    for _ in 0..30 {
+        socket.write_all(&chunk).await.unwrap();
+    }
+    // 30 MiB in: several parts are in the store by now. Then the client goes away.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(!pending_uploads(&g.stack, &format!("artifacts/{path}")).await.is_empty(), "the upload was under way as a multipart upload");
+    drop(socket);
+
+    let mut left = Vec::new();
+    for _ in 0..50 {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        left = pending_uploads(&g.stack, &format!("artifacts/{path}")).await;
+        if left.is_empty() {
+            break;
+        }
+    }
+    assert!(left.is_empty(), "multipart uploads left behind: {left:?}");
+    assert!(store_keys(&g.stack, &format!("artifacts/{path}")).await.is_empty(), "no partial object");
+}
+
+#[tokio::test]
+async fn an_upload_the_store_refuses_is_answered_503_and_recorded_on_the_run() {
+    let g = gateway();
+    let (_, run_id, root) = new_run(g.mlflow()).await;
+    // A store that cannot be reached: the endpoint's port has no listener.
+    let dead = format!("http://127.0.0.1:{}", mlscope_tests::free_port());
+    let args = g.stack.s3.gateway_args(&dead);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let proxy = spawn_proxy(g.mlflow(), &args, g.stack.dir.path()).unwrap();
+    for attempt in 1..=2 {
+        let (status, body) = put(&proxy.url, &format!("{root}/plots/loss_{attempt}.png"), "png").await;
+        let body: Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+        assert_eq!(body["error_code"], "TEMPORARILY_UNAVAILABLE");
+        assert!(body["message"].as_str().unwrap().contains(&format!("{root}/plots/loss_{attempt}.png")), "{body}");
+    }
+    let run = get_run(g.mlflow(), &run_id).await;
+    let tags: std::collections::HashMap<String, String> = run["run"]["data"]["tags"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| (t["key"].as_str().unwrap().to_owned(), t["value"].as_str().unwrap().to_owned()))
+        .collect();
+    assert_eq!(tags.get("mlscope.artifacts.upload_failures").map(String::as_str), Some("2"), "{tags:?}");
+    assert_eq!(tags.get("mlscope.artifacts.last_failed_path"), Some(&format!("{root}/plots/loss_2.png")));
+    assert!(tags.get("mlscope.artifacts.last_upload_error").is_some_and(|e| !e.is_empty()));
+}
+
+#[tokio::test]
+async fn the_python_client_logs_lists_downloads_and_uploads_600_mib_in_parts_through_the_gateway() {
+    let g = gateway();
+    let script = repo_root().join("tests/python/artifacts_e2e.py");
+    let child = python(g.proxy(), &[]).arg(&script).spawn().expect("starting python");
+    let (ok, stdout, stderr) = finish(child, Duration::from_secs(900)).await;
+    assert!(ok, "{} failed\n--- stdout\n{stdout}\n--- stderr\n{stderr}", script.display());
+    let metrics = http().get(format!("{}/metrics", g.proxy.admin_url)).send().await.unwrap().text().await.unwrap();
+    for op in ["mpu_create", "mpu_complete", "upload", "list"] {
+        assert!(
+            metrics.lines().any(|l| l.starts_with("mlscope_artifact_requests_total{") && l.contains(&format!("op=\"{op}\"")) && l.contains("status=\"200\"")),
+            "the gateway served {op}:\n{metrics}"
+        );
+    }
+}
