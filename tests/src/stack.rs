@@ -56,6 +56,23 @@ pub fn venv() -> PathBuf {
     venv
 }
 
+/// The virtual environment with MLflow 3.15.2, the last release that lists zero-byte `key/`
+/// directory markers as files: [`venv`] with the suffix `-mlflow-3.15`, made by scripts/setup.
+pub fn legacy_venv() -> PathBuf {
+    let mut path = venv().into_os_string();
+    path.push("-mlflow-3.15");
+    let venv = PathBuf::from(path);
+    for tool in ["python", "mlflow"] {
+        if !venv.join("bin").join(tool).exists() {
+            panic!(
+                "{} has no bin/{tool}: run scripts/setup first (it installs MLflow 3.15.2 there)",
+                venv.display()
+            );
+        }
+    }
+    venv
+}
+
 /// The `mlscope-proxy` binary: `MLSCOPE_PROXY_BIN`; else the one beside the running executable
 /// (a test binary lives in `target/<profile>/deps`, a binary in `target/<profile>`), so tests use
 /// the proxy of their own profile; else `<CARGO_TARGET_DIR or repo/target>/{debug,release}`.
@@ -475,12 +492,14 @@ impl MlflowServer {
         backend_store_uri: Option<&str>,
         port: u16,
     ) -> Result<MlflowServer> {
-        let mut server = Self::spawn(dir, s3, backend_store_uri, port)?;
+        let mut server = Self::spawn(&venv(), dir, s3, backend_store_uri, port)?;
         server.wait_ready()?;
         Ok(server)
     }
 
+    /// Spawns `bin/mlflow` of the virtual environment `venv`.
     fn spawn(
+        venv: &Path,
         dir: &Path,
         s3: &S3Store,
         backend_store_uri: Option<&str>,
@@ -493,7 +512,7 @@ impl MlflowServer {
                 dir.join(format!("mlflow-{port}.db")).display()
             ),
         };
-        let mut command = Command::new(venv().join("bin/mlflow"));
+        let mut command = Command::new(venv.join("bin/mlflow"));
         command
             .args([
                 "server",
@@ -647,6 +666,12 @@ pub struct TestStack {
 impl TestStack {
     /// Starts a stack on free ports and waits until every part is ready.
     pub fn start(opts: StackOptions) -> Result<TestStack> {
+        Self::start_with_mlflow_from(opts, &venv())
+    }
+
+    /// As [`TestStack::start`], with the MLflow server of the virtual environment `mlflow_venv`
+    /// (e.g. [`legacy_venv`]); SeaweedFS still comes from [`venv`].
+    pub fn start_with_mlflow_from(opts: StackOptions, mlflow_venv: &Path) -> Result<TestStack> {
         let dir = tempfile::Builder::new()
             .prefix("mlscope-stack-")
             .tempdir()
@@ -657,7 +682,7 @@ impl TestStack {
             proxy: free_port(),
             admin: free_port(),
         };
-        Self::start_in(dir, &opts, ports)
+        Self::launch(dir, &opts, ports, mlflow_venv)
     }
 
     /// Starts a stack in `dir` on the given ports.
@@ -666,11 +691,21 @@ impl TestStack {
         opts: &StackOptions,
         ports: StackPorts,
     ) -> Result<TestStack> {
+        Self::launch(dir, opts, ports, &venv())
+    }
+
+    fn launch(
+        dir: tempfile::TempDir,
+        opts: &StackOptions,
+        ports: StackPorts,
+        mlflow_venv: &Path,
+    ) -> Result<TestStack> {
         let remover = DirRemover::spawn(dir.path())?;
         // MLflow takes the longest to start and needs no S3 until the first artifact request:
         // start both at once and wait for each afterwards.
         let mut s3 = S3Store::spawn(dir.path(), ports.s3)?;
         let mut mlflow = MlflowServer::spawn(
+            mlflow_venv,
             dir.path(),
             &s3,
             opts.mlflow_backend.as_deref(),

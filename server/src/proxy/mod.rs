@@ -227,7 +227,7 @@ pub async fn forward(State(state): State<AppState>, ConnectInfo(peer): ConnectIn
     let span = tracing::info_span!("request", request_id = id.to_str().unwrap_or_default(), route = route.as_str(), method = %method, path = request.uri().path());
     async move {
         let gateway_op = state.artifacts.as_ref().and_then(|g| ArtifactOp::of(request.method(), request.uri().path()).map(|op| (g, op)));
-        let legacy_listing = listing_filter::applies(route, request.method(), request.uri().path());
+        let legacy_listing = listing_filter::applies(route, request.method(), request.uri().path()).then(|| request.uri().clone());
         let result = if let Some((gateway, op)) = gateway_op {
             Ok(gateway.serve(op, request).await)
         } else {
@@ -238,7 +238,10 @@ pub async fn forward(State(state): State<AppState>, ConnectInfo(peer): ConnectIn
             };
             match prepared {
                 Ok(request) => match forwarder.send(request, peer, &id).await {
-                    Ok(response) if legacy_listing => Ok(listing_filter::filter(response).await),
+                    Ok(response) => match &legacy_listing {
+                        Some(uri) => listing_filter::filter(response, uri, forwarder.upstream()).await,
+                        None => Ok(response),
+                    },
                     other => other,
                 },
                 Err(answer) => Ok(answer),

@@ -448,3 +448,80 @@ async fn the_python_client_logs_lists_downloads_and_uploads_600_mib_in_parts_thr
         );
     }
 }
+
+/// MLflow's multipart protocol, run the same way against MLflow and against the gateway: the
+/// answers have the same shape, the presigned part URLs carry no checksum parameters, and the
+/// object assembled from the parts is the file.
+#[tokio::test]
+async fn multipart_uploads_and_presigned_downloads_answer_like_mlflow() {
+    let g = gateway();
+    let (_, _, root) = new_run(g.mlflow()).await;
+    let parts = [pattern(5 << 20, 11), pattern(1 << 20, 12)];
+    let whole: Vec<u8> = parts.concat();
+    for (side, base) in [("mlflow", g.mlflow()), ("gateway", g.proxy())] {
+        let dir = format!("{root}/{side}");
+        let create: Value = http()
+            .post(format!("{base}/api/2.0/mlflow-artifacts/mpu/create/{dir}"))
+            .json(&json!({"path": "/home/user/ckpt/epoch_3.pt", "num_parts": 2}))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        let keys: Vec<&String> = create.as_object().unwrap().keys().collect();
+        assert_eq!(keys, ["credentials", "upload_id"], "{side}: {create}");
+        let credentials = create["credentials"].as_array().unwrap();
+        assert_eq!(credentials.len(), 2, "{side}");
+        let mut etags = Vec::new();
+        for (credential, data) in credentials.iter().zip(&parts) {
+            let url = credential["url"].as_str().unwrap();
+            assert!(!url.to_ascii_lowercase().contains("checksum"), "{side}: presigned URL with a checksum parameter: {url}");
+            let response = reqwest::Client::new().put(url).body(data.clone()).send().await.unwrap();
+            assert!(response.status().is_success(), "{side}: part PUT {}", response.status());
+            etags.push(json!({"part_number": credential["part_number"], "etag": response.headers()["etag"].to_str().unwrap()}));
+        }
+        let complete = http()
+            .post(format!("{base}/api/2.0/mlflow-artifacts/mpu/complete/{dir}"))
+            .json(&json!({"path": "/home/user/ckpt/epoch_3.pt", "upload_id": create["upload_id"], "parts": etags}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(complete.status(), StatusCode::OK, "{side}");
+        assert_eq!(complete.json::<Value>().await.unwrap(), json!({}), "{side}");
+
+        let (_, back) = get_bytes(g.mlflow(), &format!("{dir}/epoch_3.pt")).await;
+        assert_eq!(sha256(&back), sha256(&whole), "{side}: the parts make the file");
+
+        let presigned: Value = http()
+            .get(format!("{base}/api/2.0/mlflow-artifacts/presigned/{dir}/epoch_3.pt"))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        assert_eq!(presigned["file_size"], whole.len(), "{side}: {presigned}");
+        assert_eq!(presigned["headers"], json!({}), "{side}");
+        let direct = reqwest::Client::new().get(presigned["url"].as_str().unwrap()).send().await.unwrap().bytes().await.unwrap();
+        assert_eq!(sha256(&direct), sha256(&whole), "{side}: the presigned URL downloads the file");
+
+        let create: Value = http()
+            .post(format!("{base}/api/2.0/mlflow-artifacts/mpu/create/{dir}"))
+            .json(&json!({"path": "abandoned.bin", "num_parts": 1}))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        let abort = http()
+            .post(format!("{base}/api/2.0/mlflow-artifacts/mpu/abort/{dir}"))
+            .json(&json!({"path": "abandoned.bin", "upload_id": create["upload_id"]}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(abort.status(), StatusCode::OK, "{side}");
+        assert!(pending_uploads(&g.stack, &format!("artifacts/{dir}/abandoned.bin")).await.is_empty(), "{side}: aborted");
+    }
+}

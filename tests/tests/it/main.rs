@@ -5,6 +5,7 @@ mod binary;
 mod collector;
 mod compat;
 mod forwarding;
+mod legacy_listing;
 mod mlflow;
 mod python_client;
 mod relocate;
