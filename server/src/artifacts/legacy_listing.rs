@@ -32,7 +32,7 @@ use http_body_util::BodyExt;
 use percent_encoding::{utf8_percent_encode, NON_ALPHANUMERIC};
 use serde::{Deserialize, Serialize};
 
-use super::path;
+use super::{listing, path};
 use crate::config::Upstream;
 use crate::error::ProxyError;
 use crate::proxy::RouteClass;
@@ -79,6 +79,8 @@ enum Endpoint {
     RunArtifacts,
 }
 
+/// Exact paths only: with a trailing slash, `.../mlflow-artifacts/artifacts/` is MLflow's download
+/// route (3.15.2 answers an empty `application/octet-stream`), and so is any longer path.
 fn endpoint(route: RouteClass, path: &str) -> Option<Endpoint> {
     match route {
         RouteClass::Tracking => ["/api/2.0/mlflow/artifacts/list", "/ajax-api/2.0/mlflow/artifacts/list"]
@@ -179,35 +181,14 @@ impl FileInfo {
 /// The listing without marker entries, written as MLflow writes it; `None` if nothing was
 /// dropped or the body is not a listing, so that the original bytes pass unchanged.
 fn drop_markers(endpoint: Endpoint, listed: Option<&str>, body: &[u8]) -> Option<String> {
-    let mut listing: Listing = serde_json::from_slice(body).ok()?;
-    let names = marker_names(endpoint, listed, listing.root_uri.as_deref());
-    let before = listing.files.len();
-    listing.files.retain(|file| !(file.may_be_marker() && names.contains(&file.path)));
-    if listing.files.len() == before {
+    let mut parsed: Listing = serde_json::from_slice(body).ok()?;
+    let names = marker_names(endpoint, listed, parsed.root_uri.as_deref());
+    let before = parsed.files.len();
+    parsed.files.retain(|file| !(file.may_be_marker() && names.contains(&file.path)));
+    if parsed.files.len() == before {
         return None;
     }
-    serde_json::to_string_pretty(&listing).ok().map(escape_as_python)
-}
-
-/// Python's `json.dumps` (ensure_ascii) escapes everything outside printable ASCII as `\uXXXX`;
-/// serde_json already escapes control characters, so DEL and non-ASCII remain. They only occur
-/// inside strings, where the escape means the same.
-fn escape_as_python(text: String) -> String {
-    if text.chars().all(|c| c.is_ascii() && c != '\x7f') {
-        return text;
-    }
-    let mut out = String::with_capacity(text.len() + 16);
-    let mut units = [0u16; 2];
-    for c in text.chars() {
-        if c.is_ascii() && c != '\x7f' {
-            out.push(c);
-        } else {
-            for unit in c.encode_utf16(&mut units) {
-                out.push_str(&format!("\\u{unit:04x}"));
-            }
-        }
-    }
-    out
+    Some(listing::pretty_string(&parsed))
 }
 
 /// The entry names under which the marker of the listed directory appears (see the module doc).
@@ -239,8 +220,8 @@ mod tests {
 
     /// A body as MLflow 3.15.2 writes it (`json.dumps(indent=2)`).
     fn mlflow_json(value: serde_json::Value) -> String {
-        let listing: Listing = serde_json::from_value(value).unwrap();
-        escape_as_python(serde_json::to_string_pretty(&listing).unwrap())
+        let parsed: Listing = serde_json::from_value(value).unwrap();
+        listing::pretty_string(&parsed)
     }
 
     #[test]
@@ -379,7 +360,6 @@ mod tests {
         let body = r#"{"files": [{"path": "dir", "is_dir": false}, {"path": "bild-ü.png", "is_dir": false, "file_size": 3}]}"#;
         let filtered = drop_markers(Endpoint::ArtifactsApi, Some("dir"), body.as_bytes()).unwrap();
         assert!(filtered.contains(r#""path": "bild-\u00fc.png""#), "{filtered}");
-        assert_eq!(escape_as_python("\"😀\x7f\"".to_owned()), r#""\ud83d\ude00\u007f""#);
     }
 
     #[test]
