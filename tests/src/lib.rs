@@ -5,6 +5,7 @@
 //! Shared by the integration tests in this crate, the load tests and the `mlscope-stack` binary
 //! behind the README's quick start, so that all of them run exactly the same stack.
 
+pub mod s3shim;
 mod stack;
 
 pub use stack::*;

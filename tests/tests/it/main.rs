@@ -9,5 +9,6 @@ mod legacy_listing;
 mod mlflow;
 mod python_client;
 mod relocate;
+mod s3_quirks;
 mod stack;
 mod system_metrics;
