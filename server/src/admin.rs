@@ -29,11 +29,17 @@ async fn healthz() -> Json<serde_json::Value> {
     Json(json!({ "status": "ok" }))
 }
 
-/// Ready to take traffic: not draining, the upstream answers `/health`, and the store takes a
-/// write. Each check reports its own error so an operator sees which part is down.
+/// Ready to take traffic: not draining, the upstream answers `/health`, the store takes a
+/// write, and the artifact store (when the gateway serves artifacts) answers for the bucket. Each check reports its own error so an operator sees which part is down.
 async fn readyz(State(state): State<AppState>) -> Response {
     let draining = state.draining.load(Ordering::Relaxed);
-    let (upstream, store) = tokio::join!(check_upstream(&state), state.store.heartbeat(&state.replica));
+    let artifacts = async {
+        match &state.artifacts {
+            Some(gateway) => Some(gateway.check_store(Duration::from_secs(2)).await),
+            None => None,
+        }
+    };
+    let (upstream, store, artifacts) = tokio::join!(check_upstream(&state), state.store.heartbeat(&state.replica), artifacts);
     let upstream_json = match &upstream {
         Ok(()) => json!({ "ok": true, "url": state.forwarder.upstream().url() }),
         Err(e) => json!({ "ok": false, "url": state.forwarder.upstream().url(), "error": e }),
@@ -42,12 +48,18 @@ async fn readyz(State(state): State<AppState>) -> Response {
         Ok(()) => json!({ "ok": true, "backend": state.store.backend() }),
         Err(e) => json!({ "ok": false, "backend": state.store.backend(), "error": e.to_string() }),
     };
-    let ready = !draining && upstream.is_ok() && store.is_ok();
+    let artifacts_json = match (&artifacts, &state.artifacts) {
+        (Some(Ok(())), Some(g)) => json!({ "ok": true, "destination": g.bucket().destination.to_string() }),
+        (Some(Err(e)), Some(g)) => json!({ "ok": false, "destination": g.bucket().destination.to_string(), "error": e }),
+        _ => json!({ "ok": true, "destination": null }),
+    };
+    let ready = !draining && upstream.is_ok() && store.is_ok() && !matches!(artifacts, Some(Err(_)));
     let status = if ready { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
     let body = json!({
         "status": if ready { "ready" } else if draining { "draining" } else { "not_ready" },
         "upstream": upstream_json,
         "store": store_json,
+        "artifact_store": artifacts_json,
     });
     (status, Json(body)).into_response()
 }

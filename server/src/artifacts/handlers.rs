@@ -127,6 +127,16 @@ impl Gateway {
         &self.bucket
     }
 
+    /// Readiness: the bucket answers (HeadBucket) within `limit`.
+    pub async fn check_store(&self, limit: std::time::Duration) -> Result<(), String> {
+        let head = self.bucket.client.head_bucket().bucket(self.bucket.name()).send();
+        match tokio::time::timeout(limit, head).await {
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(e)) => Err(format!("HeadBucket {} at {}: {}", self.bucket.name(), self.bucket.endpoint, StoreError::from_sdk(e))),
+            Err(_) => Err(format!("HeadBucket {} at {} took longer than {limit:?}", self.bucket.name(), self.bucket.endpoint)),
+        }
+    }
+
     /// Answers one artifact request. Every error is MLflow's error JSON.
     pub async fn serve(&self, op: ArtifactOp, request: Request) -> Response {
         let name = op.name();
@@ -149,8 +159,10 @@ impl Gateway {
     fn store_error(&self, what: &str, path: &str, error: &StoreError) -> Response {
         let status = if error.is_transient() { StatusCode::SERVICE_UNAVAILABLE } else { StatusCode::BAD_GATEWAY };
         let message = format!(
-            "the artifact store {} at {} failed to {what} {path}: {error}. The object was not changed; retry, and check the store if this persists.",
-            self.bucket.destination, self.bucket.endpoint
+            "the artifact store {} at {} failed to {what} {path}: {}. The object was not changed; retry, and check the store if this persists.",
+            self.bucket.destination,
+            self.bucket.endpoint,
+            error.to_string().trim_end_matches('.')
         );
         tracing::warn!(path, error = %error, status = status.as_u16(), "artifact store operation failed");
         mlflow_error(status, "TEMPORARILY_UNAVAILABLE", &message)
@@ -364,14 +376,14 @@ impl Gateway {
 
     /// The key of a multipart upload: MLflow's client names the destination directory in the URL
     /// and the local file in the body's `path`, of which only the base name counts.
-    fn mpu_target(raw_dir: &str, file: &str) -> Result<String, Response> {
-        let dir = path::validate(raw_dir).map_err(|_| invalid_path())?;
+    fn mpu_target(raw_dir: &str, file: &str) -> Result<String, path::InvalidPath> {
+        let dir = path::validate(raw_dir)?;
         let base = file.rsplit(['/', '\\']).next().unwrap_or(file);
         if base.is_empty() || base == "." || base == ".." {
-            return Err(invalid_path());
+            return Err(path::InvalidPath);
         }
         let joined = if dir.is_empty() { base.to_owned() } else { format!("{}/{base}", dir.trim_end_matches('/')) };
-        path::validate(&joined).map_err(|_| invalid_path())
+        path::validate(&joined)
     }
 
     async fn mpu_create(&self, raw: &str, request: Request) -> Answer {
@@ -383,7 +395,7 @@ impl Gateway {
         }
         let headers = request.headers().clone();
         let create: Create = Self::json_body(request).await?;
-        let path = Self::mpu_target(raw, &create.path)?;
+        let path = Self::mpu_target(raw, &create.path).map_err(|_| invalid_path())?;
         self.check_write(&path, &headers).await?;
         if !(1..=upload::MAX_PARTS as i64).contains(&create.num_parts) {
             return Err(mlflow_error(StatusCode::BAD_REQUEST, "INVALID_PARAMETER_VALUE", &format!("num_parts must be between 1 and 10000, not {}", create.num_parts)));
@@ -441,7 +453,7 @@ impl Gateway {
         }
         let credentials = FailureRecorder::credentials(request.headers());
         let complete: Complete = Self::json_body(request).await?;
-        let path = Self::mpu_target(raw, &complete.path)?;
+        let path = Self::mpu_target(raw, &complete.path).map_err(|_| invalid_path())?;
         let key = self.bucket.destination.key(&path);
         let mut parts: Vec<CompletedPart> = complete
             .parts
@@ -476,7 +488,7 @@ impl Gateway {
             upload_id: String,
         }
         let abort: Abort = Self::json_body(request).await?;
-        let path = Self::mpu_target(raw, &abort.path)?;
+        let path = Self::mpu_target(raw, &abort.path).map_err(|_| invalid_path())?;
         let key = self.bucket.destination.key(&path);
         self.bucket
             .client

@@ -1,6 +1,7 @@
 //! Integration tests against the real stack (SeaweedFS, MLflow, mlscope-proxy), compiled as one
 //! binary so that its tests share one stack (`TestStack::shared`).
 
+mod artifacts;
 mod binary;
 mod collector;
 mod compat;
