@@ -11,7 +11,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use anyhow::{bail, Context, Result};
 use clap::Parser;
 use mlscope_tests::{
-    find_collector_binary, free_port, repo_root, venv, Process, ProxyProcess, StackOptions,
+    find_collector_binary, free_port, repo_root, venv, Process, ProxyProcess, S3Store, StackOptions,
     StackPorts, TestStack,
 };
 use serde_json::{json, Value};
@@ -37,6 +37,9 @@ struct Args {
     /// Extra arguments for mlscope-proxy, e.g. `--proxy-arg=--log-format=text`.
     #[arg(long = "proxy-arg", allow_hyphen_values = true)]
     proxy_args: Vec<String>,
+    /// Forward artifact requests to MLflow instead of serving them from SeaweedFS in the proxy.
+    #[arg(long, env = "MLSCOPE_STACK_NO_ARTIFACT_GATEWAY")]
+    no_artifact_gateway: bool,
     /// Do not start the demo run (mlscope-collector and MLflow's own monitor).
     #[arg(long, env = "MLSCOPE_STACK_NO_DEMO")]
     no_demo: bool,
@@ -62,9 +65,22 @@ fn run(args: Args) -> Result<()> {
         proxy: preferred_or_free(args.proxy_port),
         admin: preferred_or_free(args.admin_port),
     };
+    // The proxy serves the artifact API from the same bucket and prefix MLflow writes to.
+    let mut proxy_args = Vec::new();
+    if !args.no_artifact_gateway {
+        proxy_args.extend([
+            "--artifacts-destination".to_owned(),
+            format!("s3://{}/{}", S3Store::BUCKET, S3Store::PREFIX),
+            "--s3-endpoint-url".to_owned(),
+            format!("http://127.0.0.1:{}", ports.s3),
+            "--s3-quirks".to_owned(),
+            "seaweedfs".to_owned(),
+        ]);
+    }
+    proxy_args.extend(args.proxy_args);
     let options = StackOptions {
         proxy: true,
-        proxy_args: args.proxy_args,
+        proxy_args,
         mlflow_backend: args.mlflow_backend,
     };
     let dir = tempfile::Builder::new()
@@ -190,6 +206,15 @@ impl Demo {
             &dir.join("demo-mlflow-monitor.log"),
         )?;
 
+        // A checkpoint through the proxy: with the gateway it goes straight to SeaweedFS.
+        let artifact = format!(
+            "{}/api/2.0/mlflow-artifacts/artifacts/{}/{run_id}/artifacts/checkpoints/epoch_0.txt",
+            proxy.url,
+            json_id(&experiment_id)
+        );
+        if let Err(error) = client.put(&artifact).body("demo checkpoint\n").send().and_then(|r| r.error_for_status()) {
+            eprintln!("mlscope-stack: the demo checkpoint was not stored: {error}");
+        }
         println!(
             "demo run ({}):                     {}/#/experiments/{}/runs/{run_id}",
             Self::EXPERIMENT,
@@ -198,6 +223,7 @@ impl Demo {
         );
         println!("  system/<node>/node_*, rootfs_* and system/rank-0/container_*, network_*: mlscope-collector (through the proxy)");
         println!("  system/cpu_utilization_percentage, system_memory_*, disk_*, network_*: MLflow's own monitor (straight to MLflow)");
+        println!("  artifacts/checkpoints/epoch_0.txt: uploaded through the proxy");
         Ok(Demo {
             _collector: collector,
             _mlflow_monitor: monitor,
