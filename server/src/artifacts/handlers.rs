@@ -326,6 +326,7 @@ impl Gateway {
             part_size: self.config.part_size,
             concurrency: self.config.upload_concurrency,
             threshold: self.config.multipart_threshold,
+            body_idle: self.config.s3.stall_grace,
         };
         match upload::upload(&self.bucket, &key, path::content_type(&path), request.into_body(), length, limits).await {
             Ok(bytes) => {
@@ -337,6 +338,10 @@ impl Gateway {
             Err(UploadError::Client(reason)) => {
                 tracing::info!(path, reason, "upload abandoned by the client; nothing was stored");
                 Err(mlflow_error(StatusCode::BAD_REQUEST, "BAD_REQUEST", &format!("the upload of {path} was not completed: {reason}. Nothing was stored; retry the upload.")))
+            }
+            Err(UploadError::ClientIdle(after)) => {
+                tracing::info!(path, ?after, "upload stalled; nothing was stored");
+                Err(crate::error::ProxyError::ClientBodyIdle { after }.into_response())
             }
             Err(UploadError::TooLarge { max }) => Err(mlflow_error(
                 StatusCode::PAYLOAD_TOO_LARGE,

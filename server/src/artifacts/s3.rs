@@ -78,8 +78,9 @@ pub struct S3Settings {
     /// Endpoint written into presigned URLs, when clients reach the store under another address
     /// than the proxy does.
     pub presign_endpoint_url: Option<String>,
-    /// How long a transfer to or from the store may make no progress before it is aborted.
-    /// Slow transfers that keep moving are never cut.
+    /// How long a transfer may make no progress before it is aborted (`--body-idle-timeout`):
+    /// to or from the store, and the client's upload body. Slow transfers that keep moving are
+    /// never cut.
     pub stall_grace: Duration,
 }
 

@@ -25,12 +25,17 @@ pub struct UploadLimits {
     pub part_size: usize,
     pub concurrency: usize,
     pub threshold: usize,
+    /// Longest pause between two chunks of the client's body; a slow body that keeps moving
+    /// is never cut.
+    pub body_idle: std::time::Duration,
 }
 
 #[derive(Debug)]
 pub enum UploadError {
-    /// The client's body failed: disconnect, stall, or a length that does not match.
+    /// The client's body failed: disconnect, or a length that does not match.
     Client(String),
+    /// The client's body sent nothing for this long.
+    ClientIdle(std::time::Duration),
     /// The store refused or could not be reached.
     Store(StoreError),
     /// More than 10,000 parts would be needed.
@@ -46,7 +51,7 @@ pub async fn upload(
     length: Option<u64>,
     limits: UploadLimits,
 ) -> Result<u64, UploadError> {
-    let mut reader = BodyReader { stream: body.into_data_stream(), carry: None, total: 0 };
+    let mut reader = BodyReader { stream: body.into_data_stream(), carry: None, total: 0, idle: limits.body_idle };
     let first_target = match length {
         Some(n) if n <= limits.threshold as u64 => n as usize,
         _ => limits.threshold,
@@ -216,6 +221,7 @@ struct BodyReader {
     stream: axum::body::BodyDataStream,
     carry: Option<Bytes>,
     total: u64,
+    idle: std::time::Duration,
 }
 
 impl BodyReader {
@@ -224,13 +230,14 @@ impl BodyReader {
         while buf.len() < target {
             let mut chunk = match self.carry.take() {
                 Some(chunk) => chunk,
-                None => match self.stream.next().await {
-                    Some(Ok(chunk)) => {
+                None => match tokio::time::timeout(self.idle, self.stream.next()).await {
+                    Ok(Some(Ok(chunk))) => {
                         self.total += chunk.len() as u64;
                         chunk
                     }
-                    Some(Err(e)) => return Err(UploadError::Client(client_error(&e))),
-                    None => return Ok(true),
+                    Ok(Some(Err(e))) => return Err(UploadError::Client(client_error(&e))),
+                    Ok(None) => return Ok(true),
+                    Err(_) => return Err(UploadError::ClientIdle(self.idle)),
                 },
             };
             let room = target - buf.len();
@@ -308,7 +315,7 @@ mod tests {
     async fn frames_are_split_at_part_boundaries_without_losing_bytes() {
         let frames: Vec<Result<Bytes, std::io::Error>> = (0..10u8).map(|i| Ok(Bytes::from(vec![i; 7]))).collect();
         let body = Body::from_stream(futures_util::stream::iter(frames));
-        let mut reader = BodyReader { stream: body.into_data_stream(), carry: None, total: 0 };
+        let mut reader = BodyReader { stream: body.into_data_stream(), carry: None, total: 0, idle: limits.body_idle };
         let mut parts = Vec::new();
         loop {
             let mut buf = BytesMut::new();

@@ -531,3 +531,53 @@ async fn multipart_uploads_and_presigned_downloads_answer_like_mlflow() {
         assert!(pending_uploads(&g.stack, &format!("artifacts/{dir}/abandoned.bin")).await.is_empty(), "{side}: aborted");
     }
 }
+
+/// `--body-idle-timeout` bounds pauses, not durations: an upload that trickles in for several
+/// times the timeout is stored; one that stops is answered 408 and leaves nothing behind.
+#[tokio::test]
+async fn slow_uploads_that_keep_moving_are_stored_and_stalled_ones_are_cut() {
+    use tokio::io::AsyncReadExt;
+    let g = gateway();
+    let (_, _, root) = new_run(g.mlflow()).await;
+    let args: Vec<String> = g.stack.s3.gateway_args(&g.stack.s3.url).into_iter().chain(["--body-idle-timeout".into(), "2s".into()]).collect();
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let proxy = spawn_proxy(g.mlflow(), &args, g.stack.dir.path()).unwrap();
+
+    let data = pattern(10 << 20, 21);
+    let chunks: Vec<Vec<u8>> = data.chunks(1 << 20).map(<[u8]>::to_vec).collect();
+    let slow = futures_util::stream::iter(chunks).then(|chunk| async move {
+        tokio::time::sleep(Duration::from_millis(700)).await;
+        Ok::<_, std::io::Error>(chunk)
+    });
+    let started = std::time::Instant::now();
+    let (status, _) = put(&proxy.url, &format!("{root}/slow.bin"), reqwest::Body::wrap_stream(slow)).await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(started.elapsed() > Duration::from_secs(6), "the upload took several idle timeouts");
+    let (_, back) = get_bytes(g.mlflow(), &format!("{root}/slow.bin")).await;
+    assert_eq!(sha256(&back), sha256(&data));
+
+    let path = format!("{root}/stalled.bin");
+    let address = proxy.url.trim_start_matches("http://").to_owned();
+    let mut socket = tokio::net::TcpStream::connect(&address).await.unwrap();
+    let head = format!("PUT /api/2.0/mlflow-artifacts/artifacts/{path} HTTP/1.1\r\nHost: {address}\r\nContent-Length: {}\r\n\r\n", 20u64 << 20);
+    socket.write_all(head.as_bytes()).await.unwrap();
+    for _ in 0..10 {
+        socket.write_all(&pattern(1 << 20, 22)).await.unwrap();
+    }
+    let mut answer = vec![0u8; 4096];
+    let read = tokio::time::timeout(Duration::from_secs(30), socket.read(&mut answer)).await.expect("an answer after the stall").unwrap();
+    let answer = String::from_utf8_lossy(&answer[..read]).into_owned();
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+    assert!(answer.contains("stalled for more than 2s"), "{answer}");
+    drop(socket);
+    let mut left = vec![String::new()];
+    for _ in 0..25 {
+        left = pending_uploads(&g.stack, &format!("artifacts/{path}")).await;
+        if left.is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert!(left.is_empty(), "multipart uploads left behind: {left:?}");
+    assert!(store_keys(&g.stack, &format!("artifacts/{path}")).await.is_empty());
+}
