@@ -496,3 +496,41 @@ async fn relocate_copies_stray_objects_into_a_run_through_the_quirky_store_witho
         assert_eq!(sha256(&stored), sha256(data), "{key}");
     }
 }
+
+/// The wrong profile for the store (`aws`: the SDK's default CRC32 checksums) against a store
+/// without flexible checksums: the store refuses the upload, the client gets 502 with the store's
+/// error, and the run carries the failure as tags.
+#[tokio::test]
+async fn a_store_that_refuses_uploads_gives_502_and_leaves_the_failure_on_the_run() {
+    let stack = stack();
+    let shim = S3Shim::start(&stack.s3.url, Quirks::default()).expect("starting the S3 shim");
+    let args: Vec<String> = stack
+        .s3
+        .gateway_args(&shim.url)
+        .into_iter()
+        .map(|arg| if arg == "seaweedfs" { "aws".to_owned() } else { arg })
+        .chain(["--s3-path-style".to_owned(), "true".to_owned()])
+        .collect();
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let proxy = spawn_proxy(&stack.mlflow.url, &args, stack.dir.path()).expect("starting the gateway");
+    let (experiment, run_id) = new_run("refused").await;
+    let path = format!("{experiment}/{run_id}/artifacts/images/sample_0.png");
+    let response = http().put(format!("{}/api/2.0/mlflow-artifacts/artifacts/{path}", proxy.url)).body(vec![1u8; 2048]).send().await.unwrap();
+    assert_eq!(response.status().as_u16(), 502);
+    let body: Value = response.json().await.unwrap();
+    let message = body["message"].as_str().unwrap();
+    assert!(message.contains("NotImplemented") && message.contains(&path), "{body}");
+    assert!(shim.counts().failures() > 0, "the shim refused the upload");
+
+    let run = get_run(&stack.mlflow.url, &run_id).await;
+    let tags: Vec<(String, String)> = run["run"]["data"]["tags"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| (t["key"].as_str().unwrap().to_owned(), t["value"].as_str().unwrap().to_owned()))
+        .collect();
+    let tag = |key: &str| tags.iter().find(|(k, _)| k == key).map(|(_, v)| v.clone());
+    assert_eq!(tag("mlscope.artifacts.upload_failures").as_deref(), Some("1"), "{tags:?}");
+    assert_eq!(tag("mlscope.artifacts.last_failed_path"), Some(path.clone()));
+    assert!(tag("mlscope.artifacts.last_upload_error").is_some_and(|e| e.contains("NotImplemented")), "{tags:?}");
+}
