@@ -45,68 +45,42 @@ pub struct Quirks {
 const GIB: u64 = 1 << 30;
 const WEEK: Duration = Duration::from_secs(7 * 24 * 3600);
 
-/// The known providers. `generic` is the safe choice for an unknown S3-compatible store.
+/// The safe choice for an unknown S3-compatible store; the other profiles differ from it only
+/// where their store does.
+const GENERIC: Quirks = Quirks {
+    name: "generic",
+    path_style: true,
+    checksums: Checksums::WhenRequired,
+    default_region: "us-east-1",
+    batch_delete: false,
+    max_presign_expiry: WEEK,
+    max_single_copy: GIB,
+    empty_dirs_linger: true,
+};
+
+/// The known providers, `generic` first.
 pub const PROFILES: &[Quirks] = &[
-    Quirks {
-        name: "generic",
-        path_style: true,
-        checksums: Checksums::WhenRequired,
-        default_region: "us-east-1",
-        batch_delete: false,
-        max_presign_expiry: WEEK,
-        max_single_copy: GIB,
-        empty_dirs_linger: true,
-    },
+    GENERIC,
     Quirks {
         name: "aws",
         path_style: false,
         checksums: Checksums::WhenSupported,
-        default_region: "us-east-1",
         batch_delete: true,
-        max_presign_expiry: WEEK,
         max_single_copy: 5 * GIB,
         empty_dirs_linger: false,
+        ..GENERIC
     },
-    Quirks {
-        name: "seaweedfs",
-        path_style: true,
-        checksums: Checksums::WhenRequired,
-        default_region: "us-east-1",
-        batch_delete: true,
-        max_presign_expiry: WEEK,
-        max_single_copy: 5 * GIB,
-        empty_dirs_linger: true,
-    },
-    Quirks {
-        name: "minio",
-        path_style: true,
-        checksums: Checksums::WhenRequired,
-        default_region: "us-east-1",
-        batch_delete: true,
-        max_presign_expiry: WEEK,
-        max_single_copy: 5 * GIB,
-        empty_dirs_linger: false,
-    },
-    Quirks {
-        name: "ceph",
-        path_style: true,
-        checksums: Checksums::WhenRequired,
-        default_region: "us-east-1",
-        // Older RGW releases require Content-MD5 on DeleteObjects.
-        batch_delete: false,
-        max_presign_expiry: WEEK,
-        max_single_copy: 5 * GIB,
-        empty_dirs_linger: false,
-    },
+    Quirks { name: "seaweedfs", batch_delete: true, max_single_copy: 5 * GIB, ..GENERIC },
+    Quirks { name: "minio", batch_delete: true, max_single_copy: 5 * GIB, empty_dirs_linger: false, ..GENERIC },
+    // Older RGW releases require Content-MD5 on DeleteObjects: one by one.
+    Quirks { name: "ceph", max_single_copy: 5 * GIB, empty_dirs_linger: false, ..GENERIC },
     Quirks {
         name: "r2",
-        path_style: true,
-        checksums: Checksums::WhenRequired,
         default_region: "auto",
         batch_delete: true,
-        max_presign_expiry: WEEK,
         max_single_copy: 5 * GIB,
         empty_dirs_linger: false,
+        ..GENERIC
     },
 ];
 

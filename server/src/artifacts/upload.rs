@@ -315,7 +315,7 @@ mod tests {
     async fn frames_are_split_at_part_boundaries_without_losing_bytes() {
         let frames: Vec<Result<Bytes, std::io::Error>> = (0..10u8).map(|i| Ok(Bytes::from(vec![i; 7]))).collect();
         let body = Body::from_stream(futures_util::stream::iter(frames));
-        let mut reader = BodyReader { stream: body.into_data_stream(), carry: None, total: 0, idle: limits.body_idle };
+        let mut reader = BodyReader { stream: body.into_data_stream(), carry: None, total: 0, idle: std::time::Duration::from_secs(5) };
         let mut parts = Vec::new();
         loop {
             let mut buf = BytesMut::new();
