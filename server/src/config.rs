@@ -570,6 +570,64 @@ mod tests {
     }
 
     #[test]
+    fn artifact_gateway_settings_come_from_file_and_flags_and_bad_ones_are_refused() {
+        let mut file = tempfile::NamedTempFile::new().unwrap();
+        writeln!(
+            file,
+            "artifacts_destination = \"s3://mlflow/artifacts\"\ns3_endpoint_url = \"http://seaweedfs:8333\"\ns3_quirks = \"seaweedfs\"\nartifact_part_size = \"16MiB\"\nartifact_write_policy = \"warn\""
+        )
+        .unwrap();
+        let path = file.path().to_str().unwrap();
+        let c = Config::from_args(["p", "--config", path, "--artifact-upload-concurrency", "8"]).unwrap();
+        let a = &c.artifacts;
+        assert_eq!(a.destination.as_ref().unwrap().to_string(), "s3://mlflow/artifacts");
+        assert_eq!(a.s3.endpoint_url.as_deref(), Some("http://seaweedfs:8333"));
+        assert_eq!(a.s3.quirks.name, "seaweedfs");
+        assert_eq!((a.part_size, a.upload_concurrency), (16 << 20, 8));
+        assert_eq!(a.write_policy, WritePolicy::Warn);
+        assert_eq!(a.upload_memory_bound(), (8 << 20) + 1 + 8 * (16 << 20));
+        assert!(Config::default().artifacts.destination.is_none(), "without a destination artifacts are forwarded");
+
+        for (args, expected) in [
+            (vec!["--s3-quirks", "gcs"], "known profiles: generic, aws"),
+            (vec!["--artifacts-destination", "gs://bucket/x"], "s3://<bucket>/<prefix>"),
+            (vec!["--s3-endpoint-url", "http://s3:8333"], "artifacts-destination is not"),
+            (vec!["--artifacts-destination", "s3://b/p", "--artifact-part-size", "1MiB"], "between 5MiB and 5GiB"),
+            (vec!["--artifacts-destination", "s3://b/p", "--s3-endpoint-url", "s3.local:8333"], "http:// or https://"),
+            (vec!["--artifacts-destination", "s3://b/p", "--artifact-presign-expiry", "30d"], "at most"),
+        ] {
+            let err = Config::from_args(std::iter::once("p").chain(args.iter().copied())).unwrap_err();
+            assert!(err.to_string().contains(expected), "{args:?}: {err}");
+        }
+    }
+
+    #[test]
+    fn relocate_shares_the_store_and_upstream_settings_in_any_position() {
+        let invocation = Config::invocation([
+            "p",
+            "--artifacts-destination",
+            "s3://mlflow/artifacts",
+            "relocate",
+            "s3://mlflow/my-experiment",
+            "--run-id",
+            "abc",
+            "--upstream",
+            "http://mlflow:5000",
+            "--s3-quirks",
+            "minio",
+        ])
+        .unwrap();
+        match invocation {
+            Invocation::Relocate(config, args) => {
+                assert_eq!(config.upstream.authority.as_str(), "mlflow:5000");
+                assert_eq!(config.artifacts.s3.quirks.name, "minio");
+                assert_eq!(args.run_id, "abc");
+            }
+            Invocation::Serve(_) => panic!("relocate was not recognised"),
+        }
+    }
+
+    #[test]
     fn upstream_keeps_path_and_query_byte_exact() {
         let u = Upstream::parse("http://127.0.0.1:5000/").unwrap();
         let uri = u.uri_for("/api/2.0/mlflow/runs/get?run_id=a%2Fb&x=%20+y").unwrap();
