@@ -228,6 +228,7 @@ pub async fn forward(State(state): State<AppState>, ConnectInfo(peer): ConnectIn
     async move {
         let gateway_op = state.artifacts.as_ref().and_then(|g| ArtifactOp::of(request.method(), request.uri().path()).map(|op| (g, op)));
         let legacy_listing = listing_filter::applies(route, request.method(), request.uri().path()).then(|| request.uri().clone());
+        let answered_by = if gateway_op.is_some() { "artifact_store" } else { "upstream" };
         let result = if let Some((gateway, op)) = gateway_op {
             Ok(gateway.serve(op, request).await)
         } else {
@@ -262,7 +263,7 @@ pub async fn forward(State(state): State<AppState>, ConnectInfo(peer): ConnectIn
         let elapsed = started.elapsed();
         forwarder.metrics.latency.get_or_create(&RouteLabels { route }).observe(elapsed.as_secs_f64());
         forwarder.metrics.requests.get_or_create(&RequestLabels { route, method: method.to_string(), status }).inc();
-        tracing::info!(status, latency_ms = elapsed.as_secs_f64() * 1e3, "forwarded");
+        tracing::info!(status, latency_ms = elapsed.as_secs_f64() * 1e3, answered_by, "answered");
         response
     }
     .instrument(span)
