@@ -6,9 +6,7 @@ MLSCOPE_MULTIPART_BYTES (default 600 MiB) that the client uploads with MLflow's 
 `run <experiment_id> <run_id>` for the caller's own checks. Exits non-zero on the first difference.
 """
 
-import hashlib
 import os
-import sys
 import tempfile
 import uuid
 from pathlib import Path
@@ -16,28 +14,7 @@ from pathlib import Path
 import mlflow
 from mlflow.tracking import MlflowClient
 
-
-def check(condition, message):
-    if not condition:
-        raise AssertionError(message)
-
-
-def sha256_of(path):
-    digest = hashlib.sha256()
-    with open(path, "rb") as file:
-        for block in iter(lambda: file.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
-def listed_files(client, run_id, path=None):
-    found = {}
-    for info in client.list_artifacts(run_id, path):
-        if info.is_dir:
-            found.update(listed_files(client, run_id, info.path))
-        else:
-            found[info.path] = info.file_size
-    return found
+from e2e_common import check, listed_files, run_checks, sha256_of, write_tree
 
 
 def main():
@@ -59,10 +36,7 @@ def main():
             "weights/layer_0.bin": os.urandom(3 << 20),
             "weights/deeper/\u00fcnicode notes.md": "# \u00fc\n".encode(),
         }
-        for relative, content in tree.items():
-            path = scratch / "tree" / relative
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_bytes(content)
+        write_tree(scratch / "tree", tree)
         mlflow.log_artifacts(str(scratch / "tree"), artifact_path="bundle")
 
         big = scratch / "checkpoint.pt"
@@ -93,8 +67,4 @@ def main():
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except AssertionError as error:
-        print(f"FAILED: {error}", file=sys.stderr)
-        sys.exit(1)
+    run_checks(main)

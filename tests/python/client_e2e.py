@@ -5,9 +5,7 @@ artifacts (files, nested directories, and a 50 MiB random file checked by SHA-25
 with a message on the first difference.
 """
 
-import hashlib
 import os
-import sys
 import tempfile
 import uuid
 from pathlib import Path
@@ -15,42 +13,13 @@ from pathlib import Path
 import mlflow
 from mlflow.tracking import MlflowClient
 
+from e2e_common import check, listed_files, run_checks, sha256_of, write_tree
+
 BIG_ARTIFACT_BYTES = 50 * 1024 * 1024
-
-
-def check(condition, message):
-    if not condition:
-        raise AssertionError(message)
 
 
 def check_equal(actual, expected, what):
     check(actual == expected, f"{what}: read back {actual!r}, wrote {expected!r}")
-
-
-def sha256_of(path):
-    digest = hashlib.sha256()
-    with open(path, "rb") as file:
-        for block in iter(lambda: file.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
-def write_tree(root, files):
-    for relative, content in files.items():
-        path = root / relative
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(content)
-
-
-def listed_files(client, run_id, path=None):
-    """All file paths below `path`, walking directories the way the UI does."""
-    found = {}
-    for info in client.list_artifacts(run_id, path):
-        if info.is_dir:
-            found.update(listed_files(client, run_id, info.path))
-        else:
-            found[info.path] = info.file_size
-    return found
 
 
 def main():
@@ -130,8 +99,4 @@ def main():
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except AssertionError as error:
-        print(f"FAILED: {error}", file=sys.stderr)
-        sys.exit(1)
+    run_checks(main)

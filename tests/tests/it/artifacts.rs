@@ -9,10 +9,10 @@ use futures_util::StreamExt;
 use mlscope_tests::{repo_root, spawn_proxy, ProxyProcess, StackOptions, TestStack};
 use reqwest::StatusCode;
 use serde_json::{json, Value};
-use sha2::{Digest, Sha256};
 use tokio::io::AsyncWriteExt;
 
-use crate::mlflow::{create_run, get_run, http};
+use crate::mlflow::{create_experiment_and_run, http, response_json, run_tags};
+use crate::objects::{pattern, pending_uploads, sha256, store_keys};
 use crate::python_client::{finish, python};
 
 /// One stack for this module: SeaweedFS, MLflow (serving artifacts from the bucket itself) and
@@ -44,9 +44,7 @@ impl Gateway {
 
 /// A new run; returns `(experiment_id, run_id, run artifact root)`.
 async fn new_run(mlflow: &str) -> (String, String, String) {
-    let run_id = create_run(mlflow, "artifacts").await;
-    let run = get_run(mlflow, &run_id).await;
-    let experiment = run["run"]["info"]["experiment_id"].as_str().unwrap().to_owned();
+    let (experiment, run_id) = create_experiment_and_run(mlflow, "artifacts").await;
     let root = format!("{experiment}/{run_id}/artifacts");
     (experiment, run_id, root)
 }
@@ -69,55 +67,6 @@ async fn get_bytes(base: &str, path: &str) -> (StatusCode, Vec<u8>) {
 async fn list_raw(base: &str, path: &str) -> (StatusCode, String) {
     let response = http().get(format!("{base}/api/2.0/mlflow-artifacts/artifacts")).query(&[("path", path)]).send().await.unwrap();
     (response.status(), response.text().await.unwrap())
-}
-
-fn sha256(bytes: &[u8]) -> String {
-    format!("{:x}", Sha256::digest(bytes))
-}
-
-/// Deterministic, position-dependent bytes: a part written at the wrong offset changes them.
-fn pattern(len: usize, seed: u64) -> Vec<u8> {
-    let mut state = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..len)
-        .map(|_| {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            state as u8
-        })
-        .collect()
-}
-
-/// Keys under `prefix` in the bucket, read straight from SeaweedFS (unsigned ListObjectsV2).
-async fn store_keys(stack: &TestStack, prefix: &str) -> Vec<String> {
-    let xml = http()
-        .get(format!("{}/{}", stack.s3.url, stack.s3.bucket))
-        .query(&[("list-type", "2"), ("prefix", prefix)])
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    xml_values(&xml, "Key")
-}
-
-/// Multipart uploads the store still holds under `prefix`.
-async fn pending_uploads(stack: &TestStack, prefix: &str) -> Vec<String> {
-    let xml = http()
-        .get(format!("{}/{}?uploads&prefix={prefix}", stack.s3.url, stack.s3.bucket))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    xml_values(&xml, "UploadId")
-}
-
-fn xml_values(xml: &str, tag: &str) -> Vec<String> {
-    let (open, close) = (format!("<{tag}>"), format!("</{tag}>"));
-    xml.split(&open).skip(1).filter_map(|rest| rest.split_once(&close).map(|(v, _)| v.to_owned())).collect()
 }
 
 #[tokio::test]
@@ -338,7 +287,7 @@ async fn writes_outside_mlflow_roots_are_refused_with_where_the_file_must_go() {
         let message = body["message"].as_str().unwrap();
         assert!(message.contains(why.as_str()), "PUT {path}: {message}");
         assert!(message.contains("<experiment_id>/<run_id>/artifacts"), "the message says where files go: {message}");
-        assert!(store_keys(&g.stack, &format!("artifacts/{path}")).await.is_empty(), "nothing stored for {path}");
+        assert!(store_keys(&g.stack.s3, &format!("artifacts/{path}")).await.is_empty(), "nothing stored for {path}");
     }
     let create = http()
         .post(format!("{}/api/2.0/mlflow-artifacts/mpu/create/checkpoints/my-experiment", g.proxy()))
@@ -360,7 +309,7 @@ async fn writes_outside_mlflow_roots_are_refused_with_where_the_file_must_go() {
         let path = format!("checkpoints/{policy}/epoch_3.pt");
         let (status, _) = put(&lenient.url, &path, "weights").await;
         assert_eq!(status, StatusCode::OK, "policy {policy}");
-        assert_eq!(store_keys(&g.stack, &format!("artifacts/{path}")).await.len(), 1);
+        assert_eq!(store_keys(&g.stack.s3, &format!("artifacts/{path}")).await.len(), 1);
     }
 }
 
@@ -390,19 +339,19 @@ async fn a_client_that_disconnects_mid_upload_leaves_no_object_and_no_multipart_
     }
     // 30 MiB in: several parts are in the store by now. Then the client goes away.
     tokio::time::sleep(Duration::from_millis(500)).await;
-    assert!(!pending_uploads(&g.stack, &format!("artifacts/{path}")).await.is_empty(), "the upload was under way as a multipart upload");
+    assert!(!pending_uploads(&g.stack.s3, &format!("artifacts/{path}")).await.is_empty(), "the upload was under way as a multipart upload");
     drop(socket);
 
     let mut left = Vec::new();
     for _ in 0..50 {
         tokio::time::sleep(Duration::from_millis(200)).await;
-        left = pending_uploads(&g.stack, &format!("artifacts/{path}")).await;
+        left = pending_uploads(&g.stack.s3, &format!("artifacts/{path}")).await;
         if left.is_empty() {
             break;
         }
     }
     assert!(left.is_empty(), "multipart uploads left behind: {left:?}");
-    assert!(store_keys(&g.stack, &format!("artifacts/{path}")).await.is_empty(), "no partial object");
+    assert!(store_keys(&g.stack.s3, &format!("artifacts/{path}")).await.is_empty(), "no partial object");
 }
 
 #[tokio::test]
@@ -427,13 +376,7 @@ async fn an_upload_the_store_refuses_is_answered_503_and_recorded_on_the_run() {
         assert_eq!(body["error_code"], "TEMPORARILY_UNAVAILABLE");
         assert!(body["message"].as_str().unwrap().contains(&format!("{root}/plots/loss_{attempt}.png")), "{body}");
     }
-    let run = get_run(g.mlflow(), &run_id).await;
-    let tags: std::collections::HashMap<String, String> = run["run"]["data"]["tags"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|t| (t["key"].as_str().unwrap().to_owned(), t["value"].as_str().unwrap().to_owned()))
-        .collect();
+    let tags = run_tags(g.mlflow(), &run_id).await;
     assert_eq!(tags.get("mlscope.artifacts.upload_failures").map(String::as_str), Some("2"), "{tags:?}");
     assert_eq!(tags.get("mlscope.artifacts.last_failed_path"), Some(&format!("{root}/plots/loss_2.png")));
     assert!(tags.get("mlscope.artifacts.last_upload_error").is_some_and(|e| !e.is_empty()));
@@ -466,15 +409,8 @@ async fn multipart_uploads_and_presigned_downloads_answer_like_mlflow() {
     let whole: Vec<u8> = parts.concat();
     for (side, base) in [("mlflow", g.mlflow()), ("gateway", g.proxy())] {
         let dir = format!("{root}/{side}");
-        let create: Value = http()
-            .post(format!("{base}/api/2.0/mlflow-artifacts/mpu/create/{dir}"))
-            .json(&json!({"path": "/home/user/ckpt/epoch_3.pt", "num_parts": 2}))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
+        let mpu = |action: &str| format!("{base}/api/2.0/mlflow-artifacts/mpu/{action}/{dir}");
+        let create = response_json(http().post(mpu("create")).json(&json!({"path": "/home/user/ckpt/epoch_3.pt", "num_parts": 2}))).await;
         let keys: Vec<&String> = create.as_object().unwrap().keys().collect();
         assert_eq!(keys, ["credentials", "upload_id"], "{side}: {create}");
         let credentials = create["credentials"].as_array().unwrap();
@@ -487,48 +423,24 @@ async fn multipart_uploads_and_presigned_downloads_answer_like_mlflow() {
             assert!(response.status().is_success(), "{side}: part PUT {}", response.status());
             etags.push(json!({"part_number": credential["part_number"], "etag": response.headers()["etag"].to_str().unwrap()}));
         }
-        let complete = http()
-            .post(format!("{base}/api/2.0/mlflow-artifacts/mpu/complete/{dir}"))
-            .json(&json!({"path": "/home/user/ckpt/epoch_3.pt", "upload_id": create["upload_id"], "parts": etags}))
-            .send()
-            .await
-            .unwrap();
+        let done = json!({"path": "/home/user/ckpt/epoch_3.pt", "upload_id": create["upload_id"], "parts": etags});
+        let complete = http().post(mpu("complete")).json(&done).send().await.unwrap();
         assert_eq!(complete.status(), StatusCode::OK, "{side}");
         assert_eq!(complete.json::<Value>().await.unwrap(), json!({}), "{side}");
 
         let (_, back) = get_bytes(g.mlflow(), &format!("{dir}/epoch_3.pt")).await;
         assert_eq!(sha256(&back), sha256(&whole), "{side}: the parts make the file");
 
-        let presigned: Value = http()
-            .get(format!("{base}/api/2.0/mlflow-artifacts/presigned/{dir}/epoch_3.pt"))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
+        let presigned = response_json(http().get(format!("{base}/api/2.0/mlflow-artifacts/presigned/{dir}/epoch_3.pt"))).await;
         assert_eq!(presigned["file_size"], whole.len(), "{side}: {presigned}");
         assert_eq!(presigned["headers"], json!({}), "{side}");
         let direct = reqwest::Client::new().get(presigned["url"].as_str().unwrap()).send().await.unwrap().bytes().await.unwrap();
         assert_eq!(sha256(&direct), sha256(&whole), "{side}: the presigned URL downloads the file");
 
-        let create: Value = http()
-            .post(format!("{base}/api/2.0/mlflow-artifacts/mpu/create/{dir}"))
-            .json(&json!({"path": "abandoned.bin", "num_parts": 1}))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
-        let abort = http()
-            .post(format!("{base}/api/2.0/mlflow-artifacts/mpu/abort/{dir}"))
-            .json(&json!({"path": "abandoned.bin", "upload_id": create["upload_id"]}))
-            .send()
-            .await
-            .unwrap();
+        let create = response_json(http().post(mpu("create")).json(&json!({"path": "abandoned.bin", "num_parts": 1}))).await;
+        let abort = http().post(mpu("abort")).json(&json!({"path": "abandoned.bin", "upload_id": create["upload_id"]})).send().await.unwrap();
         assert_eq!(abort.status(), StatusCode::OK, "{side}");
-        assert!(pending_uploads(&g.stack, &format!("artifacts/{dir}/abandoned.bin")).await.is_empty(), "{side}: aborted");
+        assert!(pending_uploads(&g.stack.s3, &format!("artifacts/{dir}/abandoned.bin")).await.is_empty(), "{side}: aborted");
     }
 }
 
@@ -572,12 +484,12 @@ async fn slow_uploads_that_keep_moving_are_stored_and_stalled_ones_are_cut() {
     drop(socket);
     let mut left = vec![String::new()];
     for _ in 0..25 {
-        left = pending_uploads(&g.stack, &format!("artifacts/{path}")).await;
+        left = pending_uploads(&g.stack.s3, &format!("artifacts/{path}")).await;
         if left.is_empty() {
             break;
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     assert!(left.is_empty(), "multipart uploads left behind: {left:?}");
-    assert!(store_keys(&g.stack, &format!("artifacts/{path}")).await.is_empty());
+    assert!(store_keys(&g.stack.s3, &format!("artifacts/{path}")).await.is_empty());
 }

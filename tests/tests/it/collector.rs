@@ -2,7 +2,6 @@
 //! Two collectors that claim one node leave one node series; a proxy that is down for a minute
 //! costs no sample; wrapper mode's tags land on the run.
 
-use std::collections::BTreeSet;
 use std::path::Path;
 use std::process::{Command, ExitStatus};
 use std::time::{Duration, Instant};
@@ -10,7 +9,7 @@ use std::time::{Duration, Instant};
 use mlscope_tests::{collector_binary, free_port, spawn_proxy, spawn_proxy_on, Process, ProxyProcess, TestStack};
 use serde_json::Value;
 
-use crate::mlflow::{create_run, get_run, history, http, metric_keys, NODE_WIDE_NAMES};
+use crate::mlflow::{create_run, get_run, history, http, metric_keys, run_tags, NODE_WIDE_NAMES};
 
 /// The steps of a series, in timestamp order.
 async fn steps(mlflow: &str, run_id: &str, key: &str) -> Vec<i64> {
@@ -185,15 +184,9 @@ async fn wrapper_mode_records_how_the_rank_ended_on_the_run() {
     .await
     .unwrap();
     assert_eq!(status.code(), Some(3));
-    let run = get_run(mlflow, &run_id).await;
-    let tags: BTreeSet<(String, String)> = run["run"]["data"]["tags"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|t| (t["key"].as_str().unwrap().to_owned(), t["value"].as_str().unwrap().to_owned()))
-        .collect();
+    let tags = run_tags(mlflow, &run_id).await;
     for (key, value) in [("mlscope/rank-4/outcome", "exited"), ("mlscope/rank-4/exit_code", "3"), ("mlscope/rank-4/node", "node-w")] {
-        assert!(tags.contains(&(key.to_owned(), value.to_owned())), "{key}={value} not in {tags:?}");
+        assert!(tags.get(key).map(String::as_str) == Some(value), "{key}={value} not in {tags:?}");
     }
     assert!(metric_keys(mlflow, &run_id).await.contains("system/rank-4/container_memory_working_set_megabytes"));
 }

@@ -1,6 +1,10 @@
 //! Integration tests against the real stack (SeaweedFS, MLflow, mlscope-proxy), compiled as one
 //! binary so that its tests share one stack (`TestStack::shared`).
 
+use std::sync::OnceLock;
+
+use mlscope_tests::{StackOptions, TestStack};
+
 mod artifacts;
 mod binary;
 mod collector;
@@ -8,8 +12,20 @@ mod compat;
 mod forwarding;
 mod legacy_listing;
 mod mlflow;
+mod objects;
 mod python_client;
 mod relocate;
 mod s3_quirks;
 mod stack;
 mod system_metrics;
+
+/// SeaweedFS and MLflow without a proxy, for the tests of one module that start their own proxies
+/// or talk to the store directly: started by the first test that asks `cell`. A stack that did not
+/// start fails every test that asks, with `what` and the error.
+fn module_stack(cell: &'static OnceLock<Result<TestStack, String>>, what: &str) -> &'static TestStack {
+    let stack = cell.get_or_init(|| TestStack::start(StackOptions { proxy: false, ..StackOptions::default() }).map_err(|e| format!("{e:#}")));
+    match stack {
+        Ok(stack) => stack,
+        Err(error) => panic!("the {what} did not start: {error}"),
+    }
+}

@@ -5,22 +5,15 @@ use std::process::Output;
 use std::sync::OnceLock;
 use std::time::Duration;
 
-use mlscope_tests::{proxy_binary, StackOptions, TestStack};
-use serde_json::Value;
-use sha2::{Digest, Sha256};
+use mlscope_tests::{proxy_binary, TestStack};
 
-use crate::mlflow::{create_run, get_run, http};
+use crate::mlflow::{create_experiment_and_run, http, response_json};
+use crate::objects::{pattern, sha256};
 
 /// SeaweedFS and MLflow (no proxy: `relocate` talks to both directly), shared by this module.
 fn stack() -> &'static TestStack {
     static STACK: OnceLock<Result<TestStack, String>> = OnceLock::new();
-    let stack = STACK.get_or_init(|| {
-        TestStack::start(StackOptions { proxy: false, ..StackOptions::default() }).map_err(|e| format!("{e:#}"))
-    });
-    match stack {
-        Ok(stack) => stack,
-        Err(error) => panic!("the relocate test stack did not start: {error}"),
-    }
+    crate::module_stack(&STACK, "relocate test stack")
 }
 
 /// Runs `mlscope-proxy --upstream <mlflow> relocate <args> <gateway flags>`.
@@ -84,39 +77,19 @@ async fn exists(stack: &TestStack, key: &str) -> bool {
     status == 200
 }
 
-/// Deterministic bytes that do not compress or repeat at part boundaries.
-fn bytes(len: usize, seed: u64) -> Vec<u8> {
-    let mut state = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-    (0..len)
-        .map(|_| {
-            state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-            (state >> 33) as u8
-        })
-        .collect()
-}
-
-fn sha256(data: &[u8]) -> String {
-    format!("{:x}", Sha256::digest(data))
-}
-
-async fn experiment_of(mlflow: &str, run_id: &str) -> String {
-    get_run(mlflow, run_id).await["run"]["info"]["experiment_id"].as_str().unwrap().to_owned()
-}
-
 #[tokio::test(flavor = "multi_thread")]
 async fn stray_checkpoints_are_copied_into_the_run_where_mlflow_lists_and_serves_them() {
     let stack = stack();
     let mlflow = &stack.mlflow.url;
-    let run_id = create_run(mlflow, "relocate").await;
-    let experiment = experiment_of(mlflow, &run_id).await;
+    let (experiment, run_id) = create_experiment_and_run(mlflow, "relocate").await;
     let stray = format!("my-experiment-{}", &run_id[..8]);
     let files: Vec<(&str, Vec<u8>)> = vec![
-        ("epoch_1.pt", bytes(1024, 1)),
-        ("epoch_2.pt", bytes(300 << 10, 2)),
-        ("sub/epoch_3.pt", bytes(10, 3)),
-        ("epoch 4+.pt", bytes(2048, 4)),
+        ("epoch_1.pt", pattern(1024, 1)),
+        ("epoch_2.pt", pattern(300 << 10, 2)),
+        ("sub/epoch_3.pt", pattern(10, 3)),
+        ("epoch 4+.pt", pattern(2048, 4)),
         // Above --max-single-copy 8MiB: five UploadPartCopy parts of 5MiB, the last one short.
-        ("big.pt", bytes((20 << 20) + 123, 5)),
+        ("big.pt", pattern((20 << 20) + 123, 5)),
     ];
     let total: u64 = files.iter().map(|(_, data)| data.len() as u64).sum();
     for (name, data) in &files {
@@ -124,7 +97,7 @@ async fn stray_checkpoints_are_copied_into_the_run_where_mlflow_lists_and_serves
     }
     // A "folder" marker, and a sibling that merely shares the prefix.
     put_object(stack, &format!("{stray}/"), Vec::new()).await;
-    put_object(stack, &format!("{stray}-other/not-mine.pt"), bytes(10, 6)).await;
+    put_object(stack, &format!("{stray}-other/not-mine.pt"), pattern(10, 6)).await;
 
     let source = format!("s3://{}/{stray}", stack.s3.bucket);
     let run_dir = format!("artifacts/{experiment}/{run_id}/artifacts/checkpoints");
@@ -174,27 +147,15 @@ async fn stray_checkpoints_are_copied_into_the_run_where_mlflow_lists_and_serves
         let body = response.bytes().await.unwrap();
         assert_eq!(sha256(&body), sha256(data), "{name} differs from its source");
     }
-    let listing: Value = http()
-        .get(format!("{mlflow}/api/2.0/mlflow-artifacts/artifacts"))
-        .query(&[("path", format!("{experiment}/{run_id}/artifacts/checkpoints"))])
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let checkpoints = format!("{experiment}/{run_id}/artifacts/checkpoints");
+    let listing = response_json(http().get(format!("{mlflow}/api/2.0/mlflow-artifacts/artifacts")).query(&[("path", checkpoints)])).await;
     let mut names: Vec<&str> = listing["files"].as_array().unwrap().iter().map(|f| f["path"].as_str().unwrap()).collect();
     names.sort_unstable();
     assert_eq!(names, ["big.pt", "epoch 4+.pt", "epoch_1.pt", "epoch_2.pt", "sub"], "{listing}");
-    let run_listing: Value = http()
-        .get(format!("{mlflow}/api/2.0/mlflow/artifacts/list"))
-        .query(&[("run_id", run_id.as_str()), ("path", "checkpoints")])
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let run_listing = response_json(
+        http().get(format!("{mlflow}/api/2.0/mlflow/artifacts/list")).query(&[("run_id", run_id.as_str()), ("path", "checkpoints")]),
+    )
+    .await;
     let big = run_listing["files"].as_array().unwrap().iter().find(|f| f["path"] == "checkpoints/big.pt");
     assert_eq!(big.map(|f| f["file_size"].as_u64()), Some(Some((20 << 20) + 123)), "{run_listing}");
     for (name, _) in &files {
@@ -202,7 +163,7 @@ async fn stray_checkpoints_are_copied_into_the_run_where_mlflow_lists_and_serves
     }
 
     // Resumable: an interrupted copy (a short target) is copied again, the rest is skipped.
-    put_object(stack, &format!("{run_dir}/epoch_2.pt"), bytes(5, 7)).await;
+    put_object(stack, &format!("{run_dir}/epoch_2.pt"), pattern(5, 7)).await;
     let second = relocate(stack, &args).await;
     assert!(second.status.success(), "rerun: {}\n{}", stdout(&second), stderr(&second));
     assert_eq!(count(&second, "copied"), 1, "{}", stdout(&second));
@@ -230,7 +191,7 @@ async fn stray_checkpoints_are_copied_into_the_run_where_mlflow_lists_and_serves
 async fn a_run_mlflow_does_not_know_fails_with_exit_1_and_copies_nothing() {
     let stack = stack();
     let stray = format!("my-experiment-missing-{}", uuid::Uuid::new_v4().simple());
-    put_object(stack, &format!("{stray}/epoch_1.pt"), bytes(100, 8)).await;
+    put_object(stack, &format!("{stray}/epoch_1.pt"), pattern(100, 8)).await;
     let source = format!("s3://{}/{stray}", stack.s3.bucket);
     let output = relocate(stack, &[&source, "--run-id", "0123456789abcdef0123456789abcdef"]).await;
     assert_eq!(output.status.code(), Some(1), "{}\n{}", stdout(&output), stderr(&output));

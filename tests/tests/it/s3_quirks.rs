@@ -15,28 +15,23 @@ use std::sync::OnceLock;
 use std::time::Duration;
 
 use aws_sdk_s3::config::{BehaviorVersion, Credentials, Region};
-use aws_sdk_s3::error::ProvideErrorMetadata;
+use aws_sdk_s3::error::{ProvideErrorMetadata, SdkError};
+use aws_sdk_s3::operation::put_object::PutObjectError;
 use aws_sdk_s3::primitives::ByteStream;
 use bytes::Bytes;
 use mlscope_tests::s3shim::{InjectionCounts, Quirks, S3Shim};
-use mlscope_tests::{proxy_binary, spawn_proxy, venv, ProxyProcess, StackOptions, TestStack};
+use mlscope_tests::{proxy_binary, spawn_proxy, venv, ProxyProcess, TestStack};
 use serde_json::{json, Value};
-use sha2::{Digest, Sha256};
 
-use crate::mlflow::{create_run, get_run, http};
+use crate::mlflow::{create_experiment_and_run, http, response_json, run_tags};
+use crate::objects::{pattern, sha256, store_objects};
 
 const MIB: usize = 1 << 20;
 
 /// SeaweedFS and MLflow, no proxy: every test starts its own gateway in front of its own shim.
 fn stack() -> &'static TestStack {
     static STACK: OnceLock<Result<TestStack, String>> = OnceLock::new();
-    let stack = STACK.get_or_init(|| {
-        TestStack::start(StackOptions { proxy: false, ..StackOptions::default() }).map_err(|e| format!("{e:#}"))
-    });
-    match stack {
-        Ok(stack) => stack,
-        Err(error) => panic!("the S3 quirks stack did not start: {error}"),
-    }
+    crate::module_stack(&STACK, "S3 quirks stack")
 }
 
 /// A shim in front of the stack's SeaweedFS and a gateway that stores artifacts through it.
@@ -79,32 +74,6 @@ fn generic_gateway_args(stack: &TestStack, shim: &S3Shim) -> Vec<String> {
     args
 }
 
-/// A run of its own experiment, created in MLflow: `(experiment_id, run_id)`.
-async fn new_run(prefix: &str) -> (String, String) {
-    let mlflow = &stack().mlflow.url;
-    let run_id = create_run(mlflow, prefix).await;
-    let run = get_run(mlflow, &run_id).await;
-    let experiment = run["run"]["info"]["experiment_id"].as_str().expect("experiment_id").to_owned();
-    (experiment, run_id)
-}
-
-fn sha256(bytes: &[u8]) -> String {
-    Sha256::digest(bytes).iter().map(|b| format!("{b:02x}")).collect()
-}
-
-/// `len` bytes that differ from those of another `seed` (xorshift).
-fn pattern(len: usize, seed: u64) -> Vec<u8> {
-    let mut state = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..len)
-        .map(|_| {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            state as u8
-        })
-        .collect()
-}
-
 /// GETs `url`, asserting 200, and returns the body.
 async fn download(url: &str) -> Bytes {
     let response = http().get(url).send().await.unwrap();
@@ -136,29 +105,6 @@ async fn list(gateway: &QuirkyGateway, path: &str) -> Value {
     response.json().await.unwrap()
 }
 
-/// `(key, size)` of every object under `prefix`, listed by SeaweedFS itself without delimiter.
-async fn store_keys(prefix: &str) -> Vec<(String, u64)> {
-    let s3 = &stack().s3;
-    let xml = http()
-        .get(format!("{}/{}", s3.url, s3.bucket))
-        .query(&[("list-type", "2"), ("prefix", prefix), ("max-keys", "1000")])
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    assert!(!xml.contains("<IsTruncated>true</IsTruncated>"), "more than 1000 keys under {prefix}");
-    let field = |block: &str, tag: &str| -> String {
-        let open = format!("<{tag}>");
-        block.split(&open).nth(1).and_then(|rest| rest.split(&format!("</{tag}>")).next()).unwrap_or_default().to_owned()
-    };
-    xml.split("<Contents>")
-        .skip(1)
-        .map(|block| (field(block, "Key"), field(block, "Size").parse().unwrap_or(u64::MAX)))
-        .collect()
-}
-
 /// An S3 client with the SDK's default settings (request checksums "when supported", response
 /// validation "when supported"). Only what reaching a store by IP address needs is set:
 /// endpoint, region, static credentials and path-style addressing.
@@ -171,6 +117,16 @@ fn default_sdk_client(endpoint: &str) -> aws_sdk_s3::Client {
         .force_path_style(true)
         .build();
     aws_sdk_s3::Client::from_conf(config)
+}
+
+/// A PutObject with [`default_sdk_client`] through `shim`, which must fail: the error, and the
+/// headers the SDK sent as the shim saw them. `what` names the body in messages.
+async fn refused_default_sdk_put(shim: &S3Shim, bucket: &str, key: &str, body: ByteStream, what: &str) -> (SdkError<PutObjectError>, Vec<(String, String)>) {
+    let result = default_sdk_client(&shim.url).put_object().bucket(bucket).key(key).body(body).send().await;
+    let error = result.err().unwrap_or_else(|| panic!("a default aws-sdk-s3 PutObject ({what}) must fail against the shim"));
+    let sent = shim.exchanges().last().map(|e| e.headers.clone()).unwrap_or_default();
+    println!("aws-sdk-s3 PutObject ({what}) sent {sent:?} and got {:?}", error.code());
+    (error, sent)
 }
 
 /// What the venv's boto3 with its default configuration makes of `put_object(Body=b"...")`:
@@ -221,16 +177,8 @@ async fn default_sdk_uploads_and_tag_reads_fail_against_the_quirky_store_but_not
     // aws-sdk-s3 with an in-memory body sends its CRC32 as a header, too.
     let key = format!("{base}/rust.txt");
     let before = shim.counts();
-    let error = default_sdk_client(&shim.url)
-        .put_object()
-        .bucket(bucket)
-        .key(&key)
-        .body(ByteStream::from_static(b"aws-sdk-s3 with its default configuration"))
-        .send()
-        .await
-        .expect_err("a default aws-sdk-s3 PutObject must fail against the shim");
-    let sent = shim.exchanges().last().map(|e| e.headers.clone()).unwrap_or_default();
-    println!("aws-sdk-s3 PutObject (in-memory body) sent {sent:?} and got {:?}", error.code());
+    let body = ByteStream::from_static(b"aws-sdk-s3 with its default configuration");
+    let (error, sent) = refused_default_sdk_put(&shim, bucket, &key, body, "in-memory body").await;
     assert_eq!(error.code(), Some("NotImplemented"), "{error:?}");
     assert_eq!(error.raw_response().map(|r| r.status().as_u16()), Some(501));
     assert_eq!(shim.counts().checksum_not_implemented, before.checksum_not_implemented + 1);
@@ -240,16 +188,8 @@ async fn default_sdk_uploads_and_tag_reads_fail_against_the_quirky_store_but_not
     let file = tempfile::NamedTempFile::new().unwrap();
     std::fs::write(file.path(), pattern(64 * 1024, 1)).unwrap();
     let before = shim.counts();
-    let error = default_sdk_client(&shim.url)
-        .put_object()
-        .bucket(bucket)
-        .key(format!("{base}/streamed.bin"))
-        .body(ByteStream::from_path(file.path()).await.unwrap())
-        .send()
-        .await
-        .expect_err("a default aws-sdk-s3 PutObject of a file must fail against the shim");
-    let sent = shim.exchanges().last().map(|e| e.headers.clone()).unwrap_or_default();
-    println!("aws-sdk-s3 PutObject (file body) sent {sent:?} and got {:?}", error.code());
+    let body = ByteStream::from_path(file.path()).await.unwrap();
+    let (error, sent) = refused_default_sdk_put(&shim, bucket, &format!("{base}/streamed.bin"), body, "file body").await;
     assert_eq!(error.code(), Some("MissingContentLength"), "{error:?}");
     assert_eq!(error.raw_response().map(|r| r.status().as_u16()), Some(411));
     assert_eq!(shim.counts().missing_content_length, before.missing_content_length + 1);
@@ -314,7 +254,7 @@ async fn default_sdk_uploads_and_tag_reads_fail_against_the_quirky_store_but_not
 #[tokio::test]
 async fn uploads_of_every_size_and_framing_pass_the_quirky_store_through_the_gateway() {
     let gateway = QuirkyGateway::start(stack());
-    let (experiment, run) = new_run("s3-quirks-uploads").await;
+    let (experiment, run) = create_experiment_and_run(&stack().mlflow.url, "s3-quirks-uploads").await;
     let root = format!("{experiment}/{run}/artifacts");
 
     let small = b"a few bytes".to_vec();
@@ -354,7 +294,7 @@ async fn uploads_of_every_size_and_framing_pass_the_quirky_store_through_the_gat
 #[tokio::test]
 async fn listings_through_the_gateway_hide_the_directory_markers_the_store_holds() {
     let gateway = QuirkyGateway::start(stack());
-    let (experiment, run) = new_run("s3-quirks-listings").await;
+    let (experiment, run) = create_experiment_and_run(&stack().mlflow.url, "s3-quirks-listings").await;
     let root = format!("{experiment}/{run}/artifacts");
     put_artifact(&gateway, &format!("{root}/dir/small.txt"), "small".into()).await;
     put_artifact(&gateway, &format!("{root}/dir/nested/deep.txt"), "deeper".into()).await;
@@ -362,8 +302,8 @@ async fn listings_through_the_gateway_hide_the_directory_markers_the_store_holds
 
     // The markers are really in the store: zero-byte keys ending in `/`.
     let run_prefix = format!("{}/{experiment}/{run}/", mlscope_tests::S3Store::PREFIX);
-    let markers: Vec<String> =
-        store_keys(&run_prefix).await.into_iter().filter(|(key, size)| key.ends_with('/') && *size == 0).map(|(key, _)| key).collect();
+    let objects = store_objects(&stack().s3, &run_prefix).await;
+    let markers: Vec<String> = objects.into_iter().filter(|(key, size)| key.ends_with('/') && *size == 0).map(|(key, _)| key).collect();
     for dir in ["", "artifacts/", "artifacts/dir/", "artifacts/dir/nested/"] {
         assert!(markers.contains(&format!("{run_prefix}{dir}")), "no marker {run_prefix}{dir} in {markers:?}");
     }
@@ -386,20 +326,12 @@ async fn listings_through_the_gateway_hide_the_directory_markers_the_store_holds
 #[tokio::test]
 async fn mlflow_multipart_uploads_with_presigned_parts_pass_the_quirky_store() {
     let gateway = QuirkyGateway::start(stack());
-    let (experiment, run) = new_run("s3-quirks-mpu").await;
+    let (experiment, run) = create_experiment_and_run(&stack().mlflow.url, "s3-quirks-mpu").await;
     let root = format!("{experiment}/{run}/artifacts");
     let data = pattern(6 * MIB + 3, 5);
     let parts = [&data[..5 * MIB], &data[5 * MIB..]];
 
-    let created: Value = http()
-        .post(format!("{}/mpu/create/{root}", gateway.api()))
-        .json(&json!({"path": "/local/big.bin", "num_parts": 2}))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let created = response_json(http().post(format!("{}/mpu/create/{root}", gateway.api())).json(&json!({"path": "/local/big.bin", "num_parts": 2}))).await;
     let upload_id = created["upload_id"].as_str().unwrap_or_else(|| panic!("{created}")).to_owned();
     let credentials = created["credentials"].as_array().unwrap_or_else(|| panic!("{created}"));
     assert_eq!(credentials.len(), 2, "{created}");
@@ -435,7 +367,7 @@ async fn mlflow_multipart_uploads_with_presigned_parts_pass_the_quirky_store() {
 async fn relocate_copies_stray_objects_into_a_run_through_the_quirky_store_without_reading_tags() {
     let stack = stack();
     let shim = S3Shim::start(&stack.s3.url, Quirks::default()).unwrap();
-    let (experiment, run) = new_run("s3-quirks-relocate").await;
+    let (experiment, run) = create_experiment_and_run(&stack.mlflow.url, "s3-quirks-relocate").await;
     let stray = format!("stray-{}", uuid::Uuid::new_v4().simple());
     let objects = [("notes.txt", b"written outside MLflow's layout".to_vec()), ("ckpt/model.bin", pattern(9 * MIB, 6))];
     for (name, data) in &objects {
@@ -485,7 +417,7 @@ async fn relocate_copies_stray_objects_into_a_run_through_the_quirky_store_witho
     assert_eq!((copies(false), copies(true)), (1, 2), "CopyObject and UploadPartCopy through the shim: {exchanges:#?}");
     // Wherever under the run's artifacts relocate puts them, each object arrives whole.
     let run_prefix = format!("{}/{experiment}/{run}/artifacts/", mlscope_tests::S3Store::PREFIX);
-    let keys = store_keys(&run_prefix).await;
+    let keys = store_objects(&stack.s3, &run_prefix).await;
     for (name, data) in &objects {
         let key = keys
             .iter()
@@ -513,7 +445,7 @@ async fn a_store_that_refuses_uploads_gives_502_and_leaves_the_failure_on_the_ru
         .collect();
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let proxy = spawn_proxy(&stack.mlflow.url, &args, stack.dir.path()).expect("starting the gateway");
-    let (experiment, run_id) = new_run("refused").await;
+    let (experiment, run_id) = create_experiment_and_run(&stack.mlflow.url, "refused").await;
     let path = format!("{experiment}/{run_id}/artifacts/images/sample_0.png");
     let response = http().put(format!("{}/api/2.0/mlflow-artifacts/artifacts/{path}", proxy.url)).body(vec![1u8; 2048]).send().await.unwrap();
     assert_eq!(response.status().as_u16(), 502);
@@ -522,15 +454,8 @@ async fn a_store_that_refuses_uploads_gives_502_and_leaves_the_failure_on_the_ru
     assert!(message.contains("NotImplemented") && message.contains(&path), "{body}");
     assert!(shim.counts().failures() > 0, "the shim refused the upload");
 
-    let run = get_run(&stack.mlflow.url, &run_id).await;
-    let tags: Vec<(String, String)> = run["run"]["data"]["tags"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|t| (t["key"].as_str().unwrap().to_owned(), t["value"].as_str().unwrap().to_owned()))
-        .collect();
-    let tag = |key: &str| tags.iter().find(|(k, _)| k == key).map(|(_, v)| v.clone());
-    assert_eq!(tag("mlscope.artifacts.upload_failures").as_deref(), Some("1"), "{tags:?}");
-    assert_eq!(tag("mlscope.artifacts.last_failed_path"), Some(path.clone()));
-    assert!(tag("mlscope.artifacts.last_upload_error").is_some_and(|e| e.contains("NotImplemented")), "{tags:?}");
+    let tags = run_tags(&stack.mlflow.url, &run_id).await;
+    assert_eq!(tags.get("mlscope.artifacts.upload_failures").map(String::as_str), Some("1"), "{tags:?}");
+    assert_eq!(tags.get("mlscope.artifacts.last_failed_path"), Some(&path));
+    assert!(tags.get("mlscope.artifacts.last_upload_error").is_some_and(|e| e.contains("NotImplemented")), "{tags:?}");
 }
