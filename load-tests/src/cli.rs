@@ -14,6 +14,12 @@ const MAX_RATE: u32 = 1_000;
 const MAX_DURATION: Duration = Duration::from_secs(3_600);
 /// Largest generated artifact.
 const MAX_ARTIFACT_SIZE: u64 = 64 << 30;
+/// Largest object of `gateway`: it is held in the bench's memory, copied to /dev/shm for boto3,
+/// downloaded there by boto3 and into a buffer of the bench, so a run needs about four times this
+/// much free memory.
+const MAX_GATEWAY_SIZE: u64 = 2 << 30;
+/// Most rounds of `gateway`.
+const MAX_GATEWAY_ROUNDS: u32 = 20;
 /// MLflow's limit on metrics per log-batch; mlscope-proxy forwards larger batches uninspected.
 const MAX_METRICS_PER_BATCH: usize = 1000;
 /// Most simulated ranks in `dedup-rows` (nodes × ranks per node).
@@ -44,6 +50,10 @@ pub enum Command {
     Passthrough(PassthroughArgs),
     /// Streamed upload and download of a generated object through mlscope-proxy and direct.
     Artifact(ArtifactArgs),
+    /// Upload and download of one large object through mlscope-proxy's artifact gateway, MLflow's
+    /// own artifact proxy and boto3 straight to the S3 store, with time to first byte, the
+    /// servers' peak memory and disk writes.
+    Gateway(GatewayArgs),
     /// The system-metric rewrite engine alone, in process on one thread, next to a plain
     /// serde_json round trip and a byte copy.
     Rewrite(RewriteArgs),
@@ -104,6 +114,31 @@ pub struct ArtifactArgs {
     /// Skip the comparison transfer directly to MLflow.
     #[arg(long)]
     pub no_direct: bool,
+    #[command(flatten)]
+    pub stack: StackArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct GatewayArgs {
+    /// Size of the large object, e.g. 1GiB, 256MiB or a plain number of bytes (at most 2GiB: the
+    /// bench needs about four times as much memory, see README).
+    #[arg(long, default_value = "1GiB", value_parser = parse_byte_size)]
+    pub size: ByteSize,
+    /// Size of the small object whose time to first byte is set beside the large one's.
+    #[arg(long, default_value = "1MiB", value_parser = parse_byte_size)]
+    pub small_size: ByteSize,
+    /// Rounds; each moves the objects up and down through every target once, the targets' order
+    /// rotated from round to round.
+    #[arg(long, default_value_t = 3)]
+    pub rounds: u32,
+    /// Size of the slices of the in-memory object handed to the HTTP client.
+    #[arg(long, default_value = "1MiB", value_parser = parse_byte_size)]
+    pub chunk_size: ByteSize,
+    /// Time limit for each single upload or download.
+    #[arg(long, default_value = "20m", value_parser = humantime::parse_duration)]
+    pub transfer_timeout: Duration,
+    /// `--proxy-arg` goes to the gateway (after its `--artifacts-destination`, `--s3-endpoint-url`
+    /// and `--s3-quirks seaweedfs`), e.g. `--proxy-arg=--artifact-upload-concurrency=8`.
     #[command(flatten)]
     pub stack: StackArgs,
 }
@@ -175,6 +210,7 @@ impl Cli {
         match &self.command {
             Command::Passthrough(args) => args.validate(),
             Command::Artifact(args) => args.validate(),
+            Command::Gateway(args) => args.validate(),
             Command::Rewrite(args) => args.validate(),
             Command::DedupRows(args) => args.validate(),
         }
@@ -326,6 +362,37 @@ impl ArtifactArgs {
     }
 }
 
+impl GatewayArgs {
+    fn validate(&self) -> Result<(), String> {
+        if self.size.0 == 0 || self.size.0 > MAX_GATEWAY_SIZE {
+            return Err(format!(
+                "--size must be between 1 byte and {}",
+                ByteSize(MAX_GATEWAY_SIZE)
+            ));
+        }
+        if self.small_size.0 == 0 || self.small_size.0 > self.size.0 {
+            return Err("--small-size must be between 1 byte and --size".into());
+        }
+        if !(1..=MAX_GATEWAY_ROUNDS).contains(&self.rounds) {
+            return Err(format!("--rounds must be within 1..={MAX_GATEWAY_ROUNDS}"));
+        }
+        if !(4 << 10..=64 << 20).contains(&self.chunk_size.0) {
+            return Err("--chunk-size must be between 4KiB and 64MiB".into());
+        }
+        if self.transfer_timeout < Duration::from_secs(1)
+            || self.transfer_timeout > Duration::from_secs(4 * 3_600)
+        {
+            return Err("--transfer-timeout must be between 1s and 4h".into());
+        }
+        if self.stack.stub_upstream {
+            return Err(
+                "--stub-upstream has no artifact API: the gateway benchmark needs MLflow".into(),
+            );
+        }
+        Ok(())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -440,6 +507,22 @@ mod tests {
         assert!(parse(&["dedup-rows", "--nodes", "2000"])
             .validate()
             .is_err());
+    }
+
+    #[test]
+    fn gateway_defaults_to_three_rounds_of_one_gib_and_a_one_mib_probe() {
+        let Command::Gateway(args) = parse(&["gateway"]).command else {
+            panic!("wrong subcommand")
+        };
+        assert_eq!(
+            (args.size.0, args.small_size.0, args.rounds),
+            (1 << 30, 1 << 20, 3)
+        );
+        assert!(args.validate().is_ok());
+        assert!(parse(&["gateway", "--size", "512KiB"]).validate().is_err());
+        assert!(parse(&["gateway", "--size", "3GiB"]).validate().is_err());
+        assert!(parse(&["gateway", "--rounds", "0"]).validate().is_err());
+        assert!(parse(&["gateway", "--stub-upstream"]).validate().is_err());
     }
 
     #[test]

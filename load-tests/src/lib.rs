@@ -1,6 +1,7 @@
 //! Benchmarks for mlscope: what mlscope-proxy adds to MLflow requests (next to nginx, the usual
-//! alternative), how it streams large artifacts, what its system-metric rewrite engine costs per
-//! sample, and how many rows its node-series deduplication saves MLflow.
+//! alternative), how it streams large artifacts (forwarded to MLflow, or served by its artifact
+//! gateway next to MLflow's own proxy and boto3 straight to the store), what its system-metric
+//! rewrite engine costs per sample, and how many rows its node-series deduplication saves MLflow.
 //!
 //! Every benchmark that talks to MLflow starts its own stack through the `mlscope-tests` harness —
 //! loopback only, free ports, one temporary directory — and bounds every request loop in count
@@ -9,6 +10,7 @@
 mod artifact;
 mod cli;
 mod dedup_rows;
+mod gateway;
 mod http;
 mod markdown;
 mod mlflow;
@@ -21,7 +23,8 @@ mod stub;
 mod units;
 
 pub use cli::{
-    ArtifactArgs, Cli, Command, DedupRowsArgs, Endpoint, PassthroughArgs, RewriteArgs, StackArgs,
+    ArtifactArgs, Cli, Command, DedupRowsArgs, Endpoint, GatewayArgs, PassthroughArgs, RewriteArgs,
+    StackArgs,
 };
 pub use markdown::shell_words;
 pub use units::ByteSize;
@@ -51,14 +54,23 @@ pub fn run(cli: &Cli, command_line: &str) -> anyhow::Result<Report> {
                 } else {
                     Vec::new()
                 },
+                artifact_gateway: false,
             },
         ),
         Command::Artifact(args) => (&args.stack, StackPlan::default()),
+        Command::Gateway(args) => (
+            &args.stack,
+            StackPlan {
+                artifact_gateway: true,
+                ..StackPlan::default()
+            },
+        ),
         Command::DedupRows(args) => (
             &args.stack,
             StackPlan {
                 nginx: false,
                 extra_proxies: vec![TargetKind::ProxyDedupOff],
+                artifact_gateway: false,
             },
         ),
     };
@@ -77,6 +89,7 @@ pub fn run(cli: &Cli, command_line: &str) -> anyhow::Result<Report> {
         match &cli.command {
             Command::Passthrough(args) => passthrough::run(args, &stack, command_line).await,
             Command::Artifact(args) => artifact::run(args, &stack, command_line).await,
+            Command::Gateway(args) => gateway::run(args, &stack, command_line).await,
             Command::DedupRows(args) => dedup_rows::run(args, &stack, command_line).await,
             Command::Rewrite(_) => unreachable!("rewrite returned above"),
         }

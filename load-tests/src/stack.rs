@@ -1,6 +1,7 @@
 //! The processes a benchmark measures: MLflow (with its S3 store), mlscope-proxy in front of it
-//! and, where a benchmark compares with them, nginx in front of MLflow as the reference reverse
-//! proxy and further mlscope-proxy instances with system-metric scoping partly or wholly off.
+//! (forwarding everything, or serving the artifact API from the store itself) and, where a
+//! benchmark compares with them, nginx in front of MLflow as the reference reverse proxy and
+//! further mlscope-proxy instances with system-metric scoping partly or wholly off.
 //!
 //! Everything is started by the `mlscope-tests` harness on free loopback ports under one temporary
 //! directory, and torn down when [`BenchStack`] is dropped.
@@ -42,6 +43,9 @@ pub(crate) struct StackPlan {
     pub(crate) nginx: bool,
     /// Extra proxies, each of a kind that has [`TargetKind::extra_proxy_args`].
     pub(crate) extra_proxies: Vec<TargetKind>,
+    /// Start the main proxy as an artifact gateway: `--artifacts-destination` MLflow's own
+    /// (`s3://mlflow/artifacts`), `--s3-endpoint-url` the stack's store, `--s3-quirks seaweedfs`.
+    pub(crate) artifact_gateway: bool,
 }
 
 /// The running stack; dropping it stops nginx, the proxies, MLflow and the store.
@@ -50,8 +54,9 @@ pub(crate) struct BenchStack {
     // forward to.
     nginx: Option<Nginx>,
     extra_proxies: Vec<(TargetKind, ProxyProcess)>,
-    /// The main proxy when it forwards to the stub instead of MLflow.
-    stub_proxy: Option<ProxyProcess>,
+    /// The main proxy when the bench starts it itself: in front of the stub instead of MLflow,
+    /// or as an artifact gateway (the harness knows the store's address only once it runs).
+    own_proxy: Option<ProxyProcess>,
     /// What `direct` means and every proxy forwards to: MLflow, or the stub.
     upstream_url: String,
     stack: TestStack,
@@ -105,7 +110,12 @@ impl fmt::Display for TargetKind {
 impl StackPlan {
     /// What starting the stack means, for the spinner.
     pub(crate) fn describe(&self) -> String {
-        let mut parts = vec!["S3 store", "MLflow", "mlscope-proxy"];
+        let main_proxy = if self.artifact_gateway {
+            "mlscope-proxy (artifact gateway)"
+        } else {
+            "mlscope-proxy"
+        };
+        let mut parts = vec!["S3 store", "MLflow", main_proxy];
         parts.extend(self.extra_proxies.iter().map(|kind| kind.label()));
         if self.nginx {
             parts.push("nginx");
@@ -123,17 +133,30 @@ impl BenchStack {
     /// extra proxy's own flags.
     pub(crate) fn start(args: &StackArgs, plan: &StackPlan) -> anyhow::Result<BenchStack> {
         let stack = TestStack::start(StackOptions {
-            proxy: !args.stub_upstream,
+            proxy: !args.stub_upstream && !plan.artifact_gateway,
             proxy_args: args.proxy_args.clone(),
             mlflow_backend: args.mlflow_backend.clone(),
         })
         .context("starting the benchmark stack (S3 store, MLflow, mlscope-proxy)")?;
-        let (upstream_url, stub_proxy) = if args.stub_upstream {
+        let (upstream_url, own_proxy) = if args.stub_upstream {
             let stub = crate::stub::StubUpstream::start()?;
             let proxy_args: Vec<&str> = args.proxy_args.iter().map(String::as_str).collect();
             let proxy = mlscope_tests::spawn_proxy(&stub.url, &proxy_args, stack.dir.path())
                 .context("starting mlscope-proxy in front of the stub upstream")?;
             (stub.url, Some(proxy))
+        } else if plan.artifact_gateway {
+            // The gateway's own flags first: `--proxy-arg` comes after them (the proxy refuses a
+            // flag given twice, so it can add settings but not repeat these).
+            let gateway_args = stack.s3.gateway_args(&stack.s3.url);
+            let proxy_args: Vec<&str> = gateway_args
+                .iter()
+                .chain(&args.proxy_args)
+                .map(String::as_str)
+                .collect();
+            let proxy =
+                mlscope_tests::spawn_proxy(&stack.mlflow.url, &proxy_args, stack.dir.path())
+                    .context("starting mlscope-proxy as the artifact gateway in front of MLflow")?;
+            (stack.mlflow.url.clone(), Some(proxy))
         } else {
             (stack.mlflow.url.clone(), None)
         };
@@ -165,7 +188,7 @@ impl BenchStack {
         Ok(BenchStack {
             nginx,
             extra_proxies,
-            stub_proxy,
+            own_proxy,
             upstream_url,
             stack,
         })
@@ -204,6 +227,29 @@ impl BenchStack {
         self.proxy().process.pid()
     }
 
+    /// Process id (and process group id: the harness starts each process in a group of its own)
+    /// of the MLflow server.
+    pub(crate) fn mlflow_pid(&self) -> u32 {
+        self.stack.mlflow.process.pid()
+    }
+
+    /// Where the harness writes mlscope-proxy's stdout and stderr (a file in the stack's
+    /// directory, on disk).
+    pub(crate) fn proxy_log_path(&self) -> &std::path::Path {
+        &self.proxy().log_path
+    }
+
+    /// Process id (and process group id) of the S3 store.
+    pub(crate) fn store_pid(&self) -> u32 {
+        self.stack.s3.process.pid()
+    }
+
+    /// The S3 store's endpoint (`http://127.0.0.1:<port>`) and the bucket MLflow's artifacts go
+    /// to under [`mlscope_tests::S3Store::PREFIX`].
+    pub(crate) fn store(&self) -> (String, &str) {
+        (trim_url(&self.stack.s3.url), &self.stack.s3.bucket)
+    }
+
     /// Admin URL (`/metrics`) of the mlscope-proxy behind `kind`; `None` for other targets.
     pub(crate) fn admin_url(&self, kind: TargetKind) -> Option<String> {
         let proxy = if kind == TargetKind::Proxy {
@@ -218,7 +264,7 @@ impl BenchStack {
     }
 
     fn proxy(&self) -> &ProxyProcess {
-        self.stub_proxy
+        self.own_proxy
             .as_ref()
             .or(self.stack.proxy.as_ref())
             .expect("the benchmark stack always starts the proxy")
@@ -251,6 +297,7 @@ mod tests {
         let plan = StackPlan {
             nginx: true,
             extra_proxies: vec![TargetKind::ProxyScopingOff],
+            artifact_gateway: false,
         };
         assert_eq!(
             plan.describe(),
@@ -259,6 +306,14 @@ mod tests {
         assert_eq!(
             StackPlan::default().describe(),
             "starting S3 store, MLflow and mlscope-proxy"
+        );
+        let gateway = StackPlan {
+            artifact_gateway: true,
+            ..StackPlan::default()
+        };
+        assert_eq!(
+            gateway.describe(),
+            "starting S3 store, MLflow and mlscope-proxy (artifact gateway)"
         );
     }
 }

@@ -6,8 +6,8 @@
 //! the server's disk, which got pods evicted. mlscope-proxy must stream, so its peak memory should
 //! not grow with the object; the report shows its `VmHWM` before and after.
 
-mod generator;
-mod memory;
+pub(crate) mod generator;
+pub(crate) mod memory;
 
 use std::fmt::Write as _;
 use std::sync::{Arc, Mutex};
