@@ -123,6 +123,9 @@ pub async fn upload(
     }
 }
 
+/// A stored part, and its buffer back when the SDK let go of it (for the next part).
+type PartOutcome = Result<(CompletedPart, Option<BytesMut>), StoreError>;
+
 #[allow(clippy::too_many_arguments)]
 async fn send_parts(
     bucket: &Bucket,
@@ -134,8 +137,11 @@ async fn send_parts(
     concurrency: usize,
     length: Option<u64>,
 ) -> Result<Vec<CompletedPart>, UploadError> {
-    let mut tasks: JoinSet<Result<CompletedPart, StoreError>> = JoinSet::new();
+    let mut tasks: JoinSet<PartOutcome> = JoinSet::new();
     let mut done = Vec::new();
+    // Part buffers come back from finished part uploads and are filled again: the allocator
+    // never sees a stream of freed multi-MiB buffers it might keep.
+    let mut pool: Vec<BytesMut> = Vec::new();
     let mut next_part: i32 = 1;
     let mut eof = false;
     loop {
@@ -144,14 +150,21 @@ async fn send_parts(
             eof = reader.fill(&mut pending, part_size).await?;
         }
         while pending.len() >= part_size || (eof && !pending.is_empty()) {
-            let take = pending.len().min(part_size);
-            let part = pending.split_to(take).freeze();
             if next_part as u64 > MAX_PARTS {
                 return Err(UploadError::TooLarge { max: MAX_PARTS * part_size as u64 });
             }
             while tasks.len() >= concurrency.max(1) {
-                done.push(joined(tasks.join_next().await)?);
+                let (part, buffer) = joined(tasks.join_next().await)?;
+                done.push(part);
+                pool.extend(buffer);
             }
+            let part = if pending.len() > part_size {
+                pending.split_to(part_size).freeze()
+            } else {
+                let mut next = pool.pop().unwrap_or_default();
+                next.clear();
+                std::mem::replace(&mut pending, next).freeze()
+            };
             tasks.spawn(upload_part(bucket.clone(), key.to_owned(), upload_id.to_owned(), next_part, part));
             next_part += 1;
         }
@@ -161,15 +174,15 @@ async fn send_parts(
     }
     check_length(length, reader.total)?;
     while let Some(result) = tasks.join_next().await {
-        done.push(joined(Some(result))?);
+        done.push(joined(Some(result))?.0);
     }
     done.sort_by_key(|p| p.part_number());
     Ok(done)
 }
 
 fn joined(
-    result: Option<Result<Result<CompletedPart, StoreError>, tokio::task::JoinError>>,
-) -> Result<CompletedPart, UploadError> {
+    result: Option<Result<PartOutcome, tokio::task::JoinError>>,
+) -> Result<(CompletedPart, Option<BytesMut>), UploadError> {
     match result {
         Some(Ok(Ok(part))) => Ok(part),
         Some(Ok(Err(e))) => Err(UploadError::Store(e)),
@@ -178,8 +191,9 @@ fn joined(
     }
 }
 
-async fn upload_part(bucket: Bucket, key: String, upload_id: String, number: i32, data: Bytes) -> Result<CompletedPart, StoreError> {
+async fn upload_part(bucket: Bucket, key: String, upload_id: String, number: i32, data: Bytes) -> PartOutcome {
     let len = data.len() as i64;
+    let keep = data.clone();
     let out = bucket
         .client
         .upload_part()
@@ -192,7 +206,8 @@ async fn upload_part(bucket: Bucket, key: String, upload_id: String, number: i32
         .send()
         .await
         .map_err(StoreError::from_sdk)?;
-    Ok(CompletedPart::builder().part_number(number).set_e_tag(out.e_tag().map(str::to_owned)).build())
+    let part = CompletedPart::builder().part_number(number).set_e_tag(out.e_tag().map(str::to_owned)).build();
+    Ok((part, keep.try_into_mut().ok()))
 }
 
 /// Grows the part size when the declared length would need more than 10,000 parts.
