@@ -493,3 +493,30 @@ async fn slow_uploads_that_keep_moving_are_stored_and_stalled_ones_are_cut() {
     assert!(left.is_empty(), "multipart uploads left behind: {left:?}");
     assert!(store_keys(&g.stack.s3, &format!("artifacts/{path}")).await.is_empty());
 }
+
+/// What `mlflow.log_image(..., synchronous=False)` does when the store fails: the client queues
+/// the upload and never reports the error to the training code. The failure still shows on the
+/// run, because the gateway tags it.
+#[tokio::test]
+async fn an_asynchronous_image_upload_that_fails_still_leaves_its_trace_on_the_run() {
+    let g = gateway();
+    let dead = format!("http://127.0.0.1:{}", mlscope_tests::free_port());
+    let args = g.stack.s3.gateway_args(&dead);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let proxy = spawn_proxy(g.mlflow(), &args, g.stack.dir.path()).unwrap();
+    let script = r#"
+import mlflow, numpy
+with mlflow.start_run() as run:
+    print("run", run.info.run_id, flush=True)
+    mlflow.log_image(numpy.zeros((8, 8, 3), dtype=numpy.uint8), key="sample", step=0, synchronous=False)
+print("the training code saw no error", flush=True)
+"#;
+    let child = python(&proxy.url, &[("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")]).args(["-c", script]).spawn().unwrap();
+    let (ok, stdout, stderr) = finish(child, Duration::from_secs(300)).await;
+    assert!(ok && stdout.contains("the training code saw no error"), "--- stdout\n{stdout}\n--- stderr\n{stderr}");
+    let run_id = stdout.lines().find_map(|l| l.strip_prefix("run ")).expect("the script printed its run id").trim().to_owned();
+    let tags = run_tags(g.mlflow(), &run_id).await;
+    let failures: u32 = tags.get("mlscope.artifacts.upload_failures").and_then(|v| v.parse().ok()).unwrap_or(0);
+    assert!(failures >= 1, "the failed image upload is counted on the run: {tags:?}\n--- stderr\n{stderr}");
+    assert!(tags.get("mlscope.artifacts.last_failed_path").is_some_and(|p| p.contains("/artifacts/images/")), "{tags:?}");
+}
