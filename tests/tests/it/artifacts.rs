@@ -520,3 +520,53 @@ print("the training code saw no error", flush=True)
     assert!(failures >= 1, "the failed image upload is counted on the run: {tags:?}\n--- stderr\n{stderr}");
     assert!(tags.get("mlscope.artifacts.last_failed_path").is_some_and(|p| p.contains("/artifacts/images/")), "{tags:?}");
 }
+
+/// Logged models and traces write under their own roots (`<exp>/models/<id>/artifacts`,
+/// `<exp>/traces/<id>/artifacts`): the write policy finds them in MLflow and lets them through.
+#[tokio::test]
+async fn logged_models_and_traces_write_through_the_enforcing_gateway() {
+    let g = gateway();
+    let script = r#"
+import mlflow
+from mlflow.pyfunc import PythonModel
+
+class Echo(PythonModel):
+    def predict(self, context, model_input):
+        return model_input
+
+@mlflow.trace
+def add(a, b):
+    return a + b
+
+mlflow.set_experiment("models-and-traces")
+with mlflow.start_run():
+    info = mlflow.pyfunc.log_model(name="echo", python_model=Echo(), pip_requirements=[])
+    add(1, 2)
+print("model", info.model_id, info.artifact_path, flush=True)
+client = mlflow.MlflowClient()
+files = [f.path for f in client.list_logged_model_artifacts(info.model_id)]
+print("files", sorted(files), flush=True)
+assert "MLmodel" in files, files
+loaded = mlflow.pyfunc.load_model(info.model_uri)
+assert list(loaded.predict([1, 2])) == [1, 2]
+mlflow.flush_trace_async_logging()
+trace = mlflow.get_trace(mlflow.get_last_active_trace_id())
+assert trace.data.spans[0].name == "add", trace
+print("ok", flush=True)
+"#;
+    let child = python(g.proxy(), &[("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")]).args(["-c", script]).spawn().unwrap();
+    let (ok, stdout, stderr) = finish(child, Duration::from_secs(300)).await;
+    assert!(ok && stdout.contains("ok"), "--- stdout\n{stdout}\n--- stderr\n{stderr}");
+    // The proxy's JSON request log: both kinds of write were answered 200 from the store.
+    let log = std::fs::read_to_string(&g.proxy.log_path).unwrap();
+    let stored = |root: &str| {
+        log.lines().filter_map(|l| serde_json::from_str::<Value>(l).ok()).any(|line| {
+            line["answered_by"] == "artifact_store"
+                && line["status"] == 200
+                && line["span"]["method"] == "PUT"
+                && line["span"]["path"].as_str().is_some_and(|p| p.contains(root))
+        })
+    };
+    assert!(stored("/models/m-"), "no logged-model file was stored through the gateway\n{stderr}");
+    assert!(stored("/traces/tr-"), "no trace file was stored through the gateway\n{stderr}");
+}
