@@ -26,7 +26,7 @@ use crate::http;
 use crate::markdown::{command_block, Align, Table};
 use crate::progress;
 use crate::stack::{BenchStack, Target, TargetKind};
-use crate::units::{megabytes_per_second, ByteSize};
+use crate::units::{hex, megabytes_per_second, ByteSize};
 use crate::Report;
 use generator::PseudoRandomChunks;
 use memory::{mib, ResidentMemory};
@@ -362,15 +362,6 @@ fn render(
         ByteSize(args.size.0 * 2),
     );
     out
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes
-        .iter()
-        .fold(String::with_capacity(bytes.len() * 2), |mut out, b| {
-            let _ = write!(out, "{b:02x}");
-            out
-        })
 }
 
 #[cfg(test)]

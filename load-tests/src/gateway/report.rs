@@ -7,7 +7,7 @@ use std::time::Duration;
 use super::{Facts, Route, Timed, Trip, ARTIFACTS_ROUTE, ROUTES, SHM};
 use crate::artifact::memory::mib;
 use crate::markdown::{command_block, Align, Table};
-use crate::units::ByteSize;
+use crate::units::{hex, ByteSize};
 
 /// Gateway throughput over the direct store's, both ways, at least.
 const THROUGHPUT_TARGET: f64 = 0.9;
@@ -395,15 +395,6 @@ fn millis(duration: Duration) -> String {
 
 fn seconds(duration: Duration) -> String {
     format!("{:.2}", duration.as_secs_f64())
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes
-        .iter()
-        .fold(String::with_capacity(bytes.len() * 2), |mut out, b| {
-            let _ = write!(out, "{b:02x}");
-            out
-        })
 }
 
 #[cfg(test)]
