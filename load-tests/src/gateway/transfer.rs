@@ -131,16 +131,7 @@ pub(crate) async fn get(
         received: 0,
     };
     let started = Instant::now();
-    let response = client
-        .get(url)
-        .send()
-        .await
-        .with_context(|| format!("GET {url} ({what})"))?;
-    let status = response.status();
-    if !status.is_success() {
-        let answer = response.text().await.unwrap_or_default();
-        bail!("GET {url} ({what}) answered {status}: {answer}");
-    }
+    let response = get_ok(client, url, what).await?;
     let mut first_byte = None;
     let mut body = response.bytes_stream();
     while let Some(chunk) = body.next().await {
@@ -161,6 +152,25 @@ pub(crate) async fn get(
     })
 }
 
+/// Sends a GET of `url`; an answer other than 2xx is an error carrying its body.
+async fn get_ok(
+    client: &reqwest::Client,
+    url: &str,
+    what: &str,
+) -> anyhow::Result<reqwest::Response> {
+    let response = client
+        .get(url)
+        .send()
+        .await
+        .with_context(|| format!("GET {url} ({what})"))?;
+    let status = response.status();
+    if !status.is_success() {
+        let answer = response.text().await.unwrap_or_default();
+        bail!("GET {url} ({what}) answered {status}: {answer}");
+    }
+    Ok(response)
+}
+
 /// The time from sending a GET of `url` to the first byte of its body; the rest is not read (the
 /// connection is dropped).
 pub(crate) async fn first_byte(
@@ -169,15 +179,7 @@ pub(crate) async fn first_byte(
     what: &str,
 ) -> anyhow::Result<Duration> {
     let started = Instant::now();
-    let response = client
-        .get(url)
-        .send()
-        .await
-        .with_context(|| format!("GET {url} ({what})"))?;
-    let status = response.status();
-    if !status.is_success() {
-        bail!("GET {url} ({what}) answered {status}");
-    }
+    let response = get_ok(client, url, what).await?;
     let mut body = response.bytes_stream();
     while let Some(chunk) = body.next().await {
         if !chunk

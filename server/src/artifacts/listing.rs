@@ -43,10 +43,12 @@ pub async fn list_dir(bucket: &Bucket, prefix: &str) -> Result<Vec<Entry>, Store
         }
         for object in page.contents() {
             let Some(key) = object.key() else { continue };
-            let size = object.size().unwrap_or(0);
-            if is_marker(key, size) || key.ends_with('/') {
+            // Directory markers (zero-byte `key/`), and any other `key/` object: no file name
+            // in a listing can end in `/`.
+            if key.ends_with('/') {
                 continue;
             }
+            let size = object.size().unwrap_or(0);
             let name = key.strip_prefix(prefix).unwrap_or(key);
             if !name.is_empty() && !name.contains('/') {
                 entries.push(Entry { name: name.to_owned(), is_dir: false, size: Some(size) });

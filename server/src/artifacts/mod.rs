@@ -20,11 +20,9 @@ pub mod relocate;
 pub mod s3;
 pub mod upload;
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use serde::Deserialize;
-use tokio::sync::Semaphore;
 
 pub use handlers::{ArtifactOp, Gateway};
 pub use quirks::Quirks;
@@ -111,11 +109,4 @@ impl ArtifactsConfig {
     pub fn upload_memory_bound(&self) -> usize {
         self.multipart_threshold + 1 + self.part_size * self.upload_concurrency
     }
-}
-
-/// Limits shared by all uploads of one proxy.
-#[derive(Debug)]
-pub struct UploadSlots {
-    pub semaphore: Arc<Semaphore>,
-    pub limit: usize,
 }

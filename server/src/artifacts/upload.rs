@@ -52,12 +52,9 @@ pub async fn upload(
     limits: UploadLimits,
 ) -> Result<u64, UploadError> {
     let mut reader = BodyReader { stream: body.into_data_stream(), carry: None, total: 0, idle: limits.body_idle };
-    let first_target = match length {
-        Some(n) if n <= limits.threshold as u64 => n as usize,
-        _ => limits.threshold,
-    };
     // Read one byte past the threshold to tell "exactly at the threshold" from "more to come".
-    let mut head = BytesMut::with_capacity(first_target.min(limits.threshold) + 1);
+    let expected = length.map_or(limits.threshold, |n| n.min(limits.threshold as u64) as usize);
+    let mut head = BytesMut::with_capacity(expected + 1);
     let eof = reader.fill(&mut head, limits.threshold + 1).await?;
     if eof && head.len() <= limits.threshold {
         check_length(length, reader.total)?;
