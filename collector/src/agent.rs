@@ -14,7 +14,9 @@ use mlscope_scopes::Identity;
 use nix::sys::signal::Signal;
 
 use crate::config::Config;
-use crate::outbox::{spawn_sender, Backoff, HttpSettings, MlflowTransport, Outbox, Payload, SenderStats};
+use crate::outbox::{
+    spawn_sender, Backoff, HttpSettings, MlflowTransport, Outbox, Payload, SenderStats,
+};
 use crate::signals::{self, Received, SignalMask};
 use crate::sources::cgroup::{discover, DiscoveryRoots};
 use crate::sources::disk::WatchedVolume;
@@ -45,7 +47,10 @@ pub fn run(config: Config, signals: SignalMask) -> u8 {
 }
 
 fn sidecar(config: &Config, signals: SignalMask) -> u8 {
-    let http = config.http.as_ref().expect("validated: sidecar mode has MLflow settings");
+    let http = config
+        .http
+        .as_ref()
+        .expect("validated: sidecar mode has MLflow settings");
     let (events, received) = mpsc::channel();
     let listener = signals::spawn_listener(signals, move |Received { signal, .. }| {
         if matches!(signal, Signal::SIGTERM | Signal::SIGINT) {
@@ -78,7 +83,16 @@ fn wrapped(config: &Config, signals: SignalMask) -> u8 {
             tracing::error!(%error, command = ?config.command, "cannot start the command");
             let code = wrapper::spawn_failure_code(&error);
             if let Some(agent) = agent {
-                let tags = vec![(format!("mlscope/rank-{}/outcome", config.rank), "not_started".to_owned()), (format!("mlscope/rank-{}/exit_code", config.rank), code.to_string())];
+                let tags = vec![
+                    (
+                        format!("mlscope/rank-{}/outcome", config.rank),
+                        "not_started".to_owned(),
+                    ),
+                    (
+                        format!("mlscope/rank-{}/exit_code", config.rank),
+                        code.to_string(),
+                    ),
+                ];
                 agent.finish(config.flush_timeout, Some(tags));
             }
             return code;
@@ -88,23 +102,31 @@ fn wrapped(config: &Config, signals: SignalMask) -> u8 {
     // Cleared once the child is reaped, so that a late signal is not sent to a reused pid.
     let running = Arc::new(AtomicBool::new(true));
     let forwarding = running.clone();
-    let listener = signals::spawn_listener(signals, move |Received { signal, from_terminal }| {
-        // A terminal delivers its signals to the whole foreground group, the command included.
-        if !from_terminal && forwarding.load(Ordering::SeqCst) {
-            wrapper::forward(pid, signal);
-        }
-    });
+    let listener = signals::spawn_listener(
+        signals,
+        move |Received {
+                  signal,
+                  from_terminal,
+              }| {
+            // A terminal delivers its signals to the whole foreground group, the command included.
+            if !from_terminal && forwarding.load(Ordering::SeqCst) {
+                wrapper::forward(pid, signal);
+            }
+        },
+    );
     if let Err(error) = listener {
         tracing::warn!(%error, "cannot listen for signals; they will not be forwarded to the command");
     }
     let (events, received) = mpsc::channel();
     let reaped = running.clone();
-    let waiter = std::thread::Builder::new().name("mlscope-wait".into()).spawn(move || {
-        let ended = wrapper::wait(pid);
-        reaped.store(false, Ordering::SeqCst);
-        let _ = events.send(Event::ChildExited(ended));
-        ended
-    });
+    let waiter = std::thread::Builder::new()
+        .name("mlscope-wait".into())
+        .spawn(move || {
+            let ended = wrapper::wait(pid);
+            reaped.store(false, Ordering::SeqCst);
+            let _ = events.send(Event::ChildExited(ended));
+            ended
+        });
     let ended = match (&mut agent, waiter) {
         (Some(agent), Ok(_)) => match agent.sample_until_event(&received) {
             Event::ChildExited(ended) => ended,
@@ -120,11 +142,23 @@ fn wrapped(config: &Config, signals: SignalMask) -> u8 {
     };
     drop(child);
     let Some(agent) = agent else {
-        return ChildOutcome { ended, oom_kills_before: None, oom_kills_after: None }.exit_code();
+        return ChildOutcome {
+            ended,
+            oom_kills_before: None,
+            oom_kills_after: None,
+        }
+        .exit_code();
     };
-    let outcome = ChildOutcome { ended, oom_kills_before, oom_kills_after: agent.oom_kills_after(ended) };
+    let outcome = ChildOutcome {
+        ended,
+        oom_kills_before,
+        oom_kills_after: agent.oom_kills_after(ended),
+    };
     tracing::info!(outcome = outcome.outcome(), exit_code = outcome.exit_code(), oom_kills = ?outcome.new_oom_kills(), "the command ended");
-    agent.finish(config.flush_timeout, Some(outcome.tags(&config.node, config.rank)));
+    agent.finish(
+        config.flush_timeout,
+        Some(outcome.tags(&config.node, config.rank)),
+    );
     outcome.exit_code()
 }
 
@@ -150,15 +184,33 @@ impl Agent {
                 None
             }
         };
-        let volumes = config.volumes.iter().filter_map(|(name, path)| WatchedVolume::new(name, path.clone())).collect();
-        let settings = SourceSettings { proc_root: PathBuf::from("/proc"), rootfs: PathBuf::from("/"), volumes, cgroup, gpus: true };
-        let identity = Identity { node: Some(config.node.clone()), rank: Some(config.rank) };
+        let volumes = config
+            .volumes
+            .iter()
+            .filter_map(|(name, path)| WatchedVolume::new(name, path.clone()))
+            .collect();
+        let settings = SourceSettings {
+            proc_root: PathBuf::from("/proc"),
+            rootfs: PathBuf::from("/"),
+            volumes,
+            cgroup,
+            gpus: true,
+        };
+        let identity = Identity {
+            node: Some(config.node.clone()),
+            rank: Some(config.rank),
+        };
         let sampler = Sampler::new(settings, identity);
         let outbox = Arc::new(Outbox::new(config.buffer_samples));
         let backoff = Backoff::new(INITIAL_BACKOFF, config.max_backoff, Backoff::seed());
         let sender = spawn_sender(outbox.clone(), MlflowTransport::new(http), backoff);
         tracing::info!(tracking_uri = %without_userinfo(&http.tracking_uri), run_id = %http.run_id, buffer_samples = config.buffer_samples, "posting samples to MLflow");
-        Agent { sampler, outbox, sender, interval: config.interval }
+        Agent {
+            sampler,
+            outbox,
+            sender,
+            interval: config.interval,
+        }
     }
 
     fn oom_kills(&self) -> Option<u64> {
@@ -218,9 +270,19 @@ impl Agent {
         self.outbox.close(Instant::now() + flush_timeout);
         match self.sender.join() {
             Ok(stats) if stats.unsent > 0 || stats.dropped > 0 => {
-                tracing::warn!(sent = stats.sent, refused = stats.rejected, dropped = stats.dropped, unsent = stats.unsent, "stopped with samples that never reached MLflow");
+                tracing::warn!(
+                    sent = stats.sent,
+                    refused = stats.rejected,
+                    dropped = stats.dropped,
+                    unsent = stats.unsent,
+                    "stopped with samples that never reached MLflow"
+                );
             }
-            Ok(stats) => tracing::info!(sent = stats.sent, refused = stats.rejected, "stopped; everything buffered was sent"),
+            Ok(stats) => tracing::info!(
+                sent = stats.sent,
+                refused = stats.rejected,
+                "stopped; everything buffered was sent"
+            ),
             Err(_) => tracing::error!("the sender thread panicked"),
         }
     }
@@ -246,8 +308,14 @@ mod tests {
 
     #[test]
     fn credentials_in_the_tracking_uri_are_not_logged() {
-        assert_eq!(without_userinfo("https://u:secret@mlflow.example/prefix"), "https://mlflow.example/prefix");
-        assert_eq!(without_userinfo("http://127.0.0.1:5001"), "http://127.0.0.1:5001");
+        assert_eq!(
+            without_userinfo("https://u:secret@mlflow.example/prefix"),
+            "https://mlflow.example/prefix"
+        );
+        assert_eq!(
+            without_userinfo("http://127.0.0.1:5001"),
+            "http://127.0.0.1:5001"
+        );
         assert_eq!(without_userinfo("http://host/a@b"), "http://host/a@b");
     }
 }

@@ -108,7 +108,10 @@ impl Auth {
         match self {
             Auth::None => None,
             Auth::Bearer(token) => Some(format!("Bearer {token}")),
-            Auth::Basic { username, password } => Some(format!("Basic {}", base64(format!("{username}:{password}").as_bytes()))),
+            Auth::Basic { username, password } => Some(format!(
+                "Basic {}",
+                base64(format!("{username}:{password}").as_bytes())
+            )),
         }
     }
 }
@@ -127,7 +130,9 @@ fn base64(bytes: &[u8]) -> String {
     const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
     let mut out = String::with_capacity(bytes.len().div_ceil(3) * 4);
     for chunk in bytes.chunks(3) {
-        let n = (u32::from(chunk[0]) << 16) | (u32::from(*chunk.get(1).unwrap_or(&0)) << 8) | u32::from(*chunk.get(2).unwrap_or(&0));
+        let n = (u32::from(chunk[0]) << 16)
+            | (u32::from(*chunk.get(1).unwrap_or(&0)) << 8)
+            | u32::from(*chunk.get(2).unwrap_or(&0));
         for i in 0..4 {
             if i <= chunk.len() {
                 out.push(char::from(ALPHABET[(n >> (18 - 6 * i)) as usize & 63]));
@@ -171,19 +176,37 @@ pub enum ConfigError {
 }
 
 /// The launcher variables that carry the global rank, in the order they are tried.
-pub const RANK_VARIABLES: [&str; 7] = ["RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "SLURM_PROCID", "MV2_COMM_WORLD_RANK", "JOB_COMPLETION_INDEX"];
+pub const RANK_VARIABLES: [&str; 7] = [
+    "RANK",
+    "OMPI_COMM_WORLD_RANK",
+    "PMI_RANK",
+    "PMIX_RANK",
+    "SLURM_PROCID",
+    "MV2_COMM_WORLD_RANK",
+    "JOB_COMPLETION_INDEX",
+];
 
 impl Config {
     /// Flags from the command line, everything else from the process environment.
     pub fn from_env_and_args() -> Result<Config, ConfigError> {
-        let env: HashMap<String, String> = std::env::vars_os().filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?))).collect();
+        let env: HashMap<String, String> = std::env::vars_os()
+            .filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?)))
+            .collect();
         let args = Args::try_parse()?;
-        Self::resolve(args, &env, || nix::unistd::gethostname().ok().and_then(|h| h.into_string().ok()))
+        Self::resolve(args, &env, || {
+            nix::unistd::gethostname()
+                .ok()
+                .and_then(|h| h.into_string().ok())
+        })
     }
 
     /// As [`Config::from_env_and_args`], from given arguments (the first is the program name)
     /// and environment; flags that clap reads from the environment still come from the process.
-    pub fn from_parts<I, T>(args: I, env: &HashMap<String, String>, hostname: impl FnOnce() -> Option<String>) -> Result<Config, ConfigError>
+    pub fn from_parts<I, T>(
+        args: I,
+        env: &HashMap<String, String>,
+        hostname: impl FnOnce() -> Option<String>,
+    ) -> Result<Config, ConfigError>
     where
         I: IntoIterator<Item = T>,
         T: Into<OsString> + Clone,
@@ -191,20 +214,41 @@ impl Config {
         Self::resolve(Args::try_parse_from(args)?, env, hostname)
     }
 
-    fn resolve(args: Args, env: &HashMap<String, String>, hostname: impl FnOnce() -> Option<String>) -> Result<Config, ConfigError> {
+    fn resolve(
+        args: Args,
+        env: &HashMap<String, String>,
+        hostname: impl FnOnce() -> Option<String>,
+    ) -> Result<Config, ConfigError> {
         let (rank, rank_source) = match args.rank {
             Some(rank) => (rank, "--rank / MLSCOPE_RANK".to_owned()),
             None => rank_from_launcher(env),
         };
         let (node, node_source) = match args.node.as_deref().filter(|n| !n.trim().is_empty()) {
             Some(node) => (sanitize_node(node), "--node / NODE_NAME".to_owned()),
-            None => (sanitize_node(&hostname().unwrap_or_default()), "the host name (NODE_NAME is not set)".to_owned()),
+            None => (
+                sanitize_node(&hostname().unwrap_or_default()),
+                "the host name (NODE_NAME is not set)".to_owned(),
+            ),
         };
         let wrapper = !args.command.is_empty();
-        let http = match (args.tracking_uri.filter(|u| !u.is_empty()), args.run_id.filter(|r| !r.is_empty())) {
-            (Some(uri), Some(run_id)) => Some(http_settings(uri, run_id, &node, rank, args.request_timeout, env)?),
+        let http = match (
+            args.tracking_uri.filter(|u| !u.is_empty()),
+            args.run_id.filter(|r| !r.is_empty()),
+        ) {
+            (Some(uri), Some(run_id)) => Some(http_settings(
+                uri,
+                run_id,
+                &node,
+                rank,
+                args.request_timeout,
+                env,
+            )?),
             _ if wrapper => None,
-            (None, _) => return Err(invalid("MLFLOW_TRACKING_URI (or --tracking-uri) is not set")),
+            (None, _) => {
+                return Err(invalid(
+                    "MLFLOW_TRACKING_URI (or --tracking-uri) is not set",
+                ))
+            }
             (Some(_), None) => return Err(invalid("MLFLOW_RUN_ID (or --run-id) is not set")),
         };
         let mut names = std::collections::HashSet::new();
@@ -213,12 +257,20 @@ impl Config {
                 return Err(invalid(format!("volume {name:?} is given twice")));
             }
         }
-        for (what, value) in [("--flush-timeout", args.flush_timeout), ("--max-backoff", args.max_backoff), ("--request-timeout", args.request_timeout), ("--buffer", args.buffer)] {
+        for (what, value) in [
+            ("--flush-timeout", args.flush_timeout),
+            ("--max-backoff", args.max_backoff),
+            ("--request-timeout", args.request_timeout),
+            ("--buffer", args.buffer),
+        ] {
             if value.is_zero() {
                 return Err(invalid(format!("{what} must be more than 0")));
             }
         }
-        let buffer_samples = usize::try_from(args.buffer.as_nanos().div_ceil(args.interval.as_nanos())).unwrap_or(usize::MAX).max(2);
+        let buffer_samples =
+            usize::try_from(args.buffer.as_nanos().div_ceil(args.interval.as_nanos()))
+                .unwrap_or(usize::MAX)
+                .max(2);
         Ok(Config {
             http,
             node,
@@ -242,22 +294,39 @@ fn invalid(message: impl Into<String>) -> ConfigError {
     ConfigError::Invalid(message.into())
 }
 
-fn http_settings(uri: String, run_id: String, node: &str, rank: u32, request_timeout: Duration, env: &HashMap<String, String>) -> Result<HttpSettings, ConfigError> {
+fn http_settings(
+    uri: String,
+    run_id: String,
+    node: &str,
+    rank: u32,
+    request_timeout: Duration,
+    env: &HashMap<String, String>,
+) -> Result<HttpSettings, ConfigError> {
     if !(uri.starts_with("http://") || uri.starts_with("https://")) {
-        return Err(invalid(format!("MLFLOW_TRACKING_URI must be an http:// or https:// URL, not {uri:?}")));
+        return Err(invalid(format!(
+            "MLFLOW_TRACKING_URI must be an http:// or https:// URL, not {uri:?}"
+        )));
     }
     let var = |name: &str| env.get(name).filter(|v| !v.is_empty()).cloned();
-    let auth = match (var("MLFLOW_TRACKING_USERNAME"), var("MLFLOW_TRACKING_PASSWORD"), var("MLFLOW_TRACKING_TOKEN")) {
+    let auth = match (
+        var("MLFLOW_TRACKING_USERNAME"),
+        var("MLFLOW_TRACKING_PASSWORD"),
+        var("MLFLOW_TRACKING_TOKEN"),
+    ) {
         (Some(username), Some(password), _) => Auth::Basic { username, password },
         (_, _, Some(token)) => Auth::Bearer(token),
         _ => Auth::None,
     };
-    let insecure_tls = var("MLFLOW_TRACKING_INSECURE_TLS").is_some_and(|v| v.eq_ignore_ascii_case("true") || v == "1");
+    let insecure_tls = var("MLFLOW_TRACKING_INSECURE_TLS")
+        .is_some_and(|v| v.eq_ignore_ascii_case("true") || v == "1");
     let ca_certificates = match var("MLFLOW_TRACKING_SERVER_CERT_PATH") {
         None => None,
-        Some(_) if insecure_tls => return Err(invalid("MLFLOW_TRACKING_INSECURE_TLS and MLFLOW_TRACKING_SERVER_CERT_PATH cannot both be set")),
+        Some(_) if insecure_tls => return Err(invalid(
+            "MLFLOW_TRACKING_INSECURE_TLS and MLFLOW_TRACKING_SERVER_CERT_PATH cannot both be set",
+        )),
         Some(path) => {
-            let pem = std::fs::read(&path).map_err(|e| invalid(format!("MLFLOW_TRACKING_SERVER_CERT_PATH {path}: {e}")))?;
+            let pem = std::fs::read(&path)
+                .map_err(|e| invalid(format!("MLFLOW_TRACKING_SERVER_CERT_PATH {path}: {e}")))?;
             let certs: Vec<Certificate<'static>> = ureq::tls::parse_pem(&pem)
                 .filter_map(|item| match item {
                     Ok(ureq::tls::PemItem::Certificate(cert)) => Some(cert),
@@ -265,12 +334,23 @@ fn http_settings(uri: String, run_id: String, node: &str, rank: u32, request_tim
                 })
                 .collect();
             if certs.is_empty() {
-                return Err(invalid(format!("MLFLOW_TRACKING_SERVER_CERT_PATH {path} holds no PEM certificate")));
+                return Err(invalid(format!(
+                    "MLFLOW_TRACKING_SERVER_CERT_PATH {path} holds no PEM certificate"
+                )));
             }
             Some(certs)
         }
     };
-    Ok(HttpSettings { tracking_uri: uri.trim_end_matches('/').to_owned(), run_id, node: node.to_owned(), rank, auth, request_timeout, insecure_tls, ca_certificates })
+    Ok(HttpSettings {
+        tracking_uri: uri.trim_end_matches('/').to_owned(),
+        run_id,
+        node: node.to_owned(),
+        rank,
+        auth,
+        request_timeout,
+        insecure_tls,
+        ca_certificates,
+    })
 }
 
 /// The first launcher variable that holds a rank; 0 when none does.
@@ -283,12 +363,26 @@ pub fn rank_from_launcher(env: &HashMap<String, String>) -> (u32, String) {
             }
         }
     }
-    (0, "the default (no launcher rank variable is set)".to_owned())
+    (
+        0,
+        "the default (no launcher rank variable is set)".to_owned(),
+    )
 }
 
 /// A node name as the contract writes it: `[a-z0-9.-]+`, starting with a letter or digit.
 pub fn sanitize_node(raw: &str) -> String {
-    let cleaned: String = raw.trim().to_ascii_lowercase().chars().map(|c| if c.is_ascii_alphanumeric() || c == '.' || c == '-' { c } else { '-' }).collect();
+    let cleaned: String = raw
+        .trim()
+        .to_ascii_lowercase()
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '.' || c == '-' {
+                c
+            } else {
+                '-'
+            }
+        })
+        .collect();
     let cleaned = cleaned.trim_start_matches(['.', '-']);
     if cleaned.is_empty() {
         "unknown-node".to_owned()
@@ -302,7 +396,9 @@ pub fn parse_interval(text: &str) -> Result<Duration, String> {
     let text = text.trim();
     let interval = match text.parse::<u64>() {
         Ok(seconds) => Duration::from_secs(seconds),
-        Err(_) => humantime::parse_duration(text).map_err(|e| format!("{text:?} is neither whole seconds nor a duration like 500ms: {e}"))?,
+        Err(_) => humantime::parse_duration(text).map_err(|e| {
+            format!("{text:?} is neither whole seconds nor a duration like 500ms: {e}")
+        })?,
     };
     if interval < Duration::from_millis(100) || interval > Duration::from_secs(3600) {
         return Err(format!("{text:?} is outside 100ms..1h"));
@@ -312,13 +408,23 @@ pub fn parse_interval(text: &str) -> Result<Duration, String> {
 
 /// `NAME=PATH`, with a name the scope table accepts in `volume_<name>_*`.
 pub fn parse_volume(text: &str) -> Result<(String, PathBuf), String> {
-    let (name, path) = text.split_once('=').ok_or_else(|| format!("{text:?} is not NAME=PATH"))?;
+    let (name, path) = text
+        .split_once('=')
+        .ok_or_else(|| format!("{text:?} is not NAME=PATH"))?;
     let name = name.trim();
-    if name.is_empty() || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-') {
-        return Err(format!("volume name {name:?} may only hold letters, digits, `_` and `-`"));
+    if name.is_empty()
+        || !name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+    {
+        return Err(format!(
+            "volume name {name:?} may only hold letters, digits, `_` and `-`"
+        ));
     }
     if mlscope_scopes::volume_metric_name(name, "usage_megabytes").is_none() {
-        return Err(format!("volume name {name:?} does not make a valid metric name"));
+        return Err(format!(
+            "volume name {name:?} does not make a valid metric name"
+        ));
     }
     let path = PathBuf::from(path.trim());
     if !path.is_absolute() {
@@ -332,11 +438,22 @@ mod tests {
     use super::*;
 
     fn env(pairs: &[(&str, &str)]) -> HashMap<String, String> {
-        pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
     }
 
     fn config(args: &[&str], pairs: &[(&str, &str)]) -> Result<Config, ConfigError> {
-        let mut argv = vec!["mlscope-collector", "--tracking-uri", "http://127.0.0.1:5001", "--run-id", "r1", "--node", "n1"];
+        let mut argv = vec![
+            "mlscope-collector",
+            "--tracking-uri",
+            "http://127.0.0.1:5001",
+            "--run-id",
+            "r1",
+            "--node",
+            "n1",
+        ];
         argv.extend_from_slice(args);
         Config::from_parts(argv, &env(pairs), || Some("pod-7".into()))
     }
@@ -353,19 +470,35 @@ mod tests {
 
     #[test]
     fn volumes_are_name_path_pairs_with_names_the_table_accepts() {
-        assert_eq!(parse_volume("data=/mnt/data"), Ok(("data".into(), PathBuf::from("/mnt/data"))));
+        assert_eq!(
+            parse_volume("data=/mnt/data"),
+            Ok(("data".into(), PathBuf::from("/mnt/data")))
+        );
         assert!(parse_volume("data").is_err());
         assert!(parse_volume("da/ta=/x").is_err());
         assert!(parse_volume("data=relative").is_err());
         let two = config(&["--volume", "data=/data", "--volume", "ckpt=/ckpt"], &[]).unwrap();
         assert_eq!(two.volumes.len(), 2);
-        assert!(matches!(config(&["--volume", "a=/x", "--volume", "a=/y"], &[]), Err(ConfigError::Invalid(_))));
+        assert!(matches!(
+            config(&["--volume", "a=/x", "--volume", "a=/y"], &[]),
+            Err(ConfigError::Invalid(_))
+        ));
     }
 
     #[test]
     fn the_rank_comes_from_the_first_launcher_variable_that_holds_one() {
-        assert_eq!(rank_from_launcher(&env(&[("OMPI_COMM_WORLD_RANK", "5"), ("SLURM_PROCID", "9")])).0, 5);
-        assert_eq!(rank_from_launcher(&env(&[("RANK", "x"), ("PMI_RANK", "2")])).0, 2);
+        assert_eq!(
+            rank_from_launcher(&env(&[
+                ("OMPI_COMM_WORLD_RANK", "5"),
+                ("SLURM_PROCID", "9")
+            ]))
+            .0,
+            5
+        );
+        assert_eq!(
+            rank_from_launcher(&env(&[("RANK", "x"), ("PMI_RANK", "2")])).0,
+            2
+        );
         assert_eq!(rank_from_launcher(&env(&[])).0, 0);
         assert_eq!(config(&["--rank", "4"], &[("RANK", "1")]).unwrap().rank, 4);
     }
@@ -374,19 +507,37 @@ mod tests {
     fn node_names_are_made_valid_and_fall_back_to_the_host_name() {
         assert_eq!(sanitize_node("GPU_Node.1"), "gpu-node.1");
         assert_eq!(sanitize_node("--"), "unknown-node");
-        let argv = ["mlscope-collector", "--tracking-uri", "http://x", "--run-id", "r", "--node", ""];
+        let argv = [
+            "mlscope-collector",
+            "--tracking-uri",
+            "http://x",
+            "--run-id",
+            "r",
+            "--node",
+            "",
+        ];
         let config = Config::from_parts(argv, &env(&[]), || Some("Pod-7".into())).unwrap();
         assert_eq!(config.node, "pod-7");
     }
 
     #[test]
     fn basic_auth_wins_over_the_token_and_is_never_printed() {
-        let both = [("MLFLOW_TRACKING_USERNAME", "u"), ("MLFLOW_TRACKING_PASSWORD", "p"), ("MLFLOW_TRACKING_TOKEN", "t")];
+        let both = [
+            ("MLFLOW_TRACKING_USERNAME", "u"),
+            ("MLFLOW_TRACKING_PASSWORD", "p"),
+            ("MLFLOW_TRACKING_TOKEN", "t"),
+        ];
         let http = config(&[], &both).unwrap().http.unwrap();
         assert_eq!(http.auth.header_value().as_deref(), Some("Basic dTpw"));
         assert!(!format!("{http:?}").contains("dTpw") && !format!("{:?}", http.auth).contains('p'));
-        let token = config(&[], &[("MLFLOW_TRACKING_TOKEN", "secret-token")]).unwrap().http.unwrap();
-        assert_eq!(token.auth.header_value().as_deref(), Some("Bearer secret-token"));
+        let token = config(&[], &[("MLFLOW_TRACKING_TOKEN", "secret-token")])
+            .unwrap()
+            .http
+            .unwrap();
+        assert_eq!(
+            token.auth.header_value().as_deref(),
+            Some("Bearer secret-token")
+        );
         assert!(!format!("{token:?}").contains("secret-token"));
     }
 
@@ -401,22 +552,57 @@ mod tests {
     #[test]
     fn the_buffer_holds_an_hour_of_samples_by_default() {
         assert_eq!(config(&[], &[]).unwrap().buffer_samples, 360);
-        assert_eq!(config(&["--interval", "1"], &[]).unwrap().buffer_samples, 3600);
-        assert_eq!(config(&["--interval", "7", "--buffer", "1m"], &[]).unwrap().buffer_samples, 9);
+        assert_eq!(
+            config(&["--interval", "1"], &[]).unwrap().buffer_samples,
+            3600
+        );
+        assert_eq!(
+            config(&["--interval", "7", "--buffer", "1m"], &[])
+                .unwrap()
+                .buffer_samples,
+            9
+        );
     }
 
     #[test]
     fn without_mlflow_settings_only_wrapper_mode_starts() {
-        let bare = |args: &[&str]| Config::from_parts(std::iter::once("mlscope-collector").chain(args.iter().copied()), &env(&[]), || None);
+        let bare = |args: &[&str]| {
+            Config::from_parts(
+                std::iter::once("mlscope-collector").chain(args.iter().copied()),
+                &env(&[]),
+                || None,
+            )
+        };
         // Only meaningful when the test process itself has no MLflow variables.
-        if std::env::var_os("MLFLOW_TRACKING_URI").is_none() && std::env::var_os("MLFLOW_RUN_ID").is_none() {
+        if std::env::var_os("MLFLOW_TRACKING_URI").is_none()
+            && std::env::var_os("MLFLOW_RUN_ID").is_none()
+        {
             assert!(matches!(bare(&[]), Err(ConfigError::Invalid(_))));
             let wrapped = bare(&["--", "true"]).unwrap();
             assert!(wrapped.http.is_none());
             assert_eq!(wrapped.command, [OsString::from("true")]);
         }
-        assert!(matches!(config(&[], &[("MLFLOW_TRACKING_INSECURE_TLS", "true"), ("MLFLOW_TRACKING_SERVER_CERT_PATH", "/x")]), Err(ConfigError::Invalid(_))));
-        let ftp = Config::from_parts(["mlscope-collector", "--tracking-uri", "file:///tmp", "--run-id", "r"], &env(&[]), || None);
+        assert!(matches!(
+            config(
+                &[],
+                &[
+                    ("MLFLOW_TRACKING_INSECURE_TLS", "true"),
+                    ("MLFLOW_TRACKING_SERVER_CERT_PATH", "/x")
+                ]
+            ),
+            Err(ConfigError::Invalid(_))
+        ));
+        let ftp = Config::from_parts(
+            [
+                "mlscope-collector",
+                "--tracking-uri",
+                "file:///tmp",
+                "--run-id",
+                "r",
+            ],
+            &env(&[]),
+            || None,
+        );
         assert!(matches!(ftp, Err(ConfigError::Invalid(_))));
     }
 }

@@ -23,7 +23,11 @@ fn main() -> ExitCode {
         }
         Err(ConfigError::Cli(e)) => {
             let text = e.to_string();
-            let line = text.lines().next().unwrap_or("invalid arguments").trim_start_matches("error: ");
+            let line = text
+                .lines()
+                .next()
+                .unwrap_or("invalid arguments")
+                .trim_start_matches("error: ");
             eprintln!("mlscope-collector: invalid configuration: {line} (see --help)");
             return ExitCode::from(EXIT_CONFIG);
         }

@@ -11,7 +11,13 @@ use nix::sys::signalfd::SignalFd;
 
 /// The signals the collector handles: SIGTERM and SIGINT stop it (or are forwarded to the
 /// child), the others are only forwarded.
-pub const HANDLED: [Signal; 5] = [Signal::SIGTERM, Signal::SIGINT, Signal::SIGHUP, Signal::SIGUSR1, Signal::SIGUSR2];
+pub const HANDLED: [Signal; 5] = [
+    Signal::SIGTERM,
+    Signal::SIGINT,
+    Signal::SIGHUP,
+    Signal::SIGUSR1,
+    Signal::SIGUSR2,
+];
 
 /// The blocked set, to be read by [`spawn_listener`].
 #[derive(Debug)]
@@ -37,19 +43,29 @@ pub struct Received {
 }
 
 /// Calls `on_signal` for every handled signal, on a thread of its own.
-pub fn spawn_listener(mask: SignalMask, mut on_signal: impl FnMut(Received) + Send + 'static) -> io::Result<JoinHandle<()>> {
+pub fn spawn_listener(
+    mask: SignalMask,
+    mut on_signal: impl FnMut(Received) + Send + 'static,
+) -> io::Result<JoinHandle<()>> {
     let fd = SignalFd::new(&mask.0).map_err(io::Error::from)?;
-    thread::Builder::new().name("mlscope-signals".into()).spawn(move || loop {
-        match fd.read_signal() {
-            Ok(Some(info)) => {
-                let Ok(signal) = Signal::try_from(info.ssi_signo as i32) else { continue };
-                on_signal(Received { signal, from_terminal: info.ssi_code == nix::libc::SI_KERNEL });
+    thread::Builder::new()
+        .name("mlscope-signals".into())
+        .spawn(move || loop {
+            match fd.read_signal() {
+                Ok(Some(info)) => {
+                    let Ok(signal) = Signal::try_from(info.ssi_signo as i32) else {
+                        continue;
+                    };
+                    on_signal(Received {
+                        signal,
+                        from_terminal: info.ssi_code == nix::libc::SI_KERNEL,
+                    });
+                }
+                Ok(None) | Err(Errno::EINTR) => continue,
+                Err(error) => {
+                    tracing::warn!(%error, "reading signals failed; signals are no longer handled");
+                    return;
+                }
             }
-            Ok(None) | Err(Errno::EINTR) => continue,
-            Err(error) => {
-                tracing::warn!(%error, "reading signals failed; signals are no longer handled");
-                return;
-            }
-        }
-    })
+        })
 }

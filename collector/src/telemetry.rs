@@ -11,9 +11,17 @@ use crate::config::LogFormat;
 pub fn init_logging(format: LogFormat, filter: &str) {
     let filter = EnvFilter::try_new(filter).unwrap_or_else(|_| EnvFilter::new("info"));
     // Colours only on a terminal: in wrapper mode stderr is usually the pod's log.
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(std::io::stderr().is_terminal());
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal());
     match format {
-        LogFormat::Json => builder.json().flatten_event(true).with_current_span(false).with_span_list(false).init(),
+        LogFormat::Json => builder
+            .json()
+            .flatten_event(true)
+            .with_current_span(false)
+            .with_span_list(false)
+            .init(),
         LogFormat::Pretty => builder.compact().init(),
     }
 }

@@ -63,7 +63,11 @@ impl ChildOutcome {
     /// Run tags that say how rank `rank` on `node` ended, under `mlscope/rank-<r>/`.
     pub fn tags(&self, node: &str, rank: u32) -> Vec<(String, String)> {
         let key = |name: &str| format!("mlscope/rank-{rank}/{name}");
-        let mut tags = vec![(key("outcome"), self.outcome().to_owned()), (key("exit_code"), self.exit_code().to_string()), (key("node"), node.to_owned())];
+        let mut tags = vec![
+            (key("outcome"), self.outcome().to_owned()),
+            (key("exit_code"), self.exit_code().to_string()),
+            (key("node"), node.to_owned()),
+        ];
         if let Ended::Signaled(signal) = self.ended {
             tags.push((key("signal"), signal.as_str().to_owned()));
         }
@@ -77,7 +81,9 @@ impl ChildOutcome {
 /// Starts `command` with the collector's stdio and environment, plus
 /// `MLFLOW_SYSTEM_METRICS_NODE_ID=<node_id>` unless `already_set`.
 pub fn spawn(command: &[OsString], node_id: &str, already_set: bool) -> io::Result<Child> {
-    let (program, args) = command.split_first().ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "no command"))?;
+    let (program, args) = command
+        .split_first()
+        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "no command"))?;
     let mut child = Command::new(program);
     child.args(args);
     if !already_set {
@@ -124,7 +130,11 @@ mod tests {
     use super::*;
 
     fn outcome(ended: Ended, before: Option<u64>, after: Option<u64>) -> ChildOutcome {
-        ChildOutcome { ended, oom_kills_before: before, oom_kills_after: after }
+        ChildOutcome {
+            ended,
+            oom_kills_before: before,
+            oom_kills_after: after,
+        }
     }
 
     #[test]
@@ -133,7 +143,10 @@ mod tests {
         assert!(oom.oom_killed());
         assert_eq!(oom.exit_code(), 137);
         let tags = oom.tags("node-a", 3);
-        assert!(tags.contains(&("mlscope/rank-3/outcome".into(), "oom_killed".into())), "{tags:?}");
+        assert!(
+            tags.contains(&("mlscope/rank-3/outcome".into(), "oom_killed".into())),
+            "{tags:?}"
+        );
         assert!(tags.contains(&("mlscope/rank-3/exit_code".into(), "137".into())));
         assert!(tags.contains(&("mlscope/rank-3/signal".into(), "SIGKILL".into())));
         assert!(tags.contains(&("mlscope/rank-3/oom_kills".into(), "1".into())));
@@ -143,21 +156,35 @@ mod tests {
     fn a_sigkill_without_an_oom_kill_is_just_killed() {
         let killed = outcome(Ended::Signaled(Signal::SIGKILL), Some(2), Some(2));
         assert_eq!((killed.outcome(), killed.exit_code()), ("killed", 137));
-        assert_eq!(outcome(Ended::Signaled(Signal::SIGKILL), None, None).outcome(), "killed");
-        assert_eq!(outcome(Ended::Signaled(Signal::SIGTERM), Some(0), Some(1)).outcome(), "killed");
+        assert_eq!(
+            outcome(Ended::Signaled(Signal::SIGKILL), None, None).outcome(),
+            "killed"
+        );
+        assert_eq!(
+            outcome(Ended::Signaled(Signal::SIGTERM), Some(0), Some(1)).outcome(),
+            "killed"
+        );
     }
 
     #[test]
     fn exit_codes_pass_through() {
         let failed = outcome(Ended::Exited(3), Some(0), Some(0));
         assert_eq!((failed.outcome(), failed.exit_code()), ("exited", 3));
-        assert_eq!(outcome(Ended::Signaled(Signal::SIGTERM), None, None).exit_code(), 143);
-        assert!(!failed.tags("n", 0).iter().any(|(k, _)| k.ends_with("/signal")));
+        assert_eq!(
+            outcome(Ended::Signaled(Signal::SIGTERM), None, None).exit_code(),
+            143
+        );
+        assert!(!failed
+            .tags("n", 0)
+            .iter()
+            .any(|(k, _)| k.ends_with("/signal")));
     }
 
     #[test]
     fn every_tag_key_is_a_valid_mlflow_key() {
-        for (key, _) in outcome(Ended::Signaled(Signal::SIGKILL), Some(0), Some(1)).tags("n.1", 4095) {
+        for (key, _) in
+            outcome(Ended::Signaled(Signal::SIGKILL), Some(0), Some(1)).tags("n.1", 4095)
+        {
             assert!(mlscope_scopes::is_valid_mlflow_key(&key), "{key}");
         }
     }

@@ -18,7 +18,9 @@ fn stderr_lines_with<'a>(stderr: &'a str, needle: &str) -> Vec<&'a str> {
 
 #[test]
 fn help_documents_every_flag_and_mlflow_variable() {
-    let output = collector("http://127.0.0.1:1", &["--help"]).output().unwrap();
+    let output = collector("http://127.0.0.1:1", &["--help"])
+        .output()
+        .unwrap();
     assert!(output.status.success());
     let help = String::from_utf8(output.stdout).unwrap();
     for word in [
@@ -49,13 +51,20 @@ fn help_documents_every_flag_and_mlflow_variable() {
         "MLFLOW_SYSTEM_METRICS_NODE_ID",
         "Wrapper mode",
     ] {
-        assert!(help.contains(word), "--help does not mention {word}:\n{help}");
+        assert!(
+            help.contains(word),
+            "--help does not mention {word}:\n{help}"
+        );
     }
 }
 
 #[test]
 fn invalid_settings_exit_64_with_one_line() {
-    for (args, env_uri) in [(&["--interval", "0"][..], true), (&["--volume", "no-equals-sign"][..], true), (&[][..], false)] {
+    for (args, env_uri) in [
+        (&["--interval", "0"][..], true),
+        (&["--volume", "no-equals-sign"][..], true),
+        (&[][..], false),
+    ] {
         let mut command = collector("http://127.0.0.1:1", args);
         if !env_uri {
             command.env_remove("MLFLOW_TRACKING_URI");
@@ -64,14 +73,24 @@ fn invalid_settings_exit_64_with_one_line() {
         let stderr = String::from_utf8_lossy(&output.stderr);
         assert_eq!(output.status.code(), Some(64), "{args:?}: {stderr}");
         assert_eq!(stderr.trim().lines().count(), 1, "{args:?}: {stderr}");
-        assert!(stderr.starts_with("mlscope-collector: invalid configuration: "), "{stderr}");
+        assert!(
+            stderr.starts_with("mlscope-collector: invalid configuration: "),
+            "{stderr}"
+        );
     }
 }
 
 #[test]
 fn samples_carry_identity_headers_the_contracts_keys_one_timestamp_and_rising_steps() {
     let mlflow = MockMlflow::ok();
-    let child = spawn(collector(&mlflow.url, &["--interval", "200ms", "--volume", "scratch=/tmp"]).env("NODE_NAME", "node-t").env("RANK", "5"));
+    let child = spawn(
+        collector(
+            &mlflow.url,
+            &["--interval", "200ms", "--volume", "scratch=/tmp"],
+        )
+        .env("NODE_NAME", "node-t")
+        .env("RANK", "5"),
+    );
     wait_for("four samples", WAIT, || mlflow.samples().len() >= 4);
     sigterm(&child);
     let (status, _, stderr) = finish(child, EXIT);
@@ -80,14 +99,30 @@ fn samples_carry_identity_headers_the_contracts_keys_one_timestamp_and_rising_st
     let samples = mlflow.samples();
     for (step, sample) in samples.iter().enumerate() {
         assert_eq!(sample.path, "/api/2.0/mlflow/runs/log-batch");
-        assert_eq!(sample.headers.get("x-mlscope-node").map(String::as_str), Some("node-t"));
-        assert_eq!(sample.headers.get("x-mlscope-rank").map(String::as_str), Some("5"));
+        assert_eq!(
+            sample.headers.get("x-mlscope-node").map(String::as_str),
+            Some("node-t")
+        );
+        assert_eq!(
+            sample.headers.get("x-mlscope-rank").map(String::as_str),
+            Some("5")
+        );
         assert_eq!(sample.body["run_id"], "run-1");
         let metrics = sample.body["metrics"].as_array().unwrap();
-        let timestamps: BTreeSet<i64> = metrics.iter().map(|m| m["timestamp"].as_i64().unwrap()).collect();
-        let steps: BTreeSet<i64> = metrics.iter().map(|m| m["step"].as_i64().unwrap()).collect();
+        let timestamps: BTreeSet<i64> = metrics
+            .iter()
+            .map(|m| m["timestamp"].as_i64().unwrap())
+            .collect();
+        let steps: BTreeSet<i64> = metrics
+            .iter()
+            .map(|m| m["step"].as_i64().unwrap())
+            .collect();
         assert_eq!(timestamps.len(), 1, "one timestamp per sample");
-        assert_eq!(steps, BTreeSet::from([step as i64]), "steps rise by one from 0");
+        assert_eq!(
+            steps,
+            BTreeSet::from([step as i64]),
+            "steps rise by one from 0"
+        );
     }
     let keys: BTreeSet<String> = samples.iter().flat_map(|s| s.metric_keys()).collect();
     for key in [
@@ -110,10 +145,15 @@ fn samples_carry_identity_headers_the_contracts_keys_one_timestamp_and_rising_st
     for key in &keys {
         assert!(mlscope_scopes::is_valid_mlflow_key(key), "{key}");
         let name = key.rsplit('/').next().unwrap();
-        let rule = mlscope_scopes::rule_for(name).unwrap_or_else(|| panic!("{key} is not in the scope table"));
+        let rule = mlscope_scopes::rule_for(name)
+            .unwrap_or_else(|| panic!("{key} is not in the scope table"));
         // Already in scoped form: the proxy leaves it alone.
         assert!(rule.scoped.is_none(), "{key} is not in scoped form");
-        let owner = if rule.scope.is_node_wide() { "node-t" } else { "rank-5" };
+        let owner = if rule.scope.is_node_wide() {
+            "node-t"
+        } else {
+            "rank-5"
+        };
         assert_eq!(key, &format!("system/{owner}/{name}"));
     }
     // No NVML here: one info line says so, and there is no GPU series.
@@ -126,7 +166,10 @@ fn sigterm_takes_a_final_sample_and_flushes_it_before_exit() {
     let mlflow = MockMlflow::ok();
     // An interval of an hour: the only sample is the final one.
     let child = spawn(&mut collector(&mlflow.url, &["--interval", "1h"]));
-    wait_for("the collector to start", WAIT, || fs::read_to_string(format!("/proc/{}/status", child.id())).is_ok_and(|s| s.contains("Threads:\t3")));
+    wait_for("the collector to start", WAIT, || {
+        fs::read_to_string(format!("/proc/{}/status", child.id()))
+            .is_ok_and(|s| s.contains("Threads:\t3"))
+    });
     sigterm(&child);
     let (status, _, stderr) = finish(child, EXIT);
     assert!(status.success(), "{stderr}");
@@ -138,39 +181,85 @@ fn sigterm_takes_a_final_sample_and_flushes_it_before_exit() {
 #[test]
 fn while_mlflow_answers_503_and_429_samples_are_buffered_and_sent_in_order() {
     let mlflow = MockMlflow::start(|i| match i {
-        0..=3 => (503, r#"{"error_code":"TEMPORARILY_UNAVAILABLE","message":"MLflow is restarting"}"#.into()),
-        4 | 5 => (429, r#"{"error_code":"REQUEST_LIMIT_EXCEEDED","message":"slow down"}"#.into()),
+        0..=3 => (
+            503,
+            r#"{"error_code":"TEMPORARILY_UNAVAILABLE","message":"MLflow is restarting"}"#.into(),
+        ),
+        4 | 5 => (
+            429,
+            r#"{"error_code":"REQUEST_LIMIT_EXCEEDED","message":"slow down"}"#.into(),
+        ),
         _ => (200, "{}".into()),
     });
-    let child = spawn(&mut collector(&mlflow.url, &["--interval", "200ms", "--max-backoff", "300ms"]));
+    let child = spawn(&mut collector(
+        &mlflow.url,
+        &["--interval", "200ms", "--max-backoff", "300ms"],
+    ));
     wait_for("eight stored samples", WAIT, || mlflow.samples().len() >= 8);
     sigterm(&child);
     let (status, _, stderr) = finish(child, EXIT);
     assert!(status.success(), "{stderr}");
     let steps: Vec<i64> = mlflow.samples().iter().filter_map(|s| s.step()).collect();
-    assert_eq!(steps, (0..steps.len() as i64).collect::<Vec<_>>(), "every sample, in order, exactly once");
-    assert_eq!(stderr_lines_with(&stderr, "MLflow is unreachable").len(), 1, "{stderr}");
+    assert_eq!(
+        steps,
+        (0..steps.len() as i64).collect::<Vec<_>>(),
+        "every sample, in order, exactly once"
+    );
+    assert_eq!(
+        stderr_lines_with(&stderr, "MLflow is unreachable").len(),
+        1,
+        "{stderr}"
+    );
 }
 
 #[test]
 fn a_refused_batch_is_logged_once_and_sampling_goes_on() {
-    let mlflow = MockMlflow::start(|_| (404, r#"{"error_code":"RESOURCE_DOES_NOT_EXIST","message":"Run 'run-1' not found"}"#.into()));
+    let mlflow = MockMlflow::start(|_| {
+        (
+            404,
+            r#"{"error_code":"RESOURCE_DOES_NOT_EXIST","message":"Run 'run-1' not found"}"#.into(),
+        )
+    });
     let child = spawn(&mut collector(&mlflow.url, &["--interval", "100ms"]));
-    wait_for("five refused batches", WAIT, || mlflow.received().len() >= 5);
+    wait_for("five refused batches", WAIT, || {
+        mlflow.received().len() >= 5
+    });
     sigterm(&child);
     let (status, _, stderr) = finish(child, EXIT);
     assert!(status.success(), "{stderr}");
     let steps: Vec<i64> = mlflow.received().iter().filter_map(|r| r.step()).collect();
-    assert_eq!(steps, (0..steps.len() as i64).collect::<Vec<_>>(), "each refused batch is sent once, then the next");
-    assert_eq!(stderr_lines_with(&stderr, "Run 'run-1' not found").len(), 1, "{stderr}");
+    assert_eq!(
+        steps,
+        (0..steps.len() as i64).collect::<Vec<_>>(),
+        "each refused batch is sent once, then the next"
+    );
+    assert_eq!(
+        stderr_lines_with(&stderr, "Run 'run-1' not found").len(),
+        1,
+        "{stderr}"
+    );
 }
 
 #[test]
 fn unreachable_mlflow_never_makes_the_collector_fail_and_a_full_buffer_drops_the_oldest() {
     // A port nothing listens on.
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
     let url = format!("http://127.0.0.1:{port}");
-    let child = spawn(&mut collector(&url, &["--interval", "100ms", "--buffer", "300ms", "--flush-timeout", "300ms"]));
+    let child = spawn(&mut collector(
+        &url,
+        &[
+            "--interval",
+            "100ms",
+            "--buffer",
+            "300ms",
+            "--flush-timeout",
+            "300ms",
+        ],
+    ));
     // Long enough for five times the samples the buffer holds.
     std::thread::sleep(Duration::from_millis(1500));
     sigterm(&child);
@@ -178,19 +267,38 @@ fn unreachable_mlflow_never_makes_the_collector_fail_and_a_full_buffer_drops_the
     assert!(status.success(), "{status}: {stderr}");
     let last = stderr.lines().last().unwrap_or_default();
     let stats: serde_json::Value = serde_json::from_str(last).unwrap();
-    assert_eq!(stats["message"], "stopped with samples that never reached MLflow", "{stderr}");
+    assert_eq!(
+        stats["message"], "stopped with samples that never reached MLflow",
+        "{stderr}"
+    );
     assert!(stats["dropped"].as_u64().unwrap() > 0, "{last}");
-    assert_eq!(stats["unsent"].as_u64(), Some(3), "the buffer holds 300ms / 100ms samples: {last}");
+    assert_eq!(
+        stats["unsent"].as_u64(),
+        Some(3),
+        "the buffer holds 300ms / 100ms samples: {last}"
+    );
 }
 
 #[test]
 fn the_bearer_token_is_sent_and_never_logged() {
     let mlflow = MockMlflow::ok();
-    let child = spawn(collector(&mlflow.url, &["--interval", "100ms", "--log-level", "trace"]).env("MLFLOW_TRACKING_TOKEN", "tok-secret-123"));
+    let child = spawn(
+        collector(
+            &mlflow.url,
+            &["--interval", "100ms", "--log-level", "trace"],
+        )
+        .env("MLFLOW_TRACKING_TOKEN", "tok-secret-123"),
+    );
     wait_for("a sample", WAIT, || !mlflow.samples().is_empty());
     sigterm(&child);
     let (_, _, stderr) = finish(child, EXIT);
-    assert_eq!(mlflow.samples()[0].headers.get("authorization").map(String::as_str), Some("Bearer tok-secret-123"));
+    assert_eq!(
+        mlflow.samples()[0]
+            .headers
+            .get("authorization")
+            .map(String::as_str),
+        Some("Bearer tok-secret-123")
+    );
     assert!(!stderr.contains("tok-secret-123"), "{stderr}");
 }
 
@@ -201,19 +309,45 @@ fn wrapper_mode_passes_the_exit_status_through_sets_the_node_id_and_tags_the_run
     let mlflow = MockMlflow::ok();
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("node-id");
-    let script = format!("echo \"$MLFLOW_SYSTEM_METRICS_NODE_ID\" > '{}'; exit 3", file.display());
-    let child = spawn(collector(&mlflow.url, &["--interval", "1h", "--", "sh", "-c", &script]).env("NODE_NAME", "node-w").env("OMPI_COMM_WORLD_RANK", "2"));
+    let script = format!(
+        "echo \"$MLFLOW_SYSTEM_METRICS_NODE_ID\" > '{}'; exit 3",
+        file.display()
+    );
+    let child = spawn(
+        collector(
+            &mlflow.url,
+            &["--interval", "1h", "--", "sh", "-c", &script],
+        )
+        .env("NODE_NAME", "node-w")
+        .env("OMPI_COMM_WORLD_RANK", "2"),
+    );
     let (status, _, stderr) = finish(child, EXIT);
     assert_eq!(status.code(), Some(3), "{stderr}");
     assert_eq!(fs::read_to_string(&file).unwrap().trim(), "node-w/rank-2");
     let tags = mlflow.tags();
-    assert_eq!(tags.get("mlscope/rank-2/outcome").map(String::as_str), Some("exited"), "{tags:?}");
-    assert_eq!(tags.get("mlscope/rank-2/exit_code").map(String::as_str), Some("3"));
-    assert_eq!(tags.get("mlscope/rank-2/node").map(String::as_str), Some("node-w"));
-    assert_eq!(tags.get("mlscope/rank-2/oom_kills").map(String::as_str), Some("0"));
+    assert_eq!(
+        tags.get("mlscope/rank-2/outcome").map(String::as_str),
+        Some("exited"),
+        "{tags:?}"
+    );
+    assert_eq!(
+        tags.get("mlscope/rank-2/exit_code").map(String::as_str),
+        Some("3")
+    );
+    assert_eq!(
+        tags.get("mlscope/rank-2/node").map(String::as_str),
+        Some("node-w")
+    );
+    assert_eq!(
+        tags.get("mlscope/rank-2/oom_kills").map(String::as_str),
+        Some("0")
+    );
     // The final sample went out before the tags.
     let received = mlflow.accepted();
-    assert!(received.len() == 2 && received[0].step() == Some(0) && !received[1].tags().is_empty(), "{received:?}");
+    assert!(
+        received.len() == 2 && received[0].step() == Some(0) && !received[1].tags().is_empty(),
+        "{received:?}"
+    );
 }
 
 #[test]
@@ -221,8 +355,17 @@ fn wrapper_mode_keeps_a_node_id_the_pod_already_set() {
     let mlflow = MockMlflow::ok();
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("node-id");
-    let script = format!("echo \"$MLFLOW_SYSTEM_METRICS_NODE_ID\" > '{}'", file.display());
-    let child = spawn(collector(&mlflow.url, &["--interval", "1h", "--", "sh", "-c", &script]).env("MLFLOW_SYSTEM_METRICS_NODE_ID", "set-by-pod"));
+    let script = format!(
+        "echo \"$MLFLOW_SYSTEM_METRICS_NODE_ID\" > '{}'",
+        file.display()
+    );
+    let child = spawn(
+        collector(
+            &mlflow.url,
+            &["--interval", "1h", "--", "sh", "-c", &script],
+        )
+        .env("MLFLOW_SYSTEM_METRICS_NODE_ID", "set-by-pod"),
+    );
     let (status, _, _) = finish(child, EXIT);
     assert!(status.success());
     assert_eq!(fs::read_to_string(&file).unwrap().trim(), "set-by-pod");
@@ -234,13 +377,25 @@ fn sigterm_reaches_the_wrapped_command_and_its_status_is_returned() {
     let dir = tempfile::tempdir().unwrap();
     let ready = dir.path().join("ready");
     // The command exits 7 on SIGTERM; the loop is bounded at 60 s.
-    let script = format!("trap 'exit 7' TERM; touch '{}'; i=0; while [ $i -lt 600 ]; do sleep 0.1; i=$((i+1)); done", ready.display());
-    let child = spawn(&mut collector(&mlflow.url, &["--interval", "200ms", "--", "sh", "-c", &script]));
+    let script = format!(
+        "trap 'exit 7' TERM; touch '{}'; i=0; while [ $i -lt 600 ]; do sleep 0.1; i=$((i+1)); done",
+        ready.display()
+    );
+    let child = spawn(&mut collector(
+        &mlflow.url,
+        &["--interval", "200ms", "--", "sh", "-c", &script],
+    ));
     wait_for("the command to start", WAIT, || ready.exists());
     sigterm(&child);
     let (status, _, stderr) = finish(child, EXIT);
     assert_eq!(status.code(), Some(7), "{stderr}");
-    assert_eq!(mlflow.tags().get("mlscope/rank-0/exit_code").map(String::as_str), Some("7"));
+    assert_eq!(
+        mlflow
+            .tags()
+            .get("mlscope/rank-0/exit_code")
+            .map(String::as_str),
+        Some("7")
+    );
 }
 
 #[test]
@@ -248,10 +403,19 @@ fn sigint_sent_to_the_wrapper_reaches_the_wrapped_command() {
     let mlflow = MockMlflow::ok();
     let dir = tempfile::tempdir().unwrap();
     let ready = dir.path().join("ready");
-    let script = format!("trap 'exit 8' INT; touch '{}'; i=0; while [ $i -lt 600 ]; do sleep 0.1; i=$((i+1)); done", ready.display());
-    let child = spawn(&mut collector(&mlflow.url, &["--interval", "1h", "--", "sh", "-c", &script]));
+    let script = format!(
+        "trap 'exit 8' INT; touch '{}'; i=0; while [ $i -lt 600 ]; do sleep 0.1; i=$((i+1)); done",
+        ready.display()
+    );
+    let child = spawn(&mut collector(
+        &mlflow.url,
+        &["--interval", "1h", "--", "sh", "-c", &script],
+    ));
     wait_for("the command to start", WAIT, || ready.exists());
-    let status = std::process::Command::new("kill").args(["-INT", &child.id().to_string()]).status().unwrap();
+    let status = std::process::Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status()
+        .unwrap();
     assert!(status.success());
     let (status, _, stderr) = finish(child, EXIT);
     assert_eq!(status.code(), Some(8), "{stderr}");
@@ -260,17 +424,31 @@ fn sigint_sent_to_the_wrapper_reaches_the_wrapped_command() {
 #[test]
 fn a_command_killed_by_a_signal_exits_128_plus_the_signal() {
     let mlflow = MockMlflow::ok();
-    let child = spawn(&mut collector(&mlflow.url, &["--interval", "1h", "--", "sh", "-c", "kill -KILL $$"]));
+    let child = spawn(&mut collector(
+        &mlflow.url,
+        &["--interval", "1h", "--", "sh", "-c", "kill -KILL $$"],
+    ));
     let (status, _, stderr) = finish(child, EXIT);
     assert_eq!(status.code(), Some(137), "{stderr}");
     let tags = mlflow.tags();
-    assert_eq!(tags.get("mlscope/rank-0/outcome").map(String::as_str), Some("killed"), "no OOM kill happened: {tags:?}");
-    assert_eq!(tags.get("mlscope/rank-0/signal").map(String::as_str), Some("SIGKILL"));
+    assert_eq!(
+        tags.get("mlscope/rank-0/outcome").map(String::as_str),
+        Some("killed"),
+        "no OOM kill happened: {tags:?}"
+    );
+    assert_eq!(
+        tags.get("mlscope/rank-0/signal").map(String::as_str),
+        Some("SIGKILL")
+    );
 }
 
 #[test]
 fn without_mlflow_settings_the_command_still_runs() {
-    let child = spawn(collector("", &["--", "sh", "-c", "exit 5"]).env_remove("MLFLOW_TRACKING_URI").env_remove("MLFLOW_RUN_ID"));
+    let child = spawn(
+        collector("", &["--", "sh", "-c", "exit 5"])
+            .env_remove("MLFLOW_TRACKING_URI")
+            .env_remove("MLFLOW_RUN_ID"),
+    );
     let (status, _, stderr) = finish(child, EXIT);
     assert_eq!(status.code(), Some(5), "{stderr}");
     assert!(stderr.contains("without measuring it"), "{stderr}");
@@ -282,5 +460,11 @@ fn a_command_that_does_not_exist_exits_127() {
     let child = spawn(&mut collector(&mlflow.url, &["--", "/no/such/command"]));
     let (status, _, stderr) = finish(child, EXIT);
     assert_eq!(status.code(), Some(127), "{stderr}");
-    assert_eq!(mlflow.tags().get("mlscope/rank-0/outcome").map(String::as_str), Some("not_started"));
+    assert_eq!(
+        mlflow
+            .tags()
+            .get("mlscope/rank-0/outcome")
+            .map(String::as_str),
+        Some("not_started")
+    );
 }

@@ -37,7 +37,12 @@ struct Oracle {
 
 impl Oracle {
     fn start() -> Oracle {
-        let mut child = Command::new(support::venv_python()).args(["-c", ORACLE]).stdin(Stdio::piped()).stdout(Stdio::piped()).spawn().unwrap();
+        let mut child = Command::new(support::venv_python())
+            .args(["-c", ORACLE])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
         let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
         assert_eq!(lines.next().unwrap().unwrap(), "ready");
         Oracle { child, lines }
@@ -87,8 +92,14 @@ fn node_cpu_percent_agrees_with_psutil_over_a_loaded_interval() {
     busy.join().unwrap();
     let ours = cpu_percent(&before, &after);
     eprintln!("node CPU over the loaded interval: collector {ours} %, psutil {psutil} %");
-    assert!(ours > 100.0 / num_cpus() as f64 * 0.8, "the loaded interval shows load: {ours}");
-    assert!((ours - psutil).abs() <= 3.0, "collector {ours} % vs psutil {psutil} %");
+    assert!(
+        ours > 100.0 / num_cpus() as f64 * 0.8,
+        "the loaded interval shows load: {ours}"
+    );
+    assert!(
+        (ours - psutil).abs() <= 3.0,
+        "collector {ours} % vs psutil {psutil} %"
+    );
 }
 
 fn num_cpus() -> usize {
@@ -116,9 +127,25 @@ fn rootfs_space_agrees_with_psutil_disk_usage() {
     let mut oracle = Oracle::start();
     let space = Space::of(Path::new("/")).unwrap();
     let answer = oracle.ask("disk");
-    let (used, free, percent) = (answer[0].as_f64().unwrap(), answer[1].as_f64().unwrap(), answer[2].as_f64().unwrap());
+    let (used, free, percent) = (
+        answer[0].as_f64().unwrap(),
+        answer[1].as_f64().unwrap(),
+        answer[2].as_f64().unwrap(),
+    );
     let close = |a: f64, b: f64| (a - b).abs() <= b.abs() * 0.001 + 64.0 * 1024.0 * 1024.0;
-    assert!(close(space.used() as f64, used), "used {} vs {used}", space.used());
-    assert!(close(space.available as f64, free), "available {} vs {free}", space.available);
-    assert!((space.used_percentage() - percent).abs() <= 0.2, "{} vs {percent}", space.used_percentage());
+    assert!(
+        close(space.used() as f64, used),
+        "used {} vs {used}",
+        space.used()
+    );
+    assert!(
+        close(space.available as f64, free),
+        "available {} vs {free}",
+        space.available
+    );
+    assert!(
+        (space.used_percentage() - percent).abs() <= 0.2,
+        "{} vs {percent}",
+        space.used_percentage()
+    );
 }

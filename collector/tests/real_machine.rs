@@ -3,7 +3,9 @@
 use std::fs;
 use std::path::PathBuf;
 
-use mlscope_collector::sources::cgroup::{discover, parse_proc_cgroup, CgroupLayout, DiscoveryRoots};
+use mlscope_collector::sources::cgroup::{
+    discover, parse_proc_cgroup, CgroupLayout, DiscoveryRoots,
+};
 use mlscope_collector::sources::gpu::GpuSource;
 use mlscope_collector::sources::network::parse_net_dev;
 use mlscope_collector::sources::node::{parse_meminfo, parse_proc_stat, NodeSource};
@@ -14,19 +16,40 @@ fn discovery_finds_this_processs_own_cgroup_and_reads_its_memory() {
     let own = parse_proc_cgroup(&fs::read_to_string("/proc/self/cgroup").unwrap());
     match &layout {
         CgroupLayout::V1(dirs) => {
-            let memory_path = own.iter().find(|l| l.controllers.iter().any(|c| c == "memory")).unwrap().path.clone();
+            let memory_path = own
+                .iter()
+                .find(|l| l.controllers.iter().any(|c| c == "memory"))
+                .unwrap()
+                .path
+                .clone();
             let dir = dirs.memory.as_ref().expect("a v1 memory directory");
-            assert!(dir.ends_with(memory_path.trim_start_matches('/')), "{} for {memory_path}", dir.display());
+            assert!(
+                dir.ends_with(memory_path.trim_start_matches('/')),
+                "{} for {memory_path}",
+                dir.display()
+            );
         }
         CgroupLayout::V2 { dir, .. } => {
-            let path = own.iter().find(|l| l.hierarchy_id == 0).unwrap().path.clone();
-            assert!(dir.ends_with(path.trim_start_matches('/')), "{} for {path}", dir.display());
+            let path = own
+                .iter()
+                .find(|l| l.hierarchy_id == 0)
+                .unwrap()
+                .path
+                .clone();
+            assert!(
+                dir.ends_with(path.trim_start_matches('/')),
+                "{} for {path}",
+                dir.display()
+            );
         }
     }
     let reading = layout.read();
     assert!(reading.memory_usage.unwrap_or(0) > 0, "{reading:?}");
     assert!(reading.cpu_usage_usec.unwrap_or(0) > 0, "{reading:?}");
-    assert!(reading.oom_kills.is_some(), "this kernel reports oom_kill: {reading:?}");
+    assert!(
+        reading.oom_kills.is_some(),
+        "this kernel reports oom_kill: {reading:?}"
+    );
 }
 
 #[test]
@@ -38,9 +61,17 @@ fn node_values_from_the_real_proc_are_plausible() {
     let mut node = NodeSource::new(PathBuf::from("/proc"));
     let mut out = Vec::new();
     node.sample(&mut out);
-    let value = |name: &str| out.iter().find(|(n, _)| n == name).unwrap_or_else(|| panic!("no {name}")).1;
+    let value = |name: &str| {
+        out.iter()
+            .find(|(n, _)| n == name)
+            .unwrap_or_else(|| panic!("no {name}"))
+            .1
+    };
     assert!((0.0..=100.0).contains(&value("node_cpu_utilization_percentage")));
-    assert!(value("node_memory_usage_percentage") > 0.0 && value("node_memory_usage_percentage") <= 100.0);
+    assert!(
+        value("node_memory_usage_percentage") > 0.0
+            && value("node_memory_usage_percentage") <= 100.0
+    );
     assert!(value("node_memory_usage_megabytes") > 0.0);
 }
 

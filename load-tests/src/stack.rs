@@ -171,16 +171,15 @@ impl BenchStack {
                 .map(String::as_str)
                 .chain(own_args.iter().copied())
                 .collect();
-            let proxy =
-                mlscope_tests::spawn_proxy(&upstream_url, &proxy_args, stack.dir.path())
-                    .with_context(|| format!("starting {kind} in front of MLflow"))?;
+            let proxy = mlscope_tests::spawn_proxy(&upstream_url, &proxy_args, stack.dir.path())
+                .with_context(|| format!("starting {kind} in front of MLflow"))?;
             extra_proxies.push((kind, proxy));
         }
         let nginx = if plan.nginx {
             let dir = stack.dir.path().join("nginx");
             std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
-            let nginx = Nginx::start(&upstream_url, &dir)
-                .context("starting nginx in front of MLflow")?;
+            let nginx =
+                Nginx::start(&upstream_url, &dir).context("starting nginx in front of MLflow")?;
             Some(nginx)
         } else {
             None

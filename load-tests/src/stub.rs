@@ -31,29 +31,48 @@ fn run_json() -> Value {
 fn router() -> Router {
     Router::new()
         .route("/health", get(|| async { "OK" }))
-        .route("/api/2.0/mlflow/experiments/create", post(|_: Bytes| async { Json(json!({"experiment_id": "1"})) }))
-        .route("/api/2.0/mlflow/runs/create", post(|_: Bytes| async { Json(run_json()) }))
-        .route("/api/2.0/mlflow/runs/get", get(|| async { Json(run_json()) }))
-        .route("/api/2.0/mlflow/runs/log-batch", post(|_: Bytes| async { Json(json!({})) }))
+        .route(
+            "/api/2.0/mlflow/experiments/create",
+            post(|_: Bytes| async { Json(json!({"experiment_id": "1"})) }),
+        )
+        .route(
+            "/api/2.0/mlflow/runs/create",
+            post(|_: Bytes| async { Json(run_json()) }),
+        )
+        .route(
+            "/api/2.0/mlflow/runs/get",
+            get(|| async { Json(run_json()) }),
+        )
+        .route(
+            "/api/2.0/mlflow/runs/log-batch",
+            post(|_: Bytes| async { Json(json!({})) }),
+        )
 }
 
 impl StubUpstream {
     /// Starts the stub on a free loopback port, on a thread and runtime of its own so it never
     /// waits for the load generator's.
     pub(crate) fn start() -> anyhow::Result<StubUpstream> {
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").context("binding the stub upstream")?;
+        let listener =
+            std::net::TcpListener::bind("127.0.0.1:0").context("binding the stub upstream")?;
         listener.set_nonblocking(true)?;
         let addr: SocketAddr = listener.local_addr()?;
         std::thread::Builder::new()
             .name("stub-upstream".into())
             .spawn(move || {
-                let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("stub runtime");
+                let runtime = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .expect("stub runtime");
                 runtime.block_on(async move {
-                    let listener = tokio::net::TcpListener::from_std(listener).expect("stub listener");
+                    let listener =
+                        tokio::net::TcpListener::from_std(listener).expect("stub listener");
                     let _ = axum::serve(listener, router()).await;
                 });
             })
             .context("starting the stub upstream thread")?;
-        Ok(StubUpstream { url: format!("http://{addr}") })
+        Ok(StubUpstream {
+            url: format!("http://{addr}"),
+        })
     }
 }

@@ -59,10 +59,12 @@ impl fmt::Display for ByteSize {
 /// Lowercase hex, two digits per byte (digests in reports).
 pub(crate) fn hex(bytes: &[u8]) -> String {
     use std::fmt::Write;
-    bytes.iter().fold(String::with_capacity(bytes.len() * 2), |mut out, b| {
-        let _ = write!(out, "{b:02x}");
-        out
-    })
+    bytes
+        .iter()
+        .fold(String::with_capacity(bytes.len() * 2), |mut out, b| {
+            let _ = write!(out, "{b:02x}");
+            out
+        })
 }
 
 pub(crate) fn megabytes_per_second(bytes: u64, elapsed: Duration) -> f64 {

@@ -69,7 +69,10 @@ pub enum NameMatch {
     /// `<prefix><digits>_<anything>`, e.g. `gpu_0_utilization_percentage`.
     Indexed(&'static str),
     /// `<prefix><name>_<suffix>`, e.g. `volume_data_usage_megabytes`.
-    Named { prefix: &'static str, suffixes: &'static [&'static str] },
+    Named {
+        prefix: &'static str,
+        suffixes: &'static [&'static str],
+    },
 }
 
 impl NameMatch {
@@ -79,10 +82,19 @@ impl NameMatch {
             NameMatch::Indexed(prefix) => name
                 .strip_prefix(prefix)
                 .and_then(|rest| rest.split_once('_'))
-                .is_some_and(|(index, tail)| !index.is_empty() && index.bytes().all(|b| b.is_ascii_digit()) && !tail.is_empty()),
-            NameMatch::Named { prefix, suffixes } => name.strip_prefix(prefix).is_some_and(|rest| {
-                suffixes.iter().any(|s| rest.strip_suffix(s).is_some_and(|n| n.len() > 1 && n.ends_with('_')))
-            }),
+                .is_some_and(|(index, tail)| {
+                    !index.is_empty()
+                        && index.bytes().all(|b| b.is_ascii_digit())
+                        && !tail.is_empty()
+                }),
+            NameMatch::Named { prefix, suffixes } => {
+                name.strip_prefix(prefix).is_some_and(|rest| {
+                    suffixes.iter().any(|s| {
+                        rest.strip_suffix(s)
+                            .is_some_and(|n| n.len() > 1 && n.ends_with('_'))
+                    })
+                })
+            }
         }
     }
 }
@@ -100,47 +112,178 @@ pub struct ScopeRule {
 }
 
 /// The metric names a watched volume gets, after `volume_<name>_`.
-pub const VOLUME_SUFFIXES: &[&str] = &["usage_megabytes", "usage_percentage", "available_megabytes"];
+pub const VOLUME_SUFFIXES: &[&str] =
+    &["usage_megabytes", "usage_percentage", "available_megabytes"];
 
 /// The bare metric name of one of a watched volume's series (`volume_<volume>_<suffix>`), or
 /// `None` when the table would not recognise it (an empty volume name or an unknown suffix), so
 /// the collector cannot invent a name the proxy does not know.
 pub fn volume_metric_name(volume: &str, suffix: &str) -> Option<String> {
     let name = format!("volume_{volume}_{suffix}");
-    rule_for(&name).filter(|rule| rule.scope == Scope::Volume).map(|_| name)
+    rule_for(&name)
+        .filter(|rule| rule.scope == Scope::Volume)
+        .map(|_| name)
 }
 
 /// The rewrite table. Scoped names are listed as rules of their own so rewriting is idempotent:
 /// a key already in scoped form (what the collector sends) maps to itself.
 pub const RULES: &[ScopeRule] = &[
-    rule("cpu", NameMatch::Exact("cpu_utilization_percentage"), Some("node_cpu_utilization_percentage"), Scope::Node),
-    rule("memory", NameMatch::Exact("system_memory_usage_megabytes"), Some("node_memory_usage_megabytes"), Scope::Node),
-    rule("memory", NameMatch::Exact("system_memory_usage_percentage"), Some("node_memory_usage_percentage"), Scope::Node),
-    rule("disk", NameMatch::Exact("disk_usage_megabytes"), Some("rootfs_usage_megabytes"), Scope::Rootfs),
-    rule("disk", NameMatch::Exact("disk_usage_percentage"), Some("rootfs_usage_percentage"), Scope::Rootfs),
-    rule("disk", NameMatch::Exact("disk_available_megabytes"), Some("rootfs_available_megabytes"), Scope::Rootfs),
-    rule("cpu", NameMatch::Exact("node_cpu_utilization_percentage"), None, Scope::Node),
-    rule("memory", NameMatch::Exact("node_memory_usage_megabytes"), None, Scope::Node),
-    rule("memory", NameMatch::Exact("node_memory_usage_percentage"), None, Scope::Node),
-    rule("disk", NameMatch::Exact("rootfs_usage_megabytes"), None, Scope::Rootfs),
-    rule("disk", NameMatch::Exact("rootfs_usage_percentage"), None, Scope::Rootfs),
-    rule("disk", NameMatch::Exact("rootfs_available_megabytes"), None, Scope::Rootfs),
-    rule("network", NameMatch::Exact("network_receive_megabytes"), None, Scope::Pod),
-    rule("network", NameMatch::Exact("network_transmit_megabytes"), None, Scope::Pod),
+    rule(
+        "cpu",
+        NameMatch::Exact("cpu_utilization_percentage"),
+        Some("node_cpu_utilization_percentage"),
+        Scope::Node,
+    ),
+    rule(
+        "memory",
+        NameMatch::Exact("system_memory_usage_megabytes"),
+        Some("node_memory_usage_megabytes"),
+        Scope::Node,
+    ),
+    rule(
+        "memory",
+        NameMatch::Exact("system_memory_usage_percentage"),
+        Some("node_memory_usage_percentage"),
+        Scope::Node,
+    ),
+    rule(
+        "disk",
+        NameMatch::Exact("disk_usage_megabytes"),
+        Some("rootfs_usage_megabytes"),
+        Scope::Rootfs,
+    ),
+    rule(
+        "disk",
+        NameMatch::Exact("disk_usage_percentage"),
+        Some("rootfs_usage_percentage"),
+        Scope::Rootfs,
+    ),
+    rule(
+        "disk",
+        NameMatch::Exact("disk_available_megabytes"),
+        Some("rootfs_available_megabytes"),
+        Scope::Rootfs,
+    ),
+    rule(
+        "cpu",
+        NameMatch::Exact("node_cpu_utilization_percentage"),
+        None,
+        Scope::Node,
+    ),
+    rule(
+        "memory",
+        NameMatch::Exact("node_memory_usage_megabytes"),
+        None,
+        Scope::Node,
+    ),
+    rule(
+        "memory",
+        NameMatch::Exact("node_memory_usage_percentage"),
+        None,
+        Scope::Node,
+    ),
+    rule(
+        "disk",
+        NameMatch::Exact("rootfs_usage_megabytes"),
+        None,
+        Scope::Rootfs,
+    ),
+    rule(
+        "disk",
+        NameMatch::Exact("rootfs_usage_percentage"),
+        None,
+        Scope::Rootfs,
+    ),
+    rule(
+        "disk",
+        NameMatch::Exact("rootfs_available_megabytes"),
+        None,
+        Scope::Rootfs,
+    ),
+    rule(
+        "network",
+        NameMatch::Exact("network_receive_megabytes"),
+        None,
+        Scope::Pod,
+    ),
+    rule(
+        "network",
+        NameMatch::Exact("network_transmit_megabytes"),
+        None,
+        Scope::Pod,
+    ),
     rule("gpu", NameMatch::Indexed("gpu_"), None, Scope::Device),
-    rule("container", NameMatch::Exact("container_memory_working_set_megabytes"), None, Scope::Container),
-    rule("container", NameMatch::Exact("container_memory_limit_megabytes"), None, Scope::Container),
-    rule("container", NameMatch::Exact("container_memory_working_set_percentage"), None, Scope::Container),
-    rule("container", NameMatch::Exact("container_memory_peak_megabytes"), None, Scope::Container),
-    rule("container", NameMatch::Exact("container_cpu_utilization_percentage"), None, Scope::Container),
-    rule("container", NameMatch::Exact("container_cpu_limit_cores"), None, Scope::Container),
-    rule("container", NameMatch::Exact("container_cpu_throttled_percentage"), None, Scope::Container),
-    rule("container", NameMatch::Exact("container_oom_kill_count"), None, Scope::Container),
-    rule("volume", NameMatch::Named { prefix: "volume_", suffixes: VOLUME_SUFFIXES }, None, Scope::Volume),
+    rule(
+        "container",
+        NameMatch::Exact("container_memory_working_set_megabytes"),
+        None,
+        Scope::Container,
+    ),
+    rule(
+        "container",
+        NameMatch::Exact("container_memory_limit_megabytes"),
+        None,
+        Scope::Container,
+    ),
+    rule(
+        "container",
+        NameMatch::Exact("container_memory_working_set_percentage"),
+        None,
+        Scope::Container,
+    ),
+    rule(
+        "container",
+        NameMatch::Exact("container_memory_peak_megabytes"),
+        None,
+        Scope::Container,
+    ),
+    rule(
+        "container",
+        NameMatch::Exact("container_cpu_utilization_percentage"),
+        None,
+        Scope::Container,
+    ),
+    rule(
+        "container",
+        NameMatch::Exact("container_cpu_limit_cores"),
+        None,
+        Scope::Container,
+    ),
+    rule(
+        "container",
+        NameMatch::Exact("container_cpu_throttled_percentage"),
+        None,
+        Scope::Container,
+    ),
+    rule(
+        "container",
+        NameMatch::Exact("container_oom_kill_count"),
+        None,
+        Scope::Container,
+    ),
+    rule(
+        "volume",
+        NameMatch::Named {
+            prefix: "volume_",
+            suffixes: VOLUME_SUFFIXES,
+        },
+        None,
+        Scope::Volume,
+    ),
 ];
 
-const fn rule(family: &'static str, matches: NameMatch, scoped: Option<&'static str>, scope: Scope) -> ScopeRule {
-    ScopeRule { family, matches, scoped, scope }
+const fn rule(
+    family: &'static str,
+    matches: NameMatch,
+    scoped: Option<&'static str>,
+    scope: Scope,
+) -> ScopeRule {
+    ScopeRule {
+        family,
+        matches,
+        scoped,
+        scope,
+    }
 }
 
 /// The rule for a bare metric name (without `system/` and owner), if the contract has one.
@@ -158,7 +301,10 @@ pub struct Identity {
 impl Identity {
     /// Fills whatever `self` lacks from `other` (headers first, then the key's owner).
     pub fn or(self, other: Identity) -> Identity {
-        Identity { node: self.node.or(other.node), rank: self.rank.or(other.rank) }
+        Identity {
+            node: self.node.or(other.node),
+            rank: self.rank.or(other.rank),
+        }
     }
 
     pub fn is_empty(&self) -> bool {
@@ -183,11 +329,20 @@ pub struct OwnerPattern {
 
 impl OwnerPattern {
     /// `rank-<r>`, `rank_<r>`, `rank<r>` (rank only) and `<node>/rank-<r>` (both).
-    pub const DEFAULT: &'static str = r"^(?:(?P<node>[a-z0-9][a-z0-9.-]*)/rank-(?P<rank>\d+)|rank[-_]?(?P<rank_only>\d+))$";
+    pub const DEFAULT: &'static str =
+        r"^(?:(?P<node>[a-z0-9][a-z0-9.-]*)/rank-(?P<rank>\d+)|rank[-_]?(?P<rank_only>\d+))$";
 
     pub fn new(pattern: &str) -> Result<Self, PatternError> {
-        let regex = Regex::new(pattern).map_err(|e| PatternError::Syntax { pattern: pattern.to_owned(), message: e.to_string() })?;
-        let has = |name: &str| regex.capture_names().flatten().any(|n| n == name || n.starts_with(&format!("{name}_")));
+        let regex = Regex::new(pattern).map_err(|e| PatternError::Syntax {
+            pattern: pattern.to_owned(),
+            message: e.to_string(),
+        })?;
+        let has = |name: &str| {
+            regex
+                .capture_names()
+                .flatten()
+                .any(|n| n == name || n.starts_with(&format!("{name}_")))
+        };
         if !has("node") && !has("rank") {
             return Err(PatternError::NoGroups(pattern.to_owned()));
         }
@@ -235,7 +390,10 @@ impl<'a> SystemKey<'a> {
         let rest = key.strip_prefix(SYSTEM_PREFIX)?;
         Some(match rest.rsplit_once('/') {
             Some((owner, name)) => SystemKey { owner, name },
-            None => SystemKey { owner: "", name: rest },
+            None => SystemKey {
+                owner: "",
+                name: rest,
+            },
         })
     }
 }
@@ -248,16 +406,26 @@ pub enum KeyOutcome {
     /// Already in its scoped form.
     Unchanged { scope: Scope, family: &'static str },
     /// Renamed.
-    Rewritten { key: String, scope: Scope, family: &'static str },
+    Rewritten {
+        key: String,
+        scope: Scope,
+        family: &'static str,
+    },
     /// The scoped key would break MLflow's key rules; the original is kept.
-    Invalid { rejected: String, scope: Scope, family: &'static str },
+    Invalid {
+        rejected: String,
+        scope: Scope,
+        family: &'static str,
+    },
 }
 
 impl KeyOutcome {
     pub fn scope(&self) -> Option<Scope> {
         match self {
             KeyOutcome::Untouched => None,
-            KeyOutcome::Unchanged { scope, .. } | KeyOutcome::Rewritten { scope, .. } | KeyOutcome::Invalid { scope, .. } => Some(*scope),
+            KeyOutcome::Unchanged { scope, .. }
+            | KeyOutcome::Rewritten { scope, .. }
+            | KeyOutcome::Invalid { scope, .. } => Some(*scope),
         }
     }
 }
@@ -274,22 +442,43 @@ pub struct ScopedKey {
 /// own owner fills in what they lack.
 pub fn scoped_key(key: &str, request: &Identity, pattern: &OwnerPattern) -> ScopedKey {
     let Some(parts) = SystemKey::parse(key) else {
-        return ScopedKey { outcome: KeyOutcome::Untouched, identity: request.clone() };
+        return ScopedKey {
+            outcome: KeyOutcome::Untouched,
+            identity: request.clone(),
+        };
     };
     let identity = request.clone().or(pattern.parse(parts.owner));
     let Some(rule) = rule_for(parts.name) else {
-        return ScopedKey { outcome: KeyOutcome::Untouched, identity };
+        return ScopedKey {
+            outcome: KeyOutcome::Untouched,
+            identity,
+        };
     };
     let name = rule.scoped.unwrap_or(parts.name);
-    let owner = rule.scope.owner(&identity).unwrap_or_else(|| parts.owner.to_owned());
-    let new_key = if owner.is_empty() { format!("{SYSTEM_PREFIX}{name}") } else { format!("{SYSTEM_PREFIX}{owner}/{name}") };
+    let owner = rule
+        .scope
+        .owner(&identity)
+        .unwrap_or_else(|| parts.owner.to_owned());
+    let new_key = if owner.is_empty() {
+        format!("{SYSTEM_PREFIX}{name}")
+    } else {
+        format!("{SYSTEM_PREFIX}{owner}/{name}")
+    };
     let (scope, family) = (rule.scope, rule.family);
     let outcome = if new_key == key {
         KeyOutcome::Unchanged { scope, family }
     } else if !is_valid_mlflow_key(&new_key) {
-        KeyOutcome::Invalid { rejected: new_key, scope, family }
+        KeyOutcome::Invalid {
+            rejected: new_key,
+            scope,
+            family,
+        }
     } else {
-        KeyOutcome::Rewritten { key: new_key, scope, family }
+        KeyOutcome::Rewritten {
+            key: new_key,
+            scope,
+            family,
+        }
     };
     ScopedKey { outcome, identity }
 }
@@ -307,10 +496,14 @@ pub fn collector_key(name: &str, identity: &Identity) -> String {
 /// no leading or trailing `/`.
 pub fn is_valid_mlflow_key(key: &str) -> bool {
     key.chars().count() <= 250
-        && key.chars().all(|c| c.is_alphanumeric() || matches!(c, '_' | '/' | '.' | '-' | ' ' | ':'))
+        && key
+            .chars()
+            .all(|c| c.is_alphanumeric() || matches!(c, '_' | '/' | '.' | '-' | ' ' | ':'))
         && !key.starts_with('/')
         && !key.ends_with('/')
-        && key.split('/').all(|segment| !segment.is_empty() && segment != "." && segment != "..")
+        && key
+            .split('/')
+            .all(|segment| !segment.is_empty() && segment != "." && segment != "..")
 }
 
 #[cfg(test)]
@@ -318,7 +511,10 @@ mod tests {
     use super::*;
 
     fn id(node: Option<&str>, rank: Option<u32>) -> Identity {
-        Identity { node: node.map(str::to_owned), rank }
+        Identity {
+            node: node.map(str::to_owned),
+            rank,
+        }
     }
 
     fn rewrite(key: &str, request: &Identity) -> String {
@@ -331,12 +527,39 @@ mod tests {
     #[test]
     fn the_contracts_examples_hold() {
         let by_header = id(Some("gpu-node-1"), Some(3));
-        assert_eq!(rewrite("system/gpu-node-1/rank-3/cpu_utilization_percentage", &Identity::default()), "system/gpu-node-1/node_cpu_utilization_percentage");
-        assert_eq!(rewrite("system/cpu_utilization_percentage", &by_header), "system/gpu-node-1/node_cpu_utilization_percentage");
-        assert_eq!(rewrite("system/rank-3/disk_available_megabytes", &Identity::default()), "system/rank-3/rootfs_available_megabytes");
-        assert_eq!(rewrite("system/gpu_0_utilization_percentage", &id(None, Some(3))), "system/rank-3/gpu_0_utilization_percentage");
-        assert_eq!(rewrite("system/system_memory_usage_megabytes", &Identity::default()), "system/node_memory_usage_megabytes");
-        for untouched in ["loss", "val/acc", "system/custom_thing", "system/rank-3/custom_thing", "systems/cpu_utilization_percentage"] {
+        assert_eq!(
+            rewrite(
+                "system/gpu-node-1/rank-3/cpu_utilization_percentage",
+                &Identity::default()
+            ),
+            "system/gpu-node-1/node_cpu_utilization_percentage"
+        );
+        assert_eq!(
+            rewrite("system/cpu_utilization_percentage", &by_header),
+            "system/gpu-node-1/node_cpu_utilization_percentage"
+        );
+        assert_eq!(
+            rewrite(
+                "system/rank-3/disk_available_megabytes",
+                &Identity::default()
+            ),
+            "system/rank-3/rootfs_available_megabytes"
+        );
+        assert_eq!(
+            rewrite("system/gpu_0_utilization_percentage", &id(None, Some(3))),
+            "system/rank-3/gpu_0_utilization_percentage"
+        );
+        assert_eq!(
+            rewrite("system/system_memory_usage_megabytes", &Identity::default()),
+            "system/node_memory_usage_megabytes"
+        );
+        for untouched in [
+            "loss",
+            "val/acc",
+            "system/custom_thing",
+            "system/rank-3/custom_thing",
+            "systems/cpu_utilization_percentage",
+        ] {
             assert_eq!(rewrite(untouched, &by_header), untouched);
         }
     }
@@ -345,16 +568,38 @@ mod tests {
     fn every_mlflow_name_gets_its_scope() {
         let node = id(Some("n1"), Some(7));
         for (name, expected) in [
-            ("system_memory_usage_percentage", "system/n1/node_memory_usage_percentage"),
+            (
+                "system_memory_usage_percentage",
+                "system/n1/node_memory_usage_percentage",
+            ),
             ("disk_usage_megabytes", "system/n1/rootfs_usage_megabytes"),
             ("disk_usage_percentage", "system/n1/rootfs_usage_percentage"),
-            ("network_receive_megabytes", "system/rank-7/network_receive_megabytes"),
-            ("network_transmit_megabytes", "system/rank-7/network_transmit_megabytes"),
-            ("gpu_12_power_usage_watts", "system/rank-7/gpu_12_power_usage_watts"),
-            ("container_oom_kill_count", "system/rank-7/container_oom_kill_count"),
-            ("volume_data_usage_percentage", "system/rank-7/volume_data_usage_percentage"),
+            (
+                "network_receive_megabytes",
+                "system/rank-7/network_receive_megabytes",
+            ),
+            (
+                "network_transmit_megabytes",
+                "system/rank-7/network_transmit_megabytes",
+            ),
+            (
+                "gpu_12_power_usage_watts",
+                "system/rank-7/gpu_12_power_usage_watts",
+            ),
+            (
+                "container_oom_kill_count",
+                "system/rank-7/container_oom_kill_count",
+            ),
+            (
+                "volume_data_usage_percentage",
+                "system/rank-7/volume_data_usage_percentage",
+            ),
         ] {
-            assert_eq!(rewrite(&format!("system/{name}"), &node), expected, "{name}");
+            assert_eq!(
+                rewrite(&format!("system/{name}"), &node),
+                expected,
+                "{name}"
+            );
         }
         assert!(rule_for("gpu__x").is_none());
         assert!(rule_for("gpu_a_utilization").is_none());
@@ -363,8 +608,17 @@ mod tests {
 
     #[test]
     fn volume_names_come_from_the_table() {
-        assert_eq!(volume_metric_name("data", "usage_percentage").as_deref(), Some("volume_data_usage_percentage"));
-        assert_eq!(collector_key(&volume_metric_name("ckpt", "available_megabytes").unwrap(), &id(Some("n1"), Some(2))), "system/rank-2/volume_ckpt_available_megabytes");
+        assert_eq!(
+            volume_metric_name("data", "usage_percentage").as_deref(),
+            Some("volume_data_usage_percentage")
+        );
+        assert_eq!(
+            collector_key(
+                &volume_metric_name("ckpt", "available_megabytes").unwrap(),
+                &id(Some("n1"), Some(2))
+            ),
+            "system/rank-2/volume_ckpt_available_megabytes"
+        );
         assert_eq!(volume_metric_name("", "usage_percentage"), None);
         assert_eq!(volume_metric_name("data", "inodes"), None);
     }
@@ -375,7 +629,10 @@ mod tests {
         assert_eq!(p.parse("rank-3"), id(None, Some(3)));
         assert_eq!(p.parse("rank_4"), id(None, Some(4)));
         assert_eq!(p.parse("rank5"), id(None, Some(5)));
-        assert_eq!(p.parse("gpu-node-1/rank-6"), id(Some("gpu-node-1"), Some(6)));
+        assert_eq!(
+            p.parse("gpu-node-1/rank-6"),
+            id(Some("gpu-node-1"), Some(6))
+        );
         assert_eq!(p.parse("worker-a"), Identity::default());
         assert_eq!(p.parse(""), Identity::default());
     }
@@ -383,18 +640,45 @@ mod tests {
     #[test]
     fn headers_win_over_the_key_and_the_key_fills_the_gaps() {
         let from_header = id(Some("node-h"), None);
-        let s = scoped_key("system/node-k/rank-2/network_receive_megabytes", &from_header, &OwnerPattern::default());
+        let s = scoped_key(
+            "system/node-k/rank-2/network_receive_megabytes",
+            &from_header,
+            &OwnerPattern::default(),
+        );
         assert_eq!(s.identity, id(Some("node-h"), Some(2)));
-        assert_eq!(s.outcome, KeyOutcome::Rewritten { key: "system/rank-2/network_receive_megabytes".into(), scope: Scope::Pod, family: "network" });
+        assert_eq!(
+            s.outcome,
+            KeyOutcome::Rewritten {
+                key: "system/rank-2/network_receive_megabytes".into(),
+                scope: Scope::Pod,
+                family: "network"
+            }
+        );
     }
 
     #[test]
     fn a_scoped_key_that_breaks_mlflow_rules_is_reported_not_produced() {
         let bad_node = id(Some("bad node?"), Some(1));
-        let s = scoped_key("system/cpu_utilization_percentage", &bad_node, &OwnerPattern::default());
-        assert!(matches!(s.outcome, KeyOutcome::Invalid { .. }), "{:?}", s.outcome);
+        let s = scoped_key(
+            "system/cpu_utilization_percentage",
+            &bad_node,
+            &OwnerPattern::default(),
+        );
+        assert!(
+            matches!(s.outcome, KeyOutcome::Invalid { .. }),
+            "{:?}",
+            s.outcome
+        );
         let long = id(Some(&"n".repeat(240)), None);
-        assert!(matches!(scoped_key("system/cpu_utilization_percentage", &long, &OwnerPattern::default()).outcome, KeyOutcome::Invalid { .. }));
+        assert!(matches!(
+            scoped_key(
+                "system/cpu_utilization_percentage",
+                &long,
+                &OwnerPattern::default()
+            )
+            .outcome,
+            KeyOutcome::Invalid { .. }
+        ));
     }
 
     #[test]
@@ -407,9 +691,19 @@ mod tests {
 
     #[test]
     fn mlflow_key_rules() {
-        assert!(is_valid_mlflow_key("system/n1/node_cpu_utilization_percentage"));
+        assert!(is_valid_mlflow_key(
+            "system/n1/node_cpu_utilization_percentage"
+        ));
         assert!(is_valid_mlflow_key("a b:c-d.e"));
-        for bad in ["/a", "a/", "a//b", "a/./b", "a/../b", "a?b", &"x".repeat(251)] {
+        for bad in [
+            "/a",
+            "a/",
+            "a//b",
+            "a/./b",
+            "a/../b",
+            "a?b",
+            &"x".repeat(251),
+        ] {
             assert!(!is_valid_mlflow_key(bad), "{bad}");
         }
     }
@@ -419,7 +713,11 @@ mod tests {
         use proptest::prelude::*;
 
         fn any_identity() -> impl Strategy<Value = Identity> {
-            (proptest::option::of("[a-z0-9][a-z0-9.-]{0,20}"), proptest::option::of(0u32..4096)).prop_map(|(node, rank)| Identity { node, rank })
+            (
+                proptest::option::of("[a-z0-9][a-z0-9.-]{0,20}"),
+                proptest::option::of(0u32..4096),
+            )
+                .prop_map(|(node, rank)| Identity { node, rank })
         }
 
         fn any_key() -> impl Strategy<Value = String> {
@@ -432,14 +730,24 @@ mod tests {
                 "gpu_[0-9]{1,2}_[a-z_]{1,20}",
                 "[a-z_]{1,30}",
             ];
-            let owner = prop_oneof![Just(String::new()), "rank[-_]?[0-9]{1,3}", "[a-z0-9-]{1,10}/rank-[0-9]{1,3}", "[a-z]{1,8}"];
-            (prop_oneof![Just("system/"), Just(""), Just("train/")], owner, name).prop_map(|(prefix, owner, name)| {
-                if owner.is_empty() {
-                    format!("{prefix}{name}")
-                } else {
-                    format!("{prefix}{owner}/{name}")
-                }
-            })
+            let owner = prop_oneof![
+                Just(String::new()),
+                "rank[-_]?[0-9]{1,3}",
+                "[a-z0-9-]{1,10}/rank-[0-9]{1,3}",
+                "[a-z]{1,8}"
+            ];
+            (
+                prop_oneof![Just("system/"), Just(""), Just("train/")],
+                owner,
+                name,
+            )
+                .prop_map(|(prefix, owner, name)| {
+                    if owner.is_empty() {
+                        format!("{prefix}{name}")
+                    } else {
+                        format!("{prefix}{owner}/{name}")
+                    }
+                })
         }
 
         proptest! {

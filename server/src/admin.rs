@@ -39,7 +39,11 @@ async fn readyz(State(state): State<AppState>) -> Response {
             None => None,
         }
     };
-    let (upstream, store, artifacts) = tokio::join!(check_upstream(&state), state.store.heartbeat(&state.replica), artifacts);
+    let (upstream, store, artifacts) = tokio::join!(
+        check_upstream(&state),
+        state.store.heartbeat(&state.replica),
+        artifacts
+    );
     let upstream_json = match &upstream {
         Ok(()) => json!({ "ok": true, "url": state.forwarder.upstream().url() }),
         Err(e) => json!({ "ok": false, "url": state.forwarder.upstream().url(), "error": e }),
@@ -49,12 +53,21 @@ async fn readyz(State(state): State<AppState>) -> Response {
         Err(e) => json!({ "ok": false, "backend": state.store.backend(), "error": e.to_string() }),
     };
     let artifacts_json = match (&artifacts, &state.artifacts) {
-        (Some(Ok(())), Some(g)) => json!({ "ok": true, "destination": g.bucket().destination.to_string() }),
-        (Some(Err(e)), Some(g)) => json!({ "ok": false, "destination": g.bucket().destination.to_string(), "error": e }),
+        (Some(Ok(())), Some(g)) => {
+            json!({ "ok": true, "destination": g.bucket().destination.to_string() })
+        }
+        (Some(Err(e)), Some(g)) => {
+            json!({ "ok": false, "destination": g.bucket().destination.to_string(), "error": e })
+        }
         _ => json!({ "ok": true, "destination": null }),
     };
-    let ready = !draining && upstream.is_ok() && store.is_ok() && !matches!(artifacts, Some(Err(_)));
-    let status = if ready { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
+    let ready =
+        !draining && upstream.is_ok() && store.is_ok() && !matches!(artifacts, Some(Err(_)));
+    let status = if ready {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
     let body = json!({
         "status": if ready { "ready" } else if draining { "draining" } else { "not_ready" },
         "upstream": upstream_json,
@@ -81,7 +94,13 @@ async fn run_scopes(State(state): State<AppState>, Path(run_id): Path<String>) -
     let leases = match rewriter.deduplicator() {
         Some(dedup) => match dedup.leases_of_run(&run_id).await {
             Ok(leases) => leases,
-            Err(e) => return mlflow_error(StatusCode::SERVICE_UNAVAILABLE, "TEMPORARILY_UNAVAILABLE", &format!("state store: {e}")),
+            Err(e) => {
+                return mlflow_error(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "TEMPORARILY_UNAVAILABLE",
+                    &format!("state store: {e}"),
+                )
+            }
         },
         None => Vec::new(),
     };
@@ -110,7 +129,10 @@ async fn run_scopes(State(state): State<AppState>, Path(run_id): Path<String>) -
 
 async fn metrics(State(state): State<AppState>) -> Response {
     (
-        [(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")],
+        [(
+            header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
         state.metrics.render(),
     )
         .into_response()

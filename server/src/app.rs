@@ -38,14 +38,35 @@ pub struct AppState {
 impl AppState {
     /// Opens and migrates the store and builds the upstream client.
     pub async fn new(config: &Config) -> anyhow::Result<Self> {
-        let store = Store::open(&config.database_url).await.context("opening the state store")?;
+        let store = Store::open(&config.database_url)
+            .await
+            .context("opening the state store")?;
         let replica = Replica::new();
-        store.heartbeat(&replica).await.context("registering this replica in the state store")?;
+        store
+            .heartbeat(&replica)
+            .await
+            .context("registering this replica in the state store")?;
         let metrics = Metrics::new();
-        let dedup = config.scopes.dedup.then(|| Deduplicator::new(store.clone(), Arc::new(SystemClock), config.scopes.dedup_config));
-        let rewriter = Arc::new(MetricsRewriter::new(config.scopes.clone(), dedup, metrics.clone()));
+        let dedup = config.scopes.dedup.then(|| {
+            Deduplicator::new(
+                store.clone(),
+                Arc::new(SystemClock),
+                config.scopes.dedup_config,
+            )
+        });
+        let rewriter = Arc::new(MetricsRewriter::new(
+            config.scopes.clone(),
+            dedup,
+            metrics.clone(),
+        ));
         let forwarder = Forwarder::new(config, metrics.clone());
-        let artifacts = Gateway::new(&config.artifacts, forwarder.clone(), store.clone(), metrics.clone()).await;
+        let artifacts = Gateway::new(
+            &config.artifacts,
+            forwarder.clone(),
+            store.clone(),
+            metrics.clone(),
+        )
+        .await;
         Ok(Self {
             forwarder,
             artifacts,
@@ -92,9 +113,12 @@ pub async fn run(
             tracing::debug!(error = %e, "TCP_NODELAY not set on an accepted connection");
         }
     });
-    let main = axum::serve(listener, app(state.clone()).into_make_service_with_connect_info::<SocketAddr>())
-        .with_graceful_shutdown(stopped(stop_rx.clone()))
-        .into_future();
+    let main = axum::serve(
+        listener,
+        app(state.clone()).into_make_service_with_connect_info::<SocketAddr>(),
+    )
+    .with_graceful_shutdown(stopped(stop_rx.clone()))
+    .into_future();
     let admin = axum::serve(admin_listener, crate::admin::router(state.clone()))
         .with_graceful_shutdown(stopped(stop_rx))
         .into_future();

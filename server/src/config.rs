@@ -17,7 +17,10 @@ use crate::rewrite::ScopeConfig;
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
     #[error("cannot read config file {path}: {source}")]
-    ReadFile { path: PathBuf, source: std::io::Error },
+    ReadFile {
+        path: PathBuf,
+        source: std::io::Error,
+    },
     #[error("config file {path}: {message}")]
     ParseFile { path: PathBuf, message: String },
     #[error("{0}")]
@@ -76,10 +79,15 @@ impl Upstream {
             .cloned()
             .ok_or_else(|| ConfigError::Invalid(format!("upstream {url:?} has no host")))?;
         if uri.query().is_some() {
-            return Err(ConfigError::Invalid(format!("upstream {url:?} must not carry a query string")));
+            return Err(ConfigError::Invalid(format!(
+                "upstream {url:?} must not carry a query string"
+            )));
         }
         let base_path = uri.path().trim_end_matches('/').to_owned();
-        Ok(Self { authority, base_path })
+        Ok(Self {
+            authority,
+            base_path,
+        })
     }
 
     /// The upstream URI for a client request's path and query, kept byte for byte.
@@ -158,7 +166,11 @@ impl Default for Config {
 /// Command line and environment. Every field is optional so that a value given nowhere falls
 /// back to the file, then to the default.
 #[derive(Debug, Parser)]
-#[command(name = "mlscope-proxy", version, about = "MLflow-compatible reverse proxy in front of an MLflow tracking server.")]
+#[command(
+    name = "mlscope-proxy",
+    version,
+    about = "MLflow-compatible reverse proxy in front of an MLflow tracking server."
+)]
 struct Cli {
     /// TOML file with any of the settings below (keys as the long flags, with `_` for `-`).
     #[arg(long, env = "MLSCOPE_CONFIG", value_name = "FILE")]
@@ -228,10 +240,20 @@ struct Cli {
     max_inspect_body: Option<usize>,
     /// Serve MLflow's artifact API from this S3 location, laid out as MLflow's own
     /// `--artifacts-destination` (e.g. s3://mlflow/artifacts). Unset: artifact requests are forwarded.
-    #[arg(long, global = true, env = "MLSCOPE_ARTIFACTS_DESTINATION", value_name = "URI")]
+    #[arg(
+        long,
+        global = true,
+        env = "MLSCOPE_ARTIFACTS_DESTINATION",
+        value_name = "URI"
+    )]
     artifacts_destination: Option<String>,
     /// S3 endpoint of an S3-compatible store (e.g. http://seaweedfs:8333); unset for AWS S3.
-    #[arg(long, global = true, env = "MLSCOPE_S3_ENDPOINT_URL", value_name = "URL")]
+    #[arg(
+        long,
+        global = true,
+        env = "MLSCOPE_S3_ENDPOINT_URL",
+        value_name = "URL"
+    )]
     s3_endpoint_url: Option<String>,
     /// Region to sign requests for [default: the quirks profile's, us-east-1 for most].
     #[arg(long, global = true, env = "MLSCOPE_S3_REGION", value_name = "REGION")]
@@ -244,7 +266,12 @@ struct Cli {
     s3_quirks: Option<String>,
     /// Endpoint written into presigned multipart URLs when clients reach the store under
     /// another address than the proxy [default: --s3-endpoint-url].
-    #[arg(long, global = true, env = "MLSCOPE_S3_PRESIGN_ENDPOINT_URL", value_name = "URL")]
+    #[arg(
+        long,
+        global = true,
+        env = "MLSCOPE_S3_PRESIGN_ENDPOINT_URL",
+        value_name = "URL"
+    )]
     s3_presign_endpoint_url: Option<String>,
     /// Part size of multipart uploads; memory per upload is bounded by part size x
     /// (concurrency + 1) [default: 8MiB, at least 5MiB].
@@ -258,7 +285,11 @@ struct Cli {
     #[arg(long, env = "MLSCOPE_ARTIFACT_MULTIPART_THRESHOLD", value_parser = parse_size, value_name = "SIZE")]
     artifact_multipart_threshold: Option<usize>,
     /// Artifact uploads handled at once; more get 503 and are retried by the client [default: 32].
-    #[arg(long, env = "MLSCOPE_ARTIFACT_MAX_CONCURRENT_UPLOADS", value_name = "N")]
+    #[arg(
+        long,
+        env = "MLSCOPE_ARTIFACT_MAX_CONCURRENT_UPLOADS",
+        value_name = "N"
+    )]
     artifact_max_concurrent_uploads: Option<usize>,
     /// Writes outside MLflow-owned roots (<exp>/<run>/artifacts, <exp>/models/<id>/artifacts,
     /// <exp>/traces/<id>/artifacts): enforce (403), warn (log and allow) or off [default: enforce].
@@ -360,7 +391,9 @@ pub(crate) fn parse_size(s: &str) -> Result<usize, String> {
     let s = s.trim();
     let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
     let (number, unit) = s.split_at(split);
-    let number: usize = number.parse().map_err(|_| format!("{s:?} is not a size (write e.g. 16MiB)"))?;
+    let number: usize = number
+        .parse()
+        .map_err(|_| format!("{s:?} is not a size (write e.g. 16MiB)"))?;
     let factor = match unit.trim() {
         "" | "B" => 1,
         "KiB" => 1 << 10,
@@ -369,9 +402,15 @@ pub(crate) fn parse_size(s: &str) -> Result<usize, String> {
         "KB" | "kB" => 1_000,
         "MB" => 1_000_000,
         "GB" => 1_000_000_000,
-        other => return Err(format!("unknown size unit {other:?} (use B, KiB, MiB, GiB)")),
+        other => {
+            return Err(format!(
+                "unknown size unit {other:?} (use B, KiB, MiB, GiB)"
+            ))
+        }
     };
-    number.checked_mul(factor).ok_or_else(|| format!("{s:?} is too large"))
+    number
+        .checked_mul(factor)
+        .ok_or_else(|| format!("{s:?} is too large"))
 }
 
 fn parse_time(s: &str) -> Result<SystemTime, String> {
@@ -397,7 +436,9 @@ impl Config {
     {
         match Self::invocation(args)? {
             Invocation::Serve(config) => Ok(config),
-            Invocation::Relocate(..) => Err(ConfigError::Invalid("a subcommand was given where serving was expected".into())),
+            Invocation::Relocate(..) => Err(ConfigError::Invalid(
+                "a subcommand was given where serving was expected".into(),
+            )),
         }
     }
 
@@ -424,9 +465,13 @@ impl Config {
             };
         }
         if let Some(pattern) = cli.owner_pattern.or(file.owner_pattern) {
-            config.scopes.owner_pattern = OwnerPattern::new(&pattern).map_err(|e| ConfigError::Invalid(e.to_string()))?;
+            config.scopes.owner_pattern =
+                OwnerPattern::new(&pattern).map_err(|e| ConfigError::Invalid(e.to_string()))?;
         }
-        if let Some(until) = cli.keep_original_keys_until.or(file.keep_original_keys_until) {
+        if let Some(until) = cli
+            .keep_original_keys_until
+            .or(file.keep_original_keys_until)
+        {
             config.scopes.keep_original_until = Some(until);
         }
         layer! {
@@ -456,13 +501,20 @@ impl Config {
             artifact_presign_expiry => config.artifacts.presign_expiry,
         }
         if let Some(uri) = cli.artifacts_destination.or(file.artifacts_destination) {
-            config.artifacts.destination = Some(Destination::parse(&uri).map_err(ConfigError::Invalid)?);
+            config.artifacts.destination =
+                Some(Destination::parse(&uri).map_err(ConfigError::Invalid)?);
         }
         let s3 = &mut config.artifacts.s3;
-        s3.endpoint_url = cli.s3_endpoint_url.or(file.s3_endpoint_url).or(s3.endpoint_url.take());
+        s3.endpoint_url = cli
+            .s3_endpoint_url
+            .or(file.s3_endpoint_url)
+            .or(s3.endpoint_url.take());
         s3.region = cli.s3_region.or(file.s3_region).or(s3.region.take());
         s3.path_style = cli.s3_path_style.or(file.s3_path_style).or(s3.path_style);
-        s3.presign_endpoint_url = cli.s3_presign_endpoint_url.or(file.s3_presign_endpoint_url).or(s3.presign_endpoint_url.take());
+        s3.presign_endpoint_url = cli
+            .s3_presign_endpoint_url
+            .or(file.s3_presign_endpoint_url)
+            .or(s3.presign_endpoint_url.take());
         if let Some(name) = cli.s3_quirks.or(file.s3_quirks) {
             config.artifacts.s3.quirks = Quirks::named(&name).map_err(ConfigError::Invalid)?;
         }
@@ -477,7 +529,10 @@ impl Config {
     pub fn validate(&self) -> Result<(), ConfigError> {
         let invalid = |m: String| Err(ConfigError::Invalid(m));
         if self.listen == self.admin_listen && self.listen.port() != 0 {
-            return invalid(format!("listen and admin-listen are both {}; give the admin listener its own port", self.listen));
+            return invalid(format!(
+                "listen and admin-listen are both {}; give the admin listener its own port",
+                self.listen
+            ));
         }
         if self.max_in_flight == 0 {
             return invalid("max-in-flight must be at least 1".into());
@@ -502,7 +557,8 @@ impl Config {
             return invalid("max-inspect-body must be at least 1KiB".into());
         }
         self.artifacts.validate().map_err(ConfigError::Invalid)?;
-        crate::store::StoreUrl::parse(&self.database_url).map_err(|e| ConfigError::Invalid(e.to_string()))?;
+        crate::store::StoreUrl::parse(&self.database_url)
+            .map_err(|e| ConfigError::Invalid(e.to_string()))?;
         tracing_subscriber::EnvFilter::try_new(&self.log_level)
             .map_err(|e| ConfigError::Invalid(format!("log-level {:?}: {e}", self.log_level)))?;
         Ok(())
@@ -510,11 +566,19 @@ impl Config {
 }
 
 fn read_file(path: &Path) -> Result<FileConfig, ConfigError> {
-    let text = std::fs::read_to_string(path).map_err(|source| ConfigError::ReadFile { path: path.to_owned(), source })?;
+    let text = std::fs::read_to_string(path).map_err(|source| ConfigError::ReadFile {
+        path: path.to_owned(),
+        source,
+    })?;
     toml::from_str(&text).map_err(|e| ConfigError::ParseFile {
         path: path.to_owned(),
         // toml's message spans several lines (with a source excerpt); keep the first.
-        message: e.message().lines().next().unwrap_or("invalid TOML").to_owned(),
+        message: e
+            .message()
+            .lines()
+            .next()
+            .unwrap_or("invalid TOML")
+            .to_owned(),
     })
 }
 
@@ -528,7 +592,14 @@ mod tests {
         let mut file = tempfile::NamedTempFile::new().unwrap();
         writeln!(file, "upstream = \"http://mlflow:5000/prefix/\"\nlisten = \"0.0.0.0:8080\"\nbody_idle_timeout = \"5m\"").unwrap();
         let path = file.path().to_str().unwrap();
-        let c = Config::from_args(["mlscope-proxy", "--config", path, "--listen", "127.0.0.1:7000"]).unwrap();
+        let c = Config::from_args([
+            "mlscope-proxy",
+            "--config",
+            path,
+            "--listen",
+            "127.0.0.1:7000",
+        ])
+        .unwrap();
         assert_eq!(c.listen, "127.0.0.1:7000".parse().unwrap());
         assert_eq!(c.upstream.authority.as_str(), "mlflow:5000");
         assert_eq!(c.upstream.base_path, "/prefix");
@@ -541,7 +612,10 @@ mod tests {
         let mut file = tempfile::NamedTempFile::new().unwrap();
         writeln!(file, "upstreem = \"http://x\"").unwrap();
         let err = Config::from_args(["p", "--config", file.path().to_str().unwrap()]).unwrap_err();
-        assert!(err.to_string().contains("unknown field `upstreem`"), "{err}");
+        assert!(
+            err.to_string().contains("unknown field `upstreem`"),
+            "{err}"
+        );
 
         let err = Config::from_args(["p", "--upstream", "https://mlflow"]).unwrap_err();
         assert!(err.to_string().contains("not supported"), "{err}");
@@ -555,16 +629,34 @@ mod tests {
     fn scope_settings_come_from_flags_and_file() {
         let mut file = tempfile::NamedTempFile::new().unwrap();
         writeln!(file, "dedup_failover_timeout = \"45s\"\nmax_inspect_body = \"2MiB\"\nowner_pattern = \"^(?P<node>[a-z]+)/w(?P<rank>\\\\d+)$\"").unwrap();
-        let c = Config::from_args(["p", "--config", file.path().to_str().unwrap(), "--dedup", "false", "--keep-original-keys-until", "2030-01-01T00:00:00Z"]).unwrap();
+        let c = Config::from_args([
+            "p",
+            "--config",
+            file.path().to_str().unwrap(),
+            "--dedup",
+            "false",
+            "--keep-original-keys-until",
+            "2030-01-01T00:00:00Z",
+        ])
+        .unwrap();
         assert!(!c.scopes.dedup);
-        assert_eq!(c.scopes.dedup_config.failover_timeout, Duration::from_secs(45));
+        assert_eq!(
+            c.scopes.dedup_config.failover_timeout,
+            Duration::from_secs(45)
+        );
         assert_eq!(c.scopes.max_inspect_bytes, 2 << 20);
         assert!(c.scopes.keep_original_until.is_some());
         assert_eq!(c.scopes.owner_pattern.parse("abc/w3").rank, Some(3));
         let err = Config::from_args(["p", "--dedup-update-interval", "40s"]).unwrap_err();
-        assert!(err.to_string().contains("below dedup-failover-timeout"), "{err}");
+        assert!(
+            err.to_string().contains("below dedup-failover-timeout"),
+            "{err}"
+        );
         let err = Config::from_args(["p", "--owner-pattern", "("]).unwrap_err();
-        assert!(err.to_string().contains("not a valid regular expression"), "{err}");
+        assert!(
+            err.to_string().contains("not a valid regular expression"),
+            "{err}"
+        );
         assert_eq!(parse_size("16MiB"), Ok(16 << 20));
         assert!(parse_size("12 parsecs").is_err());
     }
@@ -578,25 +670,63 @@ mod tests {
         )
         .unwrap();
         let path = file.path().to_str().unwrap();
-        let c = Config::from_args(["p", "--config", path, "--artifact-upload-concurrency", "8"]).unwrap();
+        let c = Config::from_args(["p", "--config", path, "--artifact-upload-concurrency", "8"])
+            .unwrap();
         let a = &c.artifacts;
-        assert_eq!(a.destination.as_ref().unwrap().to_string(), "s3://mlflow/artifacts");
+        assert_eq!(
+            a.destination.as_ref().unwrap().to_string(),
+            "s3://mlflow/artifacts"
+        );
         assert_eq!(a.s3.endpoint_url.as_deref(), Some("http://seaweedfs:8333"));
         assert_eq!(a.s3.quirks.name, "seaweedfs");
         assert_eq!((a.part_size, a.upload_concurrency), (16 << 20, 8));
         assert_eq!(a.write_policy, WritePolicy::Warn);
         assert_eq!(a.upload_memory_bound(), (8 << 20) + 1 + 8 * (16 << 20));
-        assert!(Config::default().artifacts.destination.is_none(), "without a destination artifacts are forwarded");
+        assert!(
+            Config::default().artifacts.destination.is_none(),
+            "without a destination artifacts are forwarded"
+        );
 
         for (args, expected) in [
             (vec!["--s3-quirks", "gcs"], "known profiles: generic, aws"),
-            (vec!["--artifacts-destination", "gs://bucket/x"], "s3://<bucket>/<prefix>"),
-            (vec!["--s3-endpoint-url", "http://s3:8333"], "artifacts-destination is not"),
-            (vec!["--artifacts-destination", "s3://b/p", "--artifact-part-size", "1MiB"], "between 5MiB and 5GiB"),
-            (vec!["--artifacts-destination", "s3://b/p", "--s3-endpoint-url", "s3.local:8333"], "http:// or https://"),
-            (vec!["--artifacts-destination", "s3://b/p", "--artifact-presign-expiry", "30d"], "at most"),
+            (
+                vec!["--artifacts-destination", "gs://bucket/x"],
+                "s3://<bucket>/<prefix>",
+            ),
+            (
+                vec!["--s3-endpoint-url", "http://s3:8333"],
+                "artifacts-destination is not",
+            ),
+            (
+                vec![
+                    "--artifacts-destination",
+                    "s3://b/p",
+                    "--artifact-part-size",
+                    "1MiB",
+                ],
+                "between 5MiB and 5GiB",
+            ),
+            (
+                vec![
+                    "--artifacts-destination",
+                    "s3://b/p",
+                    "--s3-endpoint-url",
+                    "s3.local:8333",
+                ],
+                "http:// or https://",
+            ),
+            (
+                vec![
+                    "--artifacts-destination",
+                    "s3://b/p",
+                    "--artifact-presign-expiry",
+                    "30d",
+                ],
+                "at most",
+            ),
         ] {
-            let err = Config::from_args(std::iter::once("p").chain(args.iter().copied())).unwrap_err();
+            let err =
+                Config::from_args(std::iter::once("p").chain(args.iter().copied())).unwrap_err();
             assert!(err.to_string().contains(expected), "{args:?}: {err}");
         }
     }
@@ -630,7 +760,12 @@ mod tests {
     #[test]
     fn upstream_keeps_path_and_query_byte_exact() {
         let u = Upstream::parse("http://127.0.0.1:5000/").unwrap();
-        let uri = u.uri_for("/api/2.0/mlflow/runs/get?run_id=a%2Fb&x=%20+y").unwrap();
-        assert_eq!(uri.to_string(), "http://127.0.0.1:5000/api/2.0/mlflow/runs/get?run_id=a%2Fb&x=%20+y");
+        let uri = u
+            .uri_for("/api/2.0/mlflow/runs/get?run_id=a%2Fb&x=%20+y")
+            .unwrap();
+        assert_eq!(
+            uri.to_string(),
+            "http://127.0.0.1:5000/api/2.0/mlflow/runs/get?run_id=a%2Fb&x=%20+y"
+        );
     }
 }

@@ -14,7 +14,9 @@ use crate::telemetry::UpstreamErrorKind;
 pub enum ProxyError {
     #[error("mlscope-proxy could not connect to the MLflow server at {upstream}: {reason}. Check that MLflow is running and that --upstream points at it.")]
     UpstreamConnect { upstream: String, reason: String },
-    #[error("mlscope-proxy timed out after {after:?} connecting to the MLflow server at {upstream}.")]
+    #[error(
+        "mlscope-proxy timed out after {after:?} connecting to the MLflow server at {upstream}."
+    )]
     UpstreamConnectTimeout { upstream: String, after: Duration },
     #[error("the MLflow server at {upstream} sent no response headers within {after:?}; the request may still complete there. Raise --response-timeout for slow operations.")]
     UpstreamResponseTimeout { upstream: String, after: Duration },
@@ -24,7 +26,9 @@ pub enum ProxyError {
     ClientBodyIdle { after: Duration },
     #[error("the request body could not be read: {reason}")]
     ClientBody { reason: String },
-    #[error("mlscope-proxy is handling its limit of {limit} concurrent requests; retry with backoff.")]
+    #[error(
+        "mlscope-proxy is handling its limit of {limit} concurrent requests; retry with backoff."
+    )]
     Overloaded { limit: usize },
     #[error("mlscope-proxy could not build the upstream request: {reason}")]
     Internal { reason: String },
@@ -33,8 +37,11 @@ pub enum ProxyError {
 impl ProxyError {
     pub fn status(&self) -> StatusCode {
         match self {
-            ProxyError::UpstreamConnect { .. } | ProxyError::UpstreamReset { .. } => StatusCode::BAD_GATEWAY,
-            ProxyError::UpstreamConnectTimeout { .. } | ProxyError::UpstreamResponseTimeout { .. } => StatusCode::GATEWAY_TIMEOUT,
+            ProxyError::UpstreamConnect { .. } | ProxyError::UpstreamReset { .. } => {
+                StatusCode::BAD_GATEWAY
+            }
+            ProxyError::UpstreamConnectTimeout { .. }
+            | ProxyError::UpstreamResponseTimeout { .. } => StatusCode::GATEWAY_TIMEOUT,
             ProxyError::Overloaded { .. } => StatusCode::SERVICE_UNAVAILABLE,
             ProxyError::ClientBodyIdle { .. } => StatusCode::REQUEST_TIMEOUT,
             ProxyError::ClientBody { .. } => StatusCode::BAD_REQUEST,
@@ -70,7 +77,9 @@ pub fn mlflow_error(status: StatusCode, error_code: &str, message: &str) -> Resp
     let body = serde_json::json!({ "error_code": error_code, "message": message });
     let mut response = (status, axum::Json(body)).into_response();
     if status == StatusCode::SERVICE_UNAVAILABLE {
-        response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+        response
+            .headers_mut()
+            .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
     }
     response
 }
@@ -88,13 +97,19 @@ mod tests {
 
     #[tokio::test]
     async fn upstream_failures_become_mlflow_error_json_with_retryable_statuses() {
-        let err = ProxyError::UpstreamConnect { upstream: "http://127.0.0.1:1".into(), reason: "connection refused".into() };
+        let err = ProxyError::UpstreamConnect {
+            upstream: "http://127.0.0.1:1".into(),
+            reason: "connection refused".into(),
+        };
         let response = err.into_response();
         assert_eq!(response.status(), StatusCode::BAD_GATEWAY);
         let body = response.into_body().collect().await.unwrap().to_bytes();
         let json: serde_json::Value = serde_json::from_slice(&body).unwrap();
         assert_eq!(json["error_code"], "TEMPORARILY_UNAVAILABLE");
-        assert!(json["message"].as_str().unwrap().contains("connection refused"));
+        assert!(json["message"]
+            .as_str()
+            .unwrap()
+            .contains("connection refused"));
 
         let overloaded = ProxyError::Overloaded { limit: 3 }.into_response();
         assert_eq!(overloaded.status(), StatusCode::SERVICE_UNAVAILABLE);

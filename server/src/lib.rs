@@ -6,8 +6,8 @@
 //! - [`app`] wires them and runs until shutdown.
 
 pub mod admin;
-pub mod artifacts;
 pub mod app;
+pub mod artifacts;
 pub mod config;
 pub mod dedup;
 pub mod error;

@@ -17,7 +17,11 @@ fn main() -> ExitCode {
         }
         Err(ConfigError::Cli(e)) => {
             let first = e.to_string();
-            let line = first.lines().next().unwrap_or("invalid arguments").trim_start_matches("error: ");
+            let line = first
+                .lines()
+                .next()
+                .unwrap_or("invalid arguments")
+                .trim_start_matches("error: ");
             eprintln!("mlscope-proxy: invalid configuration: {line} (see --help)");
             return ExitCode::from(EXIT_CONFIG);
         }
@@ -52,7 +56,9 @@ fn main() -> ExitCode {
 
 async fn serve(config: Config) -> anyhow::Result<()> {
     use anyhow::Context;
-    let listener = TcpListener::bind(config.listen).await.with_context(|| format!("binding --listen {}", config.listen))?;
+    let listener = TcpListener::bind(config.listen)
+        .await
+        .with_context(|| format!("binding --listen {}", config.listen))?;
     let admin = TcpListener::bind(config.admin_listen)
         .await
         .with_context(|| format!("binding --admin-listen {}", config.admin_listen))?;

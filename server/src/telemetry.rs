@@ -19,9 +19,16 @@ use crate::proxy::RouteClass;
 /// Installs the global `tracing` subscriber. Called once by `main`; tests leave it alone.
 pub fn init_logging(format: LogFormat, filter: &str) {
     let filter = EnvFilter::try_new(filter).unwrap_or_else(|_| EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
     match format {
-        LogFormat::Json => builder.json().flatten_event(true).with_current_span(true).with_span_list(false).init(),
+        LogFormat::Json => builder
+            .json()
+            .flatten_event(true)
+            .with_current_span(true)
+            .with_span_list(false)
+            .init(),
         LogFormat::Pretty => builder.compact().init(),
     }
 }
@@ -112,21 +119,43 @@ impl Metrics {
     pub fn new() -> Self {
         let mut registry = Registry::with_prefix("mlscope");
         let requests = Family::<RequestLabels, Counter>::default();
-        registry.register("http_requests", "Requests answered, by route class, method and status", requests.clone());
-        let latency = Family::<RouteLabels, Histogram, fn() -> Histogram>::new_with_constructor(latency_histogram as fn() -> Histogram);
+        registry.register(
+            "http_requests",
+            "Requests answered, by route class, method and status",
+            requests.clone(),
+        );
+        let latency = Family::<RouteLabels, Histogram, fn() -> Histogram>::new_with_constructor(
+            latency_histogram as fn() -> Histogram,
+        );
         registry.register(
             "http_request_duration_seconds",
             "Time from receiving a request to sending its response headers",
             latency.clone(),
         );
         let upstream_errors = Family::<ErrorLabels, Counter>::default();
-        registry.register("upstream_errors", "Requests the upstream did not answer, by cause", upstream_errors.clone());
+        registry.register(
+            "upstream_errors",
+            "Requests the upstream did not answer, by cause",
+            upstream_errors.clone(),
+        );
         let in_flight = Gauge::<i64, AtomicI64>::default();
-        registry.register("http_requests_in_flight", "Requests whose response has not finished streaming", in_flight.clone());
+        registry.register(
+            "http_requests_in_flight",
+            "Requests whose response has not finished streaming",
+            in_flight.clone(),
+        );
         let artifact_requests = Family::<ArtifactLabels, Counter>::default();
-        registry.register("artifact_requests", "Artifact API requests the gateway answered from the store, by operation and status", artifact_requests.clone());
+        registry.register(
+            "artifact_requests",
+            "Artifact API requests the gateway answered from the store, by operation and status",
+            artifact_requests.clone(),
+        );
         let artifact_bytes_uploaded = Counter::default();
-        registry.register("artifact_uploaded_bytes", "Bytes the gateway stored", artifact_bytes_uploaded.clone());
+        registry.register(
+            "artifact_uploaded_bytes",
+            "Bytes the gateway stored",
+            artifact_bytes_uploaded.clone(),
+        );
         let artifact_policy_violations = Counter::default();
         registry.register(
             "artifact_policy_violations",
@@ -140,13 +169,29 @@ impl Metrics {
             metric_keys.clone(),
         );
         let node_samples = Family::<ReasonLabels, Counter>::default();
-        registry.register("node_samples", "Node-wide samples kept from the reporter or dropped from other ranks", node_samples.clone());
+        registry.register(
+            "node_samples",
+            "Node-wide samples kept from the reporter or dropped from other ranks",
+            node_samples.clone(),
+        );
         let elections = Family::<ReasonLabels, Counter>::default();
-        registry.register("dedup_elections", "Reporter elections (first reporter) and failovers", elections.clone());
+        registry.register(
+            "dedup_elections",
+            "Reporter elections (first reporter) and failovers",
+            elections.clone(),
+        );
         let bodies_passed_through = Family::<ReasonLabels, Counter>::default();
-        registry.register("metric_bodies_passed_through", "Metrics requests forwarded without inspection, by reason", bodies_passed_through.clone());
+        registry.register(
+            "metric_bodies_passed_through",
+            "Metrics requests forwarded without inspection, by reason",
+            bodies_passed_through.clone(),
+        );
         let bodies_rejected = Family::<ReasonLabels, Counter>::default();
-        registry.register("metric_bodies_rejected", "Metrics requests the proxy refused, by reason", bodies_rejected.clone());
+        registry.register(
+            "metric_bodies_rejected",
+            "Metrics requests the proxy refused, by reason",
+            bodies_rejected.clone(),
+        );
         Self {
             registry: Arc::new(registry),
             requests,
@@ -165,11 +210,15 @@ impl Metrics {
     }
 
     pub fn keys(&self, family: &'static str, outcome: &'static str, samples: u64) {
-        self.metric_keys.get_or_create(&KeyLabels { family, outcome }).inc_by(samples);
+        self.metric_keys
+            .get_or_create(&KeyLabels { family, outcome })
+            .inc_by(samples);
     }
 
     pub fn node_samples(&self, reason: &'static str, samples: u64) {
-        self.node_samples.get_or_create(&ReasonLabels { reason }).inc_by(samples);
+        self.node_samples
+            .get_or_create(&ReasonLabels { reason })
+            .inc_by(samples);
     }
 
     pub fn election(&self, reason: &'static str) {
@@ -177,17 +226,22 @@ impl Metrics {
     }
 
     pub fn passed_through(&self, reason: &'static str) {
-        self.bodies_passed_through.get_or_create(&ReasonLabels { reason }).inc();
+        self.bodies_passed_through
+            .get_or_create(&ReasonLabels { reason })
+            .inc();
     }
 
     pub fn rejected(&self, reason: &'static str) {
-        self.bodies_rejected.get_or_create(&ReasonLabels { reason }).inc();
+        self.bodies_rejected
+            .get_or_create(&ReasonLabels { reason })
+            .inc();
     }
 
     /// The Prometheus text exposition of every family.
     pub fn render(&self) -> String {
         let mut out = String::new();
-        prometheus_client::encoding::text::encode(&mut out, &self.registry).expect("writing to a String cannot fail");
+        prometheus_client::encoding::text::encode(&mut out, &self.registry)
+            .expect("writing to a String cannot fail");
         out
     }
 }

@@ -48,7 +48,9 @@ use std::sync::{Arc, Mutex};
 use anyhow::{anyhow, Context, Result};
 use bytes::Bytes;
 use http::uri::{Authority, PathAndQuery};
-use http::{header, HeaderMap, HeaderName, HeaderValue, Method, Request, Response, StatusCode, Uri};
+use http::{
+    header, HeaderMap, HeaderName, HeaderValue, Method, Request, Response, StatusCode, Uri,
+};
 use http_body_util::combinators::BoxBody;
 use http_body_util::{BodyExt, Empty, Full};
 use hyper::body::{Body, Incoming};
@@ -230,7 +232,9 @@ impl S3Shim {
             .strip_prefix("http://")
             .map(|rest| rest.trim_end_matches('/'))
             .ok_or_else(|| anyhow!("the shim's upstream {upstream:?} must be an http:// URL"))?;
-        let upstream: Authority = authority.parse().with_context(|| format!("parsing {upstream:?}"))?;
+        let upstream: Authority = authority
+            .parse()
+            .with_context(|| format!("parsing {upstream:?}"))?;
         let listener = StdTcpListener::bind("127.0.0.1:0").context("binding the S3 shim")?;
         listener.set_nonblocking(true)?;
         let url = format!("http://{}", listener.local_addr()?);
@@ -270,7 +274,11 @@ impl S3Shim {
                 });
             }
         });
-        Ok(S3Shim { url, state, runtime: Some(runtime) })
+        Ok(S3Shim {
+            url,
+            state,
+            runtime: Some(runtime),
+        })
     }
 
     /// What the shim has forwarded and injected so far.
@@ -280,7 +288,11 @@ impl S3Shim {
 
     /// Every request the shim has answered, in the order it answered them.
     pub fn exchanges(&self) -> Vec<Exchange> {
-        self.state.exchanges.lock().unwrap_or_else(|e| e.into_inner()).clone()
+        self.state
+            .exchanges
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
 }
 
@@ -298,15 +310,30 @@ impl Drop for S3Shim {
 impl State {
     async fn handle(&self, request: Request<Incoming>) -> Response<ShimBody> {
         let method = request.method().clone();
-        let target = request.uri().path_and_query().map(PathAndQuery::to_string).unwrap_or_else(|| "/".into());
+        let target = request
+            .uri()
+            .path_and_query()
+            .map(PathAndQuery::to_string)
+            .unwrap_or_else(|| "/".into());
         let headers: Vec<(String, String)> = request
             .headers()
             .iter()
             .filter(|(name, _)| *name != header::AUTHORIZATION)
-            .map(|(name, value)| (name.to_string(), String::from_utf8_lossy(value.as_bytes()).into_owned()))
+            .map(|(name, value)| {
+                (
+                    name.to_string(),
+                    String::from_utf8_lossy(value.as_bytes()).into_owned(),
+                )
+            })
             .collect();
         let has_body = !request.body().is_end_stream();
-        let injected = injection_for(&self.quirks, &method, request.uri(), request.headers(), has_body);
+        let injected = injection_for(
+            &self.quirks,
+            &method,
+            request.uri(),
+            request.headers(),
+            has_body,
+        );
         let response = match injected {
             Some(injection) => {
                 self.counters.injected(injection);
@@ -314,29 +341,69 @@ impl State {
                 // error instead of a connection closed under its upload.
                 let mut body = request.into_body();
                 while let Some(Ok(_)) = body.frame().await {}
-                s3_error(injection.status(), injection.code(), injection.message(), request_path(&target))
+                s3_error(
+                    injection.status(),
+                    injection.code(),
+                    injection.message(),
+                    request_path(&target),
+                )
             }
             None => self.forward(request).await,
         };
-        let exchange = Exchange { method, target, headers, injected, status: response.status().as_u16() };
-        self.exchanges.lock().unwrap_or_else(|e| e.into_inner()).push(exchange);
+        let exchange = Exchange {
+            method,
+            target,
+            headers,
+            injected,
+            status: response.status().as_u16(),
+        };
+        self.exchanges
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(exchange);
         response
     }
 
     async fn forward(&self, request: Request<Incoming>) -> Response<ShimBody> {
         let (mut parts, body) = request.into_parts();
-        let target = parts.uri.path_and_query().cloned().unwrap_or_else(|| PathAndQuery::from_static("/"));
-        let writes_object = self.quirks.directory_markers && writes_object(&parts.method, &parts.uri, &parts.headers);
-        parts.uri = match Uri::builder().scheme("http").authority(self.upstream.clone()).path_and_query(target.clone()).build() {
+        let target = parts
+            .uri
+            .path_and_query()
+            .cloned()
+            .unwrap_or_else(|| PathAndQuery::from_static("/"));
+        let writes_object = self.quirks.directory_markers
+            && writes_object(&parts.method, &parts.uri, &parts.headers);
+        parts.uri = match Uri::builder()
+            .scheme("http")
+            .authority(self.upstream.clone())
+            .path_and_query(target.clone())
+            .build()
+        {
             Ok(uri) => uri,
-            Err(e) => return s3_error(StatusCode::BAD_REQUEST, "InvalidURI", &e.to_string(), target.path()),
+            Err(e) => {
+                return s3_error(
+                    StatusCode::BAD_REQUEST,
+                    "InvalidURI",
+                    &e.to_string(),
+                    target.path(),
+                )
+            }
         };
         strip_hop_by_hop(&mut parts.headers);
         self.counters.forwarded.fetch_add(1, Ordering::Relaxed);
-        let response = match self.client.request(Request::from_parts(parts, body.boxed())).await {
+        let response = match self
+            .client
+            .request(Request::from_parts(parts, body.boxed()))
+            .await
+        {
             Ok(response) => response,
             Err(e) => {
-                return s3_error(StatusCode::BAD_GATEWAY, "ShimUpstreamError", &format!("the store could not be reached: {e}"), target.path())
+                return s3_error(
+                    StatusCode::BAD_GATEWAY,
+                    "ShimUpstreamError",
+                    &format!("the store could not be reached: {e}"),
+                    target.path(),
+                )
             }
         };
         if writes_object && response.status().is_success() {
@@ -351,18 +418,30 @@ impl State {
 
     /// PUTs a zero-byte object at `path` (`/<bucket>/<dir>/`), as a folder-creating tool does.
     async fn create_marker(&self, path: &str) {
-        let Ok(uri) = Uri::builder().scheme("http").authority(self.upstream.clone()).path_and_query(path).build() else {
+        let Ok(uri) = Uri::builder()
+            .scheme("http")
+            .authority(self.upstream.clone())
+            .path_and_query(path)
+            .build()
+        else {
             return;
         };
-        let request = Request::put(uri)
-            .header(header::CONTENT_LENGTH, "0")
-            .body(Empty::<Bytes>::new().map_err(|never| match never {}).boxed());
+        let request = Request::put(uri).header(header::CONTENT_LENGTH, "0").body(
+            Empty::<Bytes>::new()
+                .map_err(|never| match never {})
+                .boxed(),
+        );
         let Ok(request) = request else { return };
         match self.client.request(request).await {
             Ok(response) if response.status().is_success() => {
-                self.counters.markers_created.fetch_add(1, Ordering::Relaxed);
+                self.counters
+                    .markers_created
+                    .fetch_add(1, Ordering::Relaxed);
             }
-            Ok(response) => eprintln!("s3 shim: creating the marker {path} failed with {}", response.status()),
+            Ok(response) => eprintln!(
+                "s3 shim: creating the marker {path} failed with {}",
+                response.status()
+            ),
             Err(e) => eprintln!("s3 shim: creating the marker {path} failed: {e}"),
         }
     }
@@ -372,11 +451,24 @@ impl State {
 
 /// The failure to inject for a request, if any; the checks run in the order a store that lacks
 /// these features would fail them: the body's framing first, then its headers, then the API.
-pub fn injection_for(quirks: &Quirks, method: &Method, uri: &Uri, headers: &HeaderMap, has_body: bool) -> Option<Injection> {
+pub fn injection_for(
+    quirks: &Quirks,
+    method: &Method,
+    uri: &Uri,
+    headers: &HeaderMap,
+    has_body: bool,
+) -> Option<Injection> {
     let writes = *method == Method::PUT || *method == Method::POST;
     if quirks.missing_content_length && writes {
-        let text = |name: &str| headers.get(name).and_then(|v| v.to_str().ok()).unwrap_or("");
-        let aws_chunked = text("content-encoding").to_ascii_lowercase().contains("aws-chunked")
+        let text = |name: &str| {
+            headers
+                .get(name)
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or("")
+        };
+        let aws_chunked = text("content-encoding")
+            .to_ascii_lowercase()
+            .contains("aws-chunked")
             || text("x-amz-content-sha256").starts_with("STREAMING-")
             || headers.contains_key("x-amz-trailer");
         let unknown_length = !headers.contains_key(header::CONTENT_LENGTH)
@@ -390,7 +482,9 @@ pub fn injection_for(quirks: &Quirks, method: &Method, uri: &Uri, headers: &Head
             let name = name.to_ascii_lowercase();
             name.starts_with("x-amz-checksum-") || name == "x-amz-sdk-checksum-algorithm"
         };
-        if headers.keys().any(|name| checksum_name(name.as_str())) || query_names(uri).any(checksum_name) {
+        if headers.keys().any(|name| checksum_name(name.as_str()))
+            || query_names(uri).any(checksum_name)
+        {
             return Some(Injection::ChecksumNotImplemented);
         }
     }
@@ -406,7 +500,11 @@ pub fn injection_for(quirks: &Quirks, method: &Method, uri: &Uri, headers: &Head
 /// PutObject (a PUT of a key with no sub-resource, not a copy) or CompleteMultipartUpload
 /// (a POST with `uploadId`).
 fn writes_object(method: &Method, uri: &Uri, headers: &HeaderMap) -> bool {
-    let has_key = uri.path().trim_start_matches('/').split_once('/').is_some_and(|(_, key)| !key.is_empty());
+    let has_key = uri
+        .path()
+        .trim_start_matches('/')
+        .split_once('/')
+        .is_some_and(|(_, key)| !key.is_empty());
     if !has_key {
         return false;
     }
@@ -414,7 +512,8 @@ fn writes_object(method: &Method, uri: &Uri, headers: &HeaderMap) -> bool {
         // Only signature and SDK bookkeeping parameters: `?x-id=PutObject`, presigned `X-Amz-*`.
         Method::PUT => {
             !headers.contains_key("x-amz-copy-source")
-                && query_names(uri).all(|name| name == "x-id" || name.to_ascii_lowercase().starts_with("x-amz-"))
+                && query_names(uri)
+                    .all(|name| name == "x-id" || name.to_ascii_lowercase().starts_with("x-amz-"))
         }
         Method::POST => query_names(uri).any(|name| name == "uploadId"),
         _ => false,
@@ -487,14 +586,24 @@ fn s3_error(status: StatusCode, code: &str, message: &str, resource: &str) -> Re
         xml_escape(message),
         xml_escape(resource)
     );
-    let mut response = Response::new(Full::new(Bytes::from(body)).map_err(|never| match never {}).boxed());
+    let mut response = Response::new(
+        Full::new(Bytes::from(body))
+            .map_err(|never| match never {})
+            .boxed(),
+    );
     *response.status_mut() = status;
-    response.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/xml"));
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/xml"),
+    );
     response
 }
 
 fn xml_escape(text: &str) -> String {
-    text.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;").replace('"', "&quot;")
+    text.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+        .replace('"', "&quot;")
 }
 
 #[cfg(test)]
@@ -502,11 +611,25 @@ mod tests {
     use super::*;
 
     fn headers(pairs: &[(&'static str, &'static str)]) -> HeaderMap {
-        pairs.iter().map(|(k, v)| (HeaderName::from_static(k), HeaderValue::from_static(v))).collect()
+        pairs
+            .iter()
+            .map(|(k, v)| (HeaderName::from_static(k), HeaderValue::from_static(v)))
+            .collect()
     }
 
-    fn classify(method: Method, uri: &str, pairs: &[(&'static str, &'static str)], has_body: bool) -> Option<Injection> {
-        injection_for(&Quirks::default(), &method, &uri.parse().unwrap(), &headers(pairs), has_body)
+    fn classify(
+        method: Method,
+        uri: &str,
+        pairs: &[(&'static str, &'static str)],
+        has_body: bool,
+    ) -> Option<Injection> {
+        injection_for(
+            &Quirks::default(),
+            &method,
+            &uri.parse().unwrap(),
+            &headers(pairs),
+            has_body,
+        )
     }
 
     #[test]
@@ -517,54 +640,150 @@ mod tests {
             ("x-amz-trailer", "x-amz-checksum-crc32"),
             ("x-amz-sdk-checksum-algorithm", "CRC32"),
         ];
-        assert_eq!(classify(Method::PUT, "/b/k", &trailer, true), Some(Injection::MissingContentLength));
         assert_eq!(
-            classify(Method::PUT, "/b/k", &[("content-length", "9"), ("x-amz-trailer", "x-amz-checksum-crc32")], true),
+            classify(Method::PUT, "/b/k", &trailer, true),
             Some(Injection::MissingContentLength)
         );
-        assert_eq!(classify(Method::PUT, "/b/k", &[("transfer-encoding", "chunked")], true), Some(Injection::MissingContentLength));
+        assert_eq!(
+            classify(
+                Method::PUT,
+                "/b/k",
+                &[
+                    ("content-length", "9"),
+                    ("x-amz-trailer", "x-amz-checksum-crc32")
+                ],
+                true
+            ),
+            Some(Injection::MissingContentLength)
+        );
+        assert_eq!(
+            classify(
+                Method::PUT,
+                "/b/k",
+                &[("transfer-encoding", "chunked")],
+                true
+            ),
+            Some(Injection::MissingContentLength)
+        );
         // An empty POST without Content-Length (CreateMultipartUpload) has no body to frame.
         assert_eq!(classify(Method::POST, "/b/k?uploads", &[], false), None);
-        assert_eq!(classify(Method::PUT, "/b/k", &[("content-length", "5")], true), None);
+        assert_eq!(
+            classify(Method::PUT, "/b/k", &[("content-length", "5")], true),
+            None
+        );
     }
 
     #[test]
     fn flexible_checksums_on_puts_are_not_implemented() {
-        let header = [("content-length", "5"), ("x-amz-checksum-crc32", "NhCmhg=="), ("x-amz-sdk-checksum-algorithm", "CRC32")];
-        assert_eq!(classify(Method::PUT, "/b/k?x-id=PutObject", &header, true), Some(Injection::ChecksumNotImplemented));
+        let header = [
+            ("content-length", "5"),
+            ("x-amz-checksum-crc32", "NhCmhg=="),
+            ("x-amz-sdk-checksum-algorithm", "CRC32"),
+        ];
         assert_eq!(
-            classify(Method::PUT, "/b/k?partNumber=1&uploadId=u&x-amz-checksum-crc32=AAAAAA%3D%3D", &[("content-length", "5")], true),
+            classify(Method::PUT, "/b/k?x-id=PutObject", &header, true),
+            Some(Injection::ChecksumNotImplemented)
+        );
+        assert_eq!(
+            classify(
+                Method::PUT,
+                "/b/k?partNumber=1&uploadId=u&x-amz-checksum-crc32=AAAAAA%3D%3D",
+                &[("content-length", "5")],
+                true
+            ),
             Some(Injection::ChecksumNotImplemented)
         );
         // Response checksum validation on reads is not a flexible-checksum upload.
-        assert_eq!(classify(Method::GET, "/b/k", &[("x-amz-checksum-mode", "ENABLED")], false), None);
+        assert_eq!(
+            classify(
+                Method::GET,
+                "/b/k",
+                &[("x-amz-checksum-mode", "ENABLED")],
+                false
+            ),
+            None
+        );
     }
 
     #[test]
     fn object_tagging_is_malformed_xml_and_quirks_switch_off_one_by_one() {
-        assert_eq!(classify(Method::GET, "/b/k?tagging", &[], false), Some(Injection::TaggingMalformedXml));
-        assert_eq!(classify(Method::PUT, "/b/k?tagging", &[("content-length", "40")], true), Some(Injection::TaggingMalformedXml));
+        assert_eq!(
+            classify(Method::GET, "/b/k?tagging", &[], false),
+            Some(Injection::TaggingMalformedXml)
+        );
+        assert_eq!(
+            classify(
+                Method::PUT,
+                "/b/k?tagging",
+                &[("content-length", "40")],
+                true
+            ),
+            Some(Injection::TaggingMalformedXml)
+        );
         assert_eq!(classify(Method::GET, "/b/k?taggingx=1", &[], false), None);
-        let quirks = Quirks { tagging_malformed_xml: false, ..Quirks::default() };
-        assert_eq!(injection_for(&quirks, &Method::GET, &"/b/k?tagging".parse().unwrap(), &HeaderMap::new(), false), None);
+        let quirks = Quirks {
+            tagging_malformed_xml: false,
+            ..Quirks::default()
+        };
+        assert_eq!(
+            injection_for(
+                &quirks,
+                &Method::GET,
+                &"/b/k?tagging".parse().unwrap(),
+                &HeaderMap::new(),
+                false
+            ),
+            None
+        );
         let none = Quirks::none();
-        let chunked = headers(&[("transfer-encoding", "chunked"), ("x-amz-checksum-crc32", "x")]);
-        assert_eq!(injection_for(&none, &Method::PUT, &"/b/k".parse().unwrap(), &chunked, true), None);
+        let chunked = headers(&[
+            ("transfer-encoding", "chunked"),
+            ("x-amz-checksum-crc32", "x"),
+        ]);
+        assert_eq!(
+            injection_for(
+                &none,
+                &Method::PUT,
+                &"/b/k".parse().unwrap(),
+                &chunked,
+                true
+            ),
+            None
+        );
     }
 
     #[test]
     fn markers_are_made_for_every_directory_of_a_written_object() {
-        assert_eq!(marker_paths("/mlflow/a/b/c"), vec!["/mlflow/a/", "/mlflow/a/b/"]);
+        assert_eq!(
+            marker_paths("/mlflow/a/b/c"),
+            vec!["/mlflow/a/", "/mlflow/a/b/"]
+        );
         assert_eq!(marker_paths("/mlflow/a/b/"), vec!["/mlflow/a/"]);
         assert_eq!(marker_paths("/mlflow/c"), Vec::<String>::new());
         assert_eq!(marker_paths("/mlflow"), Vec::<String>::new());
-        let put = |uri: &str, pairs: &[(&'static str, &'static str)]| writes_object(&Method::PUT, &uri.parse().unwrap(), &headers(pairs));
+        let put = |uri: &str, pairs: &[(&'static str, &'static str)]| {
+            writes_object(&Method::PUT, &uri.parse().unwrap(), &headers(pairs))
+        };
         assert!(put("/mlflow/a/b?x-id=PutObject", &[]));
-        assert!(put("/mlflow/a/b?X-Amz-Algorithm=AWS4-HMAC-SHA256&X-Amz-Signature=s", &[]));
-        assert!(!put("/mlflow/a/b?partNumber=1&uploadId=u&x-id=UploadPart", &[]));
+        assert!(put(
+            "/mlflow/a/b?X-Amz-Algorithm=AWS4-HMAC-SHA256&X-Amz-Signature=s",
+            &[]
+        ));
+        assert!(!put(
+            "/mlflow/a/b?partNumber=1&uploadId=u&x-id=UploadPart",
+            &[]
+        ));
         assert!(!put("/mlflow/a/b", &[("x-amz-copy-source", "/mlflow/x")]));
         assert!(!put("/mlflow", &[]));
-        assert!(writes_object(&Method::POST, &"/mlflow/a/b?uploadId=u".parse().unwrap(), &HeaderMap::new()));
-        assert!(!writes_object(&Method::POST, &"/mlflow/a/b?uploads".parse().unwrap(), &HeaderMap::new()));
+        assert!(writes_object(
+            &Method::POST,
+            &"/mlflow/a/b?uploadId=u".parse().unwrap(),
+            &HeaderMap::new()
+        ));
+        assert!(!writes_object(
+            &Method::POST,
+            &"/mlflow/a/b?uploads".parse().unwrap(),
+            &HeaderMap::new()
+        ));
     }
 }

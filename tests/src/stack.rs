@@ -524,10 +524,7 @@ impl MlflowServer {
             ])
             .args(["--port", &port.to_string()])
             .args(["--backend-store-uri", &backend_store_uri])
-            .args([
-                "--artifacts-destination",
-                &s3.destination(),
-            ])
+            .args(["--artifacts-destination", &s3.destination()])
             .env("MLFLOW_S3_ENDPOINT_URL", &s3.url)
             .env("AWS_ACCESS_KEY_ID", "mlscope")
             .env("AWS_SECRET_ACCESS_KEY", "mlscope")
@@ -610,7 +607,11 @@ pub fn spawn_proxy_on(
     command.args(extra_args).current_dir(dir);
     // Credentials for the artifact gateway's S3 client (SeaweedFS here accepts any), and no
     // instance-metadata probing on a machine that is not a cloud instance.
-    for (name, value) in [("AWS_ACCESS_KEY_ID", "mlscope"), ("AWS_SECRET_ACCESS_KEY", "mlscope"), ("AWS_EC2_METADATA_DISABLED", "true")] {
+    for (name, value) in [
+        ("AWS_ACCESS_KEY_ID", "mlscope"),
+        ("AWS_SECRET_ACCESS_KEY", "mlscope"),
+        ("AWS_EC2_METADATA_DISABLED", "true"),
+    ] {
         if std::env::var_os(name).is_none() {
             command.env(name, value);
         }

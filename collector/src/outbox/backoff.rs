@@ -14,12 +14,19 @@ pub struct Backoff {
 
 impl Backoff {
     pub fn new(initial: Duration, max: Duration, seed: u64) -> Self {
-        Backoff { initial, max: max.max(initial), attempt: 0, rng: seed | 1 }
+        Backoff {
+            initial,
+            max: max.max(initial),
+            attempt: 0,
+            rng: seed | 1,
+        }
     }
 
     /// A seed that differs between processes and runs.
     pub fn seed() -> u64 {
-        let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64);
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64);
         nanos ^ (u64::from(std::process::id()) << 32)
     }
 
@@ -64,10 +71,17 @@ mod tests {
         for _ in 0..10 {
             let ceiling = backoff.ceiling();
             let delay = backoff.next_delay();
-            assert!(delay >= ceiling / 2 && delay <= ceiling, "{delay:?} outside [{:?}, {ceiling:?}]", ceiling / 2);
+            assert!(
+                delay >= ceiling / 2 && delay <= ceiling,
+                "{delay:?} outside [{:?}, {ceiling:?}]",
+                ceiling / 2
+            );
             ceilings.push(ceiling.as_millis());
         }
-        assert_eq!(ceilings, [500, 1000, 2000, 4000, 8000, 16000, 30000, 30000, 30000, 30000]);
+        assert_eq!(
+            ceilings,
+            [500, 1000, 2000, 4000, 8000, 16000, 30000, 30000, 30000, 30000]
+        );
         backoff.reset();
         assert_eq!(backoff.ceiling(), Duration::from_millis(500));
     }

@@ -39,7 +39,9 @@ pub struct MlflowTransport {
 
 impl std::fmt::Debug for MlflowTransport {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("MlflowTransport").field("endpoint", &self.endpoint).finish_non_exhaustive()
+        f.debug_struct("MlflowTransport")
+            .field("endpoint", &self.endpoint)
+            .finish_non_exhaustive()
     }
 }
 
@@ -64,13 +66,19 @@ impl MlflowTransport {
             .tls_config(tls.build())
             .build()
             .into();
-        let mut headers = vec![("X-Mlscope-Node", settings.node.clone()), ("X-Mlscope-Rank", settings.rank.to_string())];
+        let mut headers = vec![
+            ("X-Mlscope-Node", settings.node.clone()),
+            ("X-Mlscope-Rank", settings.rank.to_string()),
+        ];
         if let Some(value) = settings.auth.header_value() {
             headers.push(("Authorization", value));
         }
         MlflowTransport {
             agent,
-            endpoint: format!("{}/api/2.0/mlflow/runs/log-batch", settings.tracking_uri.trim_end_matches('/')),
+            endpoint: format!(
+                "{}/api/2.0/mlflow/runs/log-batch",
+                settings.tracking_uri.trim_end_matches('/')
+            ),
             run_id: settings.run_id.clone(),
             headers,
         }
@@ -80,18 +88,34 @@ impl MlflowTransport {
 impl Transport for MlflowTransport {
     fn send(&mut self, payload: &Payload) -> Result<(), SendError> {
         let body = log_batch_body(&self.run_id, payload);
-        let mut request = self.agent.post(&self.endpoint).header("Content-Type", "application/json");
+        let mut request = self
+            .agent
+            .post(&self.endpoint)
+            .header("Content-Type", "application/json");
         for (name, value) in &self.headers {
             request = request.header(*name, value);
         }
-        let mut response = request.send(&body[..]).map_err(|e| SendError::Unavailable(e.to_string()))?;
+        let mut response = request
+            .send(&body[..])
+            .map_err(|e| SendError::Unavailable(e.to_string()))?;
         let status = response.status().as_u16();
         // Read the whole body, so the connection goes back to the pool.
-        let text = response.body_mut().with_config().limit(MAX_ERROR_BODY).read_to_string().unwrap_or_default();
+        let text = response
+            .body_mut()
+            .with_config()
+            .limit(MAX_ERROR_BODY)
+            .read_to_string()
+            .unwrap_or_default();
         match status {
             200..=299 => Ok(()),
-            408 | 429 | 500..=599 => Err(SendError::Unavailable(format!("HTTP {status}: {}", error_message(&text)))),
-            _ => Err(SendError::Rejected { status, message: error_message(&text) }),
+            408 | 429 | 500..=599 => Err(SendError::Unavailable(format!(
+                "HTTP {status}: {}",
+                error_message(&text)
+            ))),
+            _ => Err(SendError::Rejected {
+                status,
+                message: error_message(&text),
+            }),
         }
     }
 }
@@ -108,7 +132,10 @@ pub fn log_batch_body(run_id: &str, payload: &Payload) -> Vec<u8> {
             json!({"run_id": run_id, "metrics": metrics})
         }
         Payload::Tags(tags) => {
-            let tags: Vec<Value> = tags.iter().map(|(key, value)| json!({"key": key, "value": value})).collect();
+            let tags: Vec<Value> = tags
+                .iter()
+                .map(|(key, value)| json!({"key": key, "value": value}))
+                .collect();
             json!({"run_id": run_id, "tags": tags})
         }
     };
@@ -133,8 +160,16 @@ mod tests {
 
     #[test]
     fn a_sample_is_one_batch_with_one_timestamp_and_step() {
-        let sample = Sample { timestamp_ms: 1_700_000_000_123, step: 4, metrics: vec![(Arc::from("system/n/a"), 1.5), (Arc::from("system/rank-0/b"), 2.0)] };
-        let body: Value = serde_json::from_slice(&log_batch_body("r1", &Payload::Sample(sample))).unwrap();
+        let sample = Sample {
+            timestamp_ms: 1_700_000_000_123,
+            step: 4,
+            metrics: vec![
+                (Arc::from("system/n/a"), 1.5),
+                (Arc::from("system/rank-0/b"), 2.0),
+            ],
+        };
+        let body: Value =
+            serde_json::from_slice(&log_batch_body("r1", &Payload::Sample(sample))).unwrap();
         assert_eq!(
             body,
             json!({"run_id": "r1", "metrics": [
@@ -142,13 +177,28 @@ mod tests {
                 {"key": "system/rank-0/b", "value": 2.0, "timestamp": 1_700_000_000_123i64, "step": 4},
             ]})
         );
-        let tags: Value = serde_json::from_slice(&log_batch_body("r1", &Payload::Tags(vec![("k".into(), "v".into())]))).unwrap();
-        assert_eq!(tags, json!({"run_id": "r1", "tags": [{"key": "k", "value": "v"}]}));
+        let tags: Value = serde_json::from_slice(&log_batch_body(
+            "r1",
+            &Payload::Tags(vec![("k".into(), "v".into())]),
+        ))
+        .unwrap();
+        assert_eq!(
+            tags,
+            json!({"run_id": "r1", "tags": [{"key": "k", "value": "v"}]})
+        );
     }
 
     #[test]
     fn error_messages_come_from_mlflows_error_json() {
-        assert_eq!(error_message(r#"{"error_code":"RESOURCE_DOES_NOT_EXIST","message":"Run 'x' not found"}"#), "RESOURCE_DOES_NOT_EXIST: Run 'x' not found");
-        assert_eq!(error_message("<html>Bad Gateway</html>\n"), "<html>Bad Gateway</html>");
+        assert_eq!(
+            error_message(
+                r#"{"error_code":"RESOURCE_DOES_NOT_EXIST","message":"Run 'x' not found"}"#
+            ),
+            "RESOURCE_DOES_NOT_EXIST: Run 'x' not found"
+        );
+        assert_eq!(
+            error_message("<html>Bad Gateway</html>\n"),
+            "<html>Bad Gateway</html>"
+        );
     }
 }

@@ -45,7 +45,13 @@ struct State {
 impl Outbox {
     pub fn new(capacity: usize) -> Self {
         Outbox {
-            state: Mutex::new(State { items: VecDeque::new(), in_flight: false, capacity: capacity.max(2), dropped: 0, deadline: None }),
+            state: Mutex::new(State {
+                items: VecDeque::new(),
+                in_flight: false,
+                capacity: capacity.max(2),
+                dropped: 0,
+                deadline: None,
+            }),
             changed: Condvar::new(),
         }
     }
@@ -57,11 +63,17 @@ impl Outbox {
     /// Queues a payload; never waits for the network.
     pub fn push(&self, payload: Payload) {
         let mut state = self.lock();
-        while state.items.len() + usize::from(state.in_flight) >= state.capacity && !state.items.is_empty() {
+        while state.items.len() + usize::from(state.in_flight) >= state.capacity
+            && !state.items.is_empty()
+        {
             state.items.pop_front();
             state.dropped += 1;
             if state.dropped == 1 || state.dropped.is_power_of_two() {
-                tracing::warn!(capacity = state.capacity, dropped = state.dropped, "buffer full while MLflow is unreachable: dropping the oldest samples");
+                tracing::warn!(
+                    capacity = state.capacity,
+                    dropped = state.dropped,
+                    "buffer full while MLflow is unreachable: dropping the oldest samples"
+                );
             }
         }
         state.items.push_back(payload);
@@ -119,7 +131,11 @@ impl Outbox {
             if now >= end {
                 return state.deadline.is_none_or(|d| now < d);
             }
-            state = self.changed.wait_timeout(state, end - now).unwrap_or_else(|e| e.into_inner()).0;
+            state = self
+                .changed
+                .wait_timeout(state, end - now)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
         }
     }
 }
@@ -130,7 +146,11 @@ mod tests {
     use std::sync::Arc;
 
     fn sample(step: i64) -> Payload {
-        Payload::Sample(Sample { timestamp_ms: step, step, metrics: vec![(Arc::from("k"), 1.0)] })
+        Payload::Sample(Sample {
+            timestamp_ms: step,
+            step,
+            metrics: vec![(Arc::from("k"), 1.0)],
+        })
     }
 
     fn step(payload: &Payload) -> i64 {
@@ -148,7 +168,9 @@ mod tests {
         }
         assert_eq!(outbox.dropped(), 2);
         outbox.close(Instant::now() + Duration::from_secs(1));
-        let left: Vec<i64> = std::iter::from_fn(|| outbox.take().inspect(|_| outbox.done())).map(|p| step(&p)).collect();
+        let left: Vec<i64> = std::iter::from_fn(|| outbox.take().inspect(|_| outbox.done()))
+            .map(|p| step(&p))
+            .collect();
         assert_eq!(left, [2, 3, 4]);
     }
 
@@ -159,7 +181,10 @@ mod tests {
         let in_flight = outbox.take().unwrap();
         outbox.push(sample(1));
         outbox.push(sample(2));
-        assert_eq!((step(&in_flight), outbox.pending(), outbox.dropped()), (0, 2, 1));
+        assert_eq!(
+            (step(&in_flight), outbox.pending(), outbox.dropped()),
+            (0, 2, 1)
+        );
     }
 
     #[test]

@@ -36,7 +36,11 @@ pub struct SenderStats {
 /// At most this many distinct refusals are logged at warn level; the rest at debug.
 const DISTINCT_REFUSALS_LOGGED: usize = 32;
 
-pub fn spawn_sender<T: Transport + 'static>(outbox: Arc<Outbox>, transport: T, backoff: Backoff) -> JoinHandle<SenderStats> {
+pub fn spawn_sender<T: Transport + 'static>(
+    outbox: Arc<Outbox>,
+    transport: T,
+    backoff: Backoff,
+) -> JoinHandle<SenderStats> {
     thread::Builder::new()
         .name("mlscope-sender".into())
         .spawn(move || run(&outbox, transport, backoff))
@@ -53,14 +57,19 @@ fn run<T: Transport>(outbox: &Outbox, mut transport: T, mut backoff: Backoff) ->
                 Ok(()) => {
                     stats.sent += 1;
                     if let Some(failures) = outage.take() {
-                        tracing::info!(failed_attempts = failures, queued = outbox.pending().saturating_sub(1), "MLflow is reachable again; sending the buffered samples in order");
+                        tracing::info!(
+                            failed_attempts = failures,
+                            queued = outbox.pending().saturating_sub(1),
+                            "MLflow is reachable again; sending the buffered samples in order"
+                        );
                     }
                     backoff.reset();
                     break;
                 }
                 Err(SendError::Rejected { status, message }) => {
                     stats.rejected += 1;
-                    let first = refusals.len() < DISTINCT_REFUSALS_LOGGED && refusals.insert((status, message.clone()));
+                    let first = refusals.len() < DISTINCT_REFUSALS_LOGGED
+                        && refusals.insert((status, message.clone()));
                     if first {
                         tracing::warn!(status, message = %message, "MLflow refused a batch; it is skipped (this message is logged once)");
                     } else {
@@ -106,27 +115,44 @@ mod tests {
 
     impl Transport for Scripted {
         fn send(&mut self, payload: &Payload) -> Result<(), SendError> {
-            let Payload::Sample(sample) = payload else { return Ok(()) };
+            let Payload::Sample(sample) = payload else {
+                return Ok(());
+            };
             self.attempts.lock().unwrap().push(sample.step);
             self.answers.pop_front().unwrap_or(Ok(()))
         }
     }
 
     fn sample(step: i64) -> Payload {
-        Payload::Sample(Sample { timestamp_ms: step, step, metrics: vec![(Arc::from("system/rank-0/x"), 1.0)] })
+        Payload::Sample(Sample {
+            timestamp_ms: step,
+            step,
+            metrics: vec![(Arc::from("system/rank-0/x"), 1.0)],
+        })
     }
 
     fn fast_backoff() -> Backoff {
         Backoff::new(Duration::from_millis(1), Duration::from_millis(4), 7)
     }
 
-    fn send_all(steps: i64, answers: Vec<Result<(), SendError>>, capacity: usize) -> (SenderStats, Vec<i64>) {
+    fn send_all(
+        steps: i64,
+        answers: Vec<Result<(), SendError>>,
+        capacity: usize,
+    ) -> (SenderStats, Vec<i64>) {
         let outbox = Arc::new(Outbox::new(capacity));
         for s in 0..steps {
             outbox.push(sample(s));
         }
         let attempts = Arc::new(Mutex::new(Vec::new()));
-        let handle = spawn_sender(outbox.clone(), Scripted { answers: answers.into(), attempts: attempts.clone() }, fast_backoff());
+        let handle = spawn_sender(
+            outbox.clone(),
+            Scripted {
+                answers: answers.into(),
+                attempts: attempts.clone(),
+            },
+            fast_backoff(),
+        );
         outbox.close(Instant::now() + Duration::from_secs(30));
         let stats = handle.join().unwrap();
         let attempts = attempts.lock().unwrap().clone();
@@ -138,15 +164,36 @@ mod tests {
         let down = || Err(SendError::Unavailable("connection refused".into()));
         let (stats, attempts) = send_all(3, vec![Ok(()), down(), down(), down(), Ok(())], 10);
         assert_eq!(attempts, [0, 1, 1, 1, 1, 2]);
-        assert_eq!(stats, SenderStats { sent: 3, rejected: 0, unsent: 0, dropped: 0 });
+        assert_eq!(
+            stats,
+            SenderStats {
+                sent: 3,
+                rejected: 0,
+                unsent: 0,
+                dropped: 0
+            }
+        );
     }
 
     #[test]
     fn refused_batches_are_skipped_not_retried() {
-        let refused = || Err(SendError::Rejected { status: 400, message: "INVALID_PARAMETER_VALUE: bad".into() });
+        let refused = || {
+            Err(SendError::Rejected {
+                status: 400,
+                message: "INVALID_PARAMETER_VALUE: bad".into(),
+            })
+        };
         let (stats, attempts) = send_all(3, vec![refused(), refused()], 10);
         assert_eq!(attempts, [0, 1, 2]);
-        assert_eq!(stats, SenderStats { sent: 1, rejected: 2, unsent: 0, dropped: 0 });
+        assert_eq!(
+            stats,
+            SenderStats {
+                sent: 1,
+                rejected: 2,
+                unsent: 0,
+                dropped: 0
+            }
+        );
     }
 
     #[test]
@@ -156,12 +203,29 @@ mod tests {
             outbox.push(sample(s));
         }
         let attempts = Arc::new(Mutex::new(Vec::new()));
-        let never = (0..100_000).map(|_| Err(SendError::Unavailable("down".into()))).collect();
-        let handle = spawn_sender(outbox.clone(), Scripted { answers: never, attempts }, fast_backoff());
+        let never = (0..100_000)
+            .map(|_| Err(SendError::Unavailable("down".into())))
+            .collect();
+        let handle = spawn_sender(
+            outbox.clone(),
+            Scripted {
+                answers: never,
+                attempts,
+            },
+            fast_backoff(),
+        );
         let started = Instant::now();
         outbox.close(Instant::now() + Duration::from_millis(200));
         let stats = handle.join().unwrap();
         assert!(started.elapsed() < Duration::from_secs(10));
-        assert_eq!(stats, SenderStats { sent: 0, rejected: 0, unsent: 4, dropped: 0 });
+        assert_eq!(
+            stats,
+            SenderStats {
+                sent: 0,
+                rejected: 0,
+                unsent: 4,
+                dropped: 0
+            }
+        );
     }
 }

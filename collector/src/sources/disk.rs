@@ -47,7 +47,11 @@ impl Space {
 
     /// `(usage_megabytes, usage_percentage, available_megabytes)`, rounded as MLflow rounds.
     pub fn series(&self) -> [f64; 3] {
-        [round1(self.used() as f64 / 1e6), self.used_percentage(), round1(self.available as f64 / 1e6)]
+        [
+            round1(self.used() as f64 / 1e6),
+            self.used_percentage(),
+            round1(self.available as f64 / 1e6),
+        ]
     }
 }
 
@@ -62,9 +66,16 @@ pub struct WatchedVolume {
 impl WatchedVolume {
     /// `None` when the scope table does not accept the name.
     pub fn new(name: &str, path: PathBuf) -> Option<Self> {
-        let names = ["usage_megabytes", "usage_percentage", "available_megabytes"].map(|suffix| mlscope_scopes::volume_metric_name(name, suffix));
-        let [Some(a), Some(b), Some(c)] = names else { return None };
-        Some(WatchedVolume { name: name.to_owned(), path, names: [a, b, c] })
+        let names = ["usage_megabytes", "usage_percentage", "available_megabytes"]
+            .map(|suffix| mlscope_scopes::volume_metric_name(name, suffix));
+        let [Some(a), Some(b), Some(c)] = names else {
+            return None;
+        };
+        Some(WatchedVolume {
+            name: name.to_owned(),
+            path,
+            names: [a, b, c],
+        })
     }
 }
 
@@ -79,18 +90,32 @@ pub struct DiskSource {
 impl DiskSource {
     pub fn new(rootfs: PathBuf, volumes: Vec<WatchedVolume>) -> Self {
         let warned = vec![false; volumes.len()];
-        DiskSource { rootfs, volumes, warned }
+        DiskSource {
+            rootfs,
+            volumes,
+            warned,
+        }
     }
 
     pub fn sample(&mut self, out: &mut Vec<Named>) {
         if let Some(space) = Space::of(&self.rootfs) {
-            let names = ["rootfs_usage_megabytes", "rootfs_usage_percentage", "rootfs_available_megabytes"];
+            let names = [
+                "rootfs_usage_megabytes",
+                "rootfs_usage_percentage",
+                "rootfs_available_megabytes",
+            ];
             out.extend(names.into_iter().map(Cow::Borrowed).zip(space.series()));
         }
         for (volume, warned) in self.volumes.iter().zip(self.warned.iter_mut()) {
             match Space::of(&volume.path) {
                 Some(space) => {
-                    out.extend(volume.names.iter().map(|n| Cow::Owned(n.clone())).zip(space.series()));
+                    out.extend(
+                        volume
+                            .names
+                            .iter()
+                            .map(|n| Cow::Owned(n.clone()))
+                            .zip(space.series()),
+                    );
                     *warned = false;
                 }
                 None if !*warned => {
@@ -110,23 +135,46 @@ mod tests {
     #[test]
     fn psutil_disk_usage_formulas() {
         // 1000 MB total, 300 MB free of which 50 MB reserved for root.
-        let space = Space { total: 1_000_000_000, free_for_root: 300_000_000, available: 250_000_000 };
+        let space = Space {
+            total: 1_000_000_000,
+            free_for_root: 300_000_000,
+            available: 250_000_000,
+        };
         assert_eq!(space.used(), 700_000_000);
         // 700 / (700 + 250) = 73.68...
         assert_eq!(space.series(), [700.0, 73.7, 250.0]);
-        assert_eq!(Space { total: 0, free_for_root: 0, available: 0 }.used_percentage(), 0.0);
+        assert_eq!(
+            Space {
+                total: 0,
+                free_for_root: 0,
+                available: 0
+            }
+            .used_percentage(),
+            0.0
+        );
     }
 
     #[test]
     fn the_real_root_filesystem_has_space() {
         let space = Space::of(Path::new("/")).expect("statvfs /");
-        assert!(space.total > 0 && space.used() <= space.total && space.available <= space.free_for_root);
+        assert!(
+            space.total > 0
+                && space.used() <= space.total
+                && space.available <= space.free_for_root
+        );
     }
 
     #[test]
     fn volume_names_come_from_the_scope_table() {
         let v = WatchedVolume::new("data", PathBuf::from("/data")).unwrap();
-        assert_eq!(v.names, ["volume_data_usage_megabytes", "volume_data_usage_percentage", "volume_data_available_megabytes"]);
+        assert_eq!(
+            v.names,
+            [
+                "volume_data_usage_megabytes",
+                "volume_data_usage_percentage",
+                "volume_data_available_megabytes"
+            ]
+        );
         assert!(WatchedVolume::new("", PathBuf::from("/")).is_none());
     }
 }

@@ -72,12 +72,20 @@ mod tests {
     fn proc_files_read_again_show_new_values() {
         let mut files = OpenFiles::default();
         let path = Path::new("/proc/thread-self/schedstat");
-        let cpu_ns = |files: &mut OpenFiles| files.read(path).and_then(|s| s.split_whitespace().next()?.parse::<u64>().ok()).unwrap();
+        let cpu_ns = |files: &mut OpenFiles| {
+            files
+                .read(path)
+                .and_then(|s| s.split_whitespace().next()?.parse::<u64>().ok())
+                .unwrap()
+        };
         let before = cpu_ns(&mut files);
         let mut spin = 0u64;
         for i in 0..20_000_000u64 {
             spin = std::hint::black_box(spin ^ i);
         }
-        assert!(cpu_ns(&mut files) > before, "the same handle shows the CPU time just spent");
+        assert!(
+            cpu_ns(&mut files) > before,
+            "the same handle shows the CPU time just spent"
+        );
     }
 }

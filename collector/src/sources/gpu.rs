@@ -27,7 +27,8 @@ pub struct GpuReading {
 /// total (used = total - free, what pynvml's default `nvmlDeviceGetMemoryInfo` reports), power
 /// in W (NVML gives mW) and % of the enforced limit. Rounded as MLflow rounds.
 pub fn gpu_metrics(index: u32, reading: &GpuReading, out: &mut Vec<Named>) {
-    let mut push = |suffix: &str, value: f64| out.push((Cow::Owned(format!("gpu_{index}_{suffix}")), value));
+    let mut push =
+        |suffix: &str, value: f64| out.push((Cow::Owned(format!("gpu_{index}_{suffix}")), value));
     if let Some(utilization) = reading.utilization {
         push("utilization_percentage", f64::from(utilization));
     }
@@ -35,13 +36,19 @@ pub fn gpu_metrics(index: u32, reading: &GpuReading, out: &mut Vec<Named>) {
         let used = total.saturating_sub(free);
         push("memory_usage_megabytes", round1(used as f64 / 1e6));
         if total > 0 {
-            push("memory_usage_percentage", round1(used as f64 / total as f64 * 100.0));
+            push(
+                "memory_usage_percentage",
+                round1(used as f64 / total as f64 * 100.0),
+            );
         }
     }
     if let Some(power) = reading.power_milliwatts {
         push("power_usage_watts", round1(f64::from(power) / 1000.0));
         if let Some(limit) = reading.power_limit_milliwatts.filter(|&l| l > 0) {
-            push("power_usage_percentage", round1(f64::from(power) / f64::from(limit) * 100.0));
+            push(
+                "power_usage_percentage",
+                round1(f64::from(power) / f64::from(limit) * 100.0),
+            );
         }
     }
 }
@@ -57,7 +64,9 @@ pub struct GpuSource {
 
 impl std::fmt::Debug for GpuSource {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("GpuSource").field("devices", &self.devices).finish()
+        f.debug_struct("GpuSource")
+            .field("devices", &self.devices)
+            .finish()
     }
 }
 
@@ -86,7 +95,9 @@ impl GpuSource {
 
     pub fn sample(&mut self, out: &mut Vec<Named>) {
         for index in 0..self.devices {
-            let Ok(device) = self.nvml.device_by_index(index) else { continue };
+            let Ok(device) = self.nvml.device_by_index(index) else {
+                continue;
+            };
             let reading = GpuReading {
                 utilization: device.utilization_rates().ok().map(|u| u.gpu),
                 memory: device.memory_info().ok().map(|m| (m.total, m.free)),
@@ -130,7 +141,11 @@ mod tests {
 
     #[test]
     fn failed_queries_and_a_zero_limit_leave_series_out() {
-        let reading = GpuReading { power_milliwatts: Some(123_456), power_limit_milliwatts: Some(0), ..Default::default() };
+        let reading = GpuReading {
+            power_milliwatts: Some(123_456),
+            power_limit_milliwatts: Some(0),
+            ..Default::default()
+        };
         let mut out = Vec::new();
         gpu_metrics(0, &reading, &mut out);
         assert_eq!(by_name(&out), [("gpu_0_power_usage_watts", 123.5)]);
@@ -139,9 +154,22 @@ mod tests {
     #[test]
     fn every_gpu_name_is_a_device_series_in_the_scope_table() {
         let mut out = Vec::new();
-        gpu_metrics(12, &GpuReading { utilization: Some(1), memory: Some((2, 1)), power_milliwatts: Some(1), power_limit_milliwatts: Some(2) }, &mut out);
+        gpu_metrics(
+            12,
+            &GpuReading {
+                utilization: Some(1),
+                memory: Some((2, 1)),
+                power_milliwatts: Some(1),
+                power_limit_milliwatts: Some(2),
+            },
+            &mut out,
+        );
         for (name, _) in &out {
-            assert_eq!(mlscope_scopes::rule_for(name).map(|r| r.scope), Some(mlscope_scopes::Scope::Device), "{name}");
+            assert_eq!(
+                mlscope_scopes::rule_for(name).map(|r| r.scope),
+                Some(mlscope_scopes::Scope::Device),
+                "{name}"
+            );
         }
     }
 }

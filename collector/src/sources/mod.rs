@@ -66,7 +66,11 @@ impl Sampler {
             disk: DiskSource::new(settings.rootfs, settings.volumes),
             network: NetworkSource::new(settings.proc_root),
             container: settings.cgroup.map(ContainerSource::new),
-            gpu: if settings.gpus { GpuSource::load() } else { None },
+            gpu: if settings.gpus {
+                GpuSource::load()
+            } else {
+                None
+            },
             keys: KeyBook::new(identity),
             step: 0,
             scratch: Vec::with_capacity(64),
@@ -90,8 +94,17 @@ impl Sampler {
         if let Some(gpu) = &mut self.gpu {
             gpu.sample(&mut self.scratch);
         }
-        let metrics = self.scratch.iter().filter(|(_, value)| value.is_finite()).map(|(name, value)| (self.keys.key(name), *value)).collect();
-        let sample = Sample { timestamp_ms, step: self.step, metrics };
+        let metrics = self
+            .scratch
+            .iter()
+            .filter(|(_, value)| value.is_finite())
+            .map(|(name, value)| (self.keys.key(name), *value))
+            .collect();
+        let sample = Sample {
+            timestamp_ms,
+            step: self.step,
+            metrics,
+        };
         self.step += 1;
         sample
     }

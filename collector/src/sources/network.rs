@@ -27,8 +27,17 @@ pub fn parse_net_dev(text: &str) -> BTreeMap<String, Counters> {
             if name == "lo" {
                 return None;
             }
-            let fields: Vec<u64> = rest.split_whitespace().map(|f| f.parse().ok()).collect::<Option<_>>()?;
-            Some((name.to_owned(), Counters { received: *fields.first()?, transmitted: *fields.get(8)? }))
+            let fields: Vec<u64> = rest
+                .split_whitespace()
+                .map(|f| f.parse().ok())
+                .collect::<Option<_>>()?;
+            Some((
+                name.to_owned(),
+                Counters {
+                    received: *fields.first()?,
+                    transmitted: *fields.get(8)?,
+                },
+            ))
         })
         .collect()
 }
@@ -48,7 +57,12 @@ impl NetworkSource {
         let path = proc_root.join("net/dev");
         let mut files = OpenFiles::default();
         let last = files.read(&path).map(parse_net_dev).unwrap_or_default();
-        NetworkSource { path, files, last, total: Counters::default() }
+        NetworkSource {
+            path,
+            files,
+            last,
+            total: Counters::default(),
+        }
     }
 
     /// Folds a new reading into the totals.
@@ -67,10 +81,18 @@ impl NetworkSource {
     }
 
     pub fn sample(&mut self, out: &mut Vec<Named>) {
-        let Some(now) = self.files.read(&self.path).map(parse_net_dev) else { return };
+        let Some(now) = self.files.read(&self.path).map(parse_net_dev) else {
+            return;
+        };
         self.update(now);
-        out.push((Cow::Borrowed("network_receive_megabytes"), self.total.received as f64 / 1e6));
-        out.push((Cow::Borrowed("network_transmit_megabytes"), self.total.transmitted as f64 / 1e6));
+        out.push((
+            Cow::Borrowed("network_receive_megabytes"),
+            self.total.received as f64 / 1e6,
+        ));
+        out.push((
+            Cow::Borrowed("network_transmit_megabytes"),
+            self.total.transmitted as f64 / 1e6,
+        ));
     }
 }
 
@@ -88,19 +110,51 @@ veth:x: 10 1 0 0 0 0 0 0 20 1 0 0 0 0 0 0\n";
     fn loopback_is_excluded_and_names_end_at_the_last_colon() {
         let counters = parse_net_dev(DEV);
         assert_eq!(counters.keys().collect::<Vec<_>>(), ["eth0", "veth:x"]);
-        assert_eq!(counters["eth0"], Counters { received: 1000, transmitted: 2000 });
+        assert_eq!(
+            counters["eth0"],
+            Counters {
+                received: 1000,
+                transmitted: 2000
+            }
+        );
     }
 
     #[test]
     fn totals_count_from_start_and_survive_a_counter_reset() {
-        let mut source = NetworkSource { path: PathBuf::new(), files: OpenFiles::default(), last: parse_net_dev(DEV), total: Counters::default() };
+        let mut source = NetworkSource {
+            path: PathBuf::new(),
+            files: OpenFiles::default(),
+            last: parse_net_dev(DEV),
+            total: Counters::default(),
+        };
         source.update(parse_net_dev(&DEV.replace("eth0: 1000", "eth0: 1500")));
-        assert_eq!(source.total(), Counters { received: 500, transmitted: 0 });
+        assert_eq!(
+            source.total(),
+            Counters {
+                received: 500,
+                transmitted: 0
+            }
+        );
         // eth0 was recreated: its counter restarts at 300.
         source.update(parse_net_dev(&DEV.replace("eth0: 1000", "eth0: 300")));
-        assert_eq!(source.total(), Counters { received: 800, transmitted: 0 });
+        assert_eq!(
+            source.total(),
+            Counters {
+                received: 800,
+                transmitted: 0
+            }
+        );
         // An interface that appears after start counts from zero.
-        source.update(parse_net_dev(&format!("{}eth1: 7 0 0 0 0 0 0 0 9 0 0 0 0 0 0 0\n", DEV.replace("eth0: 1000", "eth0: 300"))));
-        assert_eq!(source.total(), Counters { received: 807, transmitted: 9 });
+        source.update(parse_net_dev(&format!(
+            "{}eth1: 7 0 0 0 0 0 0 0 9 0 0 0 0 0 0 0\n",
+            DEV.replace("eth0: 1000", "eth0: 300")
+        )));
+        assert_eq!(
+            source.total(),
+            Counters {
+                received: 807,
+                transmitted: 9
+            }
+        );
     }
 }

@@ -19,7 +19,9 @@ const GUEST: usize = 8;
 const GUEST_NICE: usize = 9;
 
 pub fn parse_proc_stat(text: &str) -> Option<CpuTimes> {
-    let line = text.lines().find(|l| l.split_whitespace().next() == Some("cpu"))?;
+    let line = text
+        .lines()
+        .find(|l| l.split_whitespace().next() == Some("cpu"))?;
     let mut times = [0u64; 10];
     for (slot, field) in times.iter_mut().zip(line.split_whitespace().skip(1)) {
         *slot = field.parse().ok()?;
@@ -35,7 +37,10 @@ pub fn cpu_percent(before: &CpuTimes, after: &CpuTimes) -> f64 {
     for (d, (b, a)) in delta.iter_mut().zip(before.0.iter().zip(after.0.iter())) {
         *d = a.saturating_sub(*b);
     }
-    let total = delta.iter().sum::<u64>().saturating_sub(delta[GUEST] + delta[GUEST_NICE]);
+    let total = delta
+        .iter()
+        .sum::<u64>()
+        .saturating_sub(delta[GUEST] + delta[GUEST_NICE]);
     let busy = total.saturating_sub(delta[IDLE] + delta[IOWAIT]);
     if total == 0 {
         return 0.0;
@@ -60,8 +65,12 @@ pub fn parse_meminfo(text: &str) -> Option<MemInfo> {
     let (mut total, mut free) = (None, None);
     for line in text.lines() {
         let mut fields = line.split_whitespace();
-        let (Some(key), Some(value)) = (fields.next(), fields.next()) else { continue };
-        let Ok(kib) = value.parse::<u64>() else { continue };
+        let (Some(key), Some(value)) = (fields.next(), fields.next()) else {
+            continue;
+        };
+        let Ok(kib) = value.parse::<u64>() else {
+            continue;
+        };
         let bytes = kib * 1024;
         match key {
             "MemTotal:" => total = Some(bytes),
@@ -100,21 +109,29 @@ pub fn memory_used(info: &MemInfo, low_watermark_bytes: impl FnOnce() -> Option<
 
 fn estimate_available(info: &MemInfo, low_watermark_bytes: impl FnOnce() -> Option<u64>) -> f64 {
     let fallback = (info.free + info.cached.unwrap_or(0)) as f64;
-    let (Some(active), Some(inactive), Some(reclaimable)) = (info.active_file, info.inactive_file, info.sreclaimable) else {
+    let (Some(active), Some(inactive), Some(reclaimable)) =
+        (info.active_file, info.inactive_file, info.sreclaimable)
+    else {
         return fallback;
     };
-    let Some(low) = low_watermark_bytes() else { return fallback };
+    let Some(low) = low_watermark_bytes() else {
+        return fallback;
+    };
     let low = low as f64;
     let pagecache = (active + inactive) as f64;
     let reclaimable = reclaimable as f64;
-    info.free as f64 - low + (pagecache - (pagecache / 2.0).min(low)) + (reclaimable - (reclaimable / 2.0).min(low))
+    info.free as f64 - low
+        + (pagecache - (pagecache / 2.0).min(low))
+        + (reclaimable - (reclaimable / 2.0).min(low))
 }
 
 pub fn parse_zoneinfo_low_pages(text: &str) -> u64 {
     text.lines()
         .filter_map(|l| {
             let mut f = l.split_whitespace();
-            (f.next() == Some("low")).then(|| f.next()?.parse::<u64>().ok()).flatten()
+            (f.next() == Some("low"))
+                .then(|| f.next()?.parse::<u64>().ok())
+                .flatten()
         })
         .sum()
 }
@@ -154,22 +171,34 @@ impl NodeSource {
 
     fn low_watermark_bytes(&mut self) -> Option<u64> {
         let pages = parse_zoneinfo_low_pages(self.files.read(&self.zoneinfo)?);
-        let page_size = nix::unistd::sysconf(nix::unistd::SysconfVar::PAGE_SIZE).ok().flatten().and_then(|p| u64::try_from(p).ok())?;
+        let page_size = nix::unistd::sysconf(nix::unistd::SysconfVar::PAGE_SIZE)
+            .ok()
+            .flatten()
+            .and_then(|p| u64::try_from(p).ok())?;
         Some(pages * page_size)
     }
 
     pub fn sample(&mut self, out: &mut Vec<Named>) {
         if let Some(now) = self.cpu_times() {
             if let Some(before) = self.last_cpu {
-                out.push((Cow::Borrowed("node_cpu_utilization_percentage"), cpu_percent(&before, &now)));
+                out.push((
+                    Cow::Borrowed("node_cpu_utilization_percentage"),
+                    cpu_percent(&before, &now),
+                ));
             }
             self.last_cpu = Some(now);
         }
         if let Some(info) = self.meminfo() {
             let used = memory_used(&info, || self.low_watermark_bytes());
-            out.push((Cow::Borrowed("node_memory_usage_megabytes"), round1(used as f64 / 1e6)));
+            out.push((
+                Cow::Borrowed("node_memory_usage_megabytes"),
+                round1(used as f64 / 1e6),
+            ));
             if info.total > 0 {
-                out.push((Cow::Borrowed("node_memory_usage_percentage"), round1(used as f64 / info.total as f64 * 100.0)));
+                out.push((
+                    Cow::Borrowed("node_memory_usage_percentage"),
+                    round1(used as f64 / info.total as f64 * 100.0),
+                ));
             }
         }
     }
@@ -194,7 +223,10 @@ mod tests {
 
     #[test]
     fn old_kernels_with_fewer_cpu_fields_parse() {
-        assert_eq!(parse_proc_stat("cpu 1 2 3 4\n").unwrap().0, [1, 2, 3, 4, 0, 0, 0, 0, 0, 0]);
+        assert_eq!(
+            parse_proc_stat("cpu 1 2 3 4\n").unwrap().0,
+            [1, 2, 3, 4, 0, 0, 0, 0, 0, 0]
+        );
         assert_eq!(parse_proc_stat("intr 1\n"), None);
     }
 
@@ -208,11 +240,15 @@ mod tests {
 
     #[test]
     fn without_mem_available_psutils_estimate_is_used() {
-        let info = parse_meminfo(&MEMINFO.replace("MemAvailable:    600", "MemAvailable:      0")).unwrap();
+        let info = parse_meminfo(&MEMINFO.replace("MemAvailable:    600", "MemAvailable:      0"))
+            .unwrap();
         // free - low + (pagecache - min(pagecache/2, low)) + (sreclaimable - min(sr/2, low))
         let low = 10 * 1024;
         let expected_available = 100 * 1024 - low + (300 * 1024 - low) + (40 * 1024 - low);
-        assert_eq!(memory_used(&info, || Some(low)), 1000 * 1024 - expected_available);
+        assert_eq!(
+            memory_used(&info, || Some(low)),
+            1000 * 1024 - expected_available
+        );
         // No zoneinfo: free + cached.
         assert_eq!(memory_used(&info, || None), 1000 * 1024 - 400 * 1024);
         assert_eq!(parse_zoneinfo_low_pages("Node 0, zone DMA\n  pages free 3\n        min 1\n        low 4\n        high 5\nNode 0, zone Normal\n        low 6\n"), 10);
@@ -220,7 +256,8 @@ mod tests {
 
     #[test]
     fn available_above_total_means_free() {
-        let info = parse_meminfo(&MEMINFO.replace("MemAvailable:    600", "MemAvailable:   5000")).unwrap();
+        let info = parse_meminfo(&MEMINFO.replace("MemAvailable:    600", "MemAvailable:   5000"))
+            .unwrap();
         assert_eq!(memory_used(&info, || None), 900 * 1024);
     }
 

@@ -34,17 +34,37 @@ impl Received {
     }
 
     pub fn metric_keys(&self) -> Vec<String> {
-        self.body["metrics"].as_array().map(|m| m.iter().map(|m| m["key"].as_str().unwrap_or_default().to_owned()).collect()).unwrap_or_default()
+        self.body["metrics"]
+            .as_array()
+            .map(|m| {
+                m.iter()
+                    .map(|m| m["key"].as_str().unwrap_or_default().to_owned())
+                    .collect()
+            })
+            .unwrap_or_default()
     }
 
     pub fn metric(&self, key: &str) -> Option<f64> {
-        self.body["metrics"].as_array()?.iter().find(|m| m["key"] == key)?["value"].as_f64()
+        self.body["metrics"]
+            .as_array()?
+            .iter()
+            .find(|m| m["key"] == key)?["value"]
+            .as_f64()
     }
 
     pub fn tags(&self) -> HashMap<String, String> {
         self.body["tags"]
             .as_array()
-            .map(|t| t.iter().map(|t| (t["key"].as_str().unwrap_or_default().to_owned(), t["value"].as_str().unwrap_or_default().to_owned())).collect())
+            .map(|t| {
+                t.iter()
+                    .map(|t| {
+                        (
+                            t["key"].as_str().unwrap_or_default().to_owned(),
+                            t["value"].as_str().unwrap_or_default().to_owned(),
+                        )
+                    })
+                    .collect()
+            })
             .unwrap_or_default()
     }
 }
@@ -78,7 +98,8 @@ impl MockMlflow {
                 while !stop.load(Ordering::Relaxed) {
                     match listener.accept() {
                         Ok((stream, _)) => {
-                            let (received, responder, stop) = (received.clone(), responder.clone(), stop.clone());
+                            let (received, responder, stop) =
+                                (received.clone(), responder.clone(), stop.clone());
                             thread::spawn(move || serve(stream, &received, &responder, &stop));
                         }
                         Err(_) => thread::sleep(Duration::from_millis(5)),
@@ -86,7 +107,12 @@ impl MockMlflow {
                 }
             })
         };
-        MockMlflow { url, received, stop, acceptor: Some(acceptor) }
+        MockMlflow {
+            url,
+            received,
+            stop,
+            acceptor: Some(acceptor),
+        }
     }
 
     pub fn received(&self) -> Vec<Received> {
@@ -95,12 +121,18 @@ impl MockMlflow {
 
     /// Requests answered with 2xx.
     pub fn accepted(&self) -> Vec<Received> {
-        self.received().into_iter().filter(|r| (200..300).contains(&r.status)).collect()
+        self.received()
+            .into_iter()
+            .filter(|r| (200..300).contains(&r.status))
+            .collect()
     }
 
     /// Accepted batches that carry metrics.
     pub fn samples(&self) -> Vec<Received> {
-        self.accepted().into_iter().filter(|r| r.body.get("metrics").is_some()).collect()
+        self.accepted()
+            .into_iter()
+            .filter(|r| r.body.get("metrics").is_some())
+            .collect()
     }
 
     /// Tags of accepted batches, merged.
@@ -118,8 +150,15 @@ impl Drop for MockMlflow {
     }
 }
 
-fn serve(stream: TcpStream, received: &Mutex<Vec<Received>>, responder: &Mutex<Responder>, stop: &AtomicBool) {
-    stream.set_read_timeout(Some(Duration::from_millis(200))).unwrap();
+fn serve(
+    stream: TcpStream,
+    received: &Mutex<Vec<Received>>,
+    responder: &Mutex<Responder>,
+    stop: &AtomicBool,
+) {
+    stream
+        .set_read_timeout(Some(Duration::from_millis(200)))
+        .unwrap();
     let mut writer = stream.try_clone().unwrap();
     let mut reader = BufReader::new(stream);
     // Each round is one request; an idle connection is closed after 60 s.
@@ -129,10 +168,21 @@ fn serve(stream: TcpStream, received: &Mutex<Vec<Received>>, responder: &Mutex<R
         match reader.read_line(&mut line) {
             Ok(0) => return,
             Ok(_) => {}
-            Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => continue,
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) =>
+            {
+                continue
+            }
             Err(_) => return,
         }
-        let path = line.split_whitespace().nth(1).unwrap_or_default().to_owned();
+        let path = line
+            .split_whitespace()
+            .nth(1)
+            .unwrap_or_default()
+            .to_owned();
         let mut headers = HashMap::new();
         loop {
             let mut header = String::new();
@@ -147,14 +197,22 @@ fn serve(stream: TcpStream, received: &Mutex<Vec<Received>>, responder: &Mutex<R
                 headers.insert(name.trim().to_ascii_lowercase(), value.trim().to_owned());
             }
         }
-        let length: usize = headers.get("content-length").and_then(|l| l.parse().ok()).unwrap_or(0);
+        let length: usize = headers
+            .get("content-length")
+            .and_then(|l| l.parse().ok())
+            .unwrap_or(0);
         let mut body = vec![0; length];
         if reader.read_exact(&mut body).is_err() {
             return;
         }
         let mut received = received.lock().unwrap();
         let (status, answer) = (responder.lock().unwrap())(received.len());
-        received.push(Received { path, headers, body: serde_json::from_slice(&body).unwrap_or(Value::Null), status, });
+        received.push(Received {
+            path,
+            headers,
+            body: serde_json::from_slice(&body).unwrap_or(Value::Null),
+            status,
+        });
         drop(received);
         let response = format!("HTTP/1.1 {status} X\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{answer}", answer.len());
         if writer.write_all(response.as_bytes()).is_err() {
@@ -174,17 +232,31 @@ pub fn collector_binary() -> PathBuf {
 /// in from the test process.
 pub fn collector(url: &str, args: &[&str]) -> Command {
     let mut command = Command::new(collector_binary());
-    command.env_clear().env("PATH", std::env::var_os("PATH").unwrap_or_default()).env("MLFLOW_TRACKING_URI", url).env("MLFLOW_RUN_ID", "run-1").env("MLSCOPE_LOG_FORMAT", "json").args(args);
+    command
+        .env_clear()
+        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+        .env("MLFLOW_TRACKING_URI", url)
+        .env("MLFLOW_RUN_ID", "run-1")
+        .env("MLSCOPE_LOG_FORMAT", "json")
+        .args(args);
     command
 }
 
 /// Starts a command with stdout and stderr captured.
 pub fn spawn(command: &mut Command) -> Child {
-    command.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("starting the collector")
+    command
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("starting the collector")
 }
 
 pub fn sigterm(child: &Child) {
-    let status = Command::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap();
+    let status = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
     assert!(status.success());
 }
 
@@ -195,19 +267,33 @@ pub fn finish(mut child: Child, timeout: Duration) -> (ExitStatus, String, Strin
         if Instant::now() > deadline {
             let _ = child.kill();
             let output = child.wait_with_output().unwrap();
-            panic!("the collector did not exit within {timeout:?}; stderr:\n{}", String::from_utf8_lossy(&output.stderr));
+            panic!(
+                "the collector did not exit within {timeout:?}; stderr:\n{}",
+                String::from_utf8_lossy(&output.stderr)
+            );
         }
         thread::sleep(Duration::from_millis(20));
     }
-    let Output { status, stdout, stderr } = child.wait_with_output().unwrap();
-    (status, String::from_utf8_lossy(&stdout).into_owned(), String::from_utf8_lossy(&stderr).into_owned())
+    let Output {
+        status,
+        stdout,
+        stderr,
+    } = child.wait_with_output().unwrap();
+    (
+        status,
+        String::from_utf8_lossy(&stdout).into_owned(),
+        String::from_utf8_lossy(&stderr).into_owned(),
+    )
 }
 
 /// Polls `ready` every 20 ms until it holds; fails with `what` after `timeout`.
 pub fn wait_for(what: &str, timeout: Duration, mut ready: impl FnMut() -> bool) {
     let deadline = Instant::now() + timeout;
     while !ready() {
-        assert!(Instant::now() < deadline, "timed out after {timeout:?} waiting for {what}");
+        assert!(
+            Instant::now() < deadline,
+            "timed out after {timeout:?} waiting for {what}"
+        );
         thread::sleep(Duration::from_millis(20));
     }
 }
@@ -217,9 +303,15 @@ pub fn wait_for(what: &str, timeout: Duration, mut ready: impl FnMut() -> bool) 
 /// The project's virtual environment's Python (MLSCOPE_VENV or <repo>/.venv), which has psutil
 /// and MLflow (scripts/setup installs them).
 pub fn venv_python() -> PathBuf {
-    let venv = std::env::var_os("MLSCOPE_VENV").map(PathBuf::from).unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../.venv"));
+    let venv = std::env::var_os("MLSCOPE_VENV")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../.venv"));
     let python = venv.join("bin/python");
-    assert!(python.exists(), "{} is missing: run scripts/setup (or set MLSCOPE_VENV)", python.display());
+    assert!(
+        python.exists(),
+        "{} is missing: run scripts/setup (or set MLSCOPE_VENV)",
+        python.display()
+    );
     python
 }
 
@@ -238,7 +330,10 @@ impl MemoryCgroup {
         let path = own.lines().find_map(|l| {
             let mut parts = l.splitn(3, ':');
             let (_, controllers, path) = (parts.next()?, parts.next()?, parts.next()?);
-            controllers.split(',').any(|c| c == "memory").then(|| path.to_owned())
+            controllers
+                .split(',')
+                .any(|c| c == "memory")
+                .then(|| path.to_owned())
         })?;
         let parent = Path::new("/sys/fs/cgroup/memory").join(path.trim_start_matches('/'));
         let dir = parent.join(format!("{name}-{}", std::process::id()));
@@ -246,13 +341,25 @@ impl MemoryCgroup {
             return None;
         }
         let cgroup = MemoryCgroup { dir };
-        fs::write(cgroup.dir.join("memory.limit_in_bytes"), limit_bytes.to_string()).expect("setting memory.limit_in_bytes");
+        fs::write(
+            cgroup.dir.join("memory.limit_in_bytes"),
+            limit_bytes.to_string(),
+        )
+        .expect("setting memory.limit_in_bytes");
         Some(cgroup)
     }
 
     /// `sh -c 'echo $$ > cgroup.procs; exec "$@"' sh <program...>`: the program runs inside.
     pub fn run_inside(&self, program: &[&str]) -> Vec<String> {
-        let mut argv = vec!["sh".to_owned(), "-c".to_owned(), format!("echo $$ > '{}/cgroup.procs' && exec \"$@\"", self.dir.display()), "sh".to_owned()];
+        let mut argv = vec![
+            "sh".to_owned(),
+            "-c".to_owned(),
+            format!(
+                "echo $$ > '{}/cgroup.procs' && exec \"$@\"",
+                self.dir.display()
+            ),
+            "sh".to_owned(),
+        ];
         argv.extend(program.iter().map(|s| (*s).to_owned()));
         argv
     }

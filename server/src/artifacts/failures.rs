@@ -54,10 +54,28 @@ impl FailureRecorder {
                 { "key": TAG_LAST_PATH, "value": path },
             ],
         });
-        match self.forwarder.call(Method::POST, "/api/2.0/mlflow/runs/log-batch", credentials, Some(body)).await {
-            Ok((status, _)) if status.is_success() => tracing::info!(run_id, path, failures = count, "upload failure recorded on the run"),
-            Ok((status, body)) => tracing::warn!(run_id, status = status.as_u16(), body = %String::from_utf8_lossy(&body), "MLflow refused the upload-failure tags"),
-            Err(e) => tracing::warn!(run_id, error = %e, "tagging the run with an upload failure failed"),
+        match self
+            .forwarder
+            .call(
+                Method::POST,
+                "/api/2.0/mlflow/runs/log-batch",
+                credentials,
+                Some(body),
+            )
+            .await
+        {
+            Ok((status, _)) if status.is_success() => tracing::info!(
+                run_id,
+                path,
+                failures = count,
+                "upload failure recorded on the run"
+            ),
+            Ok((status, body)) => {
+                tracing::warn!(run_id, status = status.as_u16(), body = %String::from_utf8_lossy(&body), "MLflow refused the upload-failure tags")
+            }
+            Err(e) => {
+                tracing::warn!(run_id, error = %e, "tagging the run with an upload failure failed")
+            }
         }
     }
 }

@@ -24,7 +24,10 @@ use crate::error::mlflow_error;
 use crate::proxy::Forwarder;
 use crate::telemetry::Metrics;
 
-const PREFIXES: [&str; 2] = ["/api/2.0/mlflow-artifacts/", "/ajax-api/2.0/mlflow-artifacts/"];
+const PREFIXES: [&str; 2] = [
+    "/api/2.0/mlflow-artifacts/",
+    "/ajax-api/2.0/mlflow-artifacts/",
+];
 /// Largest JSON body of an mpu request.
 const MAX_JSON_BODY: usize = 4 << 20;
 /// Validity of presigned download URLs, as MLflow's default.
@@ -106,11 +109,20 @@ pub struct Gateway {
 type Answer = Result<Response, Response>;
 
 fn invalid_path() -> Response {
-    mlflow_error(StatusCode::BAD_REQUEST, "INVALID_PARAMETER_VALUE", "Invalid path")
+    mlflow_error(
+        StatusCode::BAD_REQUEST,
+        "INVALID_PARAMETER_VALUE",
+        "Invalid path",
+    )
 }
 
 impl Gateway {
-    pub async fn new(config: &ArtifactsConfig, forwarder: Forwarder, store: crate::store::Store, metrics: Metrics) -> Option<Gateway> {
+    pub async fn new(
+        config: &ArtifactsConfig,
+        forwarder: Forwarder,
+        store: crate::store::Store,
+        metrics: Metrics,
+    ) -> Option<Gateway> {
         let destination = config.destination.clone()?;
         let bucket = Bucket::connect(&config.s3, destination).await;
         Some(Gateway {
@@ -129,11 +141,25 @@ impl Gateway {
 
     /// Readiness: the bucket answers (HeadBucket) within `limit`.
     pub async fn check_store(&self, limit: std::time::Duration) -> Result<(), String> {
-        let head = self.bucket.client.head_bucket().bucket(self.bucket.name()).send();
+        let head = self
+            .bucket
+            .client
+            .head_bucket()
+            .bucket(self.bucket.name())
+            .send();
         match tokio::time::timeout(limit, head).await {
             Ok(Ok(_)) => Ok(()),
-            Ok(Err(e)) => Err(format!("HeadBucket {} at {}: {}", self.bucket.name(), self.bucket.endpoint, StoreError::from_sdk(e))),
-            Err(_) => Err(format!("HeadBucket {} at {} took longer than {limit:?}", self.bucket.name(), self.bucket.endpoint)),
+            Ok(Err(e)) => Err(format!(
+                "HeadBucket {} at {}: {}",
+                self.bucket.name(),
+                self.bucket.endpoint,
+                StoreError::from_sdk(e)
+            )),
+            Err(_) => Err(format!(
+                "HeadBucket {} at {} took longer than {limit:?}",
+                self.bucket.name(),
+                self.bucket.endpoint
+            )),
         }
     }
 
@@ -152,12 +178,22 @@ impl Gateway {
             ArtifactOp::Presigned(p) => self.presigned(&p).await,
         };
         let response = result.unwrap_or_else(|e| e);
-        self.metrics.artifact_requests.get_or_create(&crate::telemetry::ArtifactLabels { op: name, status: response.status().as_u16() }).inc();
+        self.metrics
+            .artifact_requests
+            .get_or_create(&crate::telemetry::ArtifactLabels {
+                op: name,
+                status: response.status().as_u16(),
+            })
+            .inc();
         response
     }
 
     fn store_error(&self, what: &str, path: &str, error: &StoreError) -> Response {
-        let status = if error.is_transient() { StatusCode::SERVICE_UNAVAILABLE } else { StatusCode::BAD_GATEWAY };
+        let status = if error.is_transient() {
+            StatusCode::SERVICE_UNAVAILABLE
+        } else {
+            StatusCode::BAD_GATEWAY
+        };
         let message = format!(
             "the artifact store {} at {} failed to {what} {path}: {}. The object was not changed; retry, and check the store if this persists.",
             self.bucket.destination,
@@ -169,48 +205,87 @@ impl Gateway {
     }
 
     async fn list(&self, request: Request) -> Answer {
-        let query: Query<HashMap<String, String>> = Query::try_from_uri(request.uri()).map_err(|_| invalid_path())?;
+        let query: Query<HashMap<String, String>> =
+            Query::try_from_uri(request.uri()).map_err(|_| invalid_path())?;
         let path = match query.get("path") {
-            Some(p) => path::validate(&percent_encoding::utf8_percent_encode(p, percent_encoding::NON_ALPHANUMERIC).to_string())
-                .map_err(|_| invalid_path())?,
+            Some(p) => path::validate(
+                &percent_encoding::utf8_percent_encode(p, percent_encoding::NON_ALPHANUMERIC)
+                    .to_string(),
+            )
+            .map_err(|_| invalid_path())?,
             None => String::new(),
         };
         let prefix = self.bucket.destination.dir_prefix(&path);
-        let entries = listing::list_dir(&self.bucket, &prefix).await.map_err(|e| self.store_error("list", &path, &e))?;
+        let entries = listing::list_dir(&self.bucket, &prefix)
+            .await
+            .map_err(|e| self.store_error("list", &path, &e))?;
         Ok(listing::pretty(&listing::to_mlflow_json(&entries)))
     }
 
     async fn download(&self, raw: &str, headers: &HeaderMap, head_only: bool) -> Answer {
         let path = path::validate(raw).map_err(|_| invalid_path())?;
         let key = self.bucket.destination.key(&path);
-        let range = headers.get(header::RANGE).and_then(|v| v.to_str().ok()).map(str::to_owned);
+        let range = headers
+            .get(header::RANGE)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned);
         if head_only {
-            let out = self.bucket.client.head_object().bucket(self.bucket.name()).key(&key).send().await;
+            let out = self
+                .bucket
+                .client
+                .head_object()
+                .bucket(self.bucket.name())
+                .key(&key)
+                .send()
+                .await;
             let out = match out {
                 Ok(out) => out,
-                Err(e) => return Err(self.missing_or_dir(&path, &key, StoreError::from_sdk(e)).await),
+                Err(e) => {
+                    return Err(self
+                        .missing_or_dir(&path, &key, StoreError::from_sdk(e))
+                        .await)
+                }
             };
             let mut response = Response::new(Body::empty());
             let h = response.headers_mut();
-            h.insert(header::CONTENT_LENGTH, HeaderValue::from(out.content_length().unwrap_or(0).max(0) as u64));
+            h.insert(
+                header::CONTENT_LENGTH,
+                HeaderValue::from(out.content_length().unwrap_or(0).max(0) as u64),
+            );
             self.download_headers(h, &path, out.e_tag(), out.last_modified().map(|t| t.secs()));
             return Ok(response);
         }
-        let mut get = self.bucket.client.get_object().bucket(self.bucket.name()).key(&key);
+        let mut get = self
+            .bucket
+            .client
+            .get_object()
+            .bucket(self.bucket.name())
+            .key(&key);
         if let Some(r) = &range {
             get = get.range(r);
         }
         let out = match get.send().await {
             Ok(out) => out,
-            Err(e) => return Err(self.missing_or_dir(&path, &key, StoreError::from_sdk(e)).await),
+            Err(e) => {
+                return Err(self
+                    .missing_or_dir(&path, &key, StoreError::from_sdk(e))
+                    .await)
+            }
         };
-        let status = if out.content_range().is_some() { StatusCode::PARTIAL_CONTENT } else { StatusCode::OK };
+        let status = if out.content_range().is_some() {
+            StatusCode::PARTIAL_CONTENT
+        } else {
+            StatusCode::OK
+        };
         let length = out.content_length().unwrap_or(0).max(0) as u64;
         let mut response = Response::new(Body::empty());
         *response.status_mut() = status;
         let h = response.headers_mut();
         h.insert(header::CONTENT_LENGTH, HeaderValue::from(length));
-        if let Some(cr) = out.content_range().and_then(|v| HeaderValue::from_str(v).ok()) {
+        if let Some(cr) = out
+            .content_range()
+            .and_then(|v| HeaderValue::from_str(v).ok())
+        {
             h.insert(header::CONTENT_RANGE, cr);
         }
         self.download_headers(h, &path, out.e_tag(), out.last_modified().map(|t| t.secs()));
@@ -223,10 +298,22 @@ impl Gateway {
         Ok(response)
     }
 
-    fn download_headers(&self, h: &mut HeaderMap, path: &str, etag: Option<&str>, modified: Option<i64>) {
-        h.insert(header::CONTENT_TYPE, HeaderValue::from_static(path::content_type(path)));
+    fn download_headers(
+        &self,
+        h: &mut HeaderMap,
+        path: &str,
+        etag: Option<&str>,
+        modified: Option<i64>,
+    ) {
+        h.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static(path::content_type(path)),
+        );
         h.insert(header::ACCEPT_RANGES, HeaderValue::from_static("bytes"));
-        h.insert(header::X_CONTENT_TYPE_OPTIONS, HeaderValue::from_static("nosniff"));
+        h.insert(
+            header::X_CONTENT_TYPE_OPTIONS,
+            HeaderValue::from_static("nosniff"),
+        );
         if let Ok(v) = HeaderValue::from_str(&path::content_disposition(path)) {
             h.insert(header::CONTENT_DISPOSITION, v);
         }
@@ -244,7 +331,15 @@ impl Gateway {
     /// A failed read: a directory is told apart from a missing file, as MLflow does.
     async fn missing_or_dir(&self, path: &str, key: &str, error: StoreError) -> Response {
         if error.is_not_found() {
-            let probe = self.bucket.client.list_objects_v2().bucket(self.bucket.name()).prefix(format!("{key}/")).max_keys(1).send().await;
+            let probe = self
+                .bucket
+                .client
+                .list_objects_v2()
+                .bucket(self.bucket.name())
+                .prefix(format!("{key}/"))
+                .max_keys(1)
+                .send()
+                .await;
             if probe.is_ok_and(|page| page.key_count().unwrap_or(0) > 0) {
                 return mlflow_error(
                     StatusCode::BAD_REQUEST,
@@ -261,17 +356,28 @@ impl Gateway {
             return mlflow_error(
                 StatusCode::NOT_FOUND,
                 "RESOURCE_DOES_NOT_EXIST",
-                &format!("artifact {path} does not exist in {}", self.bucket.destination),
+                &format!(
+                    "artifact {path} does not exist in {}",
+                    self.bucket.destination
+                ),
             );
         }
         if error.status == Some(416) || error.code.as_deref() == Some("InvalidRange") {
-            return mlflow_error(StatusCode::RANGE_NOT_SATISFIABLE, "INVALID_PARAMETER_VALUE", &format!("the requested range is not satisfiable for {path}"));
+            return mlflow_error(
+                StatusCode::RANGE_NOT_SATISFIABLE,
+                "INVALID_PARAMETER_VALUE",
+                &format!("the requested range is not satisfiable for {path}"),
+            );
         }
         self.store_error("read", path, &error)
     }
 
     /// Applies the write policy to `path`; `Ok` lets the write go ahead.
-    async fn check_write(&self, path: &str, headers: &HeaderMap) -> Result<Option<Owner>, Response> {
+    async fn check_write(
+        &self,
+        path: &str,
+        headers: &HeaderMap,
+    ) -> Result<Option<Owner>, Response> {
         if self.config.write_policy == WritePolicy::Off {
             return Ok(Owner::of(path));
         }
@@ -302,8 +408,15 @@ impl Gateway {
             tracing::warn!(path, reason = %refusal, "write outside MLflow's artifact roots allowed (write policy: warn)");
             return Ok(owner);
         }
-        tracing::info!(path, "write outside MLflow's artifact roots refused (write policy: enforce)");
-        Err(mlflow_error(StatusCode::FORBIDDEN, "PERMISSION_DENIED", &refusal))
+        tracing::info!(
+            path,
+            "write outside MLflow's artifact roots refused (write policy: enforce)"
+        );
+        Err(mlflow_error(
+            StatusCode::FORBIDDEN,
+            "PERMISSION_DENIED",
+            &refusal,
+        ))
     }
 
     async fn upload(&self, raw: &str, request: Request) -> Answer {
@@ -320,7 +433,11 @@ impl Gateway {
                 &format!("mlscope-proxy is handling its limit of {} concurrent artifact uploads; retry with backoff.", self.config.max_concurrent_uploads),
             )
         })?;
-        let length = request.headers().get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok());
+        let length = request
+            .headers()
+            .get(header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<u64>().ok());
         let key = self.bucket.destination.key(&path);
         let limits = UploadLimits {
             part_size: self.config.part_size,
@@ -364,7 +481,9 @@ impl Gateway {
             return Err(invalid_path());
         }
         let key = self.bucket.destination.key(&path);
-        listing::delete_tree(&self.bucket, &key).await.map_err(|e| self.store_error("delete", &path, &e))?;
+        listing::delete_tree(&self.bucket, &key)
+            .await
+            .map_err(|e| self.store_error("delete", &path, &e))?;
         Ok(axum::Json(serde_json::json!({})).into_response())
     }
 
@@ -372,10 +491,20 @@ impl Gateway {
         let body = Limited::new(request.into_body(), MAX_JSON_BODY)
             .collect()
             .await
-            .map_err(|e| mlflow_error(StatusCode::BAD_REQUEST, "BAD_REQUEST", &format!("the request body could not be read: {e}")))?
+            .map_err(|e| {
+                mlflow_error(
+                    StatusCode::BAD_REQUEST,
+                    "BAD_REQUEST",
+                    &format!("the request body could not be read: {e}"),
+                )
+            })?
             .to_bytes();
         serde_json::from_slice(&body).map_err(|e| {
-            mlflow_error(StatusCode::BAD_REQUEST, "MALFORMED_REQUEST", &format!("the request body is not valid JSON for this endpoint: {e}"))
+            mlflow_error(
+                StatusCode::BAD_REQUEST,
+                "MALFORMED_REQUEST",
+                &format!("the request body is not valid JSON for this endpoint: {e}"),
+            )
         })
     }
 
@@ -387,7 +516,11 @@ impl Gateway {
         if base.is_empty() || base == "." || base == ".." {
             return Err(path::InvalidPath);
         }
-        let joined = if dir.is_empty() { base.to_owned() } else { format!("{}/{base}", dir.trim_end_matches('/')) };
+        let joined = if dir.is_empty() {
+            base.to_owned()
+        } else {
+            format!("{}/{base}", dir.trim_end_matches('/'))
+        };
         path::validate(&joined)
     }
 
@@ -403,7 +536,14 @@ impl Gateway {
         let path = Self::mpu_target(raw, &create.path).map_err(|_| invalid_path())?;
         self.check_write(&path, &headers).await?;
         if !(1..=upload::MAX_PARTS as i64).contains(&create.num_parts) {
-            return Err(mlflow_error(StatusCode::BAD_REQUEST, "INVALID_PARAMETER_VALUE", &format!("num_parts must be between 1 and 10000, not {}", create.num_parts)));
+            return Err(mlflow_error(
+                StatusCode::BAD_REQUEST,
+                "INVALID_PARAMETER_VALUE",
+                &format!(
+                    "num_parts must be between 1 and 10000, not {}",
+                    create.num_parts
+                ),
+            ));
         }
         let key = self.bucket.destination.key(&path);
         let created = self
@@ -415,10 +555,21 @@ impl Gateway {
             .content_type(path::content_type(&path))
             .send()
             .await
-            .map_err(|e| self.store_error("start a multipart upload of", &path, &StoreError::from_sdk(e)))?;
+            .map_err(|e| {
+                self.store_error(
+                    "start a multipart upload of",
+                    &path,
+                    &StoreError::from_sdk(e),
+                )
+            })?;
         let upload_id = created.upload_id().unwrap_or_default().to_owned();
-        let presigning = PresigningConfig::expires_in(self.config.presign_expiry)
-            .map_err(|e| mlflow_error(StatusCode::INTERNAL_SERVER_ERROR, "INTERNAL_ERROR", &e.to_string()))?;
+        let presigning = PresigningConfig::expires_in(self.config.presign_expiry).map_err(|e| {
+            mlflow_error(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "INTERNAL_ERROR",
+                &e.to_string(),
+            )
+        })?;
         let mut credentials = Vec::with_capacity(create.num_parts as usize);
         for part_number in 1..=create.num_parts as i32 {
             // Presigned without checksum parameters: a checksum baked into the URL would be the
@@ -433,15 +584,27 @@ impl Gateway {
                 .part_number(part_number)
                 .presigned(presigning.clone())
                 .await
-                .map_err(|e| mlflow_error(StatusCode::INTERNAL_SERVER_ERROR, "INTERNAL_ERROR", &format!("presigning part {part_number}: {e}")))?;
-            credentials.push(Credential { url: presigned.uri().to_owned(), part_number });
+                .map_err(|e| {
+                    mlflow_error(
+                        StatusCode::INTERNAL_SERVER_ERROR,
+                        "INTERNAL_ERROR",
+                        &format!("presigning part {part_number}: {e}"),
+                    )
+                })?;
+            credentials.push(Credential {
+                url: presigned.uri().to_owned(),
+                part_number,
+            });
         }
         #[derive(serde::Serialize)]
         struct Created {
             upload_id: String,
             credentials: Vec<Credential>,
         }
-        Ok(listing::pretty(&Created { upload_id, credentials }))
+        Ok(listing::pretty(&Created {
+            upload_id,
+            credentials,
+        }))
     }
 
     async fn mpu_complete(&self, raw: &str, request: Request) -> Answer {
@@ -463,7 +626,12 @@ impl Gateway {
         let mut parts: Vec<CompletedPart> = complete
             .parts
             .iter()
-            .map(|p| CompletedPart::builder().part_number(p.part_number as i32).e_tag(&p.etag).build())
+            .map(|p| {
+                CompletedPart::builder()
+                    .part_number(p.part_number as i32)
+                    .e_tag(&p.etag)
+                    .build()
+            })
             .collect();
         parts.sort_by_key(|p| p.part_number());
         let done = self
@@ -473,13 +641,19 @@ impl Gateway {
             .bucket(self.bucket.name())
             .key(&key)
             .upload_id(&complete.upload_id)
-            .multipart_upload(CompletedMultipartUpload::builder().set_parts(Some(parts)).build())
+            .multipart_upload(
+                CompletedMultipartUpload::builder()
+                    .set_parts(Some(parts))
+                    .build(),
+            )
             .send()
             .await;
         if let Err(e) = done {
             let error = StoreError::from_sdk(e);
             if let Some(Owner::Run { run, .. }) = Owner::of(&path) {
-                self.failures.record(&run, &path, &error.to_string(), &credentials).await;
+                self.failures
+                    .record(&run, &path, &error.to_string(), &credentials)
+                    .await;
             }
             return Err(self.store_error("complete the multipart upload of", &path, &error));
         }
@@ -503,7 +677,13 @@ impl Gateway {
             .upload_id(&abort.upload_id)
             .send()
             .await
-            .map_err(|e| self.store_error("abort the multipart upload of", &path, &StoreError::from_sdk(e)))?;
+            .map_err(|e| {
+                self.store_error(
+                    "abort the multipart upload of",
+                    &path,
+                    &StoreError::from_sdk(e),
+                )
+            })?;
         Ok(listing::pretty(&serde_json::json!({})))
     }
 
@@ -512,13 +692,30 @@ impl Gateway {
     async fn presigned(&self, raw: &str) -> Answer {
         let path = path::validate(raw).map_err(|_| invalid_path())?;
         let key = self.bucket.destination.key(&path);
-        let head = match self.bucket.client.head_object().bucket(self.bucket.name()).key(&key).send().await {
+        let head = match self
+            .bucket
+            .client
+            .head_object()
+            .bucket(self.bucket.name())
+            .key(&key)
+            .send()
+            .await
+        {
             Ok(head) => head,
-            Err(e) => return Err(self.missing_or_dir(&path, &key, StoreError::from_sdk(e)).await),
+            Err(e) => {
+                return Err(self
+                    .missing_or_dir(&path, &key, StoreError::from_sdk(e))
+                    .await)
+            }
         };
         let base = path.rsplit('/').next().unwrap_or(&path);
-        let presigning = PresigningConfig::expires_in(PRESIGNED_DOWNLOAD_TTL)
-            .map_err(|e| mlflow_error(StatusCode::INTERNAL_SERVER_ERROR, "INTERNAL_ERROR", &e.to_string()))?;
+        let presigning = PresigningConfig::expires_in(PRESIGNED_DOWNLOAD_TTL).map_err(|e| {
+            mlflow_error(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "INTERNAL_ERROR",
+                &e.to_string(),
+            )
+        })?;
         let presigned = self
             .bucket
             .presigner
@@ -528,7 +725,13 @@ impl Gateway {
             .response_content_disposition(format!("attachment; filename=\"{base}\""))
             .presigned(presigning)
             .await
-            .map_err(|e| mlflow_error(StatusCode::INTERNAL_SERVER_ERROR, "INTERNAL_ERROR", &format!("presigning the download of {path}: {e}")))?;
+            .map_err(|e| {
+                mlflow_error(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "INTERNAL_ERROR",
+                    &format!("presigning the download of {path}: {e}"),
+                )
+            })?;
         let body = serde_json::json!({ "url": presigned.uri(), "headers": {}, "file_size": head.content_length().unwrap_or(0) });
         Ok(axum::Json(body).into_response())
     }
@@ -543,7 +746,10 @@ struct Credential {
 
 /// An IMF-fixdate (`Sun, 06 Nov 1994 08:49:37 GMT`).
 fn httpdate(when: std::time::SystemTime) -> String {
-    let secs = when.duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
+    let secs = when
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
     let days = secs / 86_400;
     let rem = secs % 86_400;
     let (h, m, s) = (rem / 3600, (rem % 3600) / 60, rem % 60);
@@ -558,7 +764,9 @@ fn httpdate(when: std::time::SystemTime) -> String {
     let day = doy - (153 * mp + 2) / 5 + 1;
     let month = if mp < 10 { mp + 3 } else { mp - 9 };
     let year = yoe + era * 400 + i64::from(month <= 2);
-    let name = ["Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"][(month - 1) as usize];
+    let name = [
+        "Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec",
+    ][(month - 1) as usize];
     format!("{weekday}, {day:02} {name} {year} {h:02}:{m:02}:{s:02} GMT")
 }
 
@@ -569,14 +777,32 @@ mod tests {
     #[test]
     fn artifact_routes_are_recognised_under_both_prefixes() {
         let get = Method::GET;
-        assert_eq!(ArtifactOp::of(&get, "/api/2.0/mlflow-artifacts/artifacts"), Some(ArtifactOp::List));
         assert_eq!(
-            ArtifactOp::of(&get, "/ajax-api/2.0/mlflow-artifacts/artifacts/1/r/artifacts/a%20b.txt"),
+            ArtifactOp::of(&get, "/api/2.0/mlflow-artifacts/artifacts"),
+            Some(ArtifactOp::List)
+        );
+        assert_eq!(
+            ArtifactOp::of(
+                &get,
+                "/ajax-api/2.0/mlflow-artifacts/artifacts/1/r/artifacts/a%20b.txt"
+            ),
             Some(ArtifactOp::Download("1/r/artifacts/a%20b.txt".into()))
         );
-        assert_eq!(ArtifactOp::of(&Method::PUT, "/api/2.0/mlflow-artifacts/artifacts/x"), Some(ArtifactOp::Upload("x".into())));
-        assert_eq!(ArtifactOp::of(&Method::POST, "/api/2.0/mlflow-artifacts/mpu/create/1/r/artifacts/big"), Some(ArtifactOp::MpuCreate("1/r/artifacts/big".into())));
-        assert_eq!(ArtifactOp::of(&Method::POST, "/api/2.0/mlflow-artifacts/artifacts/x"), None);
+        assert_eq!(
+            ArtifactOp::of(&Method::PUT, "/api/2.0/mlflow-artifacts/artifacts/x"),
+            Some(ArtifactOp::Upload("x".into()))
+        );
+        assert_eq!(
+            ArtifactOp::of(
+                &Method::POST,
+                "/api/2.0/mlflow-artifacts/mpu/create/1/r/artifacts/big"
+            ),
+            Some(ArtifactOp::MpuCreate("1/r/artifacts/big".into()))
+        );
+        assert_eq!(
+            ArtifactOp::of(&Method::POST, "/api/2.0/mlflow-artifacts/artifacts/x"),
+            None
+        );
         assert_eq!(ArtifactOp::of(&get, "/api/2.0/mlflow/artifacts/list"), None);
     }
 

@@ -50,8 +50,14 @@ pub fn applies(route: RouteClass, method: &Method, path: &str) -> bool {
 /// Drops directory-marker entries from a listing response; anything else passes unchanged. `uri`
 /// is the request's, whose `path` parameter names the listed directory. Fails only when the
 /// upstream's body breaks off while it is being read.
-pub async fn filter(response: Response, uri: &Uri, upstream: &Upstream) -> Result<Response, ProxyError> {
-    let Some(endpoint) = endpoint(RouteClass::of(uri.path()), uri.path()) else { return Ok(response) };
+pub async fn filter(
+    response: Response,
+    uri: &Uri,
+    upstream: &Upstream,
+) -> Result<Response, ProxyError> {
+    let Some(endpoint) = endpoint(RouteClass::of(uri.path()), uri.path()) else {
+        return Ok(response);
+    };
     if !is_plain_json_ok(&response) {
         return Ok(response);
     }
@@ -60,11 +66,18 @@ pub async fn filter(response: Response, uri: &Uri, upstream: &Upstream) -> Resul
         Collected::Complete(bytes) => bytes,
         Collected::TooLarge(body) => return Ok(Response::from_parts(parts, body)),
         Collected::Failed(error) => {
-            return Err(ProxyError::UpstreamReset { upstream: upstream.url(), reason: format!("listing body broke off: {error}") })
+            return Err(ProxyError::UpstreamReset {
+                upstream: upstream.url(),
+                reason: format!("listing body broke off: {error}"),
+            })
         }
     };
-    let bytes = drop_markers(endpoint, listed_path(uri).as_deref(), &bytes).map(Bytes::from).unwrap_or(bytes);
-    parts.headers.insert(header::CONTENT_LENGTH, HeaderValue::from(bytes.len()));
+    let bytes = drop_markers(endpoint, listed_path(uri).as_deref(), &bytes)
+        .map(Bytes::from)
+        .unwrap_or(bytes);
+    parts
+        .headers
+        .insert(header::CONTENT_LENGTH, HeaderValue::from(bytes.len()));
     Ok(Response::from_parts(parts, Body::from(bytes)))
 }
 
@@ -83,12 +96,18 @@ enum Endpoint {
 /// route (3.15.2 answers an empty `application/octet-stream`), and so is any longer path.
 fn endpoint(route: RouteClass, path: &str) -> Option<Endpoint> {
     match route {
-        RouteClass::Tracking => ["/api/2.0/mlflow/artifacts/list", "/ajax-api/2.0/mlflow/artifacts/list"]
-            .contains(&path)
-            .then_some(Endpoint::RunArtifacts),
-        RouteClass::Artifacts => ["/api/2.0/mlflow-artifacts/artifacts", "/ajax-api/2.0/mlflow-artifacts/artifacts"]
-            .contains(&path)
-            .then_some(Endpoint::ArtifactsApi),
+        RouteClass::Tracking => [
+            "/api/2.0/mlflow/artifacts/list",
+            "/ajax-api/2.0/mlflow/artifacts/list",
+        ]
+        .contains(&path)
+        .then_some(Endpoint::RunArtifacts),
+        RouteClass::Artifacts => [
+            "/api/2.0/mlflow-artifacts/artifacts",
+            "/ajax-api/2.0/mlflow-artifacts/artifacts",
+        ]
+        .contains(&path)
+        .then_some(Endpoint::ArtifactsApi),
         _ => None,
     }
 }
@@ -142,7 +161,9 @@ async fn collect_capped(mut body: Body, cap: usize) -> Collected {
         };
         buffer.extend_from_slice(&data);
         if buffer.len() > cap {
-            let head = futures_util::stream::once(std::future::ready(Ok::<_, axum::Error>(Bytes::from(buffer))));
+            let head = futures_util::stream::once(std::future::ready(Ok::<_, axum::Error>(
+                Bytes::from(buffer),
+            )));
             return Collected::TooLarge(Body::from_stream(head.chain(body.into_data_stream())));
         }
     }
@@ -184,7 +205,9 @@ fn drop_markers(endpoint: Endpoint, listed: Option<&str>, body: &[u8]) -> Option
     let mut parsed: Listing = serde_json::from_slice(body).ok()?;
     let names = marker_names(endpoint, listed, parsed.root_uri.as_deref());
     let before = parsed.files.len();
-    parsed.files.retain(|file| !(file.may_be_marker() && names.contains(&file.path)));
+    parsed
+        .files
+        .retain(|file| !(file.may_be_marker() && names.contains(&file.path)));
     if parsed.files.len() == before {
         return None;
     }
@@ -199,13 +222,18 @@ fn marker_names(endpoint: Endpoint, listed: Option<&str>, root_uri: Option<&str>
         (Endpoint::ArtifactsApi, true) => vec![".".to_owned()],
         (Endpoint::ArtifactsApi, false) => vec![basename(dir).to_owned()],
         (Endpoint::RunArtifacts, true) => {
-            let root = root_uri.map(|uri| basename(uri.trim_end_matches('/'))).filter(|name| !name.is_empty());
+            let root = root_uri
+                .map(|uri| basename(uri.trim_end_matches('/')))
+                .filter(|name| !name.is_empty());
             vec![root.unwrap_or("artifacts").to_owned(), ".".to_owned()]
         }
         (Endpoint::RunArtifacts, false) => {
             // Python's `posixpath.join(listed, basename)`, as MLflow builds run-relative paths.
             let separator = if listed.ends_with('/') { "" } else { "/" };
-            vec![format!("{listed}{separator}{}", basename(dir)), dir.to_owned()]
+            vec![
+                format!("{listed}{separator}{}", basename(dir)),
+                dir.to_owned(),
+            ]
         }
     }
 }
@@ -233,7 +261,10 @@ mod tests {
             "/ajax-api/2.0/mlflow-artifacts/artifacts",
         ] {
             assert!(applies(RouteClass::of(path), &Method::GET, path), "{path}");
-            assert!(!applies(RouteClass::of(path), &Method::POST, path), "{path}");
+            assert!(
+                !applies(RouteClass::of(path), &Method::POST, path),
+                "{path}"
+            );
         }
         for path in [
             "/api/2.0/mlflow-artifacts/artifacts/1/run/artifacts/x.json",
@@ -253,7 +284,12 @@ mod tests {
             {"path": "dir", "is_dir": true},
             {"path": "empty.txt", "is_dir": false},
         ]}));
-        let filtered = drop_markers(Endpoint::ArtifactsApi, Some("1/abc/artifacts"), body.as_bytes()).unwrap();
+        let filtered = drop_markers(
+            Endpoint::ArtifactsApi,
+            Some("1/abc/artifacts"),
+            body.as_bytes(),
+        )
+        .unwrap();
         assert_eq!(
             filtered,
             "{\n  \"files\": [\n    {\n      \"path\": \"dir\",\n      \"is_dir\": true\n    },\n    {\n      \"path\": \"empty.txt\",\n      \"is_dir\": false\n    }\n  ]\n}"
@@ -267,20 +303,40 @@ mod tests {
             {"path": "dir", "is_dir": false},
             {"path": "other", "is_dir": false},
         ]}));
-        let filtered = drop_markers(Endpoint::ArtifactsApi, Some("1/abc/artifacts/dir/"), body.as_bytes()).unwrap();
+        let filtered = drop_markers(
+            Endpoint::ArtifactsApi,
+            Some("1/abc/artifacts/dir/"),
+            body.as_bytes(),
+        )
+        .unwrap();
         assert_eq!(
             serde_json::from_str::<serde_json::Value>(&filtered).unwrap(),
             serde_json::json!({"files": [{"path": "a.txt", "is_dir": false, "file_size": 6}, {"path": "other", "is_dir": false}]})
         );
-        assert!(filtered.contains("\"path\": \"a.txt\",\n      \"is_dir\": false,\n      \"file_size\": 6"), "{filtered}");
+        assert!(
+            filtered
+                .contains("\"path\": \"a.txt\",\n      \"is_dir\": false,\n      \"file_size\": 6"),
+            "{filtered}"
+        );
     }
 
     #[test]
     fn a_listing_that_only_held_the_marker_becomes_empty_as_mlflow_writes_it() {
         let body = mlflow_json(serde_json::json!({"files": [{"path": "dir", "is_dir": false}]}));
-        assert_eq!(drop_markers(Endpoint::ArtifactsApi, Some("1/abc/artifacts/dir"), body.as_bytes()).unwrap(), "{}");
+        assert_eq!(
+            drop_markers(
+                Endpoint::ArtifactsApi,
+                Some("1/abc/artifacts/dir"),
+                body.as_bytes()
+            )
+            .unwrap(),
+            "{}"
+        );
         let body = mlflow_json(serde_json::json!({"files": [{"path": ".", "is_dir": false}]}));
-        assert_eq!(drop_markers(Endpoint::ArtifactsApi, None, body.as_bytes()).unwrap(), "{}");
+        assert_eq!(
+            drop_markers(Endpoint::ArtifactsApi, None, body.as_bytes()).unwrap(),
+            "{}"
+        );
     }
 
     #[test]
@@ -316,8 +372,14 @@ mod tests {
             ],
         }));
         for listed in ["dir", "dir/"] {
-            let filtered = drop_markers(Endpoint::RunArtifacts, Some(listed), body.as_bytes()).unwrap();
-            let paths: Vec<String> = serde_json::from_str::<Listing>(&filtered).unwrap().files.into_iter().map(|f| f.path).collect();
+            let filtered =
+                drop_markers(Endpoint::RunArtifacts, Some(listed), body.as_bytes()).unwrap();
+            let paths: Vec<String> = serde_json::from_str::<Listing>(&filtered)
+                .unwrap()
+                .files
+                .into_iter()
+                .map(|f| f.path)
+                .collect();
             assert_eq!(paths, ["dir/a.txt", "dir/empty", "dir/sub"], "{listed}");
         }
     }
@@ -335,7 +397,13 @@ mod tests {
             "files": [{"path": "dir", "is_dir": false}, {"path": "dir/a.txt", "is_dir": false, "file_size": 6}],
         }));
         let filtered = drop_markers(Endpoint::RunArtifacts, Some("dir"), sub.as_bytes()).unwrap();
-        assert_eq!(serde_json::from_str::<Listing>(&filtered).unwrap().files.len(), 1);
+        assert_eq!(
+            serde_json::from_str::<Listing>(&filtered)
+                .unwrap()
+                .files
+                .len(),
+            1
+        );
     }
 
     #[test]
@@ -344,22 +412,52 @@ mod tests {
             {"path": "dir", "is_dir": true},
             {"path": "a.txt", "is_dir": false, "file_size": 6},
         ]}));
-        assert_eq!(drop_markers(Endpoint::ArtifactsApi, Some("1/abc/artifacts/dir"), body.as_bytes()), None);
-        let sized = mlflow_json(serde_json::json!({"files": [{"path": "dir", "is_dir": false, "file_size": 1}]}));
-        assert_eq!(drop_markers(Endpoint::ArtifactsApi, Some("1/abc/artifacts/dir"), sized.as_bytes()), None);
-        let run = mlflow_json(serde_json::json!({"root_uri": "mlflow-artifacts:/1/abc/artifacts", "files": [{"path": "dir", "is_dir": false}]}));
-        assert_eq!(drop_markers(Endpoint::RunArtifacts, Some("other"), run.as_bytes()), None);
+        assert_eq!(
+            drop_markers(
+                Endpoint::ArtifactsApi,
+                Some("1/abc/artifacts/dir"),
+                body.as_bytes()
+            ),
+            None
+        );
+        let sized = mlflow_json(
+            serde_json::json!({"files": [{"path": "dir", "is_dir": false, "file_size": 1}]}),
+        );
+        assert_eq!(
+            drop_markers(
+                Endpoint::ArtifactsApi,
+                Some("1/abc/artifacts/dir"),
+                sized.as_bytes()
+            ),
+            None
+        );
+        let run = mlflow_json(
+            serde_json::json!({"root_uri": "mlflow-artifacts:/1/abc/artifacts", "files": [{"path": "dir", "is_dir": false}]}),
+        );
+        assert_eq!(
+            drop_markers(Endpoint::RunArtifacts, Some("other"), run.as_bytes()),
+            None
+        );
         assert_eq!(drop_markers(Endpoint::ArtifactsApi, Some("x"), b"{}"), None);
-        assert_eq!(drop_markers(Endpoint::ArtifactsApi, Some("x"), b"not json"), None);
+        assert_eq!(
+            drop_markers(Endpoint::ArtifactsApi, Some("x"), b"not json"),
+            None
+        );
         let unknown = br#"{"files": [{"path": "x", "is_dir": false}], "extra": 1}"#;
-        assert_eq!(drop_markers(Endpoint::ArtifactsApi, Some("x"), unknown), None);
+        assert_eq!(
+            drop_markers(Endpoint::ArtifactsApi, Some("x"), unknown),
+            None
+        );
     }
 
     #[test]
     fn non_ascii_names_are_escaped_as_python_escapes_them() {
         let body = r#"{"files": [{"path": "dir", "is_dir": false}, {"path": "bild-ü.png", "is_dir": false, "file_size": 3}]}"#;
         let filtered = drop_markers(Endpoint::ArtifactsApi, Some("dir"), body.as_bytes()).unwrap();
-        assert!(filtered.contains(r#""path": "bild-\u00fc.png""#), "{filtered}");
+        assert!(
+            filtered.contains(r#""path": "bild-\u00fc.png""#),
+            "{filtered}"
+        );
     }
 
     #[test]
@@ -371,24 +469,45 @@ mod tests {
     }
 
     fn response(content_type: &str, status: StatusCode, body: &'static str) -> Response {
-        Response::builder().status(status).header(header::CONTENT_TYPE, content_type).body(Body::from(body)).unwrap()
+        Response::builder()
+            .status(status)
+            .header(header::CONTENT_TYPE, content_type)
+            .body(Body::from(body))
+            .unwrap()
     }
 
     async fn body_of(response: Response) -> String {
-        String::from_utf8(response.into_body().collect().await.unwrap().to_bytes().to_vec()).unwrap()
+        String::from_utf8(
+            response
+                .into_body()
+                .collect()
+                .await
+                .unwrap()
+                .to_bytes()
+                .to_vec(),
+        )
+        .unwrap()
     }
 
     fn upstream() -> Upstream {
-        Upstream { authority: "127.0.0.1:5000".parse().unwrap(), base_path: String::new() }
+        Upstream {
+            authority: "127.0.0.1:5000".parse().unwrap(),
+            base_path: String::new(),
+        }
     }
 
     const MARKER_LISTING: &str = "{\n  \"files\": [\n    {\n      \"path\": \"dir\",\n      \"is_dir\": false\n    }\n  ]\n}";
 
     #[tokio::test]
     async fn filtering_a_response_fixes_its_content_length() {
-        let uri: Uri = "/ajax-api/2.0/mlflow-artifacts/artifacts?path=1/abc/artifacts/dir".parse().unwrap();
+        let uri: Uri = "/ajax-api/2.0/mlflow-artifacts/artifacts?path=1/abc/artifacts/dir"
+            .parse()
+            .unwrap();
         let mut original = response("application/json", StatusCode::OK, MARKER_LISTING);
-        original.headers_mut().insert(header::CONTENT_LENGTH, HeaderValue::from(MARKER_LISTING.len()));
+        original.headers_mut().insert(
+            header::CONTENT_LENGTH,
+            HeaderValue::from(MARKER_LISTING.len()),
+        );
         let filtered = filter(original, &uri, &upstream()).await.unwrap();
         assert_eq!(filtered.headers()[header::CONTENT_LENGTH], "2");
         assert_eq!(body_of(filtered).await, "{}");
@@ -396,13 +515,20 @@ mod tests {
 
     #[tokio::test]
     async fn non_json_error_and_compressed_responses_pass_through_unchanged() {
-        let uri: Uri = "/api/2.0/mlflow-artifacts/artifacts?path=1/abc/artifacts/dir".parse().unwrap();
+        let uri: Uri = "/api/2.0/mlflow-artifacts/artifacts?path=1/abc/artifacts/dir"
+            .parse()
+            .unwrap();
         for original in [
             response("text/plain", StatusCode::OK, MARKER_LISTING),
-            response("application/json", StatusCode::INTERNAL_SERVER_ERROR, MARKER_LISTING),
+            response(
+                "application/json",
+                StatusCode::INTERNAL_SERVER_ERROR,
+                MARKER_LISTING,
+            ),
             {
                 let mut gzip = response("application/json", StatusCode::OK, MARKER_LISTING);
-                gzip.headers_mut().insert(header::CONTENT_ENCODING, HeaderValue::from_static("gzip"));
+                gzip.headers_mut()
+                    .insert(header::CONTENT_ENCODING, HeaderValue::from_static("gzip"));
                 gzip
             },
         ] {
@@ -416,7 +542,9 @@ mod tests {
         let chunks = (0..3).map(|_| Ok::<_, std::io::Error>(Bytes::from_static(b"0123456789")));
         let body = Body::from_stream(futures_util::stream::iter(chunks));
         match collect_capped(body, 15).await {
-            Collected::TooLarge(body) => assert_eq!(body.collect().await.unwrap().to_bytes().len(), 30),
+            Collected::TooLarge(body) => {
+                assert_eq!(body.collect().await.unwrap().to_bytes().len(), 30)
+            }
             _ => panic!("expected the body to be over the cap"),
         }
     }

@@ -26,7 +26,11 @@ pub async fn list_dir(bucket: &Bucket, prefix: &str) -> Result<Vec<Entry>, Store
     let mut entries = Vec::new();
     let mut token: Option<String> = None;
     loop {
-        let mut request = bucket.client.list_objects_v2().bucket(bucket.name()).delimiter("/");
+        let mut request = bucket
+            .client
+            .list_objects_v2()
+            .bucket(bucket.name())
+            .delimiter("/");
         if !prefix.is_empty() {
             request = request.prefix(prefix);
         }
@@ -38,7 +42,11 @@ pub async fn list_dir(bucket: &Bucket, prefix: &str) -> Result<Vec<Entry>, Store
             let Some(p) = common.prefix() else { continue };
             let name = p.strip_prefix(prefix).unwrap_or(p).trim_end_matches('/');
             if !name.is_empty() {
-                entries.push(Entry { name: name.to_owned(), is_dir: true, size: None });
+                entries.push(Entry {
+                    name: name.to_owned(),
+                    is_dir: true,
+                    size: None,
+                });
             }
         }
         for object in page.contents() {
@@ -51,7 +59,11 @@ pub async fn list_dir(bucket: &Bucket, prefix: &str) -> Result<Vec<Entry>, Store
             let size = object.size().unwrap_or(0);
             let name = key.strip_prefix(prefix).unwrap_or(key);
             if !name.is_empty() && !name.contains('/') {
-                entries.push(Entry { name: name.to_owned(), is_dir: false, size: Some(size) });
+                entries.push(Entry {
+                    name: name.to_owned(),
+                    is_dir: false,
+                    size: Some(size),
+                });
             }
         }
         match page.next_continuation_token() {
@@ -85,7 +97,11 @@ pub fn to_mlflow_json(entries: &[Entry]) -> Listing<'_> {
     Listing {
         files: entries
             .iter()
-            .map(|e| FileInfo { path: &e.name, is_dir: e.is_dir, file_size: e.size.filter(|s| !e.is_dir && *s > 0) })
+            .map(|e| FileInfo {
+                path: &e.name,
+                is_dir: e.is_dir,
+                file_size: e.size.filter(|s| !e.is_dir && *s > 0),
+            })
             .collect(),
     }
 }
@@ -93,7 +109,11 @@ pub fn to_mlflow_json(entries: &[Entry]) -> Listing<'_> {
 /// JSON as MLflow's Flask handlers write it (Python's `json.dumps(indent=2)`): indented by two
 /// spaces, non-ASCII characters escaped as `\uXXXX`.
 pub fn pretty<T: serde::Serialize>(value: &T) -> axum::response::Response {
-    ([(http::header::CONTENT_TYPE, "application/json")], pretty_string(value)).into_response()
+    (
+        [(http::header::CONTENT_TYPE, "application/json")],
+        pretty_string(value),
+    )
+        .into_response()
 }
 
 pub fn pretty_string<T: serde::Serialize>(value: &T) -> String {
@@ -119,40 +139,78 @@ pub fn pretty_string<T: serde::Serialize>(value: &T) -> String {
 /// Every key under `prefix` (no delimiter), following pagination.
 pub async fn keys_under(bucket: &Bucket, prefix: &str) -> Result<Vec<(String, i64)>, StoreError> {
     let mut keys = Vec::new();
-    let mut pages = bucket.client.list_objects_v2().bucket(bucket.name()).prefix(prefix).into_paginator().send();
+    let mut pages = bucket
+        .client
+        .list_objects_v2()
+        .bucket(bucket.name())
+        .prefix(prefix)
+        .into_paginator()
+        .send();
     while let Some(page) = pages.next().await {
         let page = page.map_err(StoreError::from_sdk)?;
-        keys.extend(page.contents().iter().filter_map(|o| Some((o.key()?.to_owned(), o.size().unwrap_or(0)))));
+        keys.extend(
+            page.contents()
+                .iter()
+                .filter_map(|o| Some((o.key()?.to_owned(), o.size().unwrap_or(0)))),
+        );
     }
     Ok(keys)
 }
 
 /// Deletes `key` and everything under `key/` (never a sibling that merely shares the prefix).
 pub async fn delete_tree(bucket: &Bucket, key: &str) -> Result<usize, StoreError> {
-    let mut keys: Vec<String> = keys_under(bucket, &format!("{key}/")).await?.into_iter().map(|(k, _)| k).collect();
+    let mut keys: Vec<String> = keys_under(bucket, &format!("{key}/"))
+        .await?
+        .into_iter()
+        .map(|(k, _)| k)
+        .collect();
     keys.push(key.to_owned());
     let count = keys.len();
     if bucket.quirks.batch_delete {
         for chunk in keys.chunks(1000) {
-            let objects: Vec<ObjectIdentifier> =
-                chunk.iter().filter_map(|k| ObjectIdentifier::builder().key(k).build().ok()).collect();
-            let delete = Delete::builder().set_objects(Some(objects)).quiet(true).build().map_err(|e| StoreError {
-                status: None,
-                code: None,
-                message: e.to_string(),
-            })?;
-            let out = bucket.client.delete_objects().bucket(bucket.name()).delete(delete).send().await.map_err(StoreError::from_sdk)?;
+            let objects: Vec<ObjectIdentifier> = chunk
+                .iter()
+                .filter_map(|k| ObjectIdentifier::builder().key(k).build().ok())
+                .collect();
+            let delete = Delete::builder()
+                .set_objects(Some(objects))
+                .quiet(true)
+                .build()
+                .map_err(|e| StoreError {
+                    status: None,
+                    code: None,
+                    message: e.to_string(),
+                })?;
+            let out = bucket
+                .client
+                .delete_objects()
+                .bucket(bucket.name())
+                .delete(delete)
+                .send()
+                .await
+                .map_err(StoreError::from_sdk)?;
             if let Some(failed) = out.errors().first() {
                 return Err(StoreError {
                     status: None,
                     code: failed.code().map(str::to_owned),
-                    message: format!("{} could not be deleted: {}", failed.key().unwrap_or("?"), failed.message().unwrap_or("")),
+                    message: format!(
+                        "{} could not be deleted: {}",
+                        failed.key().unwrap_or("?"),
+                        failed.message().unwrap_or("")
+                    ),
                 });
             }
         }
     } else {
         for k in &keys {
-            bucket.client.delete_object().bucket(bucket.name()).key(k).send().await.map_err(StoreError::from_sdk)?;
+            bucket
+                .client
+                .delete_object()
+                .bucket(bucket.name())
+                .key(k)
+                .send()
+                .await
+                .map_err(StoreError::from_sdk)?;
         }
     }
     if bucket.quirks.empty_dirs_linger {
@@ -160,7 +218,14 @@ pub async fn delete_tree(bucket: &Bucket, key: &str) -> Result<usize, StoreError
         // directory of the deleted tree and every ancestor below the destination can be tried.
         let floor = bucket.destination.dir_prefix("");
         for dir in emptied_dirs(&keys, key, &floor) {
-            if let Err(e) = bucket.client.delete_object().bucket(bucket.name()).key(&dir).send().await {
+            if let Err(e) = bucket
+                .client
+                .delete_object()
+                .bucket(bucket.name())
+                .key(&dir)
+                .send()
+                .await
+            {
                 tracing::debug!(dir, error = %StoreError::from_sdk(e), "removing an emptied directory entry failed");
             }
         }
@@ -195,25 +260,45 @@ mod tests {
 
     #[test]
     fn deletes_try_the_emptied_directories_deepest_first_and_stop_at_the_destination() {
-        let keys = vec!["art/1/r/artifacts/ckpt/a.pt".to_owned(), "art/1/r/artifacts/ckpt/sub/b.pt".to_owned()];
+        let keys = vec![
+            "art/1/r/artifacts/ckpt/a.pt".to_owned(),
+            "art/1/r/artifacts/ckpt/sub/b.pt".to_owned(),
+        ];
         assert_eq!(
             emptied_dirs(&keys, "art/1/r/artifacts/ckpt", "art/"),
-            ["art/1/r/artifacts/ckpt/sub/", "art/1/r/artifacts/ckpt/", "art/1/r/artifacts/", "art/1/r/", "art/1/"]
+            [
+                "art/1/r/artifacts/ckpt/sub/",
+                "art/1/r/artifacts/ckpt/",
+                "art/1/r/artifacts/",
+                "art/1/r/",
+                "art/1/"
+            ]
         );
     }
 
     #[test]
     fn listing_json_matches_mlflow_shape() {
         let entries = vec![
-            Entry { name: "dir".into(), is_dir: true, size: None },
-            Entry { name: "a.txt".into(), is_dir: false, size: Some(5) },
+            Entry {
+                name: "dir".into(),
+                is_dir: true,
+                size: None,
+            },
+            Entry {
+                name: "a.txt".into(),
+                is_dir: false,
+                size: Some(5),
+            },
         ];
         assert_eq!(
             serde_json::to_string(&to_mlflow_json(&entries)).unwrap(),
             r#"{"files":[{"path":"dir","is_dir":true},{"path":"a.txt","is_dir":false,"file_size":5}]}"#
         );
         assert_eq!(pretty_string(&to_mlflow_json(&[])), "{}");
-        assert_eq!(pretty_string(&serde_json::json!({"path": "ü😀"})), "{\n  \"path\": \"\\u00fc\\ud83d\\ude00\"\n}");
+        assert_eq!(
+            pretty_string(&serde_json::json!({"path": "ü😀"})),
+            "{\n  \"path\": \"\\u00fc\\ud83d\\ude00\"\n}"
+        );
         assert!(is_marker("x/dir/", 0));
         assert!(!is_marker("x/dir/", 3));
         assert!(!is_marker("x/file", 0));

@@ -75,7 +75,10 @@ impl Default for ArtifactsConfig {
 impl ArtifactsConfig {
     pub fn validate(&self) -> Result<(), String> {
         if !(upload::MIN_PART_SIZE..=upload::MAX_PART_SIZE).contains(&self.part_size) {
-            return Err(format!("artifact-part-size must be between 5MiB and 5GiB (S3's limits), not {} bytes", self.part_size));
+            return Err(format!(
+                "artifact-part-size must be between 5MiB and 5GiB (S3's limits), not {} bytes",
+                self.part_size
+            ));
         }
         if self.upload_concurrency == 0 || self.upload_concurrency > 64 {
             return Err("artifact-upload-concurrency must be between 1 and 64".into());
@@ -86,13 +89,17 @@ impl ArtifactsConfig {
         if self.max_concurrent_uploads == 0 {
             return Err("artifact-max-concurrent-uploads must be at least 1".into());
         }
-        if self.presign_expiry.is_zero() || self.presign_expiry > self.s3.quirks.max_presign_expiry {
+        if self.presign_expiry.is_zero() || self.presign_expiry > self.s3.quirks.max_presign_expiry
+        {
             return Err(format!(
                 "artifact-presign-expiry must be above 0 and at most {:?} for the {} profile",
                 self.s3.quirks.max_presign_expiry, self.s3.quirks
             ));
         }
-        for (name, url) in [("s3-endpoint-url", &self.s3.endpoint_url), ("s3-presign-endpoint-url", &self.s3.presign_endpoint_url)] {
+        for (name, url) in [
+            ("s3-endpoint-url", &self.s3.endpoint_url),
+            ("s3-presign-endpoint-url", &self.s3.presign_endpoint_url),
+        ] {
             if let Some(url) = url {
                 if !(url.starts_with("http://") || url.starts_with("https://")) {
                     return Err(format!("{name} {url:?} must be an http:// or https:// URL"));

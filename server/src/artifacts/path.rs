@@ -16,7 +16,9 @@ pub fn validate(raw: &str) -> Result<String, InvalidPath> {
     let mut path: Cow<'_, str> = Cow::Borrowed(raw);
     let mut stable = false;
     for _ in 0..10 {
-        let decoded = percent_decode_str(&path).decode_utf8().map_err(|_| InvalidPath)?;
+        let decoded = percent_decode_str(&path)
+            .decode_utf8()
+            .map_err(|_| InvalidPath)?;
         if decoded == path {
             stable = true;
             break;
@@ -61,19 +63,34 @@ impl Owner {
         let nonempty = |s: &&str| !s.is_empty();
         match segments.as_slice() {
             [experiment, kind @ ("models" | "traces"), id, "artifacts", rest @ ..]
-                if !rest.is_empty() && rest.iter().all(nonempty) && !experiment.is_empty() && !id.is_empty() =>
+                if !rest.is_empty()
+                    && rest.iter().all(nonempty)
+                    && !experiment.is_empty()
+                    && !id.is_empty() =>
             {
                 let (experiment, id) = (experiment.to_string(), id.to_string());
                 Some(if *kind == "models" {
-                    Owner::Model { experiment, model: id }
+                    Owner::Model {
+                        experiment,
+                        model: id,
+                    }
                 } else {
-                    Owner::Trace { experiment, trace: id }
+                    Owner::Trace {
+                        experiment,
+                        trace: id,
+                    }
                 })
             }
             [experiment, run, "artifacts", rest @ ..]
-                if !rest.is_empty() && rest.iter().all(nonempty) && !experiment.is_empty() && !run.is_empty() =>
+                if !rest.is_empty()
+                    && rest.iter().all(nonempty)
+                    && !experiment.is_empty()
+                    && !run.is_empty() =>
             {
-                Some(Owner::Run { experiment: experiment.to_string(), run: run.to_string() })
+                Some(Owner::Run {
+                    experiment: experiment.to_string(),
+                    run: run.to_string(),
+                })
             }
             _ => None,
         }
@@ -81,7 +98,9 @@ impl Owner {
 
     pub fn experiment(&self) -> &str {
         match self {
-            Owner::Run { experiment, .. } | Owner::Model { experiment, .. } | Owner::Trace { experiment, .. } => experiment,
+            Owner::Run { experiment, .. }
+            | Owner::Model { experiment, .. }
+            | Owner::Trace { experiment, .. } => experiment,
         }
     }
 
@@ -99,8 +118,12 @@ impl fmt::Display for Owner {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Owner::Run { experiment, run } => write!(f, "run {run} of experiment {experiment}"),
-            Owner::Model { experiment, model } => write!(f, "logged model {model} of experiment {experiment}"),
-            Owner::Trace { experiment, trace } => write!(f, "trace {trace} of experiment {experiment}"),
+            Owner::Model { experiment, model } => {
+                write!(f, "logged model {model} of experiment {experiment}")
+            }
+            Owner::Trace { experiment, trace } => {
+                write!(f, "trace {trace} of experiment {experiment}")
+            }
         }
     }
 }
@@ -108,8 +131,32 @@ impl fmt::Display for Owner {
 /// Extensions (or whole names) MLflow serves as `text/plain` so the UI can preview them;
 /// matched case-sensitively, as MLflow does.
 const TEXT_EXTENSIONS: &[&str] = &[
-    "txt", "log", "err", "cfg", "conf", "cnf", "cf", "ini", "properties", "prop", "hocon", "toml", "yaml", "yml", "xml", "json", "js", "py",
-    "py3", "csv", "tsv", "md", "rst", "ipynb", "MLmodel", "MLproject",
+    "txt",
+    "log",
+    "err",
+    "cfg",
+    "conf",
+    "cnf",
+    "cf",
+    "ini",
+    "properties",
+    "prop",
+    "hocon",
+    "toml",
+    "yaml",
+    "yml",
+    "xml",
+    "json",
+    "js",
+    "py",
+    "py3",
+    "csv",
+    "tsv",
+    "md",
+    "rst",
+    "ipynb",
+    "MLmodel",
+    "MLproject",
 ];
 
 /// The MIME type MLflow's server answers downloads with, guessed from the file name: its
@@ -120,7 +167,9 @@ pub fn content_type(path: &str) -> &'static str {
     if TEXT_EXTENSIONS.contains(&ext) {
         return "text/plain";
     }
-    mime_guess::from_path(name).first_raw().unwrap_or("application/octet-stream")
+    mime_guess::from_path(name)
+        .first_raw()
+        .unwrap_or("application/octet-stream")
 }
 
 /// `Content-Disposition: attachment` for a download, written as MLflow writes it: a bare token
@@ -137,11 +186,29 @@ pub fn content_disposition(path: &str) -> String {
         }
     } else {
         let fallback: String = name.chars().filter(char::is_ascii).collect();
-        let fallback = if fallback.trim().is_empty() { "download".to_owned() } else { fallback };
+        let fallback = if fallback.trim().is_empty() {
+            "download".to_owned()
+        } else {
+            fallback
+        };
         const SAFE: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPHANUMERIC
-            .remove(b'!').remove(b'#').remove(b'$').remove(b'&').remove(b'+').remove(b'-').remove(b'.')
-            .remove(b'^').remove(b'_').remove(b'`').remove(b'|').remove(b'~');
-        format!("attachment; filename={}; filename*=UTF-8''{}", quoted(&fallback), percent_encoding::utf8_percent_encode(name, SAFE))
+            .remove(b'!')
+            .remove(b'#')
+            .remove(b'$')
+            .remove(b'&')
+            .remove(b'+')
+            .remove(b'-')
+            .remove(b'.')
+            .remove(b'^')
+            .remove(b'_')
+            .remove(b'`')
+            .remove(b'|')
+            .remove(b'~');
+        format!(
+            "attachment; filename={}; filename*=UTF-8''{}",
+            quoted(&fallback),
+            percent_encoding::utf8_percent_encode(name, SAFE)
+        )
     }
 }
 
@@ -167,8 +234,14 @@ mod tests {
         ] {
             assert_eq!(validate(bad), Err(InvalidPath), "{bad}");
         }
-        assert_eq!(validate("1/abc/artifacts/model%20v1.pt").unwrap(), "1/abc/artifacts/model v1.pt");
-        assert_eq!(validate("1/abc/artifacts/a..b/c.txt").unwrap(), "1/abc/artifacts/a..b/c.txt");
+        assert_eq!(
+            validate("1/abc/artifacts/model%20v1.pt").unwrap(),
+            "1/abc/artifacts/model v1.pt"
+        );
+        assert_eq!(
+            validate("1/abc/artifacts/a..b/c.txt").unwrap(),
+            "1/abc/artifacts/a..b/c.txt"
+        );
         assert_eq!(validate("").unwrap(), "");
     }
 
@@ -176,20 +249,39 @@ mod tests {
     fn owners_are_recognised_only_below_an_mlflow_root() {
         assert_eq!(
             Owner::of("1/0123abcd/artifacts/ckpt/epoch_3.pt"),
-            Some(Owner::Run { experiment: "1".into(), run: "0123abcd".into() })
+            Some(Owner::Run {
+                experiment: "1".into(),
+                run: "0123abcd".into()
+            })
         );
         assert_eq!(
             Owner::of("7/models/m-42/artifacts/MLmodel"),
-            Some(Owner::Model { experiment: "7".into(), model: "m-42".into() })
+            Some(Owner::Model {
+                experiment: "7".into(),
+                model: "m-42".into()
+            })
         );
         assert_eq!(
             Owner::of("7/traces/tr-1/artifacts/traces.json"),
-            Some(Owner::Trace { experiment: "7".into(), trace: "tr-1".into() })
+            Some(Owner::Trace {
+                experiment: "7".into(),
+                trace: "tr-1".into()
+            })
         );
-        for stray in ["checkpoints/my-exp/epoch_3.pt", "1/run/artifacts", "1/run/artifacts/", "1/run/other/x", "1//artifacts/x", "x"] {
+        for stray in [
+            "checkpoints/my-exp/epoch_3.pt",
+            "1/run/artifacts",
+            "1/run/artifacts/",
+            "1/run/other/x",
+            "1//artifacts/x",
+            "x",
+        ] {
             assert_eq!(Owner::of(stray), None, "{stray}");
         }
-        assert_eq!(Owner::of("1/r/artifacts/a").unwrap().root(), "1/r/artifacts");
+        assert_eq!(
+            Owner::of("1/r/artifacts/a").unwrap().root(),
+            "1/r/artifacts"
+        );
     }
 
     #[test]
@@ -197,10 +289,22 @@ mod tests {
         assert_eq!(content_type("1/r/artifacts/metrics.json"), "text/plain");
         assert_eq!(content_type("1/r/artifacts/plot.png"), "image/png");
         assert_eq!(content_type("1/r/artifacts/model/MLmodel"), "text/plain");
-        assert_eq!(content_type("1/r/artifacts/weights"), "application/octet-stream");
+        assert_eq!(
+            content_type("1/r/artifacts/weights"),
+            "application/octet-stream"
+        );
         assert_eq!(content_type("1/r/artifacts/notes.ipynb"), "text/plain");
-        assert_eq!(content_disposition("a/model.pt"), "attachment; filename=model.pt");
-        assert_eq!(content_disposition("a/my file.txt"), "attachment; filename=\"my file.txt\"");
-        assert_eq!(content_disposition("a/sp ace é.txt"), "attachment; filename=\"sp ace .txt\"; filename*=UTF-8''sp%20ace%20%C3%A9.txt");
+        assert_eq!(
+            content_disposition("a/model.pt"),
+            "attachment; filename=model.pt"
+        );
+        assert_eq!(
+            content_disposition("a/my file.txt"),
+            "attachment; filename=\"my file.txt\""
+        );
+        assert_eq!(
+            content_disposition("a/sp ace é.txt"),
+            "attachment; filename=\"sp ace .txt\"; filename*=UTF-8''sp%20ace%20%C3%A9.txt"
+        );
     }
 }

@@ -37,12 +37,20 @@ pub struct OwnerCheck {
 
 impl OwnerCheck {
     pub fn new(forwarder: Forwarder, ttl: Duration) -> Self {
-        Self { forwarder, ttl, cache: Arc::default() }
+        Self {
+            forwarder,
+            ttl,
+            cache: Arc::default(),
+        }
     }
 
     pub async fn check(&self, owner: &Owner, headers: &HeaderMap) -> Verdict {
         if let Some((verdict, at)) = self.cache.lock().expect("owner cache").get(owner) {
-            let ttl = if *verdict == Verdict::Owned { self.ttl } else { MISSING_TTL };
+            let ttl = if *verdict == Verdict::Owned {
+                self.ttl
+            } else {
+                MISSING_TTL
+            };
             if at.elapsed() < ttl {
                 return verdict.clone();
             }
@@ -51,7 +59,8 @@ impl OwnerCheck {
         if matches!(verdict, Verdict::Owned | Verdict::Missing(_)) {
             let mut cache = self.cache.lock().expect("owner cache");
             if cache.len() >= MAX_ENTRIES {
-                let mut ages: Vec<(Owner, Instant)> = cache.iter().map(|(k, (_, at))| (k.clone(), *at)).collect();
+                let mut ages: Vec<(Owner, Instant)> =
+                    cache.iter().map(|(k, (_, at))| (k.clone(), *at)).collect();
                 ages.sort_by_key(|(_, at)| *at);
                 for (k, _) in ages.into_iter().take(MAX_ENTRIES / 2) {
                     cache.remove(&k);
@@ -64,8 +73,16 @@ impl OwnerCheck {
 
     async fn lookup(&self, owner: &Owner, headers: &HeaderMap) -> Verdict {
         let (path, pointer, what) = match owner {
-            Owner::Run { run, .. } => (format!("/api/2.0/mlflow/runs/get?run_id={}", encode(run)), "/run/info/experiment_id", "run"),
-            Owner::Model { model, .. } => (format!("/api/2.0/mlflow/logged-models/{}", encode(model)), "/model/info/experiment_id", "logged model"),
+            Owner::Run { run, .. } => (
+                format!("/api/2.0/mlflow/runs/get?run_id={}", encode(run)),
+                "/run/info/experiment_id",
+                "run",
+            ),
+            Owner::Model { model, .. } => (
+                format!("/api/2.0/mlflow/logged-models/{}", encode(model)),
+                "/model/info/experiment_id",
+                "logged model",
+            ),
             Owner::Trace { trace, .. } => (
                 format!("/api/3.0/mlflow/traces/{}", encode(trace)),
                 "/trace/trace_info/trace_location/mlflow_experiment/experiment_id",
@@ -80,12 +97,22 @@ impl OwnerCheck {
         match status {
             StatusCode::OK => match json.pointer(pointer).and_then(|v| v.as_str()) {
                 Some(experiment) if experiment == owner.experiment() => Verdict::Owned,
-                Some(experiment) => Verdict::Missing(format!("that {what} belongs to experiment {experiment}")),
-                None => Verdict::Unverifiable(format!("MLflow's answer for the {what} has no experiment id")),
+                Some(experiment) => {
+                    Verdict::Missing(format!("that {what} belongs to experiment {experiment}"))
+                }
+                None => Verdict::Unverifiable(format!(
+                    "MLflow's answer for the {what} has no experiment id"
+                )),
             },
-            StatusCode::NOT_FOUND | StatusCode::BAD_REQUEST => Verdict::Missing(format!("MLflow has no such {what}")),
-            StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN => Verdict::Missing(format!("MLflow refused to show that {what} to this client (HTTP {status})")),
-            other => Verdict::Unverifiable(format!("MLflow answered HTTP {other} to the {what} lookup")),
+            StatusCode::NOT_FOUND | StatusCode::BAD_REQUEST => {
+                Verdict::Missing(format!("MLflow has no such {what}"))
+            }
+            StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN => Verdict::Missing(format!(
+                "MLflow refused to show that {what} to this client (HTTP {status})"
+            )),
+            other => {
+                Verdict::Unverifiable(format!("MLflow answered HTTP {other} to the {what} lookup"))
+            }
         }
     }
 }

@@ -70,10 +70,26 @@ pub const PROFILES: &[Quirks] = &[
         empty_dirs_linger: false,
         ..GENERIC
     },
-    Quirks { name: "seaweedfs", batch_delete: true, max_single_copy: 5 * GIB, ..GENERIC },
-    Quirks { name: "minio", batch_delete: true, max_single_copy: 5 * GIB, empty_dirs_linger: false, ..GENERIC },
+    Quirks {
+        name: "seaweedfs",
+        batch_delete: true,
+        max_single_copy: 5 * GIB,
+        ..GENERIC
+    },
+    Quirks {
+        name: "minio",
+        batch_delete: true,
+        max_single_copy: 5 * GIB,
+        empty_dirs_linger: false,
+        ..GENERIC
+    },
     // Older RGW releases require Content-MD5 on DeleteObjects: one by one.
-    Quirks { name: "ceph", max_single_copy: 5 * GIB, empty_dirs_linger: false, ..GENERIC },
+    Quirks {
+        name: "ceph",
+        max_single_copy: 5 * GIB,
+        empty_dirs_linger: false,
+        ..GENERIC
+    },
     Quirks {
         name: "r2",
         default_region: "auto",
@@ -87,10 +103,16 @@ pub const PROFILES: &[Quirks] = &[
 impl Quirks {
     /// The profile called `name`, or an error listing the known ones.
     pub fn named(name: &str) -> Result<&'static Quirks, String> {
-        PROFILES.iter().find(|q| q.name.eq_ignore_ascii_case(name)).ok_or_else(|| {
-            let known: Vec<&str> = PROFILES.iter().map(|q| q.name).collect();
-            format!("unknown S3 quirks profile {name:?}; known profiles: {}", known.join(", "))
-        })
+        PROFILES
+            .iter()
+            .find(|q| q.name.eq_ignore_ascii_case(name))
+            .ok_or_else(|| {
+                let known: Vec<&str> = PROFILES.iter().map(|q| q.name).collect();
+                format!(
+                    "unknown S3 quirks profile {name:?}; known profiles: {}",
+                    known.join(", ")
+                )
+            })
     }
 
     pub fn generic() -> &'static Quirks {
@@ -113,7 +135,10 @@ mod tests {
         assert_eq!(Quirks::named("SeaweedFS").unwrap().name, "seaweedfs");
         assert_eq!(Quirks::named("r2").unwrap().default_region, "auto");
         let err = Quirks::named("gcs").unwrap_err();
-        assert!(err.contains("generic, aws, seaweedfs, minio, ceph, r2"), "{err}");
+        assert!(
+            err.contains("generic, aws, seaweedfs, minio, ceph, r2"),
+            "{err}"
+        );
         let names: std::collections::HashSet<_> = PROFILES.iter().map(|q| q.name).collect();
         assert_eq!(names.len(), PROFILES.len(), "profile names are unique");
     }
@@ -121,7 +146,12 @@ mod tests {
     #[test]
     fn only_aws_gets_the_sdk_default_checksums() {
         for q in PROFILES {
-            assert_eq!(q.checksums == Checksums::WhenSupported, q.name == "aws", "{}", q.name);
+            assert_eq!(
+                q.checksums == Checksums::WhenSupported,
+                q.name == "aws",
+                "{}",
+                q.name
+            );
         }
     }
 }

@@ -43,10 +43,12 @@ const EXIT_INTERRUPTED: u8 = 130;
 /// Arguments of `relocate`. The store is reached as the gateway reaches it (`--artifacts-destination`,
 /// `--s3-*`, AWS credentials from the environment); MLflow at `--upstream` names the run's path.
 #[derive(Debug, Clone, clap::Args)]
-#[command(after_help = "Example: mlscope-proxy --upstream http://mlflow:5000 relocate s3://mlflow/my-experiment \
+#[command(
+    after_help = "Example: mlscope-proxy --upstream http://mlflow:5000 relocate s3://mlflow/my-experiment \
 --run-id 0123abcd --artifacts-destination s3://mlflow/artifacts --s3-endpoint-url http://seaweedfs:8333\n\n\
 Exit status: 0 when every object is in place (and verified), 1 when any failed (each is named on \
-stderr; rerunning the same command retries them and skips what is already copied), 130 on Ctrl-C.")]
+stderr; rerunning the same command retries them and skips what is already copied), 130 on Ctrl-C."
+)]
 pub struct RelocateArgs {
     /// Prefix of the stray objects: s3://<bucket>/<prefix>, or a key prefix from the root of the
     /// --artifacts-destination bucket. Every object below it is copied, keeping its path relative
@@ -84,20 +86,32 @@ pub struct RelocateArgs {
     #[arg(long, short)]
     pub quiet: bool,
     /// Bearer token for an MLflow behind token authentication.
-    #[arg(long, env = "MLFLOW_TRACKING_TOKEN", hide_env_values = true, value_name = "TOKEN")]
+    #[arg(
+        long,
+        env = "MLFLOW_TRACKING_TOKEN",
+        hide_env_values = true,
+        value_name = "TOKEN"
+    )]
     pub mlflow_token: Option<Secret>,
     /// User name for an MLflow behind basic authentication (with --mlflow-password).
     #[arg(long, env = "MLFLOW_TRACKING_USERNAME", value_name = "USER")]
     pub mlflow_username: Option<String>,
     /// Password for an MLflow behind basic authentication.
-    #[arg(long, env = "MLFLOW_TRACKING_PASSWORD", hide_env_values = true, value_name = "PASSWORD")]
+    #[arg(
+        long,
+        env = "MLFLOW_TRACKING_PASSWORD",
+        hide_env_values = true,
+        value_name = "PASSWORD"
+    )]
     pub mlflow_password: Option<Secret>,
 }
 
 fn parse_part_size(s: &str) -> Result<u64, String> {
     let size = parse_size(s)?;
     if !(MIN_PART_SIZE..=MAX_PART_SIZE).contains(&size) {
-        return Err(format!("part size must be between 5MiB and 5GiB (S3's limits), not {size} bytes"));
+        return Err(format!(
+            "part size must be between 5MiB and 5GiB (S3's limits), not {size} bytes"
+        ));
     }
     Ok(size as u64)
 }
@@ -105,7 +119,9 @@ fn parse_part_size(s: &str) -> Result<u64, String> {
 fn parse_single_copy_limit(s: &str) -> Result<u64, String> {
     let size = parse_size(s)?;
     if size == 0 || size > MAX_PART_SIZE {
-        return Err(format!("must be between 1 byte and 5GiB (S3's CopyObject limit), not {size} bytes"));
+        return Err(format!(
+            "must be between 1 byte and 5GiB (S3's CopyObject limit), not {size} bytes"
+        ));
     }
     Ok(size as u64)
 }
@@ -168,7 +184,12 @@ impl fmt::Display for Location {
 
 /// Joins key segments with `/`, leaving out empty ones.
 fn join(parts: &[&str]) -> String {
-    parts.iter().map(|p| p.trim_matches('/')).filter(|p| !p.is_empty()).collect::<Vec<_>>().join("/")
+    parts
+        .iter()
+        .map(|p| p.trim_matches('/'))
+        .filter(|p| !p.is_empty())
+        .collect::<Vec<_>>()
+        .join("/")
 }
 
 /// `s3://<bucket>/<prefix>`, or a key prefix in the destination's bucket (from its root).
@@ -177,7 +198,9 @@ fn parse_source(source: &str, destination: Option<&Destination>) -> Result<Locat
         Some(rest) => {
             let (bucket, key) = rest.split_once('/').unwrap_or((rest, ""));
             if bucket.is_empty() {
-                return Err(format!("source {source:?} names no bucket; write s3://<bucket>/<prefix>"));
+                return Err(format!(
+                    "source {source:?} names no bucket; write s3://<bucket>/<prefix>"
+                ));
             }
             (bucket.to_owned(), key)
         }
@@ -200,7 +223,10 @@ fn parse_source(source: &str, destination: Option<&Destination>) -> Result<Locat
             "source {source:?} names a whole bucket; name the prefix the stray objects are under, e.g. s3://{bucket}/<experiment-name>"
         ));
     }
-    Ok(Location { bucket, key: key.to_owned() })
+    Ok(Location {
+        bucket,
+        key: key.to_owned(),
+    })
 }
 
 /// Where a run's artifacts are stored, from its `artifact_uri`: `mlflow-artifacts:/<path>` lies
@@ -223,14 +249,20 @@ fn artifact_root(uri: &str, destination: Option<&Destination>) -> Result<Locatio
                  location as --artifacts-destination s3://<bucket>/<prefix>"
             )
         })?;
-        return Ok(Location { bucket: destination.bucket.clone(), key: destination.key(path) });
+        return Ok(Location {
+            bucket: destination.bucket.clone(),
+            key: destination.key(path),
+        });
     }
     if let Some(rest) = uri.strip_prefix("s3://") {
         let (bucket, key) = rest.split_once('/').unwrap_or((rest, ""));
         if bucket.is_empty() {
             return Err(format!("its artifact_uri {uri:?} names no bucket"));
         }
-        return Ok(Location { bucket: bucket.to_owned(), key: key.trim_matches('/').to_owned() });
+        return Ok(Location {
+            bucket: bucket.to_owned(),
+            key: key.trim_matches('/').to_owned(),
+        });
     }
     Err(format!(
         "its artifact_uri {uri:?} is neither mlflow-artifacts:/... nor s3://...; relocate copies only within S3-compatible stores"
@@ -243,7 +275,9 @@ fn validate_to(to: &str) -> Result<String, String> {
     if trimmed.is_empty() {
         return Ok(String::new());
     }
-    if trimmed.split('/').any(|segment| segment.is_empty() || segment == "." || segment == ".." || segment.contains('\\')) {
+    if trimmed.split('/').any(|segment| {
+        segment.is_empty() || segment == "." || segment == ".." || segment.contains('\\')
+    }) {
         return Err(format!("--to {to:?} must be a relative directory such as checkpoints or models/epochs (no '.', '..', '\\' or empty segments)"));
     }
     Ok(trimmed.to_owned())
@@ -259,7 +293,9 @@ fn check_overlap(source: &Location, target: &Location) -> Result<(), String> {
         return Err(format!("the target {target} lies inside the source {source}; name a narrower source or another --to"));
     }
     if s.starts_with(&t) {
-        return Err(format!("the source {source} already lies inside the target {target}"));
+        return Err(format!(
+            "the source {source} already lies inside the target {target}"
+        ));
     }
     Ok(())
 }
@@ -281,7 +317,10 @@ fn content_md5(etag: Option<&str>) -> Option<&str> {
 /// Same size and, where both ETags are content MD5s, the same ETag.
 fn same_content(a: &StoredObject, b: &StoredObject) -> bool {
     a.size == b.size
-        && match (content_md5(a.etag.as_deref()), content_md5(b.etag.as_deref())) {
+        && match (
+            content_md5(a.etag.as_deref()),
+            content_md5(b.etag.as_deref()),
+        ) {
             (Some(x), Some(y)) => x.eq_ignore_ascii_case(y),
             _ => true,
         }
@@ -300,20 +339,33 @@ fn copy_method(size: u64, max_single_copy: u64, part_size: u64) -> CopyMethod {
         return CopyMethod::Single;
     }
     let part_size = part_size_for(Some(size), part_size as usize) as u64;
-    CopyMethod::Multipart { part_size, parts: size.div_ceil(part_size) }
+    CopyMethod::Multipart {
+        part_size,
+        parts: size.div_ceil(part_size),
+    }
 }
 
 /// Inclusive byte ranges of the parts, as `x-amz-copy-source-range` wants them.
 fn part_ranges(size: u64, part_size: u64) -> Vec<(u64, u64)> {
-    (0..size.div_ceil(part_size)).map(|i| (i * part_size, ((i + 1) * part_size).min(size) - 1)).collect()
+    (0..size.div_ceil(part_size))
+        .map(|i| (i * part_size, ((i + 1) * part_size).min(size) - 1))
+        .collect()
 }
 
 /// Characters left as they are in `x-amz-copy-source` (`/` separates bucket and key segments).
-const COPY_SOURCE_SAFE: &AsciiSet = &NON_ALPHANUMERIC.remove(b'/').remove(b'-').remove(b'_').remove(b'.').remove(b'~');
+const COPY_SOURCE_SAFE: &AsciiSet = &NON_ALPHANUMERIC
+    .remove(b'/')
+    .remove(b'-')
+    .remove(b'_')
+    .remove(b'.')
+    .remove(b'~');
 
 /// `x-amz-copy-source`: `<bucket>/<key>` with the key percent-encoded.
 fn copy_source(bucket: &str, key: &str) -> String {
-    format!("{bucket}/{}", percent_encoding::utf8_percent_encode(key, COPY_SOURCE_SAFE))
+    format!(
+        "{bucket}/{}",
+        percent_encoding::utf8_percent_encode(key, COPY_SOURCE_SAFE)
+    )
 }
 
 /// One object to relocate.
@@ -337,9 +389,16 @@ fn plan(
         .into_iter()
         .map(|(relative, source)| {
             let target_key = target.child(&relative);
-            let already_there = existing.get(&target_key).is_some_and(|t| same_content(&source, t));
+            let already_there = existing
+                .get(&target_key)
+                .is_some_and(|t| same_content(&source, t));
             let method = copy_method(source.size, max_single_copy, part_size);
-            Task { source, target_key, method, already_there }
+            Task {
+                source,
+                target_key,
+                method,
+                already_there,
+            }
         })
         .collect()
 }
@@ -357,16 +416,22 @@ struct RunInfo {
 async fn lookup_run(config: &crate::Config, args: &RelocateArgs) -> anyhow::Result<RunInfo> {
     let forwarder = Forwarder::new(config, Metrics::new());
     let mut headers = HeaderMap::new();
-    let credential = match (&args.mlflow_token, &args.mlflow_username, &args.mlflow_password) {
+    let credential = match (
+        &args.mlflow_token,
+        &args.mlflow_username,
+        &args.mlflow_password,
+    ) {
         (Some(token), _, _) => Some(format!("Bearer {}", token.expose())),
         (None, Some(user), Some(password)) => Some(format!(
             "Basic {}",
-            base64::engine::general_purpose::STANDARD.encode(format!("{user}:{}", password.expose()))
+            base64::engine::general_purpose::STANDARD
+                .encode(format!("{user}:{}", password.expose()))
         )),
         _ => None,
     };
     if let Some(credential) = credential {
-        let value = HeaderValue::from_str(&credential).context("the MLflow credentials contain characters an HTTP header cannot carry")?;
+        let value = HeaderValue::from_str(&credential)
+            .context("the MLflow credentials contain characters an HTTP header cannot carry")?;
         headers.insert(http::header::AUTHORIZATION, value);
     }
     let path = format!(
@@ -377,19 +442,30 @@ async fn lookup_run(config: &crate::Config, args: &RelocateArgs) -> anyhow::Resu
         .call(http::Method::GET, &path, &headers, None)
         .await
         .map_err(|e| anyhow!("{e}; set --upstream (before `relocate`) or MLSCOPE_UPSTREAM to the MLflow tracking server"))?;
-    parse_run_answer(status, &body, &args.run_id, &config.upstream.url()).map_err(anyhow::Error::msg)
+    parse_run_answer(status, &body, &args.run_id, &config.upstream.url())
+        .map_err(anyhow::Error::msg)
 }
 
 /// MLflow's answer to `runs/get`, or why there is no run to copy into.
-fn parse_run_answer(status: StatusCode, body: &[u8], run_id: &str, upstream: &str) -> Result<RunInfo, String> {
+fn parse_run_answer(
+    status: StatusCode,
+    body: &[u8],
+    run_id: &str,
+    upstream: &str,
+) -> Result<RunInfo, String> {
     let json: serde_json::Value = serde_json::from_slice(body).unwrap_or_default();
-    let message = json["message"].as_str().map(str::to_owned).unwrap_or_else(|| {
-        let text = String::from_utf8_lossy(body);
-        text.chars().take(200).collect()
-    });
+    let message = json["message"]
+        .as_str()
+        .map(str::to_owned)
+        .unwrap_or_else(|| {
+            let text = String::from_utf8_lossy(body);
+            text.chars().take(200).collect()
+        });
     let code = json["error_code"].as_str().unwrap_or("");
     if status == StatusCode::NOT_FOUND || code == "RESOURCE_DOES_NOT_EXIST" {
-        return Err(format!("MLflow at {upstream} has no run {run_id:?} ({message}); check --run-id and --upstream"));
+        return Err(format!(
+            "MLflow at {upstream} has no run {run_id:?} ({message}); check --run-id and --upstream"
+        ));
     }
     if status == StatusCode::UNAUTHORIZED || status == StatusCode::FORBIDDEN {
         return Err(format!(
@@ -418,9 +494,18 @@ fn parse_run_answer(status: StatusCode, body: &[u8], run_id: &str, upstream: &st
 // === the store ===
 
 /// Every object under `prefix`, following pagination.
-async fn list_under(client: &Client, bucket: &str, prefix: &str) -> Result<Vec<StoredObject>, StoreError> {
+async fn list_under(
+    client: &Client,
+    bucket: &str,
+    prefix: &str,
+) -> Result<Vec<StoredObject>, StoreError> {
     let mut objects = Vec::new();
-    let mut pages = client.list_objects_v2().bucket(bucket).prefix(prefix).into_paginator().send();
+    let mut pages = client
+        .list_objects_v2()
+        .bucket(bucket)
+        .prefix(prefix)
+        .into_paginator()
+        .send();
     while let Some(page) = pages.next().await {
         let page = page.map_err(StoreError::from_sdk)?;
         objects.extend(page.contents().iter().filter_map(|o| {
@@ -446,24 +531,46 @@ async fn find_sources(client: &Client, source: &Location) -> anyhow::Result<Sour
     let listed = list_under(client, &source.bucket, &dir)
         .await
         .with_context(|| format!("listing {}", source.uri(&dir)))?;
-    let mut sources = Sources { objects: Vec::new(), markers: 0 };
+    let mut sources = Sources {
+        objects: Vec::new(),
+        markers: 0,
+    };
     for object in listed {
         if object.key.ends_with('/') {
             // Zero-byte ones are "folder" markers; any other has no name MLflow could show.
             if !is_marker(&object.key, object.size as i64) {
-                tracing::warn!(key = object.key, size = object.size, "skipping an object whose key ends in '/'");
+                tracing::warn!(
+                    key = object.key,
+                    size = object.size,
+                    "skipping an object whose key ends in '/'"
+                );
             }
             sources.markers += 1;
             continue;
         }
-        let relative = object.key.strip_prefix(&dir).unwrap_or(&object.key).to_owned();
+        let relative = object
+            .key
+            .strip_prefix(&dir)
+            .unwrap_or(&object.key)
+            .to_owned();
         sources.objects.push((relative, object));
     }
     if sources.objects.is_empty() && sources.markers == 0 {
         // Perhaps the source is the key of one object.
-        match client.head_object().bucket(&source.bucket).key(&source.key).send().await {
+        match client
+            .head_object()
+            .bucket(&source.bucket)
+            .key(&source.key)
+            .send()
+            .await
+        {
             Ok(head) => {
-                let name = source.key.rsplit('/').next().unwrap_or(&source.key).to_owned();
+                let name = source
+                    .key
+                    .rsplit('/')
+                    .next()
+                    .unwrap_or(&source.key)
+                    .to_owned();
                 let object = StoredObject {
                     key: source.key.clone(),
                     size: head.content_length().unwrap_or(0).max(0) as u64,
@@ -513,11 +620,16 @@ struct Copier {
 
 impl Copier {
     async fn relocate(&self, task: &Task) -> ObjectReport {
-        let mut report = ObjectReport { already_there: task.already_there, ..ObjectReport::default() };
+        let mut report = ObjectReport {
+            already_there: task.already_there,
+            ..ObjectReport::default()
+        };
         if !task.already_there {
             let copied = match task.method {
                 CopyMethod::Single => self.copy_single(task).await,
-                CopyMethod::Multipart { part_size, .. } => self.copy_multipart(task, part_size).await,
+                CopyMethod::Multipart { part_size, .. } => {
+                    self.copy_multipart(task, part_size).await
+                }
             };
             if let Err(e) = copied {
                 report.failure = Some(format!("copy failed: {e}"));
@@ -538,7 +650,9 @@ impl Copier {
         if self.delete_source {
             match self.delete(&task.source.key).await {
                 Ok(()) => report.deleted = true,
-                Err(e) => report.failure = Some(format!("copied, but deleting the source failed: {e}")),
+                Err(e) => {
+                    report.failure = Some(format!("copied, but deleting the source failed: {e}"))
+                }
             }
         }
         report
@@ -571,7 +685,10 @@ impl Copier {
             .map_err(|e| StoreError::from_sdk(e).to_string())?;
         let size = head.content_length().unwrap_or(-1);
         if size != task.source.size as i64 {
-            return Err(format!("the source changed since it was listed ({} bytes, now {size}); run again", task.source.size));
+            return Err(format!(
+                "the source changed since it was listed ({} bytes, now {size}); run again",
+                task.source.size
+            ));
         }
         let created = self
             .client
@@ -587,8 +704,12 @@ impl Copier {
             .send()
             .await
             .map_err(|e| StoreError::from_sdk(e).to_string())?;
-        let upload_id = created.upload_id().ok_or("the store started a multipart upload without an upload id")?.to_owned();
-        self.uploads_in_flight().insert(upload_id.clone(), task.target_key.clone());
+        let upload_id = created
+            .upload_id()
+            .ok_or("the store started a multipart upload without an upload id")?
+            .to_owned();
+        self.uploads_in_flight()
+            .insert(upload_id.clone(), task.target_key.clone());
         let result = self.copy_parts(task, &upload_id, part_size).await;
         if result.is_err() {
             self.abort(&task.target_key, &upload_id).await;
@@ -615,20 +736,34 @@ impl Copier {
                     .copy_source_range(format!("bytes={first}-{last}"))
                     .send()
                     .await
-                    .map_err(|e| format!("part {number} (bytes {first}-{last}): {}", StoreError::from_sdk(e)))?;
+                    .map_err(|e| {
+                        format!(
+                            "part {number} (bytes {first}-{last}): {}",
+                            StoreError::from_sdk(e)
+                        )
+                    })?;
                 self.progress.inc(last - first + 1);
                 let etag = out
                     .copy_part_result()
                     .and_then(|r| r.e_tag())
                     .ok_or_else(|| format!("the store answered part {number} without an ETag"))?;
-                Ok::<_, String>(CompletedPart::builder().part_number(number).e_tag(etag).build())
+                Ok::<_, String>(
+                    CompletedPart::builder()
+                        .part_number(number)
+                        .e_tag(etag)
+                        .build(),
+                )
             }
         };
-        let mut parts: Vec<CompletedPart> = futures_util::stream::iter(part_ranges(task.source.size, part_size).into_iter().enumerate())
-            .map(copy_part)
-            .buffer_unordered(self.concurrency)
-            .try_collect()
-            .await?;
+        let mut parts: Vec<CompletedPart> = futures_util::stream::iter(
+            part_ranges(task.source.size, part_size)
+                .into_iter()
+                .enumerate(),
+        )
+        .map(copy_part)
+        .buffer_unordered(self.concurrency)
+        .try_collect()
+        .await?;
         parts.sort_by_key(|p| p.part_number());
         let _permit = self.permits.acquire().await.map_err(|e| e.to_string())?;
         self.client
@@ -636,7 +771,11 @@ impl Copier {
             .bucket(&self.target_bucket)
             .key(&task.target_key)
             .upload_id(upload_id)
-            .multipart_upload(CompletedMultipartUpload::builder().set_parts(Some(parts)).build())
+            .multipart_upload(
+                CompletedMultipartUpload::builder()
+                    .set_parts(Some(parts))
+                    .build(),
+            )
             .send()
             .await
             .map_err(|e| format!("completing the multipart copy: {}", StoreError::from_sdk(e)))?;
@@ -657,12 +796,20 @@ impl Copier {
             .map_err(|e| StoreError::from_sdk(e).to_string())?;
         let size = head.content_length().unwrap_or(-1);
         if size != task.source.size as i64 {
-            return Err(format!("the copy has {size} bytes, the source {}", task.source.size));
+            return Err(format!(
+                "the copy has {size} bytes, the source {}",
+                task.source.size
+            ));
         }
         if task.method == CopyMethod::Single {
-            if let (Some(source), Some(copy)) = (content_md5(task.source.etag.as_deref()), content_md5(head.e_tag())) {
+            if let (Some(source), Some(copy)) = (
+                content_md5(task.source.etag.as_deref()),
+                content_md5(head.e_tag()),
+            ) {
                 if !source.eq_ignore_ascii_case(copy) {
-                    return Err(format!("the copy's ETag {copy} differs from the source's {source}"));
+                    return Err(format!(
+                        "the copy's ETag {copy} differs from the source's {source}"
+                    ));
                 }
             }
         }
@@ -682,7 +829,14 @@ impl Copier {
     }
 
     async fn abort(&self, key: &str, upload_id: &str) {
-        let aborted = self.client.abort_multipart_upload().bucket(&self.target_bucket).key(key).upload_id(upload_id).send().await;
+        let aborted = self
+            .client
+            .abort_multipart_upload()
+            .bucket(&self.target_bucket)
+            .key(key)
+            .upload_id(upload_id)
+            .send()
+            .await;
         if let Err(e) = aborted {
             let line = format!(
                 "warning: aborting the multipart copy to {key} (upload {upload_id}) failed: {}; the store's lifecycle rules must clean it up",
@@ -702,12 +856,18 @@ impl Copier {
     }
 
     fn uploads_in_flight(&self) -> std::sync::MutexGuard<'_, HashMap<String, String>> {
-        self.uploads.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.uploads
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 }
 
 fn progress_bar(total_bytes: u64, quiet: bool) -> ProgressBar {
-    let target = if quiet { ProgressDrawTarget::hidden() } else { ProgressDrawTarget::stderr() };
+    let target = if quiet {
+        ProgressDrawTarget::hidden()
+    } else {
+        ProgressDrawTarget::stderr()
+    };
     let bar = ProgressBar::with_draw_target(Some(total_bytes), target);
     let style = ProgressStyle::with_template(
         "{spinner} [{elapsed_precise}] {wide_bar} {bytes}/{total_bytes} {bytes_per_sec} eta {eta} {msg}",
@@ -754,18 +914,28 @@ pub async fn run(config: &crate::Config, args: &RelocateArgs) -> anyhow::Result<
     let to = validate_to(&args.to).map_err(anyhow::Error::msg)?;
     let source = parse_source(&args.source, destination).map_err(anyhow::Error::msg)?;
     let run = lookup_run(config, args).await?;
-    let root = artifact_root(&run.artifact_uri, destination).map_err(|e| anyhow!("run {}: {e}", run.run_id))?;
-    let target = Location { bucket: root.bucket.clone(), key: root.child(&to) };
+    let root = artifact_root(&run.artifact_uri, destination)
+        .map_err(|e| anyhow!("run {}: {e}", run.run_id))?;
+    let target = Location {
+        bucket: root.bucket.clone(),
+        key: root.child(&to),
+    };
     check_overlap(&source, &target).map_err(anyhow::Error::msg)?;
 
     // The client only needs a destination for its messages; without one, the target's bucket.
-    let bucket_destination =
-        destination.cloned().unwrap_or_else(|| Destination { bucket: target.bucket.clone(), prefix: String::new() });
+    let bucket_destination = destination.cloned().unwrap_or_else(|| Destination {
+        bucket: target.bucket.clone(),
+        prefix: String::new(),
+    });
     let bucket = Bucket::connect(&config.artifacts.s3, bucket_destination).await;
-    let max_single_copy = args.max_single_copy.unwrap_or(bucket.quirks.max_single_copy);
+    let max_single_copy = args
+        .max_single_copy
+        .unwrap_or(bucket.quirks.max_single_copy);
     let client = &bucket.client;
 
-    let sources = find_sources(client, &source).await.with_context(|| format!("at {}", bucket.endpoint))?;
+    let sources = find_sources(client, &source)
+        .await
+        .with_context(|| format!("at {}", bucket.endpoint))?;
     if sources.objects.is_empty() {
         anyhow::bail!(
             "no objects under {} at {} ({} directory markers); keys are case-sensitive and a bare prefix is read from the bucket's root",
@@ -782,14 +952,26 @@ pub async fn run(config: &crate::Config, args: &RelocateArgs) -> anyhow::Result<
         .map(|o| (o.key.clone(), o))
         .collect();
     let found = sources.objects.len();
-    let tasks = plan(sources.objects, &target, &existing, max_single_copy, args.part_size);
+    let tasks = plan(
+        sources.objects,
+        &target,
+        &existing,
+        max_single_copy,
+        args.part_size,
+    );
     let to_copy: Vec<&Task> = tasks.iter().filter(|t| !t.already_there).collect();
     let bytes_to_copy: u64 = to_copy.iter().map(|t| t.source.size).sum();
 
     if run.lifecycle_stage == "deleted" {
-        eprintln!("warning: run {} is deleted; MLflow shows its artifacts only once it is restored", run.run_id);
+        eprintln!(
+            "warning: run {} is deleted; MLflow shows its artifacts only once it is restored",
+            run.run_id
+        );
     }
-    println!("run {} (experiment {}): artifacts at {root}", run.run_id, run.experiment_id);
+    println!(
+        "run {} (experiment {}): artifacts at {root}",
+        run.run_id, run.experiment_id
+    );
     println!(
         "from {} to {}: {found} objects, {} to copy ({}), {} already there, {} directory markers ignored",
         source.uri(&source.dir()),
@@ -805,9 +987,10 @@ pub async fn run(config: &crate::Config, args: &RelocateArgs) -> anyhow::Result<
             let (action, how) = match (task.already_there, task.method) {
                 (true, _) => ("skip", "already there".to_owned()),
                 (false, CopyMethod::Single) => ("copy", "CopyObject".to_owned()),
-                (false, CopyMethod::Multipart { parts, part_size }) => {
-                    ("copy", format!("multipart copy, {parts} parts of {}", HumanBytes(part_size)))
-                }
+                (false, CopyMethod::Multipart { parts, part_size }) => (
+                    "copy",
+                    format!("multipart copy, {parts} parts of {}", HumanBytes(part_size)),
+                ),
             };
             println!(
                 "{action} {} -> {} ({}, {} bytes; {how})",
@@ -817,9 +1000,21 @@ pub async fn run(config: &crate::Config, args: &RelocateArgs) -> anyhow::Result<
                 task.source.size
             );
         }
-        println!("dry run: nothing was copied{}", if args.delete_source { " or deleted" } else { "" });
+        println!(
+            "dry run: nothing was copied{}",
+            if args.delete_source {
+                " or deleted"
+            } else {
+                ""
+            }
+        );
         println!("objects found:   {found}");
-        println!("would copy:      {} ({}, {} bytes)", to_copy.len(), HumanBytes(bytes_to_copy), bytes_to_copy);
+        println!(
+            "would copy:      {} ({}, {} bytes)",
+            to_copy.len(),
+            HumanBytes(bytes_to_copy),
+            bytes_to_copy
+        );
         println!("already there:   {}", found - to_copy.len());
         return Ok(ExitCode::SUCCESS);
     }
@@ -847,7 +1042,9 @@ pub async fn run(config: &crate::Config, args: &RelocateArgs) -> anyhow::Result<
             while let Some((task, report)) = reports.next().await {
                 summary.add(&task.source.key, report);
                 done += 1;
-                copier.progress.set_message(format!("{done}/{found} objects"));
+                copier
+                    .progress
+                    .set_message(format!("{done}/{found} objects"));
             }
         };
         tokio::select! {
@@ -866,10 +1063,17 @@ pub async fn run(config: &crate::Config, args: &RelocateArgs) -> anyhow::Result<
     }
 
     println!("objects found:   {found}");
-    println!("copied:          {} ({} by multipart copy)", summary.copied, summary.multipart);
+    println!(
+        "copied:          {} ({} by multipart copy)",
+        summary.copied, summary.multipart
+    );
     println!("already there:   {}", summary.already_there);
     println!("failed:          {}", summary.failures.len());
-    println!("bytes copied:    {} ({} bytes)", HumanBytes(summary.bytes), summary.bytes);
+    println!(
+        "bytes copied:    {} ({} bytes)",
+        HumanBytes(summary.bytes),
+        summary.bytes
+    );
     if args.no_verify {
         println!("verified:        0 (--no-verify)");
     } else {
@@ -878,7 +1082,9 @@ pub async fn run(config: &crate::Config, args: &RelocateArgs) -> anyhow::Result<
     if args.delete_source {
         println!("sources deleted: {}", summary.deleted);
     } else {
-        println!("sources deleted: 0 (kept; --delete-source deletes each once its copy is verified)");
+        println!(
+            "sources deleted: 0 (kept; --delete-source deletes each once its copy is verified)"
+        );
     }
     println!("elapsed:         {:.1?}", started.elapsed());
     if summary.failures.is_empty() {
@@ -904,50 +1110,122 @@ mod tests {
     }
 
     fn object(key: &str, size: u64, etag: Option<&str>) -> StoredObject {
-        StoredObject { key: key.into(), size, etag: etag.map(Into::into) }
+        StoredObject {
+            key: key.into(),
+            size,
+            etag: etag.map(Into::into),
+        }
     }
 
     #[test]
     fn sources_are_s3_uris_or_prefixes_in_the_destination_bucket() {
         let d = destination();
-        assert_eq!(parse_source("s3://mlflow/my-experiment/", Some(&d)).unwrap(), Location { bucket: "mlflow".into(), key: "my-experiment".into() });
-        assert_eq!(parse_source("s3://other/a/b", None).unwrap(), Location { bucket: "other".into(), key: "a/b".into() });
-        assert_eq!(parse_source("/my-experiment/", Some(&d)).unwrap(), Location { bucket: "mlflow".into(), key: "my-experiment".into() });
-        assert!(parse_source("my-experiment", None).unwrap_err().contains("--artifacts-destination"));
-        assert!(parse_source("s3://mlflow", Some(&d)).unwrap_err().contains("whole bucket"));
-        assert!(parse_source("s3:///x", Some(&d)).unwrap_err().contains("no bucket"));
-        assert!(parse_source("gs://b/x", Some(&d)).unwrap_err().contains("only s3://"));
+        assert_eq!(
+            parse_source("s3://mlflow/my-experiment/", Some(&d)).unwrap(),
+            Location {
+                bucket: "mlflow".into(),
+                key: "my-experiment".into()
+            }
+        );
+        assert_eq!(
+            parse_source("s3://other/a/b", None).unwrap(),
+            Location {
+                bucket: "other".into(),
+                key: "a/b".into()
+            }
+        );
+        assert_eq!(
+            parse_source("/my-experiment/", Some(&d)).unwrap(),
+            Location {
+                bucket: "mlflow".into(),
+                key: "my-experiment".into()
+            }
+        );
+        assert!(parse_source("my-experiment", None)
+            .unwrap_err()
+            .contains("--artifacts-destination"));
+        assert!(parse_source("s3://mlflow", Some(&d))
+            .unwrap_err()
+            .contains("whole bucket"));
+        assert!(parse_source("s3:///x", Some(&d))
+            .unwrap_err()
+            .contains("no bucket"));
+        assert!(parse_source("gs://b/x", Some(&d))
+            .unwrap_err()
+            .contains("only s3://"));
     }
 
     #[test]
     fn artifact_uris_map_to_keys_under_the_destination_or_their_own_bucket() {
         let d = destination();
-        let at = |bucket: &str, key: &str| Location { bucket: bucket.into(), key: key.into() };
-        assert_eq!(artifact_root("mlflow-artifacts:/1/abc/artifacts", Some(&d)).unwrap(), at("mlflow", "artifacts/1/abc/artifacts"));
-        assert_eq!(artifact_root("mlflow-artifacts://mlflow:5000/1/abc/artifacts/", Some(&d)).unwrap(), at("mlflow", "artifacts/1/abc/artifacts"));
+        let at = |bucket: &str, key: &str| Location {
+            bucket: bucket.into(),
+            key: key.into(),
+        };
+        assert_eq!(
+            artifact_root("mlflow-artifacts:/1/abc/artifacts", Some(&d)).unwrap(),
+            at("mlflow", "artifacts/1/abc/artifacts")
+        );
+        assert_eq!(
+            artifact_root("mlflow-artifacts://mlflow:5000/1/abc/artifacts/", Some(&d)).unwrap(),
+            at("mlflow", "artifacts/1/abc/artifacts")
+        );
         let root = Destination::parse("s3://bucket").unwrap();
-        assert_eq!(artifact_root("mlflow-artifacts:/1/abc/artifacts", Some(&root)).unwrap(), at("bucket", "1/abc/artifacts"));
-        assert_eq!(artifact_root("s3://runs/x/1/abc/artifacts", None).unwrap(), at("runs", "x/1/abc/artifacts"));
-        assert!(artifact_root("mlflow-artifacts:/1/abc/artifacts", None).unwrap_err().contains("--artifacts-destination"));
-        assert!(artifact_root("file:///mlruns/1/abc/artifacts", Some(&d)).unwrap_err().contains("neither"));
-        assert!(artifact_root("mlflow-artifacts:/", Some(&d)).unwrap_err().contains("no path"));
+        assert_eq!(
+            artifact_root("mlflow-artifacts:/1/abc/artifacts", Some(&root)).unwrap(),
+            at("bucket", "1/abc/artifacts")
+        );
+        assert_eq!(
+            artifact_root("s3://runs/x/1/abc/artifacts", None).unwrap(),
+            at("runs", "x/1/abc/artifacts")
+        );
+        assert!(artifact_root("mlflow-artifacts:/1/abc/artifacts", None)
+            .unwrap_err()
+            .contains("--artifacts-destination"));
+        assert!(artifact_root("file:///mlruns/1/abc/artifacts", Some(&d))
+            .unwrap_err()
+            .contains("neither"));
+        assert!(artifact_root("mlflow-artifacts:/", Some(&d))
+            .unwrap_err()
+            .contains("no path"));
     }
 
     #[test]
     fn targets_keep_the_path_below_the_source_under_the_run_directory() {
-        let root = Location { bucket: "mlflow".into(), key: "artifacts/1/abc/artifacts".into() };
-        let target = Location { bucket: "mlflow".into(), key: root.child(&validate_to("checkpoints/").unwrap()) };
-        assert_eq!(target.child("epoch_1.pt"), "artifacts/1/abc/artifacts/checkpoints/epoch_1.pt");
-        assert_eq!(target.child("sub/epoch_2.pt"), "artifacts/1/abc/artifacts/checkpoints/sub/epoch_2.pt");
-        assert_eq!(root.child(&validate_to("").unwrap()), "artifacts/1/abc/artifacts");
+        let root = Location {
+            bucket: "mlflow".into(),
+            key: "artifacts/1/abc/artifacts".into(),
+        };
+        let target = Location {
+            bucket: "mlflow".into(),
+            key: root.child(&validate_to("checkpoints/").unwrap()),
+        };
+        assert_eq!(
+            target.child("epoch_1.pt"),
+            "artifacts/1/abc/artifacts/checkpoints/epoch_1.pt"
+        );
+        assert_eq!(
+            target.child("sub/epoch_2.pt"),
+            "artifacts/1/abc/artifacts/checkpoints/sub/epoch_2.pt"
+        );
+        assert_eq!(
+            root.child(&validate_to("").unwrap()),
+            "artifacts/1/abc/artifacts"
+        );
         assert_eq!(validate_to("/models/epochs/").unwrap(), "models/epochs");
         for bad in ["../other", "a/../b", "a//b", "./x", "a\\b"] {
             assert!(validate_to(bad).is_err(), "{bad}");
         }
         let mut existing = HashMap::new();
-        existing.insert("artifacts/1/abc/artifacts/checkpoints/a".to_owned(), object("artifacts/1/abc/artifacts/checkpoints/a", 3, Some("\"x\"")));
+        existing.insert(
+            "artifacts/1/abc/artifacts/checkpoints/a".to_owned(),
+            object("artifacts/1/abc/artifacts/checkpoints/a", 3, Some("\"x\"")),
+        );
         let tasks = plan(
-            vec![("a".into(), object("exp/a", 3, Some("\"x\""))), ("b".into(), object("exp/b", 10 << 20, None))],
+            vec![
+                ("a".into(), object("exp/a", 3, Some("\"x\""))),
+                ("b".into(), object("exp/b", 10 << 20, None)),
+            ],
             &target,
             &existing,
             8 << 20,
@@ -955,23 +1233,48 @@ mod tests {
         );
         assert!(tasks[0].already_there);
         assert!(!tasks[1].already_there);
-        assert_eq!(tasks[1].method, CopyMethod::Multipart { part_size: 5 << 20, parts: 2 });
+        assert_eq!(
+            tasks[1].method,
+            CopyMethod::Multipart {
+                part_size: 5 << 20,
+                parts: 2
+            }
+        );
     }
 
     #[test]
     fn a_target_inside_the_source_or_the_reverse_is_refused() {
-        let at = |bucket: &str, key: &str| Location { bucket: bucket.into(), key: key.into() };
-        assert!(check_overlap(&at("b", "exp"), &at("b", "artifacts/1/r/artifacts/checkpoints")).is_ok());
+        let at = |bucket: &str, key: &str| Location {
+            bucket: bucket.into(),
+            key: key.into(),
+        };
+        assert!(check_overlap(
+            &at("b", "exp"),
+            &at("b", "artifacts/1/r/artifacts/checkpoints")
+        )
+        .is_ok());
         assert!(check_overlap(&at("b", "exp"), &at("b", "exp-2/r")).is_ok());
-        assert!(check_overlap(&at("b", "artifacts"), &at("b", "artifacts/1/r/artifacts/checkpoints")).unwrap_err().contains("inside the source"));
-        assert!(check_overlap(&at("b", "artifacts/1/r/artifacts/checkpoints/x"), &at("b", "artifacts/1/r/artifacts/checkpoints")).is_err());
+        assert!(check_overlap(
+            &at("b", "artifacts"),
+            &at("b", "artifacts/1/r/artifacts/checkpoints")
+        )
+        .unwrap_err()
+        .contains("inside the source"));
+        assert!(check_overlap(
+            &at("b", "artifacts/1/r/artifacts/checkpoints/x"),
+            &at("b", "artifacts/1/r/artifacts/checkpoints")
+        )
+        .is_err());
         assert!(check_overlap(&at("a", "artifacts"), &at("b", "artifacts/1")).is_ok());
     }
 
     #[test]
     fn equal_size_means_already_there_unless_content_md5s_differ() {
         let a = object("a", 5, Some("\"d41d8cd98f00b204e9800998ecf8427e\""));
-        assert!(same_content(&a, &object("b", 5, Some("\"D41D8CD98F00B204E9800998ECF8427E\""))));
+        assert!(same_content(
+            &a,
+            &object("b", 5, Some("\"D41D8CD98F00B204E9800998ECF8427E\""))
+        ));
         assert!(same_content(&a, &object("b", 5, Some("\"abc-3\""))));
         assert!(same_content(&a, &object("b", 5, None)));
         assert!(!same_content(&a, &object("b", 5, Some("\"0123\""))));
@@ -981,17 +1284,28 @@ mod tests {
     #[test]
     fn large_objects_are_copied_in_ranges_that_cover_every_byte_once() {
         assert_eq!(copy_method(1 << 30, 1 << 30, 64 << 20), CopyMethod::Single);
-        assert_eq!(copy_method((1 << 30) + 1, 1 << 30, 64 << 20), CopyMethod::Multipart { part_size: 64 << 20, parts: 17 });
+        assert_eq!(
+            copy_method((1 << 30) + 1, 1 << 30, 64 << 20),
+            CopyMethod::Multipart {
+                part_size: 64 << 20,
+                parts: 17
+            }
+        );
         assert_eq!(part_ranges(12, 5), vec![(0, 4), (5, 9), (10, 11)]);
         assert_eq!(part_ranges(10, 5), vec![(0, 4), (5, 9)]);
         let huge = 1u64 << 40;
-        let CopyMethod::Multipart { parts, .. } = copy_method(huge, 5 << 30, 64 << 20) else { panic!("multipart") };
+        let CopyMethod::Multipart { parts, .. } = copy_method(huge, 5 << 30, 64 << 20) else {
+            panic!("multipart")
+        };
         assert!(parts <= 10_000);
     }
 
     #[test]
     fn copy_sources_encode_the_key_but_not_its_slashes() {
-        assert_eq!(copy_source("mlflow", "my exp/epoch 1+ä.pt"), "mlflow/my%20exp/epoch%201%2B%C3%A4.pt");
+        assert_eq!(
+            copy_source("mlflow", "my exp/epoch 1+ä.pt"),
+            "mlflow/my%20exp/epoch%201%2B%C3%A4.pt"
+        );
         assert_eq!(copy_source("b", "a-b_c.d~e/f"), "b/a-b_c.d~e/f");
     }
 
@@ -1003,13 +1317,23 @@ mod tests {
         assert_eq!(run.artifact_uri, "mlflow-artifacts:/1/abc/artifacts");
         let missing = br#"{"error_code": "RESOURCE_DOES_NOT_EXIST", "message": "Run with id=nope not found"}"#;
         let err = parse_run_answer(StatusCode::NOT_FOUND, missing, "nope", "http://m").unwrap_err();
-        assert!(err.contains("has no run \"nope\"") && err.contains("not found"), "{err}");
+        assert!(
+            err.contains("has no run \"nope\"") && err.contains("not found"),
+            "{err}"
+        );
         let err = parse_run_answer(StatusCode::UNAUTHORIZED, b"", "abc", "http://m").unwrap_err();
         assert!(err.contains("MLFLOW_TRACKING_TOKEN"), "{err}");
         let err = parse_run_answer(StatusCode::OK, b"<html>", "abc", "http://m").unwrap_err();
-        assert!(err.contains("is http://m an MLflow tracking server"), "{err}");
-        let err = parse_run_answer(StatusCode::BAD_GATEWAY, b"upstream down", "abc", "http://m").unwrap_err();
-        assert!(err.contains("502") && err.contains("upstream down"), "{err}");
+        assert!(
+            err.contains("is http://m an MLflow tracking server"),
+            "{err}"
+        );
+        let err = parse_run_answer(StatusCode::BAD_GATEWAY, b"upstream down", "abc", "http://m")
+            .unwrap_err();
+        assert!(
+            err.contains("502") && err.contains("upstream down"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -5,10 +5,10 @@ use std::fmt;
 use std::time::Duration;
 
 use aws_config::BehaviorVersion;
+use aws_sdk_s3::config::http::HttpResponse;
 use aws_sdk_s3::config::{
     Region, RequestChecksumCalculation, ResponseChecksumValidation, StalledStreamProtectionConfig,
 };
-use aws_sdk_s3::config::http::HttpResponse;
 use aws_sdk_s3::Client;
 
 use super::quirks::{Checksums, Quirks};
@@ -24,14 +24,17 @@ pub struct Destination {
 
 impl Destination {
     pub fn parse(uri: &str) -> Result<Self, String> {
-        let rest = uri
-            .strip_prefix("s3://")
-            .ok_or_else(|| format!("artifacts destination {uri:?} must be an s3://<bucket>/<prefix> URI"))?;
+        let rest = uri.strip_prefix("s3://").ok_or_else(|| {
+            format!("artifacts destination {uri:?} must be an s3://<bucket>/<prefix> URI")
+        })?;
         let (bucket, prefix) = rest.split_once('/').unwrap_or((rest, ""));
         if bucket.is_empty() {
             return Err(format!("artifacts destination {uri:?} names no bucket"));
         }
-        Ok(Self { bucket: bucket.to_owned(), prefix: prefix.trim_matches('/').to_owned() })
+        Ok(Self {
+            bucket: bucket.to_owned(),
+            prefix: prefix.trim_matches('/').to_owned(),
+        })
     }
 
     /// The object key for an artifact path relative to the destination (already validated).
@@ -112,19 +115,33 @@ pub struct Bucket {
 impl Bucket {
     pub async fn connect(settings: &S3Settings, destination: Destination) -> Bucket {
         let quirks = settings.quirks;
-        let region = settings.region.clone().unwrap_or_else(|| quirks.default_region.to_owned());
-        let shared = aws_config::defaults(BehaviorVersion::latest()).region(Region::new(region)).load().await;
+        let region = settings
+            .region
+            .clone()
+            .unwrap_or_else(|| quirks.default_region.to_owned());
+        let shared = aws_config::defaults(BehaviorVersion::latest())
+            .region(Region::new(region))
+            .load()
+            .await;
         let build = |endpoint: Option<&String>| {
             let (calculation, validation) = match quirks.checksums {
-                Checksums::WhenRequired => (RequestChecksumCalculation::WhenRequired, ResponseChecksumValidation::WhenRequired),
-                Checksums::WhenSupported => (RequestChecksumCalculation::WhenSupported, ResponseChecksumValidation::WhenSupported),
+                Checksums::WhenRequired => (
+                    RequestChecksumCalculation::WhenRequired,
+                    ResponseChecksumValidation::WhenRequired,
+                ),
+                Checksums::WhenSupported => (
+                    RequestChecksumCalculation::WhenSupported,
+                    ResponseChecksumValidation::WhenSupported,
+                ),
             };
             let mut builder = aws_sdk_s3::config::Builder::from(&shared)
                 .force_path_style(settings.path_style.unwrap_or(quirks.path_style))
                 .request_checksum_calculation(calculation)
                 .response_checksum_validation(validation)
                 .stalled_stream_protection(
-                    StalledStreamProtectionConfig::enabled().grace_period(settings.stall_grace).build(),
+                    StalledStreamProtectionConfig::enabled()
+                        .grace_period(settings.stall_grace)
+                        .build(),
                 );
             if let Some(url) = endpoint {
                 builder = builder.endpoint_url(url);
@@ -141,7 +158,10 @@ impl Bucket {
             presigner,
             destination,
             quirks,
-            endpoint: settings.endpoint_url.clone().unwrap_or_else(|| "AWS S3".to_owned()),
+            endpoint: settings
+                .endpoint_url
+                .clone()
+                .unwrap_or_else(|| "AWS S3".to_owned()),
         }
     }
 
@@ -158,14 +178,22 @@ mod tests {
     fn destinations_map_artifact_paths_to_keys_like_mlflow() {
         let d = Destination::parse("s3://mlflow/artifacts/").unwrap();
         assert_eq!(d.bucket, "mlflow");
-        assert_eq!(d.key("1/abc/artifacts/model.pt"), "artifacts/1/abc/artifacts/model.pt");
-        assert_eq!(d.dir_prefix("1/abc/artifacts"), "artifacts/1/abc/artifacts/");
+        assert_eq!(
+            d.key("1/abc/artifacts/model.pt"),
+            "artifacts/1/abc/artifacts/model.pt"
+        );
+        assert_eq!(
+            d.dir_prefix("1/abc/artifacts"),
+            "artifacts/1/abc/artifacts/"
+        );
         assert_eq!(d.dir_prefix(""), "artifacts/");
         assert_eq!(d.to_string(), "s3://mlflow/artifacts");
         let root = Destination::parse("s3://bucket").unwrap();
         assert_eq!(root.key("0/r/artifacts/a"), "0/r/artifacts/a");
         assert_eq!(root.dir_prefix(""), "");
-        assert!(Destination::parse("gs://b/p").unwrap_err().contains("s3://"));
+        assert!(Destination::parse("gs://b/p")
+            .unwrap_err()
+            .contains("s3://"));
         assert!(Destination::parse("s3:///p").is_err());
     }
 }
@@ -192,7 +220,10 @@ impl StoreError {
                 StoreError {
                     status: Some(service.raw().status().as_u16()),
                     code: inner.code().map(str::to_owned),
-                    message: inner.message().map(str::to_owned).unwrap_or_else(|| inner.to_string()),
+                    message: inner
+                        .message()
+                        .map(str::to_owned)
+                        .unwrap_or_else(|| inner.to_string()),
                 }
             }
             SdkError::ResponseError(response) => StoreError {
@@ -200,18 +231,29 @@ impl StoreError {
                 code: None,
                 message: root_message(&error),
             },
-            _ => StoreError { status: None, code: None, message: root_message(&error) },
+            _ => StoreError {
+                status: None,
+                code: None,
+                message: root_message(&error),
+            },
         }
     }
 
     /// The store could not be reached, or asked to slow down: worth a retry.
     pub fn is_transient(&self) -> bool {
         self.status.is_none_or(|s| s == 503 || s == 500)
-            || matches!(self.code.as_deref(), Some("SlowDown" | "ServiceUnavailable" | "RequestTimeout" | "InternalError"))
+            || matches!(
+                self.code.as_deref(),
+                Some("SlowDown" | "ServiceUnavailable" | "RequestTimeout" | "InternalError")
+            )
     }
 
     pub fn is_not_found(&self) -> bool {
-        self.status == Some(404) || matches!(self.code.as_deref(), Some("NoSuchKey" | "NotFound" | "NoSuchUpload"))
+        self.status == Some(404)
+            || matches!(
+                self.code.as_deref(),
+                Some("NoSuchKey" | "NotFound" | "NoSuchUpload")
+            )
     }
 }
 

@@ -51,9 +51,16 @@ pub async fn upload(
     length: Option<u64>,
     limits: UploadLimits,
 ) -> Result<u64, UploadError> {
-    let mut reader = BodyReader { stream: body.into_data_stream(), carry: None, total: 0, idle: limits.body_idle };
+    let mut reader = BodyReader {
+        stream: body.into_data_stream(),
+        carry: None,
+        total: 0,
+        idle: limits.body_idle,
+    };
     // Read one byte past the threshold to tell "exactly at the threshold" from "more to come".
-    let expected = length.map_or(limits.threshold, |n| n.min(limits.threshold as u64) as usize);
+    let expected = length.map_or(limits.threshold, |n| {
+        n.min(limits.threshold as u64) as usize
+    });
     let mut head = BytesMut::with_capacity(expected + 1);
     let eof = reader.fill(&mut head, limits.threshold + 1).await?;
     if eof && head.len() <= limits.threshold {
@@ -75,7 +82,9 @@ pub async fn upload(
     let part_size = part_size_for(length, limits.part_size);
     if let Some(n) = length {
         if n.div_ceil(part_size as u64) > MAX_PARTS {
-            return Err(UploadError::TooLarge { max: MAX_PARTS * MAX_PART_SIZE as u64 });
+            return Err(UploadError::TooLarge {
+                max: MAX_PARTS * MAX_PART_SIZE as u64,
+            });
         }
     }
     let created = bucket
@@ -88,11 +97,28 @@ pub async fn upload(
         .await
         .map_err(|e| UploadError::Store(StoreError::from_sdk(e)))?;
     let upload_id = created.upload_id().unwrap_or_default().to_owned();
-    let mut guard = AbortGuard { bucket: bucket.clone(), key: key.to_owned(), upload_id: upload_id.clone(), armed: true };
-    let result = send_parts(bucket, key, &upload_id, head, &mut reader, part_size, limits.concurrency, length).await;
+    let mut guard = AbortGuard {
+        bucket: bucket.clone(),
+        key: key.to_owned(),
+        upload_id: upload_id.clone(),
+        armed: true,
+    };
+    let result = send_parts(
+        bucket,
+        key,
+        &upload_id,
+        head,
+        &mut reader,
+        part_size,
+        limits.concurrency,
+        length,
+    )
+    .await;
     match result {
         Ok(parts) => {
-            let completed = CompletedMultipartUpload::builder().set_parts(Some(parts)).build();
+            let completed = CompletedMultipartUpload::builder()
+                .set_parts(Some(parts))
+                .build();
             match bucket
                 .client
                 .complete_multipart_upload()
@@ -148,7 +174,9 @@ async fn send_parts(
         }
         while pending.len() >= part_size || (eof && !pending.is_empty()) {
             if next_part as u64 > MAX_PARTS {
-                return Err(UploadError::TooLarge { max: MAX_PARTS * part_size as u64 });
+                return Err(UploadError::TooLarge {
+                    max: MAX_PARTS * part_size as u64,
+                });
             }
             while tasks.len() >= concurrency.max(1) {
                 let (part, buffer) = joined(tasks.join_next().await)?;
@@ -162,7 +190,13 @@ async fn send_parts(
                 next.clear();
                 std::mem::replace(&mut pending, next).freeze()
             };
-            tasks.spawn(upload_part(bucket.clone(), key.to_owned(), upload_id.to_owned(), next_part, part));
+            tasks.spawn(upload_part(
+                bucket.clone(),
+                key.to_owned(),
+                upload_id.to_owned(),
+                next_part,
+                part,
+            ));
             next_part += 1;
         }
         if eof {
@@ -183,12 +217,26 @@ fn joined(
     match result {
         Some(Ok(Ok(part))) => Ok(part),
         Some(Ok(Err(e))) => Err(UploadError::Store(e)),
-        Some(Err(e)) => Err(UploadError::Store(StoreError { status: None, code: None, message: format!("part upload task failed: {e}") })),
-        None => Err(UploadError::Store(StoreError { status: None, code: None, message: "no part upload in flight".into() })),
+        Some(Err(e)) => Err(UploadError::Store(StoreError {
+            status: None,
+            code: None,
+            message: format!("part upload task failed: {e}"),
+        })),
+        None => Err(UploadError::Store(StoreError {
+            status: None,
+            code: None,
+            message: "no part upload in flight".into(),
+        })),
     }
 }
 
-async fn upload_part(bucket: Bucket, key: String, upload_id: String, number: i32, data: Bytes) -> PartOutcome {
+async fn upload_part(
+    bucket: Bucket,
+    key: String,
+    upload_id: String,
+    number: i32,
+    data: Bytes,
+) -> PartOutcome {
     let len = data.len() as i64;
     let keep = data.clone();
     let out = bucket
@@ -203,7 +251,10 @@ async fn upload_part(bucket: Bucket, key: String, upload_id: String, number: i32
         .send()
         .await
         .map_err(StoreError::from_sdk)?;
-    let part = CompletedPart::builder().part_number(number).set_e_tag(out.e_tag().map(str::to_owned)).build();
+    let part = CompletedPart::builder()
+        .part_number(number)
+        .set_e_tag(out.e_tag().map(str::to_owned))
+        .build();
     Ok((part, keep.try_into_mut().ok()))
 }
 
@@ -294,7 +345,11 @@ impl AbortGuard {
 impl Drop for AbortGuard {
     fn drop(&mut self) {
         if self.armed {
-            let (bucket, key, upload_id) = (self.bucket.clone(), std::mem::take(&mut self.key), std::mem::take(&mut self.upload_id));
+            let (bucket, key, upload_id) = (
+                self.bucket.clone(),
+                std::mem::take(&mut self.key),
+                std::mem::take(&mut self.upload_id),
+            );
             if let Ok(handle) = tokio::runtime::Handle::try_current() {
                 handle.spawn(async move { abort(&bucket, &key, &upload_id).await });
             }
@@ -303,9 +358,19 @@ impl Drop for AbortGuard {
 }
 
 async fn abort(bucket: &Bucket, key: &str, upload_id: &str) {
-    match bucket.client.abort_multipart_upload().bucket(bucket.name()).key(key).upload_id(upload_id).send().await {
+    match bucket
+        .client
+        .abort_multipart_upload()
+        .bucket(bucket.name())
+        .key(key)
+        .upload_id(upload_id)
+        .send()
+        .await
+    {
         Ok(_) => tracing::info!(key, upload_id, "multipart upload aborted"),
-        Err(e) => tracing::warn!(key, upload_id, error = %StoreError::from_sdk(e), "aborting a multipart upload failed; the store's lifecycle rules must clean it up"),
+        Err(e) => {
+            tracing::warn!(key, upload_id, error = %StoreError::from_sdk(e), "aborting a multipart upload failed; the store's lifecycle rules must clean it up")
+        }
     }
 }
 
@@ -325,9 +390,15 @@ mod tests {
 
     #[tokio::test]
     async fn frames_are_split_at_part_boundaries_without_losing_bytes() {
-        let frames: Vec<Result<Bytes, std::io::Error>> = (0..10u8).map(|i| Ok(Bytes::from(vec![i; 7]))).collect();
+        let frames: Vec<Result<Bytes, std::io::Error>> =
+            (0..10u8).map(|i| Ok(Bytes::from(vec![i; 7]))).collect();
         let body = Body::from_stream(futures_util::stream::iter(frames));
-        let mut reader = BodyReader { stream: body.into_data_stream(), carry: None, total: 0, idle: std::time::Duration::from_secs(5) };
+        let mut reader = BodyReader {
+            stream: body.into_data_stream(),
+            carry: None,
+            total: 0,
+            idle: std::time::Duration::from_secs(5),
+        };
         let mut parts = Vec::new();
         loop {
             let mut buf = BytesMut::new();
@@ -339,7 +410,10 @@ mod tests {
                 break;
             }
         }
-        assert_eq!(parts.iter().map(Bytes::len).collect::<Vec<_>>(), vec![16, 16, 16, 16, 6]);
+        assert_eq!(
+            parts.iter().map(Bytes::len).collect::<Vec<_>>(),
+            vec![16, 16, 16, 16, 6]
+        );
         let joined: Vec<u8> = parts.concat();
         let expected: Vec<u8> = (0..10u8).flat_map(|i| vec![i; 7]).collect();
         assert_eq!(joined, expected);

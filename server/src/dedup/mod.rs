@@ -25,7 +25,10 @@ pub struct DedupConfig {
 impl Default for DedupConfig {
     fn default() -> Self {
         // MLflow samples every 10 s: renew on every sample, fail over after three missed ones.
-        Self { update_interval: Duration::from_secs(5), failover_timeout: Duration::from_secs(30) }
+        Self {
+            update_interval: Duration::from_secs(5),
+            failover_timeout: Duration::from_secs(30),
+        }
     }
 }
 
@@ -71,7 +74,12 @@ const CACHE_LIMIT: usize = 100_000;
 
 impl Deduplicator {
     pub fn new(store: Store, clock: Arc<dyn Clock>, config: DedupConfig) -> Self {
-        Self { store, clock, config, cache: Mutex::new(HashMap::new()) }
+        Self {
+            store,
+            clock,
+            config,
+            cache: Mutex::new(HashMap::new()),
+        }
     }
 
     pub fn config(&self) -> DedupConfig {
@@ -86,14 +94,26 @@ impl Deduplicator {
         }
         cache
             .entry((run_id.to_owned(), node.to_owned()))
-            .or_insert_with(|| Arc::new(tokio::sync::Mutex::new(CachedLease { lease: None, written_at: i64::MIN })))
+            .or_insert_with(|| {
+                Arc::new(tokio::sync::Mutex::new(CachedLease {
+                    lease: None,
+                    written_at: i64::MIN,
+                }))
+            })
             .clone()
     }
 
     /// Decides for a batch of node-wide samples from `rank` on `node`, whose steps span
     /// `first_step..=last_step`. A reporter's lease records the batch's last step (after offset)
     /// before the samples are forwarded.
-    pub async fn decide(&self, run_id: &str, node: &str, rank: i64, first_step: i64, last_step: i64) -> Result<(Decision, Event), StoreError> {
+    pub async fn decide(
+        &self,
+        run_id: &str,
+        node: &str,
+        rank: i64,
+        first_step: i64,
+        last_step: i64,
+    ) -> Result<(Decision, Event), StoreError> {
         let entry = self.entry(run_id, node);
         let mut cached = entry.lock().await;
         let now = self.clock.now_ms();
@@ -101,7 +121,10 @@ impl Deduplicator {
         let update = self.config.update_interval.as_millis() as i64;
 
         // A lease that looks expired here may have been renewed through another replica.
-        let stale = cached.lease.as_ref().is_none_or(|lease| now - lease.renewed_at > failover);
+        let stale = cached
+            .lease
+            .as_ref()
+            .is_none_or(|lease| now - lease.renewed_at > failover);
         if stale {
             cached.lease = self.store.lease(run_id, node).await?;
             cached.written_at = cached.lease.as_ref().map_or(i64::MIN, |l| l.renewed_at);
@@ -125,13 +148,26 @@ impl Deduplicator {
                     return Ok((Decision::Report { step_offset }, Event::None));
                 }
                 Some(lease) if now - lease.renewed_at <= failover => {
-                    return Ok((Decision::Standby { reporter: lease.reporter_rank }, Event::None));
+                    return Ok((
+                        Decision::Standby {
+                            reporter: lease.reporter_rank,
+                        },
+                        Event::None,
+                    ));
                 }
                 previous => {
                     let expired_before = now - failover;
-                    match self.store.elect(run_id, node, rank, now, expired_before, first_step).await? {
+                    match self
+                        .store
+                        .elect(run_id, node, rank, now, expired_before, first_step)
+                        .await?
+                    {
                         Some(mut lease) => {
-                            let event = if previous.is_some() || lease.epoch > 1 { Event::Failover } else { Event::Elected };
+                            let event = if previous.is_some() || lease.epoch > 1 {
+                                Event::Failover
+                            } else {
+                                Event::Elected
+                            };
                             let step_offset = lease.step_offset;
                             lease.last_step = lease.last_step.max(last_step + step_offset);
                             // Record the first batch's steps at once: a handover right after
@@ -144,7 +180,8 @@ impl Deduplicator {
                         None => {
                             // Another replica elected someone in the meantime.
                             cached.lease = self.store.lease(run_id, node).await?;
-                            cached.written_at = cached.lease.as_ref().map_or(i64::MIN, |l| l.renewed_at);
+                            cached.written_at =
+                                cached.lease.as_ref().map_or(i64::MIN, |l| l.renewed_at);
                         }
                     }
                 }
@@ -168,47 +205,89 @@ mod tests {
 
     async fn setup(config: DedupConfig) -> (Deduplicator, ManualClock, tempfile::TempDir) {
         let dir = tempfile::tempdir().unwrap();
-        let store = Store::open(&format!("sqlite://{}/s.db", dir.path().display())).await.unwrap();
+        let store = Store::open(&format!("sqlite://{}/s.db", dir.path().display()))
+            .await
+            .unwrap();
         let clock = ManualClock::new(1_800_000_000_000);
-        (Deduplicator::new(store, Arc::new(clock.clone()), config), clock, dir)
+        (
+            Deduplicator::new(store, Arc::new(clock.clone()), config),
+            clock,
+            dir,
+        )
     }
 
-    const CONFIG: DedupConfig = DedupConfig { update_interval: Duration::from_secs(5), failover_timeout: Duration::from_secs(30) };
+    const CONFIG: DedupConfig = DedupConfig {
+        update_interval: Duration::from_secs(5),
+        failover_timeout: Duration::from_secs(30),
+    };
 
     #[tokio::test]
     async fn the_first_rank_reports_and_the_others_stand_by() {
         let (dedup, clock, _dir) = setup(CONFIG).await;
-        assert_eq!(dedup.decide("run", "n1", 0, 0, 0).await.unwrap(), (Decision::Report { step_offset: 0 }, Event::Elected));
+        assert_eq!(
+            dedup.decide("run", "n1", 0, 0, 0).await.unwrap(),
+            (Decision::Report { step_offset: 0 }, Event::Elected)
+        );
         for rank in 1..4 {
-            assert_eq!(dedup.decide("run", "n1", rank, 0, 0).await.unwrap().0, Decision::Standby { reporter: 0 });
+            assert_eq!(
+                dedup.decide("run", "n1", rank, 0, 0).await.unwrap().0,
+                Decision::Standby { reporter: 0 }
+            );
         }
         // Another node of the same run elects its own reporter.
-        assert_eq!(dedup.decide("run", "n2", 5, 0, 0).await.unwrap().0, Decision::Report { step_offset: 0 });
+        assert_eq!(
+            dedup.decide("run", "n2", 5, 0, 0).await.unwrap().0,
+            Decision::Report { step_offset: 0 }
+        );
         clock.advance(Duration::from_secs(10));
-        assert_eq!(dedup.decide("run", "n1", 0, 1, 1).await.unwrap().0, Decision::Report { step_offset: 0 });
-        assert_eq!(dedup.decide("run", "n1", 2, 1, 1).await.unwrap().0, Decision::Standby { reporter: 0 });
+        assert_eq!(
+            dedup.decide("run", "n1", 0, 1, 1).await.unwrap().0,
+            Decision::Report { step_offset: 0 }
+        );
+        assert_eq!(
+            dedup.decide("run", "n1", 2, 1, 1).await.unwrap().0,
+            Decision::Standby { reporter: 0 }
+        );
     }
 
     #[tokio::test]
     async fn a_silent_reporter_is_replaced_after_the_failover_timeout_and_steps_continue() {
         let (dedup, clock, _dir) = setup(CONFIG).await;
         for step in 0..=20 {
-            assert_eq!(dedup.decide("run", "n1", 0, step, step).await.unwrap().0, Decision::Report { step_offset: 0 });
-            assert!(matches!(dedup.decide("run", "n1", 1, step + 3, step + 3).await.unwrap().0, Decision::Standby { .. }));
+            assert_eq!(
+                dedup.decide("run", "n1", 0, step, step).await.unwrap().0,
+                Decision::Report { step_offset: 0 }
+            );
+            assert!(matches!(
+                dedup
+                    .decide("run", "n1", 1, step + 3, step + 3)
+                    .await
+                    .unwrap()
+                    .0,
+                Decision::Standby { .. }
+            ));
             clock.advance(Duration::from_secs(10));
         }
         // Rank 0 goes silent. Until the timeout has passed rank 1 stays standby...
         clock.advance(Duration::from_secs(10));
-        assert!(matches!(dedup.decide("run", "n1", 1, 25, 25).await.unwrap().0, Decision::Standby { reporter: 0 }));
+        assert!(matches!(
+            dedup.decide("run", "n1", 1, 25, 25).await.unwrap().0,
+            Decision::Standby { reporter: 0 }
+        ));
         clock.advance(Duration::from_secs(11));
         // ...then takes over, its step 26 continuing after rank 0's last step 20.
         let (decision, event) = dedup.decide("run", "n1", 1, 26, 26).await.unwrap();
         assert_eq!(event, Event::Failover);
-        let Decision::Report { step_offset } = decision else { panic!("{decision:?}") };
+        let Decision::Report { step_offset } = decision else {
+            panic!("{decision:?}")
+        };
         assert!(26 + step_offset > 20, "offset {step_offset}");
         // The old reporter, back from the dead, is refused.
         clock.advance(Duration::from_secs(1));
-        assert_eq!(dedup.decide("run", "n1", 0, 21, 21).await.unwrap().0, Decision::Standby { reporter: 1 });
+        assert_eq!(
+            dedup.decide("run", "n1", 0, 21, 21).await.unwrap().0,
+            Decision::Standby { reporter: 1 }
+        );
     }
 
     #[tokio::test]
@@ -225,20 +304,57 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let url = format!("sqlite://{}/s.db", dir.path().display());
         let clock = ManualClock::new(1_800_000_000_000);
-        let a = Deduplicator::new(Store::open(&url).await.unwrap(), Arc::new(clock.clone()), CONFIG);
-        let b = Deduplicator::new(Store::open(&url).await.unwrap(), Arc::new(clock.clone()), CONFIG);
+        let a = Deduplicator::new(
+            Store::open(&url).await.unwrap(),
+            Arc::new(clock.clone()),
+            CONFIG,
+        );
+        let b = Deduplicator::new(
+            Store::open(&url).await.unwrap(),
+            Arc::new(clock.clone()),
+            CONFIG,
+        );
         // Ranks 0 and 1 race on two replicas.
         let (ra, rb) = tokio::join!(a.decide("run", "n", 0, 0, 0), b.decide("run", "n", 1, 0, 0));
-        let reporters: Vec<_> = [ra.unwrap().0, rb.unwrap().0].into_iter().filter(|d| matches!(d, Decision::Report { .. })).collect();
+        let reporters: Vec<_> = [ra.unwrap().0, rb.unwrap().0]
+            .into_iter()
+            .filter(|d| matches!(d, Decision::Report { .. }))
+            .collect();
         assert_eq!(reporters.len(), 1);
         // Rank 0 sends alternately through both replicas; rank 1 never gets the seat.
-        let reporter = if matches!(a.decide("run", "n", 0, 1, 1).await.unwrap().0, Decision::Report { .. }) { 0 } else { 1 };
+        let reporter = if matches!(
+            a.decide("run", "n", 0, 1, 1).await.unwrap().0,
+            Decision::Report { .. }
+        ) {
+            0
+        } else {
+            1
+        };
         for step in 2..40 {
             clock.advance(Duration::from_secs(10));
             let via = if step % 2 == 0 { &a } else { &b };
-            assert!(matches!(via.decide("run", "n", reporter, step, step).await.unwrap().0, Decision::Report { .. }), "step {step}");
+            assert!(
+                matches!(
+                    via.decide("run", "n", reporter, step, step)
+                        .await
+                        .unwrap()
+                        .0,
+                    Decision::Report { .. }
+                ),
+                "step {step}"
+            );
             let other = if step % 2 == 0 { &b } else { &a };
-            assert!(matches!(other.decide("run", "n", 1 - reporter, step, step).await.unwrap().0, Decision::Standby { .. }), "step {step}");
+            assert!(
+                matches!(
+                    other
+                        .decide("run", "n", 1 - reporter, step, step)
+                        .await
+                        .unwrap()
+                        .0,
+                    Decision::Standby { .. }
+                ),
+                "step {step}"
+            );
         }
     }
 }

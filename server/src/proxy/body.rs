@@ -47,7 +47,13 @@ pin_project_lite::pin_project! {
 
 impl<B> StreamingBody<B> {
     pub fn new(inner: B, idle: Duration, direction: Direction) -> Self {
-        Self { inner, idle, direction, sleep: Box::pin(tokio::time::sleep(idle)), guard: None }
+        Self {
+            inner,
+            idle,
+            direction,
+            sleep: Box::pin(tokio::time::sleep(idle)),
+            guard: None,
+        }
     }
 
     pub fn with_guard(mut self, guard: Guard) -> Self {
@@ -64,7 +70,10 @@ where
     type Data = Bytes;
     type Error = BoxError;
 
-    fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         let this = self.project();
         match this.inner.poll_frame(cx) {
             Poll::Ready(Some(Ok(frame))) => {
@@ -79,7 +88,10 @@ where
             }
             Poll::Pending => {
                 ready!(this.sleep.as_mut().poll(cx));
-                Poll::Ready(Some(Err(Box::new(IdleTimeoutError { direction: *this.direction, after: *this.idle }))))
+                Poll::Ready(Some(Err(Box::new(IdleTimeoutError {
+                    direction: *this.direction,
+                    after: *this.idle,
+                }))))
             }
         }
     }
@@ -120,13 +132,24 @@ mod tests {
                 return None;
             }
             tokio::time::sleep(Duration::from_secs(4)).await;
-            Some((Ok::<_, Infallible>(Frame::data(Bytes::from_static(b"x"))), i + 1))
+            Some((
+                Ok::<_, Infallible>(Frame::data(Bytes::from_static(b"x"))),
+                i + 1,
+            ))
         });
-        let body = StreamingBody::new(StreamBody::new(moving), Duration::from_secs(5), Direction::Request);
+        let body = StreamingBody::new(
+            StreamBody::new(moving),
+            Duration::from_secs(5),
+            Direction::Request,
+        );
         assert_eq!(body.collect().await.unwrap().to_bytes().len(), 10);
 
         let stalled = stream::pending::<Result<Frame<Bytes>, Infallible>>();
-        let body = StreamingBody::new(StreamBody::new(stalled), Duration::from_secs(5), Direction::Response);
+        let body = StreamingBody::new(
+            StreamBody::new(stalled),
+            Duration::from_secs(5),
+            Direction::Response,
+        );
         let err = body.collect().await.unwrap_err();
         let idle = find_idle_timeout(err.as_ref()).expect("idle timeout error");
         assert_eq!(idle.direction, Direction::Response);
@@ -136,8 +159,12 @@ mod tests {
     async fn the_guard_is_released_when_the_body_ends() {
         let (tx, mut rx) = tokio::sync::mpsc::channel::<()>(1);
         struct Signal(#[allow(dead_code)] tokio::sync::mpsc::Sender<()>);
-        let body = StreamingBody::new(http_body_util::Full::new(Bytes::from_static(b"abc")), Duration::from_secs(5), Direction::Response)
-            .with_guard(Box::new(Signal(tx)));
+        let body = StreamingBody::new(
+            http_body_util::Full::new(Bytes::from_static(b"abc")),
+            Duration::from_secs(5),
+            Direction::Response,
+        )
+        .with_guard(Box::new(Signal(tx)));
         let bytes = body.collect().await.unwrap().to_bytes();
         assert_eq!(&bytes[..], b"abc");
         assert!(rx.recv().await.is_none(), "sender dropped with the guard");

@@ -45,7 +45,10 @@ pub fn request_id(headers: &HeaderMap) -> HeaderValue {
         .get(&X_REQUEST_ID)
         .filter(|v| !v.is_empty() && v.len() <= 128 && v.to_str().is_ok())
         .cloned()
-        .unwrap_or_else(|| HeaderValue::try_from(uuid::Uuid::new_v4().to_string()).expect("a UUID is a valid header value"))
+        .unwrap_or_else(|| {
+            HeaderValue::try_from(uuid::Uuid::new_v4().to_string())
+                .expect("a UUID is a valid header value")
+        })
 }
 
 /// Prepares a client request's headers for the upstream.
@@ -72,7 +75,11 @@ pub(crate) fn to_upstream(
             }
         }
         HostHeader::Upstream => {
-            headers.insert(header::HOST, HeaderValue::from_str(upstream.as_str()).expect("an authority is a valid header value"));
+            headers.insert(
+                header::HOST,
+                HeaderValue::from_str(upstream.as_str())
+                    .expect("an authority is a valid header value"),
+            );
             if let Some(host) = client_host {
                 if !headers.contains_key(&X_FORWARDED_HOST) {
                     headers.insert(X_FORWARDED_HOST.clone(), host);
@@ -104,7 +111,10 @@ mod tests {
     fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
         let mut map = HeaderMap::new();
         for (k, v) in pairs {
-            map.append(HeaderName::from_bytes(k.as_bytes()).unwrap(), HeaderValue::from_str(v).unwrap());
+            map.append(
+                HeaderName::from_bytes(k.as_bytes()).unwrap(),
+                HeaderValue::from_str(v).unwrap(),
+            );
         }
         map
     }
@@ -129,10 +139,22 @@ mod tests {
 
     #[test]
     fn host_is_preserved_and_forwarded_chain_extended() {
-        let mut h = headers(&[("host", "mlflow.example:443"), ("x-forwarded-for", "10.0.0.1"), ("x-forwarded-proto", "https"), ("expect", "100-continue")]);
+        let mut h = headers(&[
+            ("host", "mlflow.example:443"),
+            ("x-forwarded-for", "10.0.0.1"),
+            ("x-forwarded-proto", "https"),
+            ("expect", "100-continue"),
+        ]);
         let upstream: http::uri::Authority = "127.0.0.1:5000".parse().unwrap();
         let id = HeaderValue::from_static("req-1");
-        to_upstream(&mut h, "192.0.2.7:5555".parse().unwrap(), None, HostHeader::Preserve, &upstream, &id);
+        to_upstream(
+            &mut h,
+            "192.0.2.7:5555".parse().unwrap(),
+            None,
+            HostHeader::Preserve,
+            &upstream,
+            &id,
+        );
         assert_eq!(h["host"], "mlflow.example:443");
         assert_eq!(h["x-forwarded-for"], "10.0.0.1, 192.0.2.7");
         assert_eq!(h["x-forwarded-proto"], "https");
@@ -140,7 +162,14 @@ mod tests {
         assert!(!h.contains_key("expect"));
 
         let mut h = headers(&[("host", "gateway:80")]);
-        to_upstream(&mut h, "127.0.0.1:1".parse().unwrap(), None, HostHeader::Upstream, &upstream, &id);
+        to_upstream(
+            &mut h,
+            "127.0.0.1:1".parse().unwrap(),
+            None,
+            HostHeader::Upstream,
+            &upstream,
+            &id,
+        );
         assert_eq!(h["host"], "127.0.0.1:5000");
         assert_eq!(h["x-forwarded-host"], "gateway:80");
         assert_eq!(h["x-forwarded-proto"], "http");
@@ -150,7 +179,10 @@ mod tests {
     fn request_ids_are_kept_when_sane_and_generated_otherwise() {
         assert_eq!(request_id(&headers(&[("x-request-id", "abc")])), "abc");
         let long = "x".repeat(200);
-        assert_ne!(request_id(&headers(&[("x-request-id", &long)])), long.as_str());
+        assert_ne!(
+            request_id(&headers(&[("x-request-id", &long)])),
+            long.as_str()
+        );
         assert_eq!(request_id(&HeaderMap::new()).len(), 36);
     }
 }

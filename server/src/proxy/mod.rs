@@ -28,8 +28,8 @@ use crate::app::AppState;
 use crate::artifacts::legacy_listing as listing_filter;
 use crate::artifacts::ArtifactOp;
 use crate::config::{Config, HostHeader, Timeouts, Upstream};
-use crate::rewrite::body::Endpoint;
 use crate::error::ProxyError;
+use crate::rewrite::body::Endpoint;
 use crate::telemetry::{ErrorLabels, Metrics, RequestLabels, RouteLabels};
 
 type UpstreamBody = StreamingBody<Body>;
@@ -73,27 +73,66 @@ impl Forwarder {
 
     /// Sends one request upstream and returns its response with a streaming body. Errors are
     /// classified by the side that failed; the caller turns them into a response.
-    pub async fn send(&self, request: Request, peer: SocketAddr, request_id: &HeaderValue) -> Result<Response, ProxyError> {
-        let permit = self.permits.clone().try_acquire_owned().map_err(|_| ProxyError::Overloaded { limit: self.max_in_flight })?;
+    pub async fn send(
+        &self,
+        request: Request,
+        peer: SocketAddr,
+        request_id: &HeaderValue,
+    ) -> Result<Response, ProxyError> {
+        let permit =
+            self.permits
+                .clone()
+                .try_acquire_owned()
+                .map_err(|_| ProxyError::Overloaded {
+                    limit: self.max_in_flight,
+                })?;
         let guard = InFlight::new(&self.metrics, permit);
         let (mut parts, body) = request.into_parts();
-        let path_and_query = parts.uri.path_and_query().map(|pq| pq.as_str()).unwrap_or("/");
-        let uri = self.upstream.uri_for(path_and_query).map_err(|e| ProxyError::Internal { reason: e.to_string() })?;
-        headers::to_upstream(&mut parts.headers, peer, parts.uri.authority(), self.host_header, &self.upstream.authority, request_id);
+        let path_and_query = parts
+            .uri
+            .path_and_query()
+            .map(|pq| pq.as_str())
+            .unwrap_or("/");
+        let uri = self
+            .upstream
+            .uri_for(path_and_query)
+            .map_err(|e| ProxyError::Internal {
+                reason: e.to_string(),
+            })?;
+        headers::to_upstream(
+            &mut parts.headers,
+            peer,
+            parts.uri.authority(),
+            self.host_header,
+            &self.upstream.authority,
+            request_id,
+        );
         parts.uri = uri;
         parts.version = http::Version::HTTP_11;
-        let upstream_request = http::Request::from_parts(parts, StreamingBody::new(body, self.timeouts.body_idle, Direction::Request));
+        let upstream_request = http::Request::from_parts(
+            parts,
+            StreamingBody::new(body, self.timeouts.body_idle, Direction::Request),
+        );
 
-        let response = match tokio::time::timeout(self.timeouts.response_headers, self.client.request(upstream_request)).await {
+        let response = match tokio::time::timeout(
+            self.timeouts.response_headers,
+            self.client.request(upstream_request),
+        )
+        .await
+        {
             Ok(Ok(response)) => response,
             Ok(Err(e)) => return Err(self.classify(&e)),
             Err(_) => {
-                return Err(ProxyError::UpstreamResponseTimeout { upstream: self.upstream.url(), after: self.timeouts.response_headers })
+                return Err(ProxyError::UpstreamResponseTimeout {
+                    upstream: self.upstream.url(),
+                    after: self.timeouts.response_headers,
+                })
             }
         };
         let (mut parts, body) = response.into_parts();
         strip_hop_by_hop(&mut parts.headers);
-        let body = StreamingBody::new(body, self.timeouts.body_idle, Direction::Response).with_guard(Box::new(guard));
+        let body = StreamingBody::new(body, self.timeouts.body_idle, Direction::Response)
+            .with_guard(Box::new(guard));
         Ok(Response::from_parts(parts, Body::new(body)))
     }
 
@@ -108,8 +147,14 @@ impl Forwarder {
         json: Option<serde_json::Value>,
     ) -> Result<(http::StatusCode, bytes::Bytes), String> {
         use http_body_util::BodyExt;
-        let uri = self.upstream.uri_for(path_and_query).map_err(|e| e.to_string())?;
-        let mut builder = http::Request::builder().method(method).uri(uri).header(http::header::HOST, self.upstream.authority.as_str());
+        let uri = self
+            .upstream
+            .uri_for(path_and_query)
+            .map_err(|e| e.to_string())?;
+        let mut builder = http::Request::builder()
+            .method(method)
+            .uri(uri)
+            .header(http::header::HOST, self.upstream.authority.as_str());
         for name in [http::header::AUTHORIZATION, http::header::COOKIE] {
             if let Some(value) = client_headers.get(&name) {
                 builder = builder.header(name, value);
@@ -123,10 +168,18 @@ impl Forwarder {
             None => Body::empty(),
         };
         let request = builder
-            .body(StreamingBody::new(body, self.timeouts.body_idle, Direction::Request))
+            .body(StreamingBody::new(
+                body,
+                self.timeouts.body_idle,
+                Direction::Request,
+            ))
             .map_err(|e| e.to_string())?;
         let exchange = async {
-            let response = self.client.request(request).await.map_err(|e| root_cause(&e).to_string())?;
+            let response = self
+                .client
+                .request(request)
+                .await
+                .map_err(|e| root_cause(&e).to_string())?;
             let status = response.status();
             let body = http_body_util::Limited::new(response.into_body(), 16 << 20)
                 .collect()
@@ -136,8 +189,14 @@ impl Forwarder {
             Ok::<_, String>((status, body))
         };
         match tokio::time::timeout(self.timeouts.response_headers, exchange).await {
-            Ok(result) => result.map_err(|e| format!("MLflow at {} did not answer: {e}", self.upstream.url())),
-            Err(_) => Err(format!("MLflow at {} did not answer within {:?}", self.upstream.url(), self.timeouts.response_headers)),
+            Ok(result) => {
+                result.map_err(|e| format!("MLflow at {} did not answer: {e}", self.upstream.url()))
+            }
+            Err(_) => Err(format!(
+                "MLflow at {} did not answer within {:?}",
+                self.upstream.url(),
+                self.timeouts.response_headers
+            )),
         }
     }
 
@@ -145,7 +204,9 @@ impl Forwarder {
     pub async fn probe(&self, path: &str) -> Result<http::StatusCode, String> {
         let uri = self.upstream.uri_for(path).map_err(|e| e.to_string())?;
         let body = StreamingBody::new(Body::empty(), self.timeouts.body_idle, Direction::Request);
-        let request = http::Request::get(uri).body(body).map_err(|e| e.to_string())?;
+        let request = http::Request::get(uri)
+            .body(body)
+            .map_err(|e| e.to_string())?;
         match self.client.request(request).await {
             Ok(response) => Ok(response.status()),
             Err(e) => Err(root_cause(&e).to_string()),
@@ -159,21 +220,34 @@ impl Forwarder {
         }
         let root = root_cause(error);
         if error.is_connect() {
-            if root.downcast_ref::<std::io::Error>().is_some_and(|io| io.kind() == std::io::ErrorKind::TimedOut)
+            if root
+                .downcast_ref::<std::io::Error>()
+                .is_some_and(|io| io.kind() == std::io::ErrorKind::TimedOut)
                 || root.to_string().contains("timed out")
             {
-                return ProxyError::UpstreamConnectTimeout { upstream, after: self.timeouts.connect };
+                return ProxyError::UpstreamConnectTimeout {
+                    upstream,
+                    after: self.timeouts.connect,
+                };
             }
-            return ProxyError::UpstreamConnect { upstream, reason: root.to_string() };
+            return ProxyError::UpstreamConnect {
+                upstream,
+                reason: root.to_string(),
+            };
         }
         // A request body that failed on the client's side (disconnect, bad chunking) surfaces
         // here as a hyper "user body" error.
         if let Some(hyper_error) = find_in_chain::<hyper::Error>(error) {
             if hyper_error.is_user() {
-                return ProxyError::ClientBody { reason: root.to_string() };
+                return ProxyError::ClientBody {
+                    reason: root.to_string(),
+                };
             }
         }
-        ProxyError::UpstreamReset { upstream, reason: root.to_string() }
+        ProxyError::UpstreamReset {
+            upstream,
+            reason: root.to_string(),
+        }
     }
 }
 
@@ -206,7 +280,10 @@ struct InFlight {
 impl InFlight {
     fn new(metrics: &Metrics, permit: OwnedSemaphorePermit) -> Self {
         metrics.in_flight.inc();
-        Self { metrics: metrics.clone(), _permit: permit }
+        Self {
+            metrics: metrics.clone(),
+            _permit: permit,
+        }
     }
 }
 
@@ -218,7 +295,11 @@ impl Drop for InFlight {
 
 /// The fallback handler: lets the metrics rewriter inspect metrics requests, forwards, records
 /// metrics and logs one line per request.
-pub async fn forward(State(state): State<AppState>, ConnectInfo(peer): ConnectInfo<SocketAddr>, request: Request) -> Response {
+pub async fn forward(
+    State(state): State<AppState>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    request: Request,
+) -> Response {
     let forwarder = &state.forwarder;
     let started = Instant::now();
     let route = RouteClass::of(request.uri().path());
@@ -226,21 +307,35 @@ pub async fn forward(State(state): State<AppState>, ConnectInfo(peer): ConnectIn
     let id = request_id(request.headers());
     let span = tracing::info_span!("request", request_id = id.to_str().unwrap_or_default(), route = route.as_str(), method = %method, path = request.uri().path());
     async move {
-        let gateway_op = state.artifacts.as_ref().and_then(|g| ArtifactOp::of(request.method(), request.uri().path()).map(|op| (g, op)));
-        let legacy_listing = listing_filter::applies(route, request.method(), request.uri().path()).then(|| request.uri().clone());
-        let answered_by = if gateway_op.is_some() { "artifact_store" } else { "upstream" };
+        let gateway_op = state
+            .artifacts
+            .as_ref()
+            .and_then(|g| ArtifactOp::of(request.method(), request.uri().path()).map(|op| (g, op)));
+        let legacy_listing = listing_filter::applies(route, request.method(), request.uri().path())
+            .then(|| request.uri().clone());
+        let answered_by = if gateway_op.is_some() {
+            "artifact_store"
+        } else {
+            "upstream"
+        };
         let result = if let Some((gateway, op)) = gateway_op {
             Ok(gateway.serve(op, request).await)
         } else {
             let prepared = match (route, request.method() == http::Method::POST) {
-                (RouteClass::LogBatch, true) => state.rewriter.prepare(request, Endpoint::LogBatch).await,
-                (RouteClass::LogMetric, true) => state.rewriter.prepare(request, Endpoint::LogMetric).await,
+                (RouteClass::LogBatch, true) => {
+                    state.rewriter.prepare(request, Endpoint::LogBatch).await
+                }
+                (RouteClass::LogMetric, true) => {
+                    state.rewriter.prepare(request, Endpoint::LogMetric).await
+                }
                 _ => Ok(request),
             };
             match prepared {
                 Ok(request) => match forwarder.send(request, peer, &id).await {
                     Ok(response) => match &legacy_listing {
-                        Some(uri) => listing_filter::filter(response, uri, forwarder.upstream()).await,
+                        Some(uri) => {
+                            listing_filter::filter(response, uri, forwarder.upstream()).await
+                        }
                         None => Ok(response),
                     },
                     other => other,
@@ -252,18 +347,41 @@ pub async fn forward(State(state): State<AppState>, ConnectInfo(peer): ConnectIn
             Ok(response) => response,
             Err(error) => {
                 if let Some(kind) = error.kind() {
-                    forwarder.metrics.upstream_errors.get_or_create(&ErrorLabels { kind }).inc();
+                    forwarder
+                        .metrics
+                        .upstream_errors
+                        .get_or_create(&ErrorLabels { kind })
+                        .inc();
                 }
                 tracing::warn!(status = error.status().as_u16(), error = %error, "request failed");
                 error.into_response()
             }
         };
-        response.headers_mut().insert(X_REQUEST_ID.clone(), id.clone());
+        response
+            .headers_mut()
+            .insert(X_REQUEST_ID.clone(), id.clone());
         let status = response.status().as_u16();
         let elapsed = started.elapsed();
-        forwarder.metrics.latency.get_or_create(&RouteLabels { route }).observe(elapsed.as_secs_f64());
-        forwarder.metrics.requests.get_or_create(&RequestLabels { route, method: method.to_string(), status }).inc();
-        tracing::info!(status, latency_ms = elapsed.as_secs_f64() * 1e3, answered_by, "answered");
+        forwarder
+            .metrics
+            .latency
+            .get_or_create(&RouteLabels { route })
+            .observe(elapsed.as_secs_f64());
+        forwarder
+            .metrics
+            .requests
+            .get_or_create(&RequestLabels {
+                route,
+                method: method.to_string(),
+                status,
+            })
+            .inc();
+        tracing::info!(
+            status,
+            latency_ms = elapsed.as_secs_f64() * 1e3,
+            answered_by,
+            "answered"
+        );
         response
     }
     .instrument(span)

@@ -18,8 +18,16 @@ pub enum RouteClass {
 }
 
 /// Tracking API prefixes: the UI uses `/ajax-api`, newer endpoints also live under `/api/3.0`.
-const TRACKING_PREFIXES: [&str; 3] = ["/api/2.0/mlflow/", "/ajax-api/2.0/mlflow/", "/api/3.0/mlflow/"];
-const ARTIFACT_PREFIXES: [&str; 3] = ["/api/2.0/mlflow-artifacts/", "/ajax-api/2.0/mlflow-artifacts/", "/get-artifact"];
+const TRACKING_PREFIXES: [&str; 3] = [
+    "/api/2.0/mlflow/",
+    "/ajax-api/2.0/mlflow/",
+    "/api/3.0/mlflow/",
+];
+const ARTIFACT_PREFIXES: [&str; 3] = [
+    "/api/2.0/mlflow-artifacts/",
+    "/ajax-api/2.0/mlflow-artifacts/",
+    "/get-artifact",
+];
 
 impl RouteClass {
     pub fn as_str(self) -> &'static str {
@@ -81,7 +89,10 @@ mod tests {
             ("/api/2.0/mlflow/runs/log-metric", LogMetric),
             ("/api/2.0/mlflow/runs/get", Tracking),
             ("/api/3.0/mlflow/traces/search", Tracking),
-            ("/api/2.0/mlflow-artifacts/artifacts/0/r/artifacts/a.txt", Artifacts),
+            (
+                "/api/2.0/mlflow-artifacts/artifacts/0/r/artifacts/a.txt",
+                Artifacts,
+            ),
             ("/get-artifact", Artifacts),
             ("/graphql", Graphql),
             ("/health", Health),

@@ -101,7 +101,11 @@ pub enum Edit<'k> {
     Drop,
     /// Forward with a new key and/or step; `also_original` keeps a copy under the key the client
     /// sent (the migration period for existing dashboards).
-    Change { key: Option<&'k str>, step: Option<i64>, also_original: bool },
+    Change {
+        key: Option<&'k str>,
+        step: Option<i64>,
+        also_original: bool,
+    },
 }
 
 fn offset_in(text: &str, part: &str) -> Range<usize> {
@@ -111,7 +115,8 @@ fn offset_in(text: &str, part: &str) -> Range<usize> {
 }
 
 fn decode_string(raw: &RawValue, field: &str) -> Result<String, BodyError> {
-    serde_json::from_str::<String>(raw.get()).map_err(|_| BodyError::Unreadable(format!("{field} is not a string")))
+    serde_json::from_str::<String>(raw.get())
+        .map_err(|_| BodyError::Unreadable(format!("{field} is not a string")))
 }
 
 fn decode_step(raw: &RawValue) -> Result<(i64, bool), BodyError> {
@@ -127,9 +132,16 @@ fn decode_step(raw: &RawValue) -> Result<(i64, bool), BodyError> {
 }
 
 impl<'a> Metric<'a> {
-    fn read(text: &'a str, fields: MetricFields<'a>, span: Range<usize>) -> Result<Option<Self>, BodyError> {
-        let Some(key_raw) = fields.key else { return Ok(None) };
-        let key = serde_json::from_str::<Cow<'a, str>>(key_raw.get()).map_err(|_| BodyError::Unreadable("metric key is not a string".into()))?;
+    fn read(
+        text: &'a str,
+        fields: MetricFields<'a>,
+        span: Range<usize>,
+    ) -> Result<Option<Self>, BodyError> {
+        let Some(key_raw) = fields.key else {
+            return Ok(None);
+        };
+        let key = serde_json::from_str::<Cow<'a, str>>(key_raw.get())
+            .map_err(|_| BodyError::Unreadable("metric key is not a string".into()))?;
         let (step, step_quoted, step_span) = match fields.step {
             Some(raw) => {
                 let (step, quoted) = decode_step(raw)?;
@@ -152,7 +164,8 @@ impl<'a> Metric<'a> {
 
 impl<'a> MetricsBody<'a> {
     pub fn parse(body: &'a [u8], endpoint: Endpoint) -> Result<Self, BodyError> {
-        let text = std::str::from_utf8(body).map_err(|_| BodyError::Unreadable("not UTF-8".into()))?;
+        let text =
+            std::str::from_utf8(body).map_err(|_| BodyError::Unreadable("not UTF-8".into()))?;
         let envelope: Envelope<'a> = serde_json::from_str(text).map_err(|e| {
             let message = e.to_string();
             if message.starts_with("duplicate field") {
@@ -166,7 +179,11 @@ impl<'a> MetricsBody<'a> {
         })?;
 
         let mut run_ids = Vec::new();
-        for (name, raw) in [("run_id", envelope.run_id), ("run_uuid", envelope.run_uuid), ("runId", envelope.run_id_camel)] {
+        for (name, raw) in [
+            ("run_id", envelope.run_id),
+            ("run_uuid", envelope.run_uuid),
+            ("runId", envelope.run_id_camel),
+        ] {
             if let Some(raw) = raw {
                 run_ids.push((name, decode_string(raw, name)?, raw.get()));
             }
@@ -198,29 +215,46 @@ impl<'a> MetricsBody<'a> {
                 Some(raw) if raw.get() == "null" => (Vec::new(), None),
                 Some(raw) => {
                     let elements: Vec<&'a RawValue> =
-                        serde_json::from_str(raw.get()).map_err(|_| BodyError::Unreadable("metrics is not an array of objects".into()))?;
+                        serde_json::from_str(raw.get()).map_err(|_| {
+                            BodyError::Unreadable("metrics is not an array of objects".into())
+                        })?;
                     let mut metrics = Vec::with_capacity(elements.len());
                     for element in elements {
-                        let fields: MetricFields<'a> =
-                            serde_json::from_str(element.get()).map_err(|e| BodyError::Unreadable(format!("metric: {e}")))?;
+                        let fields: MetricFields<'a> = serde_json::from_str(element.get())
+                            .map_err(|e| BodyError::Unreadable(format!("metric: {e}")))?;
                         match Metric::read(text, fields, offset_in(text, element.get()))? {
                             Some(metric) => metrics.push(metric),
                             // A metric without a key is MLflow's to reject; leave the body alone.
-                            None => return Err(BodyError::Unreadable("metric without a key".into())),
+                            None => {
+                                return Err(BodyError::Unreadable("metric without a key".into()))
+                            }
                         }
                     }
                     (metrics, Some(offset_in(text, raw.get())))
                 }
             },
             Endpoint::LogMetric => {
-                let fields = MetricFields { key: envelope.key, value: envelope.value, timestamp: envelope.timestamp, step: envelope.step };
+                let fields = MetricFields {
+                    key: envelope.key,
+                    value: envelope.value,
+                    timestamp: envelope.timestamp,
+                    step: envelope.step,
+                };
                 match Metric::read(text, fields, 0..text.len())? {
                     Some(metric) => (vec![metric], None),
                     None => return Err(BodyError::Unreadable("log-metric without a key".into())),
                 }
             }
         };
-        Ok(Self { text, endpoint, run_id, run_id_raw, metrics, metrics_span, other_items })
+        Ok(Self {
+            text,
+            endpoint,
+            run_id,
+            run_id_raw,
+            metrics,
+            metrics_span,
+            other_items,
+        })
     }
 
     /// Writes the body back with `edits` (one per metric) applied. Returns the endpoint the
@@ -230,7 +264,9 @@ impl<'a> MetricsBody<'a> {
         debug_assert_eq!(edits.len(), self.metrics.len());
         match self.endpoint {
             Endpoint::LogBatch => {
-                let Some(span) = &self.metrics_span else { return (Endpoint::LogBatch, self.text.as_bytes().to_vec()) };
+                let Some(span) = &self.metrics_span else {
+                    return (Endpoint::LogBatch, self.text.as_bytes().to_vec());
+                };
                 let mut out = String::with_capacity(self.text.len() + self.text.len() / 4);
                 out.push_str(&self.text[..span.start]);
                 let mut array = ArrayWriter::open(&mut out);
@@ -239,8 +275,19 @@ impl<'a> MetricsBody<'a> {
                     match *edit {
                         Edit::Drop => {}
                         Edit::Keep => array.element().push_str(original),
-                        Edit::Change { key, step, also_original } => {
-                            splice_into(array.element(), original, metric.span.start, metric, key, step);
+                        Edit::Change {
+                            key,
+                            step,
+                            also_original,
+                        } => {
+                            splice_into(
+                                array.element(),
+                                original,
+                                metric.span.start,
+                                metric,
+                                key,
+                                step,
+                            );
                             if also_original {
                                 array.element().push_str(original);
                             }
@@ -256,7 +303,11 @@ impl<'a> MetricsBody<'a> {
                 let mut out = String::with_capacity(self.text.len() + 64);
                 match edits[0] {
                     Edit::Keep => return (Endpoint::LogMetric, self.text.as_bytes().to_vec()),
-                    Edit::Change { key, step, also_original: false } => {
+                    Edit::Change {
+                        key,
+                        step,
+                        also_original: false,
+                    } => {
                         splice_into(&mut out, self.text, 0, metric, key, step);
                         return (Endpoint::LogMetric, out.into_bytes());
                     }
@@ -330,7 +381,12 @@ fn push_step(out: &mut String, step: i64, quoted: bool) {
 }
 
 /// A metric object for a batch, from a log-metric body's raw parts (values stay as sent).
-fn write_metric_object(out: &mut String, metric: &Metric<'_>, key: Option<&str>, step: Option<i64>) {
+fn write_metric_object(
+    out: &mut String,
+    metric: &Metric<'_>,
+    key: Option<&str>,
+    step: Option<i64>,
+) {
     out.push_str("{\"key\":");
     push_json_string(out, key.unwrap_or(&metric.key));
     for (name, raw) in [("value", metric.value), ("timestamp", metric.timestamp)] {
@@ -350,10 +406,19 @@ fn write_metric_object(out: &mut String, metric: &Metric<'_>, key: Option<&str>,
 
 /// Appends `text` (which starts at `base` in the parsed body) with the metric's key and/or step
 /// replaced.
-fn splice_into(out: &mut String, text: &str, base: usize, metric: &Metric<'_>, key: Option<&str>, step: Option<i64>) {
+fn splice_into(
+    out: &mut String,
+    text: &str,
+    base: usize,
+    metric: &Metric<'_>,
+    key: Option<&str>,
+    step: Option<i64>,
+) {
     let shift = |span: &Range<usize>| span.start - base..span.end - base;
     let key_part = key.map(|key| (shift(&metric.key_span), key));
-    let step_part = step.zip(metric.step_span.as_ref()).map(|(step, span)| (shift(span), step));
+    let step_part = step
+        .zip(metric.step_span.as_ref())
+        .map(|(step, span)| (shift(span), step));
     // Key and step may come in either order in the object.
     let key_first = match (&key_part, &step_part) {
         (Some((k, _)), Some((s, _))) => k.start < s.start,
@@ -404,12 +469,24 @@ mod tests {
     #[test]
     fn keys_and_steps_change_and_nothing_else_does() {
         let body = MetricsBody::parse(BATCH.as_bytes(), Endpoint::LogBatch).unwrap();
-        let edits = [Edit::Change { key: Some("system/n/node_cpu_utilization_percentage"), step: Some(12), also_original: false }, Edit::Keep];
+        let edits = [
+            Edit::Change {
+                key: Some("system/n/node_cpu_utilization_percentage"),
+                step: Some(12),
+                also_original: false,
+            },
+            Edit::Keep,
+        ];
         let (_, out) = body.render(&edits);
         let text = std::str::from_utf8(&out).unwrap();
         assert_eq!(
             text,
-            BATCH.replace("system/cpu_utilization_percentage", "system/n/node_cpu_utilization_percentage").replace("9007199254740995", "12")
+            BATCH
+                .replace(
+                    "system/cpu_utilization_percentage",
+                    "system/n/node_cpu_utilization_percentage"
+                )
+                .replace("9007199254740995", "12")
         );
     }
 
@@ -421,9 +498,21 @@ mod tests {
         assert_eq!(v["metrics"], serde_json::json!([]));
         assert_eq!(v["params"][0]["key"], "p");
 
-        let (_, out) = body.render(&[Edit::Change { key: Some("system/new"), step: None, also_original: true }, Edit::Drop]);
+        let (_, out) = body.render(&[
+            Edit::Change {
+                key: Some("system/new"),
+                step: None,
+                also_original: true,
+            },
+            Edit::Drop,
+        ]);
         let v: Value = serde_json::from_slice(&out).unwrap();
-        let keys: Vec<_> = v["metrics"].as_array().unwrap().iter().map(|m| m["key"].as_str().unwrap()).collect();
+        let keys: Vec<_> = v["metrics"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| m["key"].as_str().unwrap())
+            .collect();
         assert_eq!(keys, ["system/new", "system/cpu_utilization_percentage"]);
     }
 
@@ -432,34 +521,86 @@ mod tests {
         let text = r#"{"run_id":"r1","run_uuid":"r1","key":"system/rank-1/network_receive_megabytes","value":"Infinity","timestamp":5,"step":"7"}"#;
         let body = MetricsBody::parse(text.as_bytes(), Endpoint::LogMetric).unwrap();
         assert_eq!(body.metrics[0].step, Some(7));
-        let (endpoint, out) = body.render(&[Edit::Change { key: Some("system/x"), step: Some(9), also_original: false }]);
+        let (endpoint, out) = body.render(&[Edit::Change {
+            key: Some("system/x"),
+            step: Some(9),
+            also_original: false,
+        }]);
         assert_eq!(endpoint, Endpoint::LogMetric);
-        assert_eq!(std::str::from_utf8(&out).unwrap(), text.replace("system/rank-1/network_receive_megabytes", "system/x").replace("\"7\"", "\"9\""));
+        assert_eq!(
+            std::str::from_utf8(&out).unwrap(),
+            text.replace("system/rank-1/network_receive_megabytes", "system/x")
+                .replace("\"7\"", "\"9\"")
+        );
 
         let (endpoint, out) = body.render(&[Edit::Drop]);
         assert_eq!(endpoint, Endpoint::LogBatch);
-        assert_eq!(std::str::from_utf8(&out).unwrap(), r#"{"run_id":"r1","metrics":[]}"#);
+        assert_eq!(
+            std::str::from_utf8(&out).unwrap(),
+            r#"{"run_id":"r1","metrics":[]}"#
+        );
 
-        let (endpoint, out) = body.render(&[Edit::Change { key: Some("system/x"), step: None, also_original: true }]);
+        let (endpoint, out) = body.render(&[Edit::Change {
+            key: Some("system/x"),
+            step: None,
+            also_original: true,
+        }]);
         assert_eq!(endpoint, Endpoint::LogBatch);
         let v: Value = serde_json::from_slice(&out).unwrap();
-        assert_eq!(v["metrics"][0], serde_json::json!({"key": "system/x", "value": "Infinity", "timestamp": 5, "step": 7}));
-        assert_eq!(v["metrics"][1]["key"], "system/rank-1/network_receive_megabytes");
+        assert_eq!(
+            v["metrics"][0],
+            serde_json::json!({"key": "system/x", "value": "Infinity", "timestamp": 5, "step": 7})
+        );
+        assert_eq!(
+            v["metrics"][1]["key"],
+            "system/rank-1/network_receive_megabytes"
+        );
     }
 
     #[test]
     fn conflicting_run_ids_and_repeated_fields_are_refused() {
-        let err = MetricsBody::parse(br#"{"run_id":"a","run_uuid":"b","key":"k","value":1,"timestamp":1}"#, Endpoint::LogMetric).unwrap_err();
-        assert!(matches!(&err, BodyError::Conflict(m) if m.contains("run_id=\"a\"") && m.contains("run_uuid=\"b\"")), "{err}");
-        let err = MetricsBody::parse(br#"{"runId":"a","run_id":"a","run_id":"b","metrics":[]}"#, Endpoint::LogBatch).unwrap_err();
-        assert!(matches!(&err, BodyError::Conflict(m) if m.contains("`run_id` more than once")), "{err}");
-        assert!(MetricsBody::parse(br#"{"run_id":"a","runId":"a","metrics":[]}"#, Endpoint::LogBatch).is_ok());
+        let err = MetricsBody::parse(
+            br#"{"run_id":"a","run_uuid":"b","key":"k","value":1,"timestamp":1}"#,
+            Endpoint::LogMetric,
+        )
+        .unwrap_err();
+        assert!(
+            matches!(&err, BodyError::Conflict(m) if m.contains("run_id=\"a\"") && m.contains("run_uuid=\"b\"")),
+            "{err}"
+        );
+        let err = MetricsBody::parse(
+            br#"{"runId":"a","run_id":"a","run_id":"b","metrics":[]}"#,
+            Endpoint::LogBatch,
+        )
+        .unwrap_err();
+        assert!(
+            matches!(&err, BodyError::Conflict(m) if m.contains("`run_id` more than once")),
+            "{err}"
+        );
+        assert!(MetricsBody::parse(
+            br#"{"run_id":"a","runId":"a","metrics":[]}"#,
+            Endpoint::LogBatch
+        )
+        .is_ok());
     }
 
     #[test]
     fn unreadable_bodies_are_reported_for_pass_through() {
-        for bad in [&b"not json"[..], b"{\"metrics\": 5}", b"{\"metrics\": [{\"value\": 1}]}", b"\xff\xfe", b"{\"run_id\": 5}"] {
-            assert!(matches!(MetricsBody::parse(bad, Endpoint::LogBatch), Err(BodyError::Unreadable(_))), "{:?}", String::from_utf8_lossy(bad));
+        for bad in [
+            &b"not json"[..],
+            b"{\"metrics\": 5}",
+            b"{\"metrics\": [{\"value\": 1}]}",
+            b"\xff\xfe",
+            b"{\"run_id\": 5}",
+        ] {
+            assert!(
+                matches!(
+                    MetricsBody::parse(bad, Endpoint::LogBatch),
+                    Err(BodyError::Unreadable(_))
+                ),
+                "{:?}",
+                String::from_utf8_lossy(bad)
+            );
         }
     }
 

@@ -90,18 +90,29 @@ impl KeyPlan {
             KeyOutcome::Rewritten { key, .. } => Some(key.clone()),
             _ => None,
         };
-        let node_wide = scoped.outcome.scope().is_some_and(|s| s.is_node_wide()) && !matches!(scoped.outcome, KeyOutcome::Invalid { .. });
+        let node_wide = scoped.outcome.scope().is_some_and(|s| s.is_node_wide())
+            && !matches!(scoped.outcome, KeyOutcome::Invalid { .. });
         let dedup_identity = match (&scoped.identity.node, scoped.identity.rank) {
             (Some(node), Some(rank)) if dedup && node_wide => Some((node.clone(), rank)),
             _ => None,
         };
-        Self { scoped, new_key, dedup_identity, samples: 0 }
+        Self {
+            scoped,
+            new_key,
+            dedup_identity,
+            samples: 0,
+        }
     }
 }
 
 impl MetricsRewriter {
     pub fn new(config: ScopeConfig, dedup: Option<Deduplicator>, metrics: Metrics) -> Self {
-        Self { config, dedup, metrics, stats: RunStats::default() }
+        Self {
+            config,
+            dedup,
+            metrics,
+            stats: RunStats::default(),
+        }
     }
 
     pub fn deduplicator(&self) -> Option<&Deduplicator> {
@@ -120,23 +131,40 @@ impl MetricsRewriter {
             return Ok(request);
         }
         let limit = self.config.max_inspect_bytes;
-        let declared = request.headers().get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok());
+        let declared = request
+            .headers()
+            .get(header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<u64>().ok());
         if declared.is_some_and(|len| len > limit as u64) {
             return Err(self.too_large());
         }
         let (parts, body) = request.into_parts();
         let bytes = match Limited::new(body, limit).collect().await {
             Ok(collected) => collected.to_bytes(),
-            Err(e) if e.downcast_ref::<http_body_util::LengthLimitError>().is_some() => return Err(self.too_large()),
+            Err(e)
+                if e.downcast_ref::<http_body_util::LengthLimitError>()
+                    .is_some() =>
+            {
+                return Err(self.too_large())
+            }
             Err(e) => {
-                return Err(mlflow_error(StatusCode::BAD_REQUEST, "BAD_REQUEST", &format!("the request body could not be read: {e}")));
+                return Err(mlflow_error(
+                    StatusCode::BAD_REQUEST,
+                    "BAD_REQUEST",
+                    &format!("the request body could not be read: {e}"),
+                ));
             }
         };
         let parsed = match MetricsBody::parse(&bytes, endpoint) {
             Ok(parsed) => parsed,
             Err(BodyError::Conflict(message)) => {
                 self.metrics.rejected("conflict");
-                return Err(mlflow_error(StatusCode::BAD_REQUEST, "INVALID_PARAMETER_VALUE", &message));
+                return Err(mlflow_error(
+                    StatusCode::BAD_REQUEST,
+                    "INVALID_PARAMETER_VALUE",
+                    &message,
+                ));
             }
             Err(BodyError::Unreadable(reason)) => {
                 tracing::debug!(reason, "metrics body passed through unread");
@@ -144,7 +172,9 @@ impl MetricsRewriter {
                 return Ok(Request::from_parts(parts, Body::from(bytes)));
             }
         };
-        if parsed.metrics.len() > MAX_METRICS || parsed.metrics.len() + parsed.other_items > MAX_ITEMS {
+        if parsed.metrics.len() > MAX_METRICS
+            || parsed.metrics.len() + parsed.other_items > MAX_ITEMS
+        {
             self.metrics.passed_through("over_mlflow_limits");
             return Ok(Request::from_parts(parts, Body::from(bytes)));
         }
@@ -158,14 +188,25 @@ impl MetricsRewriter {
         let (target, rendered) = parsed.render(&edits);
         let mut parts = parts;
         if target != endpoint {
-            let path = parts.uri.path().replace("runs/log-metric", "runs/log-batch");
+            let path = parts
+                .uri
+                .path()
+                .replace("runs/log-metric", "runs/log-batch");
             let pq = match parts.uri.query() {
                 Some(q) => format!("{path}?{q}"),
                 None => path,
             };
-            parts.uri = pq.parse().map_err(|_| mlflow_error(StatusCode::BAD_REQUEST, "BAD_REQUEST", "invalid request path"))?;
+            parts.uri = pq.parse().map_err(|_| {
+                mlflow_error(
+                    StatusCode::BAD_REQUEST,
+                    "BAD_REQUEST",
+                    "invalid request path",
+                )
+            })?;
         }
-        parts.headers.insert(header::CONTENT_LENGTH, HeaderValue::from(rendered.len()));
+        parts
+            .headers
+            .insert(header::CONTENT_LENGTH, HeaderValue::from(rendered.len()));
         Ok(Request::from_parts(parts, Body::from(rendered)))
     }
 
@@ -184,8 +225,16 @@ impl MetricsRewriter {
     /// One edit per metric: the contract's key, and for node-wide samples the dedup decision.
     /// `plans` receives the contract's result per distinct key; the edits borrow their new keys
     /// from it.
-    async fn plan<'k>(&self, body: &MetricsBody<'_>, request_identity: &Identity, plans: &'k mut Vec<KeyPlan>) -> Result<Vec<Edit<'k>>, Response> {
-        let keep_original = self.config.keep_original_until.is_some_and(|until| SystemTime::now() < until);
+    async fn plan<'k>(
+        &self,
+        body: &MetricsBody<'_>,
+        request_identity: &Identity,
+        plans: &'k mut Vec<KeyPlan>,
+    ) -> Result<Vec<Edit<'k>>, Response> {
+        let keep_original = self
+            .config
+            .keep_original_until
+            .is_some_and(|until| SystemTime::now() < until);
         let run_id = body.run_id.as_deref();
 
         // A batch repeats a handful of keys (one set per monitor publish): apply the contract once
@@ -194,7 +243,10 @@ impl MetricsRewriter {
         let mut metric_plans = Vec::with_capacity(body.metrics.len());
         for metric in &body.metrics {
             let index = *plan_of.entry(metric.key.as_ref()).or_insert_with(|| {
-                plans.push(KeyPlan::new(scoped_key(&metric.key, request_identity, &self.config.owner_pattern), self.dedup.is_some()));
+                plans.push(KeyPlan::new(
+                    scoped_key(&metric.key, request_identity, &self.config.owner_pattern),
+                    self.dedup.is_some(),
+                ));
                 plans.len() - 1
             });
             plans[index].samples += 1;
@@ -212,10 +264,20 @@ impl MetricsRewriter {
         for (metric, &index) in body.metrics.iter().zip(&metric_plans) {
             let slot = match (&plans[index].dedup_identity, run_id, metric.step) {
                 (Some((node, rank)), Some(_), Some(step)) => {
-                    let slot = match node_batches.iter().position(|b| &b.node == node && b.rank == *rank) {
+                    let slot = match node_batches
+                        .iter()
+                        .position(|b| &b.node == node && b.rank == *rank)
+                    {
                         Some(i) => i,
                         None => {
-                            node_batches.push(NodeBatch { node: node.clone(), rank: *rank, first_step: step, last_step: step, samples: 0, decision: None });
+                            node_batches.push(NodeBatch {
+                                node: node.clone(),
+                                rank: *rank,
+                                first_step: step,
+                                last_step: step,
+                                samples: 0,
+                                decision: None,
+                            });
                             node_batches.len() - 1
                         }
                     };
@@ -248,9 +310,14 @@ impl MetricsRewriter {
                     Event::None => {}
                 }
                 let kept = matches!(decision, Decision::Report { .. });
-                self.metrics.node_samples(if kept { "kept" } else { "dropped" }, batch.samples);
-                let identity = Identity { node: Some(batch.node.clone()), rank: Some(batch.rank) };
-                self.stats.node_samples(run_id, &identity, kept, batch.samples);
+                self.metrics
+                    .node_samples(if kept { "kept" } else { "dropped" }, batch.samples);
+                let identity = Identity {
+                    node: Some(batch.node.clone()),
+                    rank: Some(batch.rank),
+                };
+                self.stats
+                    .node_samples(run_id, &identity, kept, batch.samples);
                 batch.decision = Some(decision);
             }
         }
@@ -260,16 +327,27 @@ impl MetricsRewriter {
             .iter()
             .zip(metric_plans.iter().zip(&metric_batches))
             .map(|(metric, (&index, slot))| {
-                let new_key = plans[index].new_key.as_deref().filter(|_| self.config.rewrite);
+                let new_key = plans[index]
+                    .new_key
+                    .as_deref()
+                    .filter(|_| self.config.rewrite);
                 match slot.and_then(|i| node_batches[i].decision) {
                     Some(Decision::Standby { .. }) => Edit::Drop,
                     Some(Decision::Report { step_offset }) if step_offset != 0 => {
                         // A migration copy under the original key keeps the bytes as sent.
                         let also_original = keep_original && new_key.is_some();
-                        Edit::Change { key: new_key, step: metric.step.map(|s| s + step_offset), also_original }
+                        Edit::Change {
+                            key: new_key,
+                            step: metric.step.map(|s| s + step_offset),
+                            also_original,
+                        }
                     }
                     _ => match new_key {
-                        key @ Some(_) => Edit::Change { key, step: None, also_original: keep_original },
+                        key @ Some(_) => Edit::Change {
+                            key,
+                            step: None,
+                            also_original: keep_original,
+                        },
                         None => Edit::Keep,
                     },
                 }
@@ -283,9 +361,21 @@ impl MetricsRewriter {
         let (family, outcome) = match &plan.scoped.outcome {
             KeyOutcome::Untouched => return,
             KeyOutcome::Unchanged { family, .. } => (*family, "unchanged"),
-            KeyOutcome::Rewritten { family, .. } => (*family, if self.config.rewrite { "rewritten" } else { "unchanged" }),
-            KeyOutcome::Invalid { family, rejected, .. } => {
-                tracing::warn!(rejected, "scoped key would break MLflow's key rules; kept the original");
+            KeyOutcome::Rewritten { family, .. } => (
+                *family,
+                if self.config.rewrite {
+                    "rewritten"
+                } else {
+                    "unchanged"
+                },
+            ),
+            KeyOutcome::Invalid {
+                family, rejected, ..
+            } => {
+                tracing::warn!(
+                    rejected,
+                    "scoped key would break MLflow's key rules; kept the original"
+                );
                 (*family, "invalid")
             }
         };
@@ -306,9 +396,20 @@ fn is_json(headers: &HeaderMap) -> bool {
 
 /// The identity request headers declare; parts that are absent or malformed stay unknown.
 pub fn identity_from_headers(headers: &HeaderMap) -> Identity {
-    let text = |name: &str| headers.get(name).and_then(|v| v.to_str().ok()).map(str::trim).filter(|v| !v.is_empty());
+    let text = |name: &str| {
+        headers
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .map(str::trim)
+            .filter(|v| !v.is_empty())
+    };
     Identity {
-        node: text(NODE_HEADER).filter(|n| n.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'.' || b == b'-')).map(str::to_owned),
+        node: text(NODE_HEADER)
+            .filter(|n| {
+                n.bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'.' || b == b'-')
+            })
+            .map(str::to_owned),
         rank: text(RANK_HEADER).and_then(|r| r.parse().ok()),
     }
 }
@@ -339,12 +440,25 @@ mod tests {
     }
 
     fn rewriter_without_dedup() -> MetricsRewriter {
-        MetricsRewriter::new(ScopeConfig { dedup: false, ..Default::default() }, None, Metrics::new())
+        MetricsRewriter::new(
+            ScopeConfig {
+                dedup: false,
+                ..Default::default()
+            },
+            None,
+            Metrics::new(),
+        )
     }
 
     async fn rewriter_with_dedup(dir: &tempfile::TempDir) -> MetricsRewriter {
-        let store = Store::open(&format!("sqlite://{}/s.db", dir.path().display())).await.unwrap();
-        let dedup = Deduplicator::new(store, Arc::new(ManualClock::new(1_800_000_000_000)), DedupConfig::default());
+        let store = Store::open(&format!("sqlite://{}/s.db", dir.path().display()))
+            .await
+            .unwrap();
+        let dedup = Deduplicator::new(
+            store,
+            Arc::new(ManualClock::new(1_800_000_000_000)),
+            DedupConfig::default(),
+        );
         MetricsRewriter::new(ScopeConfig::default(), Some(dedup), Metrics::new())
     }
 
@@ -360,17 +474,58 @@ mod tests {
              "params": [{"key": "lr", "value": "0.1"}]})
             .to_string()
         };
-        let (_, reporter) = body_json(rewriter.prepare(request("/api/2.0/mlflow/runs/log-batch", &[], &batch(0)), Endpoint::LogBatch).await.unwrap()).await;
-        let keys: Vec<_> = reporter["metrics"].as_array().unwrap().iter().map(|m| m["key"].as_str().unwrap().to_owned()).collect();
-        assert_eq!(keys, ["system/n1/node_cpu_utilization_percentage", "system/rank-0/network_receive_megabytes", "loss"]);
+        let (_, reporter) = body_json(
+            rewriter
+                .prepare(
+                    request("/api/2.0/mlflow/runs/log-batch", &[], &batch(0)),
+                    Endpoint::LogBatch,
+                )
+                .await
+                .unwrap(),
+        )
+        .await;
+        let keys: Vec<_> = reporter["metrics"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| m["key"].as_str().unwrap().to_owned())
+            .collect();
+        assert_eq!(
+            keys,
+            [
+                "system/n1/node_cpu_utilization_percentage",
+                "system/rank-0/network_receive_megabytes",
+                "loss"
+            ]
+        );
 
-        let (_, standby) = body_json(rewriter.prepare(request("/api/2.0/mlflow/runs/log-batch", &[], &batch(1)), Endpoint::LogBatch).await.unwrap()).await;
-        let keys: Vec<_> = standby["metrics"].as_array().unwrap().iter().map(|m| m["key"].as_str().unwrap().to_owned()).collect();
+        let (_, standby) = body_json(
+            rewriter
+                .prepare(
+                    request("/api/2.0/mlflow/runs/log-batch", &[], &batch(1)),
+                    Endpoint::LogBatch,
+                )
+                .await
+                .unwrap(),
+        )
+        .await;
+        let keys: Vec<_> = standby["metrics"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| m["key"].as_str().unwrap().to_owned())
+            .collect();
         assert_eq!(keys, ["system/rank-1/network_receive_megabytes", "loss"]);
         assert_eq!(standby["params"], json!([{"key": "lr", "value": "0.1"}]));
 
         let identities = rewriter.stats.identities("r");
-        assert_eq!(identities.iter().map(|i| (i.rank, i.node_samples_kept, i.node_samples_dropped)).collect::<Vec<_>>(), [(Some(0), 1, 0), (Some(1), 0, 1)]);
+        assert_eq!(
+            identities
+                .iter()
+                .map(|i| (i.rank, i.node_samples_kept, i.node_samples_dropped))
+                .collect::<Vec<_>>(),
+            [(Some(0), 1, 0), (Some(1), 0, 1)]
+        );
     }
 
     #[tokio::test]
@@ -379,10 +534,28 @@ mod tests {
         let rewriter = rewriter_with_dedup(&dir).await;
         let headers = |rank: &'static str| [("x-mlscope-node", "n1"), ("x-mlscope-rank", rank)];
         let body = r#"{"run_id":"r","run_uuid":"r","key":"system/disk_usage_percentage","value":3,"timestamp":1,"step":4}"#;
-        let (path, first) = body_json(rewriter.prepare(request("/ajax-api/2.0/mlflow/runs/log-metric", &headers("0"), body), Endpoint::LogMetric).await.unwrap()).await;
+        let (path, first) = body_json(
+            rewriter
+                .prepare(
+                    request("/ajax-api/2.0/mlflow/runs/log-metric", &headers("0"), body),
+                    Endpoint::LogMetric,
+                )
+                .await
+                .unwrap(),
+        )
+        .await;
         assert_eq!(path, "/ajax-api/2.0/mlflow/runs/log-metric");
         assert_eq!(first["key"], "system/n1/rootfs_usage_percentage");
-        let (path, second) = body_json(rewriter.prepare(request("/ajax-api/2.0/mlflow/runs/log-metric", &headers("1"), body), Endpoint::LogMetric).await.unwrap()).await;
+        let (path, second) = body_json(
+            rewriter
+                .prepare(
+                    request("/ajax-api/2.0/mlflow/runs/log-metric", &headers("1"), body),
+                    Endpoint::LogMetric,
+                )
+                .await
+                .unwrap(),
+        )
+        .await;
         assert_eq!(path, "/ajax-api/2.0/mlflow/runs/log-batch");
         assert_eq!(second, json!({"run_id": "r", "metrics": []}));
     }
@@ -391,16 +564,53 @@ mod tests {
     async fn conflicts_and_oversized_bodies_are_answered_by_the_proxy() {
         let rewriter = rewriter_without_dedup();
         let conflict = rewriter
-            .prepare(request("/api/2.0/mlflow/runs/log-metric", &[], r#"{"run_id":"a","run_uuid":"b","key":"k","value":1,"timestamp":1}"#), Endpoint::LogMetric)
+            .prepare(
+                request(
+                    "/api/2.0/mlflow/runs/log-metric",
+                    &[],
+                    r#"{"run_id":"a","run_uuid":"b","key":"k","value":1,"timestamp":1}"#,
+                ),
+                Endpoint::LogMetric,
+            )
             .await
             .unwrap_err();
         assert_eq!(conflict.status(), 400);
-        let small = MetricsRewriter::new(ScopeConfig { dedup: false, max_inspect_bytes: 1024, ..Default::default() }, None, Metrics::new());
-        let big = format!(r#"{{"run_id":"a","metrics":[],"pad":"{}"}}"#, "x".repeat(2000));
-        assert_eq!(small.prepare(request("/api/2.0/mlflow/runs/log-batch", &[], &big), Endpoint::LogBatch).await.unwrap_err().status(), 413);
+        let small = MetricsRewriter::new(
+            ScopeConfig {
+                dedup: false,
+                max_inspect_bytes: 1024,
+                ..Default::default()
+            },
+            None,
+            Metrics::new(),
+        );
+        let big = format!(
+            r#"{{"run_id":"a","metrics":[],"pad":"{}"}}"#,
+            "x".repeat(2000)
+        );
+        assert_eq!(
+            small
+                .prepare(
+                    request("/api/2.0/mlflow/runs/log-batch", &[], &big),
+                    Endpoint::LogBatch
+                )
+                .await
+                .unwrap_err()
+                .status(),
+            413
+        );
         // Malformed JSON goes to MLflow untouched, for MLflow's own error.
-        let passed = rewriter.prepare(request("/api/2.0/mlflow/runs/log-batch", &[], "{oops"), Endpoint::LogBatch).await.unwrap();
-        assert_eq!(&passed.into_body().collect().await.unwrap().to_bytes()[..], b"{oops");
+        let passed = rewriter
+            .prepare(
+                request("/api/2.0/mlflow/runs/log-batch", &[], "{oops"),
+                Endpoint::LogBatch,
+            )
+            .await
+            .unwrap();
+        assert_eq!(
+            &passed.into_body().collect().await.unwrap().to_bytes()[..],
+            b"{oops"
+        );
     }
 
     #[tokio::test]
@@ -408,15 +618,54 @@ mod tests {
         let body = r#"{"run_id":"r","metrics":[{"key":"system/cpu_utilization_percentage","value":1,"timestamp":1,"step":0}]}"#;
         let keys = |config: ScopeConfig| async move {
             let rewriter = MetricsRewriter::new(config, None, Metrics::new());
-            let (_, json) = body_json(rewriter.prepare(request("/api/2.0/mlflow/runs/log-batch", &[("x-mlscope-node", "n")], body), Endpoint::LogBatch).await.unwrap()).await;
-            json["metrics"].as_array().unwrap().iter().map(|m| m["key"].as_str().unwrap().to_owned()).collect::<Vec<_>>()
+            let (_, json) = body_json(
+                rewriter
+                    .prepare(
+                        request(
+                            "/api/2.0/mlflow/runs/log-batch",
+                            &[("x-mlscope-node", "n")],
+                            body,
+                        ),
+                        Endpoint::LogBatch,
+                    )
+                    .await
+                    .unwrap(),
+            )
+            .await;
+            json["metrics"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|m| m["key"].as_str().unwrap().to_owned())
+                .collect::<Vec<_>>()
         };
         let hour = std::time::Duration::from_secs(3600);
-        let during = ScopeConfig { dedup: false, keep_original_until: Some(SystemTime::now() + hour), ..Default::default() };
-        assert_eq!(keys(during).await, ["system/n/node_cpu_utilization_percentage", "system/cpu_utilization_percentage"]);
-        let after = ScopeConfig { dedup: false, keep_original_until: Some(SystemTime::now() - hour), ..Default::default() };
-        assert_eq!(keys(after).await, ["system/n/node_cpu_utilization_percentage"]);
-        let off = ScopeConfig { dedup: false, rewrite: false, ..Default::default() };
+        let during = ScopeConfig {
+            dedup: false,
+            keep_original_until: Some(SystemTime::now() + hour),
+            ..Default::default()
+        };
+        assert_eq!(
+            keys(during).await,
+            [
+                "system/n/node_cpu_utilization_percentage",
+                "system/cpu_utilization_percentage"
+            ]
+        );
+        let after = ScopeConfig {
+            dedup: false,
+            keep_original_until: Some(SystemTime::now() - hour),
+            ..Default::default()
+        };
+        assert_eq!(
+            keys(after).await,
+            ["system/n/node_cpu_utilization_percentage"]
+        );
+        let off = ScopeConfig {
+            dedup: false,
+            rewrite: false,
+            ..Default::default()
+        };
         assert_eq!(keys(off).await, ["system/cpu_utilization_percentage"]);
     }
 
@@ -431,18 +680,23 @@ mod tests {
             "system/[a-z_]{1,12}",
         ];
         let value = prop_oneof![
-            any::<f64>().prop_filter("finite", |v| v.is_finite()).prop_map(|v| json!(v)),
+            any::<f64>()
+                .prop_filter("finite", |v| v.is_finite())
+                .prop_map(|v| json!(v)),
             Just(json!("NaN")),
             Just(json!("Infinity")),
             Just(json!("-Infinity")),
         ];
-        (key, value, any::<i64>(), any::<i64>(), any::<bool>()).prop_map(|(key, value, timestamp, step, extra)| {
-            let mut m = json!({"key": key, "value": value, "timestamp": timestamp, "step": step});
-            if extra {
-                m["dataset_digest"] = json!({"nested": [1, "two", null]});
-            }
-            m
-        })
+        (key, value, any::<i64>(), any::<i64>(), any::<bool>()).prop_map(
+            |(key, value, timestamp, step, extra)| {
+                let mut m =
+                    json!({"key": key, "value": value, "timestamp": timestamp, "step": step});
+                if extra {
+                    m["dataset_digest"] = json!({"nested": [1, "two", null]});
+                }
+                m
+            },
+        )
     }
 
     proptest! {

@@ -60,17 +60,24 @@ impl RunStats {
         let now = unix_millis(SystemTime::now());
         let mut runs = self.runs.lock().expect("run stats lock");
         if runs.len() >= MAX_RUNS && !runs.contains_key(run_id) {
-            if let Some(oldest) = runs.iter().min_by_key(|(_, e)| e.last_seen_ms).map(|(k, _)| k.clone()) {
+            if let Some(oldest) = runs
+                .iter()
+                .min_by_key(|(_, e)| e.last_seen_ms)
+                .map(|(k, _)| k.clone())
+            {
                 runs.remove(&oldest);
             }
         }
         let run = runs.entry(run_id.to_owned()).or_default();
         run.last_seen_ms = now;
-        let stats = run.identities.entry((identity.node.clone(), identity.rank)).or_insert_with(|| IdentityStats {
-            node: identity.node.clone(),
-            rank: identity.rank,
-            ..Default::default()
-        });
+        let stats = run
+            .identities
+            .entry((identity.node.clone(), identity.rank))
+            .or_insert_with(|| IdentityStats {
+                node: identity.node.clone(),
+                rank: identity.rank,
+                ..Default::default()
+            });
         stats.last_seen_ms = now;
         f(stats);
     }
@@ -91,6 +98,8 @@ impl RunStats {
 
     pub fn identities(&self, run_id: &str) -> Vec<IdentityStats> {
         let runs = self.runs.lock().expect("run stats lock");
-        runs.get(run_id).map(|r| r.identities.values().cloned().collect()).unwrap_or_default()
+        runs.get(run_id)
+            .map(|r| r.identities.values().cloned().collect())
+            .unwrap_or_default()
     }
 }

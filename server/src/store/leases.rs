@@ -20,13 +20,20 @@ const COLUMNS: &str = "run_id, node, reporter_rank, epoch, renewed_at, step_offs
 impl Store {
     pub async fn lease(&self, run_id: &str, node: &str) -> Result<Option<NodeLease>, StoreError> {
         let sql = format!("SELECT {COLUMNS} FROM node_leases WHERE run_id = $1 AND node = $2");
-        let lease = on_backend!(self, |pool| sqlx::query_as(&sql).bind(run_id).bind(node).fetch_optional(pool).await?);
+        let lease = on_backend!(self, |pool| sqlx::query_as(&sql)
+            .bind(run_id)
+            .bind(node)
+            .fetch_optional(pool)
+            .await?);
         Ok(lease)
     }
 
     pub async fn leases_of_run(&self, run_id: &str) -> Result<Vec<NodeLease>, StoreError> {
         let sql = format!("SELECT {COLUMNS} FROM node_leases WHERE run_id = $1 ORDER BY node");
-        let leases = on_backend!(self, |pool| sqlx::query_as(&sql).bind(run_id).fetch_all(pool).await?);
+        let leases = on_backend!(self, |pool| sqlx::query_as(&sql)
+            .bind(run_id)
+            .fetch_all(pool)
+            .await?);
         Ok(leases)
     }
 
@@ -47,8 +54,13 @@ impl Store {
             "INSERT INTO node_leases ({COLUMNS}) VALUES ($1, $2, $3, 1, $4, 0, -1) \
              ON CONFLICT (run_id, node) DO NOTHING RETURNING {COLUMNS}"
         );
-        let inserted: Option<NodeLease> =
-            on_backend!(self, |pool| sqlx::query_as(&insert).bind(run_id).bind(node).bind(rank).bind(now).fetch_optional(pool).await?);
+        let inserted: Option<NodeLease> = on_backend!(self, |pool| sqlx::query_as(&insert)
+            .bind(run_id)
+            .bind(node)
+            .bind(rank)
+            .bind(now)
+            .fetch_optional(pool)
+            .await?);
         if inserted.is_some() {
             return Ok(inserted);
         }

@@ -21,16 +21,24 @@ use std::str::FromStr;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
-use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous};
+use sqlx::sqlite::{
+    SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
+};
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
     #[error("database url {0:?}: use sqlite://<path> or postgres://user@host/db")]
     UnsupportedUrl(String),
     #[error("cannot open the state store ({backend}): {source}")]
-    Connect { backend: &'static str, source: sqlx::Error },
+    Connect {
+        backend: &'static str,
+        source: sqlx::Error,
+    },
     #[error("cannot migrate the state store ({backend}): {source}")]
-    Migrate { backend: &'static str, source: sqlx::migrate::MigrateError },
+    Migrate {
+        backend: &'static str,
+        source: sqlx::migrate::MigrateError,
+    },
     #[error("state store query failed: {0}")]
     Query(#[from] sqlx::Error),
 }
@@ -68,7 +76,10 @@ impl Store {
         let store = match StoreUrl::parse(url)? {
             StoreUrl::Sqlite(url) => {
                 let options = SqliteConnectOptions::from_str(&url)
-                    .map_err(|source| StoreError::Connect { backend: "sqlite", source })?
+                    .map_err(|source| StoreError::Connect {
+                        backend: "sqlite",
+                        source,
+                    })?
                     .create_if_missing(true)
                     .journal_mode(SqliteJournalMode::Wal)
                     .synchronous(SqliteSynchronous::Normal)
@@ -77,26 +88,41 @@ impl Store {
                     .max_connections(4)
                     .connect_with(options)
                     .await
-                    .map_err(|source| StoreError::Connect { backend: "sqlite", source })?;
+                    .map_err(|source| StoreError::Connect {
+                        backend: "sqlite",
+                        source,
+                    })?;
                 sqlx::migrate!("../migrations")
                     .run(&pool)
                     .await
-                    .map_err(|source| StoreError::Migrate { backend: "sqlite", source })?;
+                    .map_err(|source| StoreError::Migrate {
+                        backend: "sqlite",
+                        source,
+                    })?;
                 Store::Sqlite(pool)
             }
             StoreUrl::Postgres(url) => {
-                let options = PgConnectOptions::from_str(&url)
-                    .map_err(|source| StoreError::Connect { backend: "postgres", source })?;
+                let options =
+                    PgConnectOptions::from_str(&url).map_err(|source| StoreError::Connect {
+                        backend: "postgres",
+                        source,
+                    })?;
                 let pool = PgPoolOptions::new()
                     .max_connections(8)
                     .acquire_timeout(Duration::from_secs(5))
                     .connect_with(options)
                     .await
-                    .map_err(|source| StoreError::Connect { backend: "postgres", source })?;
+                    .map_err(|source| StoreError::Connect {
+                        backend: "postgres",
+                        source,
+                    })?;
                 sqlx::migrate!("../migrations")
                     .run(&pool)
                     .await
-                    .map_err(|source| StoreError::Migrate { backend: "postgres", source })?;
+                    .map_err(|source| StoreError::Migrate {
+                        backend: "postgres",
+                        source,
+                    })?;
                 Store::Postgres(pool)
             }
         };
@@ -132,7 +158,10 @@ impl Store {
     pub async fn live_replicas(&self, window: Duration) -> Result<Vec<String>, StoreError> {
         let since = unix_millis(SystemTime::now()) - window.as_millis() as i64;
         let sql = "SELECT replica_id FROM proxy_replicas WHERE last_seen_at >= $1 ORDER BY last_seen_at DESC";
-        Ok(on_backend!(self, |pool| sqlx::query_scalar(sql).bind(since).fetch_all(pool).await?))
+        Ok(on_backend!(self, |pool| sqlx::query_scalar(sql)
+            .bind(since)
+            .fetch_all(pool)
+            .await?))
     }
 
     pub async fn close(&self) {
@@ -166,7 +195,9 @@ impl Default for Replica {
 }
 
 pub(crate) fn unix_millis(t: SystemTime) -> i64 {
-    t.duration_since(UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0)
+    t.duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
 }
 
 #[cfg(test)]
@@ -181,21 +212,37 @@ mod tests {
         let replica = Replica::new();
         store.heartbeat(&replica).await.unwrap();
         store.heartbeat(&replica).await.unwrap();
-        assert_eq!(store.live_replicas(Duration::from_secs(60)).await.unwrap(), vec![replica.id.clone()]);
+        assert_eq!(
+            store.live_replicas(Duration::from_secs(60)).await.unwrap(),
+            vec![replica.id.clone()]
+        );
         store.close().await;
         // Reopening runs the migrations again without error and keeps the rows.
         let store = Store::open(&url).await.unwrap();
-        assert_eq!(store.live_replicas(Duration::from_secs(60)).await.unwrap().len(), 1);
+        assert_eq!(
+            store
+                .live_replicas(Duration::from_secs(60))
+                .await
+                .unwrap()
+                .len(),
+            1
+        );
     }
 
     /// Runs against the PostgreSQL server the project's CI starts (127.0.0.1:5432, trust auth),
     /// in a database of its own that it drops afterwards.
     #[tokio::test]
     async fn postgres_store_is_migrated_once_and_shared_by_two_replicas() {
-        let admin_url = std::env::var("MLSCOPE_TEST_POSTGRES_URL").unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into());
-        let admin = PgPool::connect(&admin_url).await.expect("PostgreSQL at MLSCOPE_TEST_POSTGRES_URL (default 127.0.0.1:5432) must be running");
+        let admin_url = std::env::var("MLSCOPE_TEST_POSTGRES_URL")
+            .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into());
+        let admin = PgPool::connect(&admin_url).await.expect(
+            "PostgreSQL at MLSCOPE_TEST_POSTGRES_URL (default 127.0.0.1:5432) must be running",
+        );
         let db = format!("mlscope_test_{}", uuid::Uuid::new_v4().simple());
-        sqlx::query(&format!("CREATE DATABASE {db}")).execute(&admin).await.unwrap();
+        sqlx::query(&format!("CREATE DATABASE {db}"))
+            .execute(&admin)
+            .await
+            .unwrap();
         let url = format!("{}/{db}", admin_url.rsplit_once('/').unwrap().0);
 
         let (a, b) = tokio::join!(Store::open(&url), Store::open(&url));
@@ -210,12 +257,18 @@ mod tests {
         assert_eq!(live, expected);
         a.close().await;
         b.close().await;
-        sqlx::query(&format!("DROP DATABASE {db} WITH (FORCE)")).execute(&admin).await.unwrap();
+        sqlx::query(&format!("DROP DATABASE {db} WITH (FORCE)"))
+            .execute(&admin)
+            .await
+            .unwrap();
     }
 
     #[test]
     fn unknown_database_schemes_are_refused() {
         assert!(StoreUrl::parse("mysql://localhost/x").is_err());
-        assert_eq!(StoreUrl::parse("sqlite://a.db").unwrap(), StoreUrl::Sqlite("sqlite://a.db".into()));
+        assert_eq!(
+            StoreUrl::parse("sqlite://a.db").unwrap(),
+            StoreUrl::Sqlite("sqlite://a.db".into())
+        );
     }
 }

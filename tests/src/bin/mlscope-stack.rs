@@ -11,8 +11,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use anyhow::{bail, Context, Result};
 use clap::Parser;
 use mlscope_tests::{
-    find_collector_binary, free_port, repo_root, venv, Process, ProxyProcess, S3Store, StackOptions,
-    StackPorts, TestStack,
+    find_collector_binary, free_port, repo_root, venv, Process, ProxyProcess, S3Store,
+    StackOptions, StackPorts, TestStack,
 };
 use serde_json::{json, Value};
 
@@ -212,7 +212,12 @@ impl Demo {
             proxy.url,
             json_id(&experiment_id)
         );
-        if let Err(error) = client.put(&artifact).body("demo checkpoint\n").send().and_then(|r| r.error_for_status()) {
+        if let Err(error) = client
+            .put(&artifact)
+            .body("demo checkpoint\n")
+            .send()
+            .and_then(|r| r.error_for_status())
+        {
             eprintln!("mlscope-stack: the demo checkpoint was not stored: {error}");
         }
         println!(

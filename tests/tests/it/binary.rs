@@ -22,9 +22,15 @@ fn help_documents_every_setting_with_its_environment_variable() {
         ("--shutdown-grace", "MLSCOPE_SHUTDOWN_GRACE"),
         ("--log-format", "MLSCOPE_LOG_FORMAT"),
         ("--dedup-failover-timeout", "MLSCOPE_DEDUP_FAILOVER_TIMEOUT"),
-        ("--keep-original-keys-until", "MLSCOPE_KEEP_ORIGINAL_KEYS_UNTIL"),
+        (
+            "--keep-original-keys-until",
+            "MLSCOPE_KEEP_ORIGINAL_KEYS_UNTIL",
+        ),
     ] {
-        assert!(help.contains(flag) && help.contains(env), "{flag} / {env} missing from --help");
+        assert!(
+            help.contains(flag) && help.contains(env),
+            "{flag} / {env} missing from --help"
+        );
     }
 }
 
@@ -38,14 +44,24 @@ fn invalid_configuration_exits_64_with_a_one_line_reason() {
         vec!["--config".to_owned(), file.display().to_string()],
         vec!["--shutdown-grace".to_owned(), "forever".to_owned()],
     ] {
-        let output = Command::new(proxy_binary()).args(&args).env("MLSCOPE_DATABASE_URL", "sqlite::memory:").output().unwrap();
+        let output = Command::new(proxy_binary())
+            .args(&args)
+            .env("MLSCOPE_DATABASE_URL", "sqlite::memory:")
+            .output()
+            .unwrap();
         assert_eq!(output.status.code(), Some(64), "{args:?}");
         let stderr = String::from_utf8(output.stderr).unwrap();
         assert_eq!(stderr.trim_end().lines().count(), 1, "{args:?}: {stderr}");
-        assert!(stderr.starts_with("mlscope-proxy: invalid configuration: "), "{stderr}");
+        assert!(
+            stderr.starts_with("mlscope-proxy: invalid configuration: "),
+            "{stderr}"
+        );
     }
     // The environment is read too.
-    let output = Command::new(proxy_binary()).env("MLSCOPE_LISTEN", "nowhere").output().unwrap();
+    let output = Command::new(proxy_binary())
+        .env("MLSCOPE_LISTEN", "nowhere")
+        .output()
+        .unwrap();
     assert_eq!(output.status.code(), Some(64));
 }
 
@@ -55,7 +71,10 @@ async fn credentials_never_reach_the_logs_and_sigterm_exits_0() {
     let dir = tempfile::tempdir().unwrap();
     let mut proxy = spawn_proxy(&stack.mlflow.url, &[], dir.path()).unwrap();
     let response = reqwest::Client::new()
-        .get(format!("{}/api/2.0/mlflow/experiments/search?max_results=1", proxy.url))
+        .get(format!(
+            "{}/api/2.0/mlflow/experiments/search?max_results=1",
+            proxy.url
+        ))
         .header("Authorization", "Bearer s3cr3t-token")
         .header("Cookie", "session=c00kie-value")
         .header("X-Request-Id", "trace-me-123")
@@ -66,8 +85,14 @@ async fn credentials_never_reach_the_logs_and_sigterm_exits_0() {
     assert_eq!(response.headers()["x-request-id"], "trace-me-123");
     assert!(proxy.process.terminate().success(), "SIGTERM must exit 0");
     let log = std::fs::read_to_string(&proxy.log_path).unwrap();
-    assert!(log.contains("trace-me-123"), "the request is logged with its id: {log}");
-    assert!(!log.contains("s3cr3t-token") && !log.contains("c00kie-value"), "credentials leaked: {log}");
+    assert!(
+        log.contains("trace-me-123"),
+        "the request is logged with its id: {log}"
+    );
+    assert!(
+        !log.contains("s3cr3t-token") && !log.contains("c00kie-value"),
+        "credentials leaked: {log}"
+    );
     // JSON logs: every line is an object.
     for line in log.lines().filter(|l| !l.trim().is_empty()) {
         serde_json::from_str::<serde_json::Value>(line).unwrap_or_else(|e| panic!("{e}: {line}"));

@@ -41,7 +41,12 @@ async fn echo(request: Request) -> Response {
     let headers: serde_json::Map<String, Value> = parts
         .headers
         .iter()
-        .map(|(k, v)| (k.to_string(), Value::String(v.to_str().unwrap_or("<binary>").to_owned())))
+        .map(|(k, v)| {
+            (
+                k.to_string(),
+                Value::String(v.to_str().unwrap_or("<binary>").to_owned()),
+            )
+        })
         .collect();
     axum::Json(json!({
         "method": parts.method.as_str(),
@@ -85,12 +90,20 @@ fn upstream_app(script: Script) -> Router {
                 let (tx, rx) = mpsc::channel::<Result<Bytes, std::io::Error>>(1);
                 tokio::spawn(async move {
                     for i in 0..3 {
-                        tx.send(Ok(Bytes::from(format!("data: event {i}\n\n")))).await.unwrap();
+                        tx.send(Ok(Bytes::from(format!("data: event {i}\n\n"))))
+                            .await
+                            .unwrap();
                         sse.next_event.notified().await;
                     }
                 });
                 let body = Body::from_stream(tokio_stream_from(rx));
-                ([("content-type", "text/event-stream"), ("cache-control", "no-cache")], body)
+                (
+                    [
+                        ("content-type", "text/event-stream"),
+                        ("cache-control", "no-cache"),
+                    ],
+                    body,
+                )
             }),
         )
         .route(
@@ -115,7 +128,9 @@ fn upstream_app(script: Script) -> Router {
         )
 }
 
-fn tokio_stream_from<T: Send + 'static>(mut rx: mpsc::Receiver<T>) -> impl futures_util::Stream<Item = T> {
+fn tokio_stream_from<T: Send + 'static>(
+    mut rx: mpsc::Receiver<T>,
+) -> impl futures_util::Stream<Item = T> {
     futures_util::stream::poll_fn(move |cx| rx.poll_recv(cx))
 }
 
@@ -154,12 +169,24 @@ async fn start_proxy(upstream: &str, tweak: impl FnOnce(&mut Config)) -> Proxy {
     // `run` opens the store before serving; wait for the admin port to answer.
     let client = reqwest::Client::new();
     for _ in 0..100 {
-        if client.get(format!("{admin_url}/healthz")).send().await.is_ok() {
+        if client
+            .get(format!("{admin_url}/healthz"))
+            .send()
+            .await
+            .is_ok()
+        {
             break;
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    Proxy { url: format!("http://{addr}"), admin_url, addr, shutdown: Some(tx), done, _dir: dir }
+    Proxy {
+        url: format!("http://{addr}"),
+        admin_url,
+        addr,
+        shutdown: Some(tx),
+        done,
+        _dir: dir,
+    }
 }
 
 /// Sends raw bytes and reads until the peer closes or `until` appears.
@@ -194,7 +221,12 @@ async fn requests_reach_the_upstream_with_hop_by_hop_headers_removed_and_host_an
                    X-Request-Id: client-chosen-id\r\n\r\n";
     let response = raw_exchange(proxy.addr, request.as_bytes()).await;
     assert!(response.starts_with("HTTP/1.1 200"), "{response}");
-    assert!(response.to_ascii_lowercase().contains("x-request-id: client-chosen-id"), "{response}");
+    assert!(
+        response
+            .to_ascii_lowercase()
+            .contains("x-request-id: client-chosen-id"),
+        "{response}"
+    );
     let seen = body_of(&response);
     assert_eq!(seen["uri"], "/echo?x=a%2Fb&y=%20+&z=caf%C3%A9&&w");
     let headers = &seen["headers"];
@@ -214,13 +246,24 @@ async fn head_requests_and_chunked_uploads_are_forwarded() {
     let proxy = start_proxy(&format!("http://{upstream}"), |_| {}).await;
     let client = reqwest::Client::new();
 
-    let head = client.head(format!("{}/echo", proxy.url)).send().await.unwrap();
+    let head = client
+        .head(format!("{}/echo", proxy.url))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(head.status(), 200);
     assert!(head.bytes().await.unwrap().is_empty());
 
     // A body of unknown length goes out chunked and arrives whole.
-    let chunks = futures_util::stream::iter((0..64).map(|_| Ok::<_, std::io::Error>(Bytes::from(vec![7u8; 16 * 1024]))));
-    let response = client.put(format!("{}/echo", proxy.url)).body(reqwest::Body::wrap_stream(chunks)).send().await.unwrap();
+    let chunks = futures_util::stream::iter(
+        (0..64).map(|_| Ok::<_, std::io::Error>(Bytes::from(vec![7u8; 16 * 1024]))),
+    );
+    let response = client
+        .put(format!("{}/echo", proxy.url))
+        .body(reqwest::Body::wrap_stream(chunks))
+        .send()
+        .await
+        .unwrap();
     let seen: Value = response.json().await.unwrap();
     assert_eq!(seen["method"], "PUT");
     assert_eq!(seen["body_len"], 64 * 16 * 1024);
@@ -250,7 +293,11 @@ async fn expect_100_continue_gets_a_continue_before_the_body_is_sent() {
 #[tokio::test]
 async fn request_bodies_stream_to_the_upstream_before_the_client_finishes() {
     let (tx, mut rx) = mpsc::unbounded_channel();
-    let upstream = start_upstream(Script { received: Some(tx), ..Default::default() }).await;
+    let upstream = start_upstream(Script {
+        received: Some(tx),
+        ..Default::default()
+    })
+    .await;
     let proxy = start_proxy(&format!("http://{upstream}"), |_| {}).await;
 
     // The client sends its second chunk only after the upstream has seen the first: a proxy that
@@ -258,12 +305,26 @@ async fn request_bodies_stream_to_the_upstream_before_the_client_finishes() {
     let (body_tx, body_rx) = mpsc::channel::<Result<Bytes, std::io::Error>>(1);
     let url = format!("{}/upload-progress", proxy.url);
     let upload = tokio::spawn(async move {
-        reqwest::Client::new().put(url).body(reqwest::Body::wrap_stream(tokio_stream_from(body_rx))).send().await.unwrap().text().await.unwrap()
+        reqwest::Client::new()
+            .put(url)
+            .body(reqwest::Body::wrap_stream(tokio_stream_from(body_rx)))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap()
     });
-    body_tx.send(Ok(Bytes::from(vec![1u8; 1000]))).await.unwrap();
+    body_tx
+        .send(Ok(Bytes::from(vec![1u8; 1000])))
+        .await
+        .unwrap();
     let mut seen = 0;
     while seen < 1000 {
-        seen += tokio::time::timeout(Duration::from_secs(10), rx.recv()).await.expect("first chunk reached the upstream").unwrap();
+        seen += tokio::time::timeout(Duration::from_secs(10), rx.recv())
+            .await
+            .expect("first chunk reached the upstream")
+            .unwrap();
     }
     body_tx.send(Ok(Bytes::from(vec![2u8; 500]))).await.unwrap();
     drop(body_tx);
@@ -280,7 +341,11 @@ async fn server_sent_events_reach_the_client_one_by_one() {
     let mut stream = response.bytes_stream();
     for i in 0..3 {
         // The upstream sends event i+1 only once we have received event i.
-        let chunk = tokio::time::timeout(Duration::from_secs(10), stream.next()).await.expect("event arrives unbuffered").unwrap().unwrap();
+        let chunk = tokio::time::timeout(Duration::from_secs(10), stream.next())
+            .await
+            .expect("event arrives unbuffered")
+            .unwrap()
+            .unwrap();
         assert_eq!(chunk, Bytes::from(format!("data: event {i}\n\n")));
         script.next_event.notify_one();
     }
@@ -288,15 +353,29 @@ async fn server_sent_events_reach_the_client_one_by_one() {
 
 #[tokio::test]
 async fn an_unreachable_upstream_is_a_502_in_mlflow_error_json() {
-    let closed = TcpListener::bind("127.0.0.1:0").await.unwrap().local_addr().unwrap();
+    let closed = TcpListener::bind("127.0.0.1:0")
+        .await
+        .unwrap()
+        .local_addr()
+        .unwrap();
     let proxy = start_proxy(&format!("http://{closed}"), |_| {}).await;
-    let response = reqwest::get(format!("{}/api/2.0/mlflow/experiments/search", proxy.url)).await.unwrap();
+    let response = reqwest::get(format!("{}/api/2.0/mlflow/experiments/search", proxy.url))
+        .await
+        .unwrap();
     assert_eq!(response.status(), 502);
     let json: Value = response.json().await.unwrap();
     assert_eq!(json["error_code"], "TEMPORARILY_UNAVAILABLE");
-    assert!(json["message"].as_str().unwrap().contains("could not connect"), "{json}");
+    assert!(
+        json["message"]
+            .as_str()
+            .unwrap()
+            .contains("could not connect"),
+        "{json}"
+    );
 
-    let ready = reqwest::get(format!("{}/readyz", proxy.admin_url)).await.unwrap();
+    let ready = reqwest::get(format!("{}/readyz", proxy.admin_url))
+        .await
+        .unwrap();
     assert_eq!(ready.status(), 503);
     let ready: Value = ready.json().await.unwrap();
     assert_eq!(ready["upstream"]["ok"], false);
@@ -319,29 +398,56 @@ async fn an_upstream_that_resets_the_connection_is_a_502() {
     let response = reqwest::get(format!("{}/health", proxy.url)).await.unwrap();
     assert_eq!(response.status(), 502);
     let json: Value = response.json().await.unwrap();
-    assert!(json["message"].as_str().unwrap().contains("closed the connection"), "{json}");
+    assert!(
+        json["message"]
+            .as_str()
+            .unwrap()
+            .contains("closed the connection"),
+        "{json}"
+    );
 }
 
 #[tokio::test]
 async fn an_upstream_that_sends_no_headers_in_time_is_a_504() {
     let upstream = start_upstream(Script::default()).await;
-    let proxy = start_proxy(&format!("http://{upstream}"), |c| c.timeouts.response_headers = Duration::from_millis(300)).await;
-    let response = reqwest::get(format!("{}/slow-headers", proxy.url)).await.unwrap();
+    let proxy = start_proxy(&format!("http://{upstream}"), |c| {
+        c.timeouts.response_headers = Duration::from_millis(300)
+    })
+    .await;
+    let response = reqwest::get(format!("{}/slow-headers", proxy.url))
+        .await
+        .unwrap();
     assert_eq!(response.status(), 504);
     let json: Value = response.json().await.unwrap();
     assert_eq!(json["error_code"], "TEMPORARILY_UNAVAILABLE");
-    let metrics = reqwest::get(format!("{}/metrics", proxy.admin_url)).await.unwrap().text().await.unwrap();
-    assert!(metrics.contains("mlscope_upstream_errors_total{kind=\"response_timeout\"} 1"), "{metrics}");
+    let metrics = reqwest::get(format!("{}/metrics", proxy.admin_url))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metrics.contains("mlscope_upstream_errors_total{kind=\"response_timeout\"} 1"),
+        "{metrics}"
+    );
 }
 
 #[tokio::test]
 async fn a_response_body_that_stalls_is_aborted_after_the_idle_timeout() {
     let upstream = start_upstream(Script::default()).await;
-    let proxy = start_proxy(&format!("http://{upstream}"), |c| c.timeouts.body_idle = Duration::from_millis(300)).await;
+    let proxy = start_proxy(&format!("http://{upstream}"), |c| {
+        c.timeouts.body_idle = Duration::from_millis(300)
+    })
+    .await;
     let response = reqwest::get(format!("{}/stall", proxy.url)).await.unwrap();
     assert_eq!(response.status(), 200);
-    let result = tokio::time::timeout(Duration::from_secs(10), response.bytes()).await.expect("the proxy ends the stalled body");
-    assert!(result.is_err(), "a stalled body must not look complete: {result:?}");
+    let result = tokio::time::timeout(Duration::from_secs(10), response.bytes())
+        .await
+        .expect("the proxy ends the stalled body");
+    assert!(
+        result.is_err(),
+        "a stalled body must not look complete: {result:?}"
+    );
 }
 
 #[tokio::test]
@@ -357,12 +463,24 @@ async fn requests_over_the_concurrency_limit_get_503_with_retry_after() {
     assert_eq!(rejected.status(), 503);
     assert_eq!(rejected.headers()["retry-after"], "1");
     let json: Value = rejected.json().await.unwrap();
-    assert!(json["message"].as_str().unwrap().contains("limit of 1 concurrent"), "{json}");
+    assert!(
+        json["message"]
+            .as_str()
+            .unwrap()
+            .contains("limit of 1 concurrent"),
+        "{json}"
+    );
 
     script.release.notify_one();
     assert_eq!(held.await.unwrap(), "released");
     // The permit is back once the held response has finished.
-    assert_eq!(reqwest::get(format!("{}/echo", proxy.url)).await.unwrap().status(), 200);
+    assert_eq!(
+        reqwest::get(format!("{}/echo", proxy.url))
+            .await
+            .unwrap()
+            .status(),
+        200
+    );
 }
 
 #[tokio::test]
@@ -398,8 +516,23 @@ async fn metrics_count_requests_by_route_class_and_status() {
     for _ in 0..3 {
         reqwest::get(format!("{}/echo", proxy.url)).await.unwrap();
     }
-    let metrics = reqwest::get(format!("{}/metrics", proxy.admin_url)).await.unwrap().text().await.unwrap();
-    assert!(metrics.contains(r#"mlscope_http_requests_total{route="other",method="GET",status="200"} 3"#), "{metrics}");
-    assert!(metrics.contains("mlscope_http_request_duration_seconds_bucket"), "{metrics}");
-    assert!(metrics.contains("mlscope_http_requests_in_flight 0"), "{metrics}");
+    let metrics = reqwest::get(format!("{}/metrics", proxy.admin_url))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metrics
+            .contains(r#"mlscope_http_requests_total{route="other",method="GET",status="200"} 3"#),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("mlscope_http_request_duration_seconds_bucket"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("mlscope_http_requests_in_flight 0"),
+        "{metrics}"
+    );
 }

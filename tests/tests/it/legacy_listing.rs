@@ -22,63 +22,138 @@ print(json.dumps([[f.path, f.is_dir, f.file_size] for f in files]))
 
 #[tokio::test]
 async fn directory_markers_that_mlflow_3_15_lists_as_files_are_hidden_by_the_proxy() {
-    let stack = TestStack::start_with_mlflow_from(StackOptions::default(), &legacy_venv()).expect("starting a stack with MLflow 3.15.2");
+    let stack = TestStack::start_with_mlflow_from(StackOptions::default(), &legacy_venv())
+        .expect("starting a stack with MLflow 3.15.2");
     let mlflow = stack.mlflow.url.as_str();
     let proxy = stack.proxy_url();
-    let version = http().get(format!("{mlflow}/version")).send().await.unwrap().text().await.unwrap();
-    assert_eq!(version, "3.15.2", "the upstream must be a release that lists directory markers");
+    let version = http()
+        .get(format!("{mlflow}/version"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert_eq!(
+        version, "3.15.2",
+        "the upstream must be a release that lists directory markers"
+    );
 
     let run_id = create_run(mlflow, "legacy-listing").await;
     let run = get_run(mlflow, &run_id).await;
-    let experiment_id = run["run"]["info"]["experiment_id"].as_str().unwrap().to_owned();
-    let root_uri = run["run"]["info"]["artifact_uri"].as_str().unwrap().to_owned();
-    assert_eq!(root_uri, format!("mlflow-artifacts:/{experiment_id}/{run_id}/artifacts"));
+    let experiment_id = run["run"]["info"]["experiment_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let root_uri = run["run"]["info"]["artifact_uri"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert_eq!(
+        root_uri,
+        format!("mlflow-artifacts:/{experiment_id}/{run_id}/artifacts")
+    );
     let root = format!("{experiment_id}/{run_id}/artifacts");
 
-    let upload = http().put(format!("{mlflow}/api/2.0/mlflow-artifacts/artifacts/{root}/dir/a.txt")).body("hello\n").send().await.unwrap();
-    assert!(upload.status().is_success(), "uploading dir/a.txt through MLflow: {}", upload.status());
+    let upload = http()
+        .put(format!(
+            "{mlflow}/api/2.0/mlflow-artifacts/artifacts/{root}/dir/a.txt"
+        ))
+        .body("hello\n")
+        .send()
+        .await
+        .unwrap();
+    assert!(
+        upload.status().is_success(),
+        "uploading dir/a.txt through MLflow: {}",
+        upload.status()
+    );
     for marker in [format!("{root}/"), format!("{root}/dir/")] {
-        let url = format!("{}/{}/{}/{marker}", stack.s3.url, stack.s3.bucket, S3Store::PREFIX);
-        let put = http().put(&url).header("content-length", "0").send().await.unwrap();
-        assert!(put.status().is_success(), "creating the marker {url}: {}", put.status());
+        let url = format!(
+            "{}/{}/{}/{marker}",
+            stack.s3.url,
+            stack.s3.bucket,
+            S3Store::PREFIX
+        );
+        let put = http()
+            .put(&url)
+            .header("content-length", "0")
+            .send()
+            .await
+            .unwrap();
+        assert!(
+            put.status().is_success(),
+            "creating the marker {url}: {}",
+            put.status()
+        );
     }
 
     // The artifact API's listing (basenames).
     let list_root = format!("/api/2.0/mlflow-artifacts/artifacts?path={root}");
     let list_dir = format!("/api/2.0/mlflow-artifacts/artifacts?path={root}/dir");
     let direct = get(mlflow, &list_root).await;
-    assert_eq!(direct["files"], json!([{"path": "artifacts", "is_dir": false}, {"path": "dir", "is_dir": true}]), "MLflow 3.15.2 lists the run root's own marker");
+    assert_eq!(
+        direct["files"],
+        json!([{"path": "artifacts", "is_dir": false}, {"path": "dir", "is_dir": true}]),
+        "MLflow 3.15.2 lists the run root's own marker"
+    );
     let filtered = get(proxy, &list_root).await;
-    assert_eq!(filtered, json!({"files": [{"path": "dir", "is_dir": true}]}));
+    assert_eq!(
+        filtered,
+        json!({"files": [{"path": "dir", "is_dir": true}]})
+    );
 
     let direct = get(mlflow, &list_dir).await;
-    assert_eq!(direct["files"], json!([{"path": "dir", "is_dir": false}, {"path": "a.txt", "is_dir": false, "file_size": 6}]), "MLflow 3.15.2 lists dir/'s own marker (sorted by its key, before dir/a.txt)");
+    assert_eq!(
+        direct["files"],
+        json!([{"path": "dir", "is_dir": false}, {"path": "a.txt", "is_dir": false, "file_size": 6}]),
+        "MLflow 3.15.2 lists dir/'s own marker (sorted by its key, before dir/a.txt)"
+    );
     let filtered = get_text(proxy, &list_dir).await;
     assert_eq!(filtered, "{\n  \"files\": [\n    {\n      \"path\": \"a.txt\",\n      \"is_dir\": false,\n      \"file_size\": 6\n    }\n  ]\n}", "written as MLflow writes it");
     for prefix in ["/ajax-api", "/api"] {
         let path = format!("{prefix}/2.0/mlflow-artifacts/artifacts?path={root}/dir");
-        assert_eq!(get(proxy, &path).await, json!({"files": [{"path": "a.txt", "is_dir": false, "file_size": 6}]}), "{path}");
+        assert_eq!(
+            get(proxy, &path).await,
+            json!({"files": [{"path": "a.txt", "is_dir": false, "file_size": 6}]}),
+            "{path}"
+        );
     }
 
     // The tracking API's run listing (run-relative paths, `root_uri` first), as the UI calls it.
     for prefix in ["/api", "/ajax-api"] {
         let list_root = format!("{prefix}/2.0/mlflow/artifacts/list?run_id={run_id}");
         let direct = get(mlflow, &list_root).await;
-        assert_eq!(direct["files"], json!([{"path": "artifacts", "is_dir": false}, {"path": "dir", "is_dir": true}]), "{list_root}");
+        assert_eq!(
+            direct["files"],
+            json!([{"path": "artifacts", "is_dir": false}, {"path": "dir", "is_dir": true}]),
+            "{list_root}"
+        );
         let filtered = get_text(proxy, &list_root).await;
         assert_eq!(filtered, format!("{{\n  \"root_uri\": \"{root_uri}\",\n  \"files\": [\n    {{\n      \"path\": \"dir\",\n      \"is_dir\": true\n    }}\n  ]\n}}"));
 
         let list_dir = format!("{prefix}/2.0/mlflow/artifacts/list?run_id={run_id}&path=dir");
         let direct = get(mlflow, &list_dir).await;
-        assert_eq!(direct["files"], json!([{"path": "dir/dir", "is_dir": false}, {"path": "dir/a.txt", "is_dir": false, "file_size": 6}]), "{list_dir}");
+        assert_eq!(
+            direct["files"],
+            json!([{"path": "dir/dir", "is_dir": false}, {"path": "dir/a.txt", "is_dir": false, "file_size": 6}]),
+            "{list_dir}"
+        );
         let filtered = get(proxy, &list_dir).await;
-        assert_eq!(filtered, json!({"root_uri": root_uri, "files": [{"path": "dir/a.txt", "is_dir": false, "file_size": 6}]}), "{list_dir}");
+        assert_eq!(
+            filtered,
+            json!({"root_uri": root_uri, "files": [{"path": "dir/a.txt", "is_dir": false, "file_size": 6}]}),
+            "{list_dir}"
+        );
     }
 
     // The MLflow 3.15.2 client itself: a bogus `dir/dir` file directly, only `dir/a.txt` through
     // the proxy.
     let direct = list_with_client(mlflow, &run_id).await;
-    assert_eq!(direct, json!([["dir/a.txt", false, 6], ["dir/dir", false, null]]));
+    assert_eq!(
+        direct,
+        json!([["dir/a.txt", false, 6], ["dir/dir", false, null]])
+    );
     let filtered = list_with_client(proxy, &run_id).await;
     assert_eq!(filtered, json!([["dir/a.txt", false, 6]]));
 }
@@ -91,7 +166,11 @@ async fn get_text(base: &str, path: &str) -> String {
     let body = response.text().await.unwrap();
     println!("GET {base}{path} -> {status}\n{body}");
     assert_eq!(status, 200, "GET {base}{path}: {body}");
-    assert_eq!(length, Some(body.len() as u64), "Content-Length of GET {base}{path}");
+    assert_eq!(
+        length,
+        Some(body.len() as u64),
+        "Content-Length of GET {base}{path}"
+    );
     body
 }
 
@@ -117,7 +196,15 @@ async fn list_with_client(tracking_uri: &str, run_id: &str) -> Value {
         .expect("the MLflow client finished within 180 s")
         .expect("starting python");
     let stdout = String::from_utf8_lossy(&output.stdout);
-    assert!(output.status.success(), "python failed\n--- stdout\n{stdout}\n--- stderr\n{}", String::from_utf8_lossy(&output.stderr));
-    println!("MlflowClient({tracking_uri}).list_artifacts(run, \"dir\") -> {}", stdout.trim());
-    serde_json::from_str(stdout.trim().lines().last().unwrap_or_default()).expect("a JSON line from the client")
+    assert!(
+        output.status.success(),
+        "python failed\n--- stdout\n{stdout}\n--- stderr\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    println!(
+        "MlflowClient({tracking_uri}).list_artifacts(run, \"dir\") -> {}",
+        stdout.trim()
+    );
+    serde_json::from_str(stdout.trim().lines().last().unwrap_or_default())
+        .expect("a JSON line from the client")
 }

@@ -22,8 +22,17 @@ mod system_metrics;
 /// SeaweedFS and MLflow without a proxy, for the tests of one module that start their own proxies
 /// or talk to the store directly: started by the first test that asks `cell`. A stack that did not
 /// start fails every test that asks, with `what` and the error.
-fn module_stack(cell: &'static OnceLock<Result<TestStack, String>>, what: &str) -> &'static TestStack {
-    let stack = cell.get_or_init(|| TestStack::start(StackOptions { proxy: false, ..StackOptions::default() }).map_err(|e| format!("{e:#}")));
+fn module_stack(
+    cell: &'static OnceLock<Result<TestStack, String>>,
+    what: &str,
+) -> &'static TestStack {
+    let stack = cell.get_or_init(|| {
+        TestStack::start(StackOptions {
+            proxy: false,
+            ..StackOptions::default()
+        })
+        .map_err(|e| format!("{e:#}"))
+    });
     match stack {
         Ok(stack) => stack,
         Err(error) => panic!("the {what} did not start: {error}"),

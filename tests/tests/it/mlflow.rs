@@ -18,11 +18,17 @@ pub(crate) const NODE_WIDE_NAMES: [&str; 6] = [
 ];
 
 pub(crate) fn http() -> reqwest::Client {
-    reqwest::Client::builder().timeout(Duration::from_secs(60)).build().unwrap()
+    reqwest::Client::builder()
+        .timeout(Duration::from_secs(60))
+        .build()
+        .unwrap()
 }
 
 pub(crate) fn now_ms() -> i64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_millis() as i64
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64
 }
 
 /// Sends `request` and returns its body as JSON, whatever the status.
@@ -32,7 +38,12 @@ pub(crate) async fn response_json(request: reqwest::RequestBuilder) -> Value {
 
 /// POSTs to `/api/2.0/mlflow/<path>` and asserts success.
 pub(crate) async fn post(base: &str, path: &str, body: Value) -> Value {
-    let response = http().post(format!("{base}/api/2.0/mlflow/{path}")).json(&body).send().await.unwrap();
+    let response = http()
+        .post(format!("{base}/api/2.0/mlflow/{path}"))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
     let status = response.status();
     let json: Value = response.json().await.unwrap_or(Value::Null);
     assert!(status.is_success(), "{path}: {status} {json}");
@@ -50,8 +61,16 @@ pub(crate) async fn create_experiment_and_run(mlflow: &str, prefix: &str) -> (St
     let name = format!("{prefix}-{}", uuid::Uuid::new_v4().simple());
     let experiment = post(mlflow, "experiments/create", json!({ "name": name })).await;
     let experiment_id = experiment["experiment_id"].as_str().unwrap().to_owned();
-    let run = post(mlflow, "runs/create", json!({ "experiment_id": experiment_id, "start_time": now_ms() })).await;
-    (experiment_id, run["run"]["info"]["run_id"].as_str().unwrap().to_owned())
+    let run = post(
+        mlflow,
+        "runs/create",
+        json!({ "experiment_id": experiment_id, "start_time": now_ms() }),
+    )
+    .await;
+    (
+        experiment_id,
+        run["run"]["info"]["run_id"].as_str().unwrap().to_owned(),
+    )
 }
 
 pub(crate) async fn get_run(mlflow: &str, run_id: &str) -> Value {
@@ -65,13 +84,25 @@ pub(crate) async fn run_tags(mlflow: &str, run_id: &str) -> BTreeMap<String, Str
         .as_array()
         .unwrap()
         .iter()
-        .map(|t| (t["key"].as_str().unwrap().to_owned(), t["value"].as_str().unwrap().to_owned()))
+        .map(|t| {
+            (
+                t["key"].as_str().unwrap().to_owned(),
+                t["value"].as_str().unwrap().to_owned(),
+            )
+        })
         .collect()
 }
 
 pub(crate) async fn metric_keys(mlflow: &str, run_id: &str) -> BTreeSet<String> {
     let run = get_run(mlflow, run_id).await;
-    run["run"]["data"]["metrics"].as_array().map(|m| m.iter().map(|m| m["key"].as_str().unwrap().to_owned()).collect()).unwrap_or_default()
+    run["run"]["data"]["metrics"]
+        .as_array()
+        .map(|m| {
+            m.iter()
+                .map(|m| m["key"].as_str().unwrap().to_owned())
+                .collect()
+        })
+        .unwrap_or_default()
 }
 
 /// `(step, timestamp)` of every point of a series, in timestamp order.
@@ -79,12 +110,25 @@ pub(crate) async fn history(mlflow: &str, run_id: &str, key: &str) -> Vec<(i64, 
     let page = response_json(
         http()
             .get(format!("{mlflow}/api/2.0/mlflow/metrics/get-history"))
-            .query(&[("run_id", run_id), ("metric_key", key), ("max_results", "25000")]),
+            .query(&[
+                ("run_id", run_id),
+                ("metric_key", key),
+                ("max_results", "25000"),
+            ]),
     )
     .await;
     let mut points: Vec<(i64, i64)> = page["metrics"]
         .as_array()
-        .map(|m| m.iter().map(|p| (p["step"].as_i64().unwrap_or(0), p["timestamp"].as_i64().unwrap())).collect())
+        .map(|m| {
+            m.iter()
+                .map(|p| {
+                    (
+                        p["step"].as_i64().unwrap_or(0),
+                        p["timestamp"].as_i64().unwrap(),
+                    )
+                })
+                .collect()
+        })
         .unwrap_or_default();
     points.sort_by_key(|&(step, ts)| (ts, step));
     points

@@ -30,12 +30,24 @@ pub(crate) fn sha256(bytes: &[u8]) -> String {
 /// `(key, size)` of every object under `prefix`, listed by SeaweedFS itself (unsigned
 /// ListObjectsV2, no delimiter). One page: more than 1000 keys fail the test.
 pub(crate) async fn store_objects(s3: &S3Store, prefix: &str) -> Vec<(String, u64)> {
-    let xml = store_get(s3, &[("list-type", "2"), ("prefix", prefix), ("max-keys", "1000")]).await;
-    assert!(!xml.contains("<IsTruncated>true</IsTruncated>"), "more than 1000 keys under {prefix}");
+    let xml = store_get(
+        s3,
+        &[("list-type", "2"), ("prefix", prefix), ("max-keys", "1000")],
+    )
+    .await;
+    assert!(
+        !xml.contains("<IsTruncated>true</IsTruncated>"),
+        "more than 1000 keys under {prefix}"
+    );
     xml.split("<Contents>")
         .skip(1)
         .map(|block| {
-            let field = |tag: &str| xml_values(block, tag).into_iter().next().unwrap_or_default();
+            let field = |tag: &str| {
+                xml_values(block, tag)
+                    .into_iter()
+                    .next()
+                    .unwrap_or_default()
+            };
             (field("Key"), field("Size").parse().unwrap_or(u64::MAX))
         })
         .collect()
@@ -43,7 +55,11 @@ pub(crate) async fn store_objects(s3: &S3Store, prefix: &str) -> Vec<(String, u6
 
 /// Keys of every object under `prefix`, listed by SeaweedFS itself.
 pub(crate) async fn store_keys(s3: &S3Store, prefix: &str) -> Vec<String> {
-    store_objects(s3, prefix).await.into_iter().map(|(key, _)| key).collect()
+    store_objects(s3, prefix)
+        .await
+        .into_iter()
+        .map(|(key, _)| key)
+        .collect()
 }
 
 /// Ids of the multipart uploads the store still holds under `prefix`.
@@ -54,15 +70,28 @@ pub(crate) async fn pending_uploads(s3: &S3Store, prefix: &str) -> Vec<String> {
 
 /// An unsigned GET of the bucket itself with `query`; returns the XML.
 async fn store_get(s3: &S3Store, query: &[(&str, &str)]) -> String {
-    let response = http().get(format!("{}/{}", s3.url, s3.bucket)).query(query).send().await.unwrap();
+    let response = http()
+        .get(format!("{}/{}", s3.url, s3.bucket))
+        .query(query)
+        .send()
+        .await
+        .unwrap();
     let status = response.status();
     let xml = response.text().await.unwrap();
-    assert!(status.is_success(), "GET {}/{}?{query:?}: {status} {xml}", s3.url, s3.bucket);
+    assert!(
+        status.is_success(),
+        "GET {}/{}?{query:?}: {status} {xml}",
+        s3.url,
+        s3.bucket
+    );
     xml
 }
 
 /// The text of every `<tag>…</tag>` in `xml`, in order.
 fn xml_values(xml: &str, tag: &str) -> Vec<String> {
     let (open, close) = (format!("<{tag}>"), format!("</{tag}>"));
-    xml.split(&open).skip(1).filter_map(|rest| rest.split_once(&close).map(|(v, _)| v.to_owned())).collect()
+    xml.split(&open)
+        .skip(1)
+        .filter_map(|rest| rest.split_once(&close).map(|(v, _)| v.to_owned()))
+        .collect()
 }

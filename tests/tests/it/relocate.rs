@@ -48,7 +48,10 @@ fn count(output: &Output, name: &str) -> u64 {
         .lines()
         .find(|l| l.split_once(':').is_some_and(|(label, _)| label == name))
         .unwrap_or_else(|| panic!("no {name:?} line in the summary:\n{text}"));
-    let value = line.split_once(':').map(|(_, v)| v.trim()).unwrap_or_default();
+    let value = line
+        .split_once(':')
+        .map(|(_, v)| v.trim())
+        .unwrap_or_default();
     value
         .split_whitespace()
         .next()
@@ -62,17 +65,33 @@ fn object_url(stack: &TestStack, key: &str) -> String {
 
 /// Percent-encodes what the test keys hold besides unreserved characters and `/`.
 fn encode(path: &str) -> String {
-    path.replace('%', "%25").replace(' ', "%20").replace('+', "%2B")
+    path.replace('%', "%25")
+        .replace(' ', "%20")
+        .replace('+', "%2B")
 }
 
 /// Writes an object straight into SeaweedFS (it accepts unsigned requests), as the upload hook did.
 async fn put_object(stack: &TestStack, key: &str, body: Vec<u8>) {
-    let response = http().put(object_url(stack, key)).body(body).send().await.unwrap();
-    assert!(response.status().is_success(), "PUT {key}: {}", response.status());
+    let response = http()
+        .put(object_url(stack, key))
+        .body(body)
+        .send()
+        .await
+        .unwrap();
+    assert!(
+        response.status().is_success(),
+        "PUT {key}: {}",
+        response.status()
+    );
 }
 
 async fn exists(stack: &TestStack, key: &str) -> bool {
-    let status = http().head(object_url(stack, key)).send().await.unwrap().status();
+    let status = http()
+        .head(object_url(stack, key))
+        .send()
+        .await
+        .unwrap()
+        .status();
     assert!(status == 200 || status == 404, "HEAD {key}: {status}");
     status == 200
 }
@@ -101,33 +120,62 @@ async fn stray_checkpoints_are_copied_into_the_run_where_mlflow_lists_and_serves
 
     let source = format!("s3://{}/{stray}", stack.s3.bucket);
     let run_dir = format!("artifacts/{experiment}/{run_id}/artifacts/checkpoints");
-    let common = ["--run-id", &run_id, "--part-size", "5MiB", "--max-single-copy", "8MiB"];
+    let common = [
+        "--run-id",
+        &run_id,
+        "--part-size",
+        "5MiB",
+        "--max-single-copy",
+        "8MiB",
+    ];
 
     // Dry run: the plan, and nothing copied.
     let mut args = vec![source.as_str(), "--dry-run"];
     args.extend(common);
     let dry = relocate(stack, &args).await;
-    assert!(dry.status.success(), "dry run: {}\n{}", stdout(&dry), stderr(&dry));
+    assert!(
+        dry.status.success(),
+        "dry run: {}\n{}",
+        stdout(&dry),
+        stderr(&dry)
+    );
     let plan = stdout(&dry);
     assert!(plan.contains("dry run: nothing was copied"), "{plan}");
     assert!(
         plan.contains(&format!("copy s3://mlflow/{stray}/epoch_1.pt -> s3://mlflow/{run_dir}/epoch_1.pt (1.00 KiB, 1024 bytes")),
         "{plan}"
     );
-    assert!(plan.contains(&format!("s3://mlflow/{run_dir}/sub/epoch_3.pt")), "{plan}");
-    assert!(plan.contains("multipart copy, 5 parts of 5.00 MiB"), "{plan}");
-    assert!(!plan.contains("not-mine"), "a sibling prefix is not part of the source: {plan}");
+    assert!(
+        plan.contains(&format!("s3://mlflow/{run_dir}/sub/epoch_3.pt")),
+        "{plan}"
+    );
+    assert!(
+        plan.contains("multipart copy, 5 parts of 5.00 MiB"),
+        "{plan}"
+    );
+    assert!(
+        !plan.contains("not-mine"),
+        "a sibling prefix is not part of the source: {plan}"
+    );
     assert_eq!(count(&dry, "objects found"), 5, "{plan}");
     assert_eq!(count(&dry, "would copy"), 5, "{plan}");
     for (name, _) in &files {
-        assert!(!exists(stack, &format!("{run_dir}/{name}")).await, "the dry run copied {name}");
+        assert!(
+            !exists(stack, &format!("{run_dir}/{name}")).await,
+            "the dry run copied {name}"
+        );
     }
 
     // The copy.
     let mut args = vec![source.as_str()];
     args.extend(common);
     let first = relocate(stack, &args).await;
-    assert!(first.status.success(), "relocate: {}\n{}", stdout(&first), stderr(&first));
+    assert!(
+        first.status.success(),
+        "relocate: {}\n{}",
+        stdout(&first),
+        stderr(&first)
+    );
     let summary = stdout(&first);
     println!("{summary}");
     assert_eq!(count(&first, "objects found"), 5, "{summary}");
@@ -137,7 +185,10 @@ async fn stray_checkpoints_are_copied_into_the_run_where_mlflow_lists_and_serves
     assert_eq!(count(&first, "failed"), 0, "{summary}");
     assert_eq!(count(&first, "verified"), 5, "{summary}");
     assert_eq!(count(&first, "sources deleted"), 0, "{summary}");
-    assert!(summary.contains(&format!("({total} bytes)")), "bytes copied: {summary}");
+    assert!(
+        summary.contains(&format!("({total} bytes)")),
+        "bytes copied: {summary}"
+    );
 
     // MLflow serves every copy byte for byte, and lists them in the run.
     for (name, data) in &files {
@@ -145,31 +196,72 @@ async fn stray_checkpoints_are_copied_into_the_run_where_mlflow_lists_and_serves
         let response = http().get(&url).send().await.unwrap();
         assert_eq!(response.status(), 200, "GET {url}");
         let body = response.bytes().await.unwrap();
-        assert_eq!(sha256(&body), sha256(data), "{name} differs from its source");
+        assert_eq!(
+            sha256(&body),
+            sha256(data),
+            "{name} differs from its source"
+        );
     }
     let checkpoints = format!("{experiment}/{run_id}/artifacts/checkpoints");
-    let listing = response_json(http().get(format!("{mlflow}/api/2.0/mlflow-artifacts/artifacts")).query(&[("path", checkpoints)])).await;
-    let mut names: Vec<&str> = listing["files"].as_array().unwrap().iter().map(|f| f["path"].as_str().unwrap()).collect();
-    names.sort_unstable();
-    assert_eq!(names, ["big.pt", "epoch 4+.pt", "epoch_1.pt", "epoch_2.pt", "sub"], "{listing}");
-    let run_listing = response_json(
-        http().get(format!("{mlflow}/api/2.0/mlflow/artifacts/list")).query(&[("run_id", run_id.as_str()), ("path", "checkpoints")]),
+    let listing = response_json(
+        http()
+            .get(format!("{mlflow}/api/2.0/mlflow-artifacts/artifacts"))
+            .query(&[("path", checkpoints)]),
     )
     .await;
-    let big = run_listing["files"].as_array().unwrap().iter().find(|f| f["path"] == "checkpoints/big.pt");
-    assert_eq!(big.map(|f| f["file_size"].as_u64()), Some(Some((20 << 20) + 123)), "{run_listing}");
+    let mut names: Vec<&str> = listing["files"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f["path"].as_str().unwrap())
+        .collect();
+    names.sort_unstable();
+    assert_eq!(
+        names,
+        ["big.pt", "epoch 4+.pt", "epoch_1.pt", "epoch_2.pt", "sub"],
+        "{listing}"
+    );
+    let run_listing = response_json(
+        http()
+            .get(format!("{mlflow}/api/2.0/mlflow/artifacts/list"))
+            .query(&[("run_id", run_id.as_str()), ("path", "checkpoints")]),
+    )
+    .await;
+    let big = run_listing["files"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|f| f["path"] == "checkpoints/big.pt");
+    assert_eq!(
+        big.map(|f| f["file_size"].as_u64()),
+        Some(Some((20 << 20) + 123)),
+        "{run_listing}"
+    );
     for (name, _) in &files {
-        assert!(exists(stack, &format!("{stray}/{name}")).await, "the source {name} is kept without --delete-source");
+        assert!(
+            exists(stack, &format!("{stray}/{name}")).await,
+            "the source {name} is kept without --delete-source"
+        );
     }
 
     // Resumable: an interrupted copy (a short target) is copied again, the rest is skipped.
     put_object(stack, &format!("{run_dir}/epoch_2.pt"), pattern(5, 7)).await;
     let second = relocate(stack, &args).await;
-    assert!(second.status.success(), "rerun: {}\n{}", stdout(&second), stderr(&second));
+    assert!(
+        second.status.success(),
+        "rerun: {}\n{}",
+        stdout(&second),
+        stderr(&second)
+    );
     assert_eq!(count(&second, "copied"), 1, "{}", stdout(&second));
     assert_eq!(count(&second, "already there"), 4, "{}", stdout(&second));
     let third = relocate(stack, &args).await;
-    assert!(third.status.success(), "third run: {}\n{}", stdout(&third), stderr(&third));
+    assert!(
+        third.status.success(),
+        "third run: {}\n{}",
+        stdout(&third),
+        stderr(&third)
+    );
     assert_eq!(count(&third, "copied"), 0, "{}", stdout(&third));
     assert_eq!(count(&third, "already there"), 5, "{}", stdout(&third));
     assert!(stdout(&third).contains("(0 bytes)"), "{}", stdout(&third));
@@ -178,13 +270,32 @@ async fn stray_checkpoints_are_copied_into_the_run_where_mlflow_lists_and_serves
     let mut args = vec![source.as_str(), "--delete-source"];
     args.extend(common);
     let cleanup = relocate(stack, &args).await;
-    assert!(cleanup.status.success(), "--delete-source: {}\n{}", stdout(&cleanup), stderr(&cleanup));
-    assert_eq!(count(&cleanup, "sources deleted"), 5, "{}", stdout(&cleanup));
+    assert!(
+        cleanup.status.success(),
+        "--delete-source: {}\n{}",
+        stdout(&cleanup),
+        stderr(&cleanup)
+    );
+    assert_eq!(
+        count(&cleanup, "sources deleted"),
+        5,
+        "{}",
+        stdout(&cleanup)
+    );
     for (name, _) in &files {
-        assert!(!exists(stack, &format!("{stray}/{name}")).await, "the source {name} was not deleted");
-        assert!(exists(stack, &format!("{run_dir}/{name}")).await, "the copy of {name} is gone");
+        assert!(
+            !exists(stack, &format!("{stray}/{name}")).await,
+            "the source {name} was not deleted"
+        );
+        assert!(
+            exists(stack, &format!("{run_dir}/{name}")).await,
+            "the copy of {name} is gone"
+        );
     }
-    assert!(exists(stack, &format!("{stray}-other/not-mine.pt")).await, "a sibling prefix was touched");
+    assert!(
+        exists(stack, &format!("{stray}-other/not-mine.pt")).await,
+        "a sibling prefix was touched"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -193,15 +304,39 @@ async fn a_run_mlflow_does_not_know_fails_with_exit_1_and_copies_nothing() {
     let stray = format!("my-experiment-missing-{}", uuid::Uuid::new_v4().simple());
     put_object(stack, &format!("{stray}/epoch_1.pt"), pattern(100, 8)).await;
     let source = format!("s3://{}/{stray}", stack.s3.bucket);
-    let output = relocate(stack, &[&source, "--run-id", "0123456789abcdef0123456789abcdef"]).await;
-    assert_eq!(output.status.code(), Some(1), "{}\n{}", stdout(&output), stderr(&output));
+    let output = relocate(
+        stack,
+        &[&source, "--run-id", "0123456789abcdef0123456789abcdef"],
+    )
+    .await;
+    assert_eq!(
+        output.status.code(),
+        Some(1),
+        "{}\n{}",
+        stdout(&output),
+        stderr(&output)
+    );
     let message = stderr(&output);
-    assert!(message.contains("has no run \"0123456789abcdef0123456789abcdef\""), "{message}");
-    assert!(message.contains("--run-id"), "the message says what to check: {message}");
+    assert!(
+        message.contains("has no run \"0123456789abcdef0123456789abcdef\""),
+        "{message}"
+    );
+    assert!(
+        message.contains("--run-id"),
+        "the message says what to check: {message}"
+    );
     assert!(exists(stack, &format!("{stray}/epoch_1.pt")).await);
 
     // --delete-source without verification is refused before anything happens.
-    let output = relocate(stack, &[&source, "--run-id", "x", "--delete-source", "--no-verify"]).await;
+    let output = relocate(
+        stack,
+        &[&source, "--run-id", "x", "--delete-source", "--no-verify"],
+    )
+    .await;
     assert_eq!(output.status.code(), Some(64), "{}", stderr(&output));
-    assert!(stderr(&output).contains("--no-verify"), "{}", stderr(&output));
+    assert!(
+        stderr(&output).contains("--no-verify"),
+        "{}",
+        stderr(&output)
+    );
 }

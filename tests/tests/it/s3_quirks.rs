@@ -45,7 +45,8 @@ impl QuirkyGateway {
         let shim = S3Shim::start(&stack.s3.url, Quirks::default()).expect("starting the S3 shim");
         let args = generic_gateway_args(stack, &shim);
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        let proxy = spawn_proxy(&stack.mlflow.url, &args, stack.dir.path()).expect("starting the gateway");
+        let proxy =
+            spawn_proxy(&stack.mlflow.url, &args, stack.dir.path()).expect("starting the gateway");
         QuirkyGateway { proxy, shim }
     }
 
@@ -56,8 +57,17 @@ impl QuirkyGateway {
 
     fn assert_nothing_injected(&self) {
         let counts = self.shim.counts();
-        let injected: Vec<_> = self.shim.exchanges().into_iter().filter(|e| e.injected.is_some()).collect();
-        assert_eq!(counts.failures(), 0, "the shim injected failures into the gateway's requests: {injected:#?}");
+        let injected: Vec<_> = self
+            .shim
+            .exchanges()
+            .into_iter()
+            .filter(|e| e.injected.is_some())
+            .collect();
+        assert_eq!(
+            counts.failures(),
+            0,
+            "the shim injected failures into the gateway's requests: {injected:#?}"
+        );
     }
 }
 
@@ -68,7 +78,13 @@ fn generic_gateway_args(stack: &TestStack, shim: &S3Shim) -> Vec<String> {
         .s3
         .gateway_args(&shim.url)
         .into_iter()
-        .map(|arg| if arg == "seaweedfs" { "generic".to_owned() } else { arg })
+        .map(|arg| {
+            if arg == "seaweedfs" {
+                "generic".to_owned()
+            } else {
+                arg
+            }
+        })
         .collect();
     assert!(args.iter().any(|a| a == "generic"), "{args:?}");
     args
@@ -79,28 +95,63 @@ async fn download(url: &str) -> Bytes {
     let response = http().get(url).send().await.unwrap();
     let status = response.status();
     let body = response.bytes().await.unwrap();
-    assert_eq!(status.as_u16(), 200, "GET {url}: {}", String::from_utf8_lossy(&body[..body.len().min(500)]));
+    assert_eq!(
+        status.as_u16(),
+        200,
+        "GET {url}: {}",
+        String::from_utf8_lossy(&body[..body.len().min(500)])
+    );
     body
 }
 
 /// Asserts that `path` reads back as `expected` through the gateway and through MLflow itself.
 async fn assert_stored(gateway: &QuirkyGateway, path: &str, expected: &[u8]) {
     let via_gateway = download(&format!("{}/artifacts/{path}", gateway.api())).await;
-    let via_mlflow = download(&format!("{}/api/2.0/mlflow-artifacts/artifacts/{path}", stack().mlflow.url)).await;
-    assert_eq!(via_gateway.len(), expected.len(), "{path} through the gateway");
-    assert_eq!(sha256(&via_gateway), sha256(expected), "{path} through the gateway");
-    assert_eq!(sha256(&via_mlflow), sha256(expected), "{path} through MLflow");
+    let via_mlflow = download(&format!(
+        "{}/api/2.0/mlflow-artifacts/artifacts/{path}",
+        stack().mlflow.url
+    ))
+    .await;
+    assert_eq!(
+        via_gateway.len(),
+        expected.len(),
+        "{path} through the gateway"
+    );
+    assert_eq!(
+        sha256(&via_gateway),
+        sha256(expected),
+        "{path} through the gateway"
+    );
+    assert_eq!(
+        sha256(&via_mlflow),
+        sha256(expected),
+        "{path} through MLflow"
+    );
 }
 
 async fn put_artifact(gateway: &QuirkyGateway, path: &str, body: reqwest::Body) {
-    let response = http().put(format!("{}/artifacts/{path}", gateway.api())).body(body).send().await.unwrap();
+    let response = http()
+        .put(format!("{}/artifacts/{path}", gateway.api()))
+        .body(body)
+        .send()
+        .await
+        .unwrap();
     let status = response.status();
     let text = response.text().await.unwrap_or_default();
-    assert_eq!(status.as_u16(), 200, "upload of {path} through the gateway: {text}");
+    assert_eq!(
+        status.as_u16(),
+        200,
+        "upload of {path} through the gateway: {text}"
+    );
 }
 
 async fn list(gateway: &QuirkyGateway, path: &str) -> Value {
-    let response = http().get(format!("{}/artifacts", gateway.api())).query(&[("path", path)]).send().await.unwrap();
+    let response = http()
+        .get(format!("{}/artifacts", gateway.api()))
+        .query(&[("path", path)])
+        .send()
+        .await
+        .unwrap();
     assert_eq!(response.status().as_u16(), 200, "listing {path}");
     response.json().await.unwrap()
 }
@@ -113,7 +164,13 @@ fn default_sdk_client(endpoint: &str) -> aws_sdk_s3::Client {
         .behavior_version(BehaviorVersion::latest())
         .endpoint_url(endpoint)
         .region(Region::new("us-east-1"))
-        .credentials_provider(Credentials::new("mlscope", "mlscope", None, None, "s3-quirks-test"))
+        .credentials_provider(Credentials::new(
+            "mlscope",
+            "mlscope",
+            None,
+            None,
+            "s3-quirks-test",
+        ))
         .force_path_style(true)
         .build();
     aws_sdk_s3::Client::from_conf(config)
@@ -121,11 +178,32 @@ fn default_sdk_client(endpoint: &str) -> aws_sdk_s3::Client {
 
 /// A PutObject with [`default_sdk_client`] through `shim`, which must fail: the error, and the
 /// headers the SDK sent as the shim saw them. `what` names the body in messages.
-async fn refused_default_sdk_put(shim: &S3Shim, bucket: &str, key: &str, body: ByteStream, what: &str) -> (SdkError<PutObjectError>, Vec<(String, String)>) {
-    let result = default_sdk_client(&shim.url).put_object().bucket(bucket).key(key).body(body).send().await;
-    let error = result.err().unwrap_or_else(|| panic!("a default aws-sdk-s3 PutObject ({what}) must fail against the shim"));
-    let sent = shim.exchanges().last().map(|e| e.headers.clone()).unwrap_or_default();
-    println!("aws-sdk-s3 PutObject ({what}) sent {sent:?} and got {:?}", error.code());
+async fn refused_default_sdk_put(
+    shim: &S3Shim,
+    bucket: &str,
+    key: &str,
+    body: ByteStream,
+    what: &str,
+) -> (SdkError<PutObjectError>, Vec<(String, String)>) {
+    let result = default_sdk_client(&shim.url)
+        .put_object()
+        .bucket(bucket)
+        .key(key)
+        .body(body)
+        .send()
+        .await;
+    let error = result.err().unwrap_or_else(|| {
+        panic!("a default aws-sdk-s3 PutObject ({what}) must fail against the shim")
+    });
+    let sent = shim
+        .exchanges()
+        .last()
+        .map(|e| e.headers.clone())
+        .unwrap_or_default();
+    println!(
+        "aws-sdk-s3 PutObject ({what}) sent {sent:?} and got {:?}",
+        error.code()
+    );
     (error, sent)
 }
 
@@ -154,14 +232,20 @@ except botocore.exceptions.ClientError as e:
         .env_remove("AWS_RESPONSE_CHECKSUM_VALIDATION")
         .output()
         .expect("running the venv's python");
-    assert!(output.status.success(), "boto3 script failed: {}", String::from_utf8_lossy(&output.stderr));
-    serde_json::from_slice(&output.stdout).unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&output.stdout)))
+    assert!(
+        output.status.success(),
+        "boto3 script failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    serde_json::from_slice(&output.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&output.stdout)))
 }
 
 // === an SDK with default settings ===
 
 #[tokio::test]
-async fn default_sdk_uploads_and_tag_reads_fail_against_the_quirky_store_but_not_against_seaweedfs() {
+async fn default_sdk_uploads_and_tag_reads_fail_against_the_quirky_store_but_not_against_seaweedfs()
+{
     let stack = stack();
     let shim = S3Shim::start(&stack.s3.url, Quirks::default()).unwrap();
     let bucket = &stack.s3.bucket;
@@ -169,10 +253,22 @@ async fn default_sdk_uploads_and_tag_reads_fail_against_the_quirky_store_but_not
 
     // boto3 over http:// sends its CRC32 as `x-amz-checksum-crc32` with `x-amz-sdk-checksum-algorithm`.
     let refused = boto3_put_object(&shim.url, bucket, &format!("{base}/boto3.txt"));
-    assert_eq!(refused, json!({"ok": false, "code": "NotImplemented", "status": 501}));
-    assert_eq!(shim.counts().checksum_not_implemented, 1, "{:#?}", shim.exchanges());
+    assert_eq!(
+        refused,
+        json!({"ok": false, "code": "NotImplemented", "status": 501})
+    );
+    assert_eq!(
+        shim.counts().checksum_not_implemented,
+        1,
+        "{:#?}",
+        shim.exchanges()
+    );
     let stored = boto3_put_object(&stack.s3.url, bucket, &format!("{base}/boto3.txt"));
-    assert_eq!(stored, json!({"ok": true}), "the same call straight to SeaweedFS");
+    assert_eq!(
+        stored,
+        json!({"ok": true}),
+        "the same call straight to SeaweedFS"
+    );
 
     // aws-sdk-s3 with an in-memory body sends its CRC32 as a header, too.
     let key = format!("{base}/rust.txt");
@@ -181,19 +277,39 @@ async fn default_sdk_uploads_and_tag_reads_fail_against_the_quirky_store_but_not
     let (error, sent) = refused_default_sdk_put(&shim, bucket, &key, body, "in-memory body").await;
     assert_eq!(error.code(), Some("NotImplemented"), "{error:?}");
     assert_eq!(error.raw_response().map(|r| r.status().as_u16()), Some(501));
-    assert_eq!(shim.counts().checksum_not_implemented, before.checksum_not_implemented + 1);
-    assert!(sent.iter().any(|(name, _)| name.starts_with("x-amz-checksum-")), "{sent:?}");
+    assert_eq!(
+        shim.counts().checksum_not_implemented,
+        before.checksum_not_implemented + 1
+    );
+    assert!(
+        sent.iter()
+            .any(|(name, _)| name.starts_with("x-amz-checksum-")),
+        "{sent:?}"
+    );
 
     // A body streamed from a file goes out `aws-chunked`, signed chunks with the CRC32 in a trailer.
     let file = tempfile::NamedTempFile::new().unwrap();
     std::fs::write(file.path(), pattern(64 * 1024, 1)).unwrap();
     let before = shim.counts();
     let body = ByteStream::from_path(file.path()).await.unwrap();
-    let (error, sent) = refused_default_sdk_put(&shim, bucket, &format!("{base}/streamed.bin"), body, "file body").await;
+    let (error, sent) = refused_default_sdk_put(
+        &shim,
+        bucket,
+        &format!("{base}/streamed.bin"),
+        body,
+        "file body",
+    )
+    .await;
     assert_eq!(error.code(), Some("MissingContentLength"), "{error:?}");
     assert_eq!(error.raw_response().map(|r| r.status().as_u16()), Some(411));
-    assert_eq!(shim.counts().missing_content_length, before.missing_content_length + 1);
-    assert!(sent.contains(&("content-encoding".to_owned(), "aws-chunked".to_owned())), "{sent:?}");
+    assert_eq!(
+        shim.counts().missing_content_length,
+        before.missing_content_length + 1
+    );
+    assert!(
+        sent.contains(&("content-encoding".to_owned(), "aws-chunked".to_owned())),
+        "{sent:?}"
+    );
 
     // SeaweedFS itself decodes `aws-chunked` uploads. This one has no S3 identities, so it
     // refuses every signed streaming upload ("Signed request requires setting up SeaweedFS S3
@@ -211,23 +327,46 @@ async fn default_sdk_uploads_and_tag_reads_fail_against_the_quirky_store_but_not
     };
     let refused = framed(&shim.url).await.unwrap();
     assert_eq!(refused.status().as_u16(), 411);
-    assert!(refused.text().await.unwrap().contains("<Code>MissingContentLength</Code>"));
-    assert_eq!(shim.counts().missing_content_length, before.missing_content_length + 2);
-    assert_eq!(framed(&stack.s3.url).await.unwrap().status().as_u16(), 200, "aws-chunked straight to SeaweedFS");
-    assert_eq!(download(&format!("{}/{bucket}/{base}/framed.txt", stack.s3.url)).await, "hello", "stored decoded");
+    assert!(refused
+        .text()
+        .await
+        .unwrap()
+        .contains("<Code>MissingContentLength</Code>"));
+    assert_eq!(
+        shim.counts().missing_content_length,
+        before.missing_content_length + 2
+    );
+    assert_eq!(
+        framed(&stack.s3.url).await.unwrap().status().as_u16(),
+        200,
+        "aws-chunked straight to SeaweedFS"
+    );
+    assert_eq!(
+        download(&format!("{}/{bucket}/{base}/framed.txt", stack.s3.url)).await,
+        "hello",
+        "stored decoded"
+    );
 
     let direct = default_sdk_client(&stack.s3.url);
     direct
         .put_object()
         .bucket(bucket)
         .key(&key)
-        .body(ByteStream::from_static(b"aws-sdk-s3 with its default configuration"))
+        .body(ByteStream::from_static(
+            b"aws-sdk-s3 with its default configuration",
+        ))
         .send()
         .await
         .expect("the same PutObject straight to SeaweedFS");
 
     // Tag reads: SeaweedFS answers them, the quirky store does not.
-    direct.get_object_tagging().bucket(bucket).key(&key).send().await.expect("GetObjectTagging on SeaweedFS");
+    direct
+        .get_object_tagging()
+        .bucket(bucket)
+        .key(&key)
+        .send()
+        .await
+        .expect("GetObjectTagging on SeaweedFS");
     let error = default_sdk_client(&shim.url)
         .get_object_tagging()
         .bucket(bucket)
@@ -254,30 +393,55 @@ async fn default_sdk_uploads_and_tag_reads_fail_against_the_quirky_store_but_not
 #[tokio::test]
 async fn uploads_of_every_size_and_framing_pass_the_quirky_store_through_the_gateway() {
     let gateway = QuirkyGateway::start(stack());
-    let (experiment, run) = create_experiment_and_run(&stack().mlflow.url, "s3-quirks-uploads").await;
+    let (experiment, run) =
+        create_experiment_and_run(&stack().mlflow.url, "s3-quirks-uploads").await;
     let root = format!("{experiment}/{run}/artifacts");
 
     let small = b"a few bytes".to_vec();
-    put_artifact(&gateway, &format!("{root}/dir/small.txt"), small.clone().into()).await;
+    put_artifact(
+        &gateway,
+        &format!("{root}/dir/small.txt"),
+        small.clone().into(),
+    )
+    .await;
     // Above the 8 MiB multipart threshold: a multipart upload.
     let big = pattern(40 * MIB, 2);
     put_artifact(&gateway, &format!("{root}/dir/big.bin"), big.clone().into()).await;
     // Chunked transfer encoding, no Content-Length: one small PutObject, and a multipart upload.
     let chunked = |data: Vec<u8>| {
-        let chunks: Vec<Result<Bytes, std::io::Error>> = data.chunks(MIB).map(|c| Ok(Bytes::copy_from_slice(c))).collect();
+        let chunks: Vec<Result<Bytes, std::io::Error>> = data
+            .chunks(MIB)
+            .map(|c| Ok(Bytes::copy_from_slice(c)))
+            .collect();
         reqwest::Body::wrap_stream(futures_util::stream::iter(chunks))
     };
     let streamed_small = pattern(300 * 1024 + 7, 3);
-    put_artifact(&gateway, &format!("{root}/dir/streamed-small.bin"), chunked(streamed_small.clone())).await;
+    put_artifact(
+        &gateway,
+        &format!("{root}/dir/streamed-small.bin"),
+        chunked(streamed_small.clone()),
+    )
+    .await;
     let streamed_big = pattern(12 * MIB + 7, 4);
-    put_artifact(&gateway, &format!("{root}/dir/streamed-big.bin"), chunked(streamed_big.clone())).await;
+    put_artifact(
+        &gateway,
+        &format!("{root}/dir/streamed-big.bin"),
+        chunked(streamed_big.clone()),
+    )
+    .await;
 
     gateway.assert_nothing_injected();
     let exchanges = gateway.shim.exchanges();
-    let parts = exchanges.iter().filter(|e| e.method == "PUT" && e.target.contains("partNumber=")).count();
+    let parts = exchanges
+        .iter()
+        .filter(|e| e.method == "PUT" && e.target.contains("partNumber="))
+        .count();
     // The gateway's default part size is 8 MiB.
     let expected_parts = big.len().div_ceil(8 * MIB) + streamed_big.len().div_ceil(8 * MIB);
-    assert_eq!(parts, expected_parts, "UploadPart requests through the shim: {exchanges:#?}");
+    assert_eq!(
+        parts, expected_parts,
+        "UploadPart requests through the shim: {exchanges:#?}"
+    );
     assert!(exchanges.iter().all(|e| e.status < 300), "{exchanges:#?}");
     let counts = gateway.shim.counts();
     assert!(counts.forwarded >= 4 + parts as u64, "{counts:?}");
@@ -286,31 +450,60 @@ async fn uploads_of_every_size_and_framing_pass_the_quirky_store_through_the_gat
 
     assert_stored(&gateway, &format!("{root}/dir/small.txt"), &small).await;
     assert_stored(&gateway, &format!("{root}/dir/big.bin"), &big).await;
-    assert_stored(&gateway, &format!("{root}/dir/streamed-small.bin"), &streamed_small).await;
-    assert_stored(&gateway, &format!("{root}/dir/streamed-big.bin"), &streamed_big).await;
+    assert_stored(
+        &gateway,
+        &format!("{root}/dir/streamed-small.bin"),
+        &streamed_small,
+    )
+    .await;
+    assert_stored(
+        &gateway,
+        &format!("{root}/dir/streamed-big.bin"),
+        &streamed_big,
+    )
+    .await;
     gateway.assert_nothing_injected();
 }
 
 #[tokio::test]
 async fn listings_through_the_gateway_hide_the_directory_markers_the_store_holds() {
     let gateway = QuirkyGateway::start(stack());
-    let (experiment, run) = create_experiment_and_run(&stack().mlflow.url, "s3-quirks-listings").await;
+    let (experiment, run) =
+        create_experiment_and_run(&stack().mlflow.url, "s3-quirks-listings").await;
     let root = format!("{experiment}/{run}/artifacts");
     put_artifact(&gateway, &format!("{root}/dir/small.txt"), "small".into()).await;
-    put_artifact(&gateway, &format!("{root}/dir/nested/deep.txt"), "deeper".into()).await;
+    put_artifact(
+        &gateway,
+        &format!("{root}/dir/nested/deep.txt"),
+        "deeper".into(),
+    )
+    .await;
     gateway.assert_nothing_injected();
 
     // The markers are really in the store: zero-byte keys ending in `/`.
     let run_prefix = format!("{}/{experiment}/{run}/", mlscope_tests::S3Store::PREFIX);
     let objects = store_objects(&stack().s3, &run_prefix).await;
-    let markers: Vec<String> = objects.into_iter().filter(|(key, size)| key.ends_with('/') && *size == 0).map(|(key, _)| key).collect();
+    let markers: Vec<String> = objects
+        .into_iter()
+        .filter(|(key, size)| key.ends_with('/') && *size == 0)
+        .map(|(key, _)| key)
+        .collect();
     for dir in ["", "artifacts/", "artifacts/dir/", "artifacts/dir/nested/"] {
-        assert!(markers.contains(&format!("{run_prefix}{dir}")), "no marker {run_prefix}{dir} in {markers:?}");
+        assert!(
+            markers.contains(&format!("{run_prefix}{dir}")),
+            "no marker {run_prefix}{dir} in {markers:?}"
+        );
     }
     assert!(gateway.shim.counts().markers_created >= 4);
 
-    assert_eq!(list(&gateway, &format!("{experiment}/{run}")).await, json!({"files": [{"path": "artifacts", "is_dir": true}]}));
-    assert_eq!(list(&gateway, &root).await, json!({"files": [{"path": "dir", "is_dir": true}]}));
+    assert_eq!(
+        list(&gateway, &format!("{experiment}/{run}")).await,
+        json!({"files": [{"path": "artifacts", "is_dir": true}]})
+    );
+    assert_eq!(
+        list(&gateway, &root).await,
+        json!({"files": [{"path": "dir", "is_dir": true}]})
+    );
     let dir = list(&gateway, &format!("{root}/dir")).await;
     assert_eq!(
         dir,
@@ -331,21 +524,47 @@ async fn mlflow_multipart_uploads_with_presigned_parts_pass_the_quirky_store() {
     let data = pattern(6 * MIB + 3, 5);
     let parts = [&data[..5 * MIB], &data[5 * MIB..]];
 
-    let created = response_json(http().post(format!("{}/mpu/create/{root}", gateway.api())).json(&json!({"path": "/local/big.bin", "num_parts": 2}))).await;
-    let upload_id = created["upload_id"].as_str().unwrap_or_else(|| panic!("{created}")).to_owned();
-    let credentials = created["credentials"].as_array().unwrap_or_else(|| panic!("{created}"));
+    let created = response_json(
+        http()
+            .post(format!("{}/mpu/create/{root}", gateway.api()))
+            .json(&json!({"path": "/local/big.bin", "num_parts": 2})),
+    )
+    .await;
+    let upload_id = created["upload_id"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{created}"))
+        .to_owned();
+    let credentials = created["credentials"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{created}"));
     assert_eq!(credentials.len(), 2, "{created}");
 
     let mut completed = Vec::new();
     for (credential, part) in credentials.iter().zip(parts) {
         let url = credential["url"].as_str().unwrap();
-        assert!(url.starts_with(&gateway.shim.url), "the part must go through the shim: {url}");
+        assert!(
+            url.starts_with(&gateway.shim.url),
+            "the part must go through the shim: {url}"
+        );
         let lower = url.to_ascii_lowercase();
-        assert!(!lower.contains("x-amz-checksum") && !lower.contains("x-amz-sdk-checksum-algorithm"), "{url}");
+        assert!(
+            !lower.contains("x-amz-checksum") && !lower.contains("x-amz-sdk-checksum-algorithm"),
+            "{url}"
+        );
         let response = http().put(url).body(part.to_vec()).send().await.unwrap();
         let status = response.status();
-        let etag = response.headers().get("etag").and_then(|v| v.to_str().ok()).map(str::to_owned);
-        assert_eq!(status.as_u16(), 200, "part {}: {}", credential["part_number"], response.text().await.unwrap_or_default());
+        let etag = response
+            .headers()
+            .get("etag")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned);
+        assert_eq!(
+            status.as_u16(),
+            200,
+            "part {}: {}",
+            credential["part_number"],
+            response.text().await.unwrap_or_default()
+        );
         completed.push(json!({"part_number": credential["part_number"], "etag": etag.expect("an ETag for the part")}));
     }
     let response = http()
@@ -354,12 +573,20 @@ async fn mlflow_multipart_uploads_with_presigned_parts_pass_the_quirky_store() {
         .send()
         .await
         .unwrap();
-    assert_eq!(response.status().as_u16(), 200, "{}", response.text().await.unwrap_or_default());
+    assert_eq!(
+        response.status().as_u16(),
+        200,
+        "{}",
+        response.text().await.unwrap_or_default()
+    );
 
     gateway.assert_nothing_injected();
     assert_stored(&gateway, &format!("{root}/big.bin"), &data).await;
     let counts = gateway.shim.counts();
-    assert!(counts.markers_created > 0, "CompleteMultipartUpload leaves markers: {counts:?}");
+    assert!(
+        counts.markers_created > 0,
+        "CompleteMultipartUpload leaves markers: {counts:?}"
+    );
     println!("shim counts after the multipart upload: {counts:?}");
 }
 
@@ -367,12 +594,22 @@ async fn mlflow_multipart_uploads_with_presigned_parts_pass_the_quirky_store() {
 async fn relocate_copies_stray_objects_into_a_run_through_the_quirky_store_without_reading_tags() {
     let stack = stack();
     let shim = S3Shim::start(&stack.s3.url, Quirks::default()).unwrap();
-    let (experiment, run) = create_experiment_and_run(&stack.mlflow.url, "s3-quirks-relocate").await;
+    let (experiment, run) =
+        create_experiment_and_run(&stack.mlflow.url, "s3-quirks-relocate").await;
     let stray = format!("stray-{}", uuid::Uuid::new_v4().simple());
-    let objects = [("notes.txt", b"written outside MLflow's layout".to_vec()), ("ckpt/model.bin", pattern(9 * MIB, 6))];
+    let objects = [
+        ("notes.txt", b"written outside MLflow's layout".to_vec()),
+        ("ckpt/model.bin", pattern(9 * MIB, 6)),
+    ];
     for (name, data) in &objects {
         let url = format!("{}/{}/{stray}/{name}", stack.s3.url, stack.s3.bucket);
-        let status = http().put(&url).body(data.clone()).send().await.unwrap().status();
+        let status = http()
+            .put(&url)
+            .body(data.clone())
+            .send()
+            .await
+            .unwrap()
+            .status();
         assert_eq!(status.as_u16(), 200, "writing the stray object {url}");
     }
 
@@ -381,7 +618,17 @@ async fn relocate_copies_stray_objects_into_a_run_through_the_quirky_store_witho
         // `--upstream` and `--database-url` are flags of the proxy itself, so they come before
         // the subcommand; the S3 flags are global.
         .args(["--upstream", &stack.mlflow.url])
-        .args(["--database-url", &format!("sqlite://{}", stack.dir.path().join(format!("relocate-{stray}.db")).display())])
+        .args([
+            "--database-url",
+            &format!(
+                "sqlite://{}",
+                stack
+                    .dir
+                    .path()
+                    .join(format!("relocate-{stray}.db"))
+                    .display()
+            ),
+        ])
         .arg("relocate")
         .arg(format!("s3://{}/{stray}", stack.s3.bucket))
         .args(["--run-id", &run])
@@ -398,25 +645,50 @@ async fn relocate_copies_stray_objects_into_a_run_through_the_quirky_store_witho
         .await
         .expect("relocate did not finish within 3 minutes")
         .expect("running mlscope-proxy relocate");
-    let log = format!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
+    let log = format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
     println!("mlscope-proxy relocate: {}\n{log}", output.status);
-    assert!(output.status.success(), "relocate failed ({}):\n{log}\nshim saw: {:#?}", output.status, shim.exchanges());
+    assert!(
+        output.status.success(),
+        "relocate failed ({}):\n{log}\nshim saw: {:#?}",
+        output.status,
+        shim.exchanges()
+    );
 
     let counts = shim.counts();
     println!("shim counts after relocate: {counts:?}");
-    assert_eq!(counts.tagging_malformed_xml, 0, "relocate read or wrote tags: {:#?}", shim.exchanges());
+    assert_eq!(
+        counts.tagging_malformed_xml,
+        0,
+        "relocate read or wrote tags: {:#?}",
+        shim.exchanges()
+    );
     assert_eq!(counts.failures(), 0, "{:#?}", shim.exchanges());
     let exchanges = shim.exchanges();
     let copies = |part: bool| {
         exchanges
             .iter()
             .filter(|e| e.method == "PUT" && e.target.contains("partNumber=") == part)
-            .filter(|e| e.headers.iter().any(|(name, _)| name == "x-amz-copy-source"))
+            .filter(|e| {
+                e.headers
+                    .iter()
+                    .any(|(name, _)| name == "x-amz-copy-source")
+            })
             .count()
     };
-    assert_eq!((copies(false), copies(true)), (1, 2), "CopyObject and UploadPartCopy through the shim: {exchanges:#?}");
+    assert_eq!(
+        (copies(false), copies(true)),
+        (1, 2),
+        "CopyObject and UploadPartCopy through the shim: {exchanges:#?}"
+    );
     // Wherever under the run's artifacts relocate puts them, each object arrives whole.
-    let run_prefix = format!("{}/{experiment}/{run}/artifacts/", mlscope_tests::S3Store::PREFIX);
+    let run_prefix = format!(
+        "{}/{experiment}/{run}/artifacts/",
+        mlscope_tests::S3Store::PREFIX
+    );
     let keys = store_objects(&stack.s3, &run_prefix).await;
     for (name, data) in &objects {
         let key = keys
@@ -440,22 +712,49 @@ async fn a_store_that_refuses_uploads_gives_502_and_leaves_the_failure_on_the_ru
         .s3
         .gateway_args(&shim.url)
         .into_iter()
-        .map(|arg| if arg == "seaweedfs" { "aws".to_owned() } else { arg })
+        .map(|arg| {
+            if arg == "seaweedfs" {
+                "aws".to_owned()
+            } else {
+                arg
+            }
+        })
         .chain(["--s3-path-style".to_owned(), "true".to_owned()])
         .collect();
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let proxy = spawn_proxy(&stack.mlflow.url, &args, stack.dir.path()).expect("starting the gateway");
+    let proxy =
+        spawn_proxy(&stack.mlflow.url, &args, stack.dir.path()).expect("starting the gateway");
     let (experiment, run_id) = create_experiment_and_run(&stack.mlflow.url, "refused").await;
     let path = format!("{experiment}/{run_id}/artifacts/images/sample_0.png");
-    let response = http().put(format!("{}/api/2.0/mlflow-artifacts/artifacts/{path}", proxy.url)).body(vec![1u8; 2048]).send().await.unwrap();
+    let response = http()
+        .put(format!(
+            "{}/api/2.0/mlflow-artifacts/artifacts/{path}",
+            proxy.url
+        ))
+        .body(vec![1u8; 2048])
+        .send()
+        .await
+        .unwrap();
     assert_eq!(response.status().as_u16(), 502);
     let body: Value = response.json().await.unwrap();
     let message = body["message"].as_str().unwrap();
-    assert!(message.contains("NotImplemented") && message.contains(&path), "{body}");
+    assert!(
+        message.contains("NotImplemented") && message.contains(&path),
+        "{body}"
+    );
     assert!(shim.counts().failures() > 0, "the shim refused the upload");
 
     let tags = run_tags(&stack.mlflow.url, &run_id).await;
-    assert_eq!(tags.get("mlscope.artifacts.upload_failures").map(String::as_str), Some("1"), "{tags:?}");
+    assert_eq!(
+        tags.get("mlscope.artifacts.upload_failures")
+            .map(String::as_str),
+        Some("1"),
+        "{tags:?}"
+    );
     assert_eq!(tags.get("mlscope.artifacts.last_failed_path"), Some(&path));
-    assert!(tags.get("mlscope.artifacts.last_upload_error").is_some_and(|e| e.contains("NotImplemented")), "{tags:?}");
+    assert!(
+        tags.get("mlscope.artifacts.last_upload_error")
+            .is_some_and(|e| e.contains("NotImplemented")),
+        "{tags:?}"
+    );
 }

@@ -74,7 +74,11 @@ pub fn parse_proc_cgroup(text: &str) -> Vec<ProcCgroupLine> {
             let path = parts.next()?;
             Some(ProcCgroupLine {
                 hierarchy_id,
-                controllers: controllers.split(',').filter(|c| !c.is_empty()).map(str::to_owned).collect(),
+                controllers: controllers
+                    .split(',')
+                    .filter(|c| !c.is_empty())
+                    .map(str::to_owned)
+                    .collect(),
                 path: path.to_owned(),
             })
         })
@@ -106,7 +110,10 @@ pub fn parse_mountinfo(text: &str) -> Vec<MountInfo> {
                 root: unescape(fields[3]),
                 mount_point: PathBuf::from(unescape(fields[4])),
                 fstype: fields[separator + 1].to_owned(),
-                super_options: fields.get(separator + 3).map(|o| o.split(',').map(str::to_owned).collect()).unwrap_or_default(),
+                super_options: fields
+                    .get(separator + 3)
+                    .map(|o| o.split(',').map(str::to_owned).collect())
+                    .unwrap_or_default(),
             })
         })
         .collect()
@@ -117,8 +124,15 @@ fn unescape(field: &str) -> String {
     let mut out = Vec::with_capacity(bytes.len());
     let mut i = 0;
     while i < bytes.len() {
-        if bytes[i] == b'\\' && i + 3 < bytes.len() && bytes[i + 1..i + 4].iter().all(|b| (b'0'..=b'7').contains(b)) {
-            let value = bytes[i + 1..i + 4].iter().fold(0u32, |acc, b| acc * 8 + u32::from(b - b'0'));
+        if bytes[i] == b'\\'
+            && i + 3 < bytes.len()
+            && bytes[i + 1..i + 4]
+                .iter()
+                .all(|b| (b'0'..=b'7').contains(b))
+        {
+            let value = bytes[i + 1..i + 4]
+                .iter()
+                .fold(0u32, |acc, b| acc * 8 + u32::from(b - b'0'));
             if let Ok(byte) = u8::try_from(value) {
                 out.push(byte);
                 i += 4;
@@ -141,13 +155,19 @@ pub struct DiscoveryRoots {
 
 impl Default for DiscoveryRoots {
     fn default() -> Self {
-        DiscoveryRoots { proc_self: PathBuf::from("/proc/self"), fs_root: PathBuf::from("/") }
+        DiscoveryRoots {
+            proc_self: PathBuf::from("/proc/self"),
+            fs_root: PathBuf::from("/"),
+        }
     }
 }
 
 impl DiscoveryRoots {
     fn under_root(&self, absolute: &Path) -> PathBuf {
-        let relative: PathBuf = absolute.components().filter(|c| matches!(c, Component::Normal(_))).collect();
+        let relative: PathBuf = absolute
+            .components()
+            .filter(|c| matches!(c, Component::Normal(_)))
+            .collect();
         self.fs_root.join(relative)
     }
 }
@@ -157,12 +177,18 @@ const V1_CONTROLLERS: [&str; 4] = ["memory", "cpu", "cpuacct", "cpuset"];
 /// Finds the cgroup to measure: the process's own, or `override_path` — either a directory
 /// below a cgroup mount (`/sys/fs/cgroup/memory/kubepods/pod1/c1`) or a path as
 /// `/proc/<pid>/cgroup` prints it (`/kubepods/pod1/c1`), joined under every hierarchy.
-pub fn discover(roots: &DiscoveryRoots, override_path: Option<&Path>) -> Result<CgroupLayout, DiscoveryError> {
+pub fn discover(
+    roots: &DiscoveryRoots,
+    override_path: Option<&Path>,
+) -> Result<CgroupLayout, DiscoveryError> {
     let read = |name: &str| {
         let path = roots.proc_self.join(name);
         fs::read_to_string(&path).map_err(|source| DiscoveryError::Read { path, source })
     };
-    let mounts: Vec<MountInfo> = parse_mountinfo(&read("mountinfo")?).into_iter().filter(|m| m.fstype == "cgroup" || m.fstype == "cgroup2").collect();
+    let mounts: Vec<MountInfo> = parse_mountinfo(&read("mountinfo")?)
+        .into_iter()
+        .filter(|m| m.fstype == "cgroup" || m.fstype == "cgroup2")
+        .collect();
     if let Some(path) = override_path {
         if let Some(layout) = layout_for_directory(roots, &mounts, path) {
             return Ok(layout);
@@ -183,14 +209,21 @@ pub fn discover(roots: &DiscoveryRoots, override_path: Option<&Path>) -> Result<
 }
 
 /// `path` names a directory below one of the cgroup mounts.
-fn layout_for_directory(roots: &DiscoveryRoots, mounts: &[MountInfo], path: &Path) -> Option<CgroupLayout> {
+fn layout_for_directory(
+    roots: &DiscoveryRoots,
+    mounts: &[MountInfo],
+    path: &Path,
+) -> Option<CgroupLayout> {
     let (mount, relative) = mounts
         .iter()
         .filter_map(|m| path.strip_prefix(&m.mount_point).ok().map(|rel| (m, rel)))
         .max_by_key(|(m, _)| m.mount_point.as_os_str().len())?;
     if mount.fstype == "cgroup2" {
         let dir = roots.under_root(path);
-        return dir.is_dir().then(|| CgroupLayout::V2 { dir, mount_point: roots.under_root(&mount.mount_point) });
+        return dir.is_dir().then(|| CgroupLayout::V2 {
+            dir,
+            mount_point: roots.under_root(&mount.mount_point),
+        });
     }
     // The same relative path in every v1 hierarchy; what does not exist there is left out.
     let mut dirs = V1Dirs::default();
@@ -205,25 +238,43 @@ fn layout_for_directory(roots: &DiscoveryRoots, mounts: &[MountInfo], path: &Pat
     (dirs.memory.is_some() || dirs.cpuacct.is_some()).then_some(CgroupLayout::V1(dirs))
 }
 
-fn layout_for_lines(roots: &DiscoveryRoots, mounts: &[MountInfo], lines: &[ProcCgroupLine]) -> Option<CgroupLayout> {
+fn layout_for_lines(
+    roots: &DiscoveryRoots,
+    mounts: &[MountInfo],
+    lines: &[ProcCgroupLine],
+) -> Option<CgroupLayout> {
     let v2 = lines
         .iter()
         .find(|l| l.hierarchy_id == 0 && l.controllers.is_empty())
-        .and_then(|line| mounts.iter().filter(|m| m.fstype == "cgroup2").find_map(|m| Some((cgroup_dir(roots, m, &line.path)?, m))))
-        .map(|(dir, m)| CgroupLayout::V2 { dir, mount_point: roots.under_root(&m.mount_point) });
+        .and_then(|line| {
+            mounts
+                .iter()
+                .filter(|m| m.fstype == "cgroup2")
+                .find_map(|m| Some((cgroup_dir(roots, m, &line.path)?, m)))
+        })
+        .map(|(dir, m)| CgroupLayout::V2 {
+            dir,
+            mount_point: roots.under_root(&m.mount_point),
+        });
 
     let mut dirs = V1Dirs::default();
     for controller in V1_CONTROLLERS {
-        let dir = lines.iter().filter(|l| l.controllers.iter().any(|c| c == controller)).find_map(|line| {
-            mounts
-                .iter()
-                .filter(|m| m.fstype == "cgroup" && m.super_options.iter().any(|o| o == controller))
-                .find_map(|m| cgroup_dir(roots, m, &line.path))
-        });
+        let dir = lines
+            .iter()
+            .filter(|l| l.controllers.iter().any(|c| c == controller))
+            .find_map(|line| {
+                mounts
+                    .iter()
+                    .filter(|m| {
+                        m.fstype == "cgroup" && m.super_options.iter().any(|o| o == controller)
+                    })
+                    .find_map(|m| cgroup_dir(roots, m, &line.path))
+            });
         set_v1(&mut dirs, controller, dir);
     }
     let v2_has_memory = match &v2 {
-        Some(CgroupLayout::V2 { dir, .. }) => fs::read_to_string(dir.join("cgroup.controllers")).is_ok_and(|c| c.split_whitespace().any(|c| c == "memory")),
+        Some(CgroupLayout::V2 { dir, .. }) => fs::read_to_string(dir.join("cgroup.controllers"))
+            .is_ok_and(|c| c.split_whitespace().any(|c| c == "memory")),
         _ => false,
     };
     if v2_has_memory || (dirs.memory.is_none() && dirs.cpuacct.is_none() && v2.is_some()) {
@@ -248,7 +299,9 @@ fn cgroup_dir(roots: &DiscoveryRoots, m: &MountInfo, path: &str) -> Option<PathB
             _ => path,
         }
     };
-    let dir = roots.under_root(&m.mount_point).join(relative.trim_start_matches('/'));
+    let dir = roots
+        .under_root(&m.mount_point)
+        .join(relative.trim_start_matches('/'));
     dir.is_dir().then_some(dir)
 }
 
@@ -268,11 +321,19 @@ mod tests {
 
     #[test]
     fn proc_cgroup_lines_keep_colons_in_paths_and_split_controllers() {
-        let lines = parse_proc_cgroup("12:cpu,cpuacct:/kubepods/pod1/c1\n1:name=systemd:/x\n0::/a:b\n");
+        let lines =
+            parse_proc_cgroup("12:cpu,cpuacct:/kubepods/pod1/c1\n1:name=systemd:/x\n0::/a:b\n");
         assert_eq!(lines[0].controllers, ["cpu", "cpuacct"]);
         assert_eq!(lines[0].path, "/kubepods/pod1/c1");
         assert_eq!(lines[1].controllers, ["name=systemd"]);
-        assert_eq!(lines[2], ProcCgroupLine { hierarchy_id: 0, controllers: vec![], path: "/a:b".into() });
+        assert_eq!(
+            lines[2],
+            ProcCgroupLine {
+                hierarchy_id: 0,
+                controllers: vec![],
+                path: "/a:b".into()
+            }
+        );
     }
 
     #[test]

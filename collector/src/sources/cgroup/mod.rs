@@ -8,7 +8,10 @@ mod v2;
 use std::borrow::Cow;
 use std::time::{Duration, Instant};
 
-pub use discovery::{discover, parse_mountinfo, parse_proc_cgroup, CgroupLayout, DiscoveryError, DiscoveryRoots, MountInfo, ProcCgroupLine, V1Dirs};
+pub use discovery::{
+    discover, parse_mountinfo, parse_proc_cgroup, CgroupLayout, DiscoveryError, DiscoveryRoots,
+    MountInfo, ProcCgroupLine, V1Dirs,
+};
 
 use super::files::OpenFiles;
 use super::Named;
@@ -70,14 +73,25 @@ impl CgroupLayout {
 /// of it, the peak, CPU use as a share of the quota (or of the allowed CPUs), the quota in
 /// cores, the throttled share of CFS periods and the OOM kill count. Limit series are omitted
 /// when there is no limit, never invented.
-pub fn container_metrics(prev: &CgroupReading, cur: &CgroupReading, elapsed: Duration, out: &mut Vec<Named>) {
+pub fn container_metrics(
+    prev: &CgroupReading,
+    cur: &CgroupReading,
+    elapsed: Duration,
+    out: &mut Vec<Named>,
+) {
     let mut push = |name: &'static str, value: f64| out.push((Cow::Borrowed(name), value));
     if let Some(usage) = cur.memory_usage {
         let working_set = usage.saturating_sub(cur.inactive_file.unwrap_or(0));
-        push("container_memory_working_set_megabytes", megabytes(working_set));
+        push(
+            "container_memory_working_set_megabytes",
+            megabytes(working_set),
+        );
         if let Some(limit) = cur.memory_limit.filter(|&l| l > 0) {
             push("container_memory_limit_megabytes", megabytes(limit));
-            push("container_memory_working_set_percentage", working_set as f64 / limit as f64 * 100.0);
+            push(
+                "container_memory_working_set_percentage",
+                working_set as f64 / limit as f64 * 100.0,
+            );
         }
     }
     if let Some(peak) = cur.memory_peak {
@@ -85,18 +99,37 @@ pub fn container_metrics(prev: &CgroupReading, cur: &CgroupReading, elapsed: Dur
     }
     let elapsed_usec = elapsed.as_secs_f64() * 1e6;
     if let (Some(before), Some(now)) = (prev.cpu_usage_usec, cur.cpu_usage_usec) {
-        let capacity = cur.cpu_quota.map(CpuQuota::cores).or(cur.cpus_allowed.map(f64::from)).filter(|&c| c > 0.0);
+        let capacity = cur
+            .cpu_quota
+            .map(CpuQuota::cores)
+            .or(cur.cpus_allowed.map(f64::from))
+            .filter(|&c| c > 0.0);
         if let (Some(capacity), true) = (capacity, elapsed_usec > 0.0) {
             let used_cores = now.saturating_sub(before) as f64 / elapsed_usec;
-            push("container_cpu_utilization_percentage", used_cores / capacity * 100.0);
+            push(
+                "container_cpu_utilization_percentage",
+                used_cores / capacity * 100.0,
+            );
         }
     }
     if let Some(quota) = cur.cpu_quota {
         push("container_cpu_limit_cores", quota.cores());
-        if let (Some(p0), Some(p1), Some(t0), Some(t1)) = (prev.nr_periods, cur.nr_periods, prev.nr_throttled, cur.nr_throttled) {
+        if let (Some(p0), Some(p1), Some(t0), Some(t1)) = (
+            prev.nr_periods,
+            cur.nr_periods,
+            prev.nr_throttled,
+            cur.nr_throttled,
+        ) {
             let periods = p1.saturating_sub(p0);
             let throttled = t1.saturating_sub(t0);
-            push("container_cpu_throttled_percentage", if periods == 0 { 0.0 } else { throttled as f64 / periods as f64 * 100.0 });
+            push(
+                "container_cpu_throttled_percentage",
+                if periods == 0 {
+                    0.0
+                } else {
+                    throttled as f64 / periods as f64 * 100.0
+                },
+            );
         }
     }
     if let Some(kills) = cur.oom_kills {
@@ -124,7 +157,12 @@ impl ContainerSource {
     pub fn new(layout: CgroupLayout) -> Self {
         let mut files = OpenFiles::default();
         let last = layout.read_with(&mut files);
-        ContainerSource { layout, files, last, last_at: Instant::now() }
+        ContainerSource {
+            layout,
+            files,
+            last,
+            last_at: Instant::now(),
+        }
     }
 
     pub fn layout(&self) -> &CgroupLayout {
@@ -180,7 +218,9 @@ pub fn count_cpu_list(list: &str) -> Option<u32> {
 /// CPUs this process may run on, when no cpuset file says it.
 fn affinity_cpus() -> Option<u32> {
     let set = nix::sched::sched_getaffinity(nix::unistd::Pid::from_raw(0)).ok()?;
-    let count = (0..nix::sched::CpuSet::count()).filter(|&i| set.is_set(i).unwrap_or(false)).count();
+    let count = (0..nix::sched::CpuSet::count())
+        .filter(|&i| set.is_set(i).unwrap_or(false))
+        .count();
     u32::try_from(count).ok().filter(|&c| c > 0)
 }
 
@@ -193,7 +233,10 @@ mod tests {
     }
 
     fn value(out: &[Named], name: &str) -> f64 {
-        out.iter().find(|(n, _)| n == name).unwrap_or_else(|| panic!("no {name} in {:?}", names(out))).1
+        out.iter()
+            .find(|(n, _)| n == name)
+            .unwrap_or_else(|| panic!("no {name} in {:?}", names(out)))
+            .1
     }
 
     #[test]
@@ -207,7 +250,12 @@ mod tests {
             ..Default::default()
         };
         let mut out = Vec::new();
-        container_metrics(&CgroupReading::default(), &cur, Duration::from_secs(1), &mut out);
+        container_metrics(
+            &CgroupReading::default(),
+            &cur,
+            Duration::from_secs(1),
+            &mut out,
+        );
         assert_eq!(value(&out, "container_memory_working_set_megabytes"), 500.0);
         assert_eq!(value(&out, "container_memory_limit_megabytes"), 1000.0);
         assert_eq!(value(&out, "container_memory_working_set_percentage"), 50.0);
@@ -217,7 +265,11 @@ mod tests {
 
     #[test]
     fn working_set_is_floored_at_zero() {
-        let cur = CgroupReading { memory_usage: Some(10), inactive_file: Some(20), ..Default::default() };
+        let cur = CgroupReading {
+            memory_usage: Some(10),
+            inactive_file: Some(20),
+            ..Default::default()
+        };
         let mut out = Vec::new();
         container_metrics(&cur, &cur, Duration::from_secs(1), &mut out);
         assert_eq!(value(&out, "container_memory_working_set_megabytes"), 0.0);
@@ -225,10 +277,25 @@ mod tests {
 
     #[test]
     fn cpu_use_is_a_share_of_the_quota_and_throttling_a_share_of_periods() {
-        let quota = Some(CpuQuota { quota_usec: 200_000, period_usec: 100_000 });
-        let prev = CgroupReading { cpu_usage_usec: Some(1_000_000), cpu_quota: quota, nr_periods: Some(10), nr_throttled: Some(1), cpus_allowed: Some(8), ..Default::default() };
+        let quota = Some(CpuQuota {
+            quota_usec: 200_000,
+            period_usec: 100_000,
+        });
+        let prev = CgroupReading {
+            cpu_usage_usec: Some(1_000_000),
+            cpu_quota: quota,
+            nr_periods: Some(10),
+            nr_throttled: Some(1),
+            cpus_allowed: Some(8),
+            ..Default::default()
+        };
         // One core busy for 2 s against a quota of 2 cores: 50 %.
-        let cur = CgroupReading { cpu_usage_usec: Some(3_000_000), nr_periods: Some(30), nr_throttled: Some(6), ..prev.clone() };
+        let cur = CgroupReading {
+            cpu_usage_usec: Some(3_000_000),
+            nr_periods: Some(30),
+            nr_throttled: Some(6),
+            ..prev.clone()
+        };
         let mut out = Vec::new();
         container_metrics(&prev, &cur, Duration::from_secs(2), &mut out);
         assert!((value(&out, "container_cpu_utilization_percentage") - 50.0).abs() < 1e-9);
@@ -238,18 +305,39 @@ mod tests {
 
     #[test]
     fn without_limits_the_limit_series_are_omitted_and_cpu_is_a_share_of_the_allowed_cpus() {
-        let prev = CgroupReading { memory_usage: Some(5_000_000), cpu_usage_usec: Some(0), cpus_allowed: Some(4), nr_periods: Some(0), nr_throttled: Some(0), ..Default::default() };
-        let cur = CgroupReading { cpu_usage_usec: Some(2_000_000), ..prev.clone() };
+        let prev = CgroupReading {
+            memory_usage: Some(5_000_000),
+            cpu_usage_usec: Some(0),
+            cpus_allowed: Some(4),
+            nr_periods: Some(0),
+            nr_throttled: Some(0),
+            ..Default::default()
+        };
+        let cur = CgroupReading {
+            cpu_usage_usec: Some(2_000_000),
+            ..prev.clone()
+        };
         let mut out = Vec::new();
         container_metrics(&prev, &cur, Duration::from_secs(1), &mut out);
-        assert_eq!(names(&out), ["container_memory_working_set_megabytes", "container_cpu_utilization_percentage"]);
+        assert_eq!(
+            names(&out),
+            [
+                "container_memory_working_set_megabytes",
+                "container_cpu_utilization_percentage"
+            ]
+        );
         assert!((value(&out, "container_cpu_utilization_percentage") - 50.0).abs() < 1e-9);
     }
 
     #[test]
     fn nothing_known_gives_no_series() {
         let mut out = Vec::new();
-        container_metrics(&CgroupReading::default(), &CgroupReading::default(), Duration::from_secs(1), &mut out);
+        container_metrics(
+            &CgroupReading::default(),
+            &CgroupReading::default(),
+            Duration::from_secs(1),
+            &mut out,
+        );
         assert!(out.is_empty(), "{out:?}");
     }
 
