@@ -2,13 +2,11 @@
 //! resolves and then drains within the configured deadline.
 
 use std::future::{Future, IntoFuture};
-use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use axum::serve::ListenerExt;
 use axum::Router;
 use tokio::net::TcpListener;
 
@@ -107,29 +105,29 @@ pub async fn run(
     let stopped = move |mut rx: tokio::sync::watch::Receiver<bool>| async move {
         let _ = rx.wait_for(|stop| *stop).await;
     };
-    // Small MLflow responses must not wait for Nagle's algorithm and the client's delayed ACK.
-    let listener = listener.tap_io(|tcp| {
-        if let Err(e) = tcp.set_nodelay(true) {
-            tracing::debug!(error = %e, "TCP_NODELAY not set on an accepted connection");
-        }
-    });
-    let main = axum::serve(
+    let main = crate::serve::serve(
         listener,
-        app(state.clone()).into_make_service_with_connect_info::<SocketAddr>(),
-    )
-    .with_graceful_shutdown(stopped(stop_rx.clone()))
-    .into_future();
+        app(state.clone()),
+        config.inbound,
+        state.metrics.clone(),
+        stopped(stop_rx.clone()),
+    );
     let admin = axum::serve(admin_listener, crate::admin::router(state.clone()))
         .with_graceful_shutdown(stopped(stop_rx))
         .into_future();
     let mut main = tokio::spawn(main);
     let admin = tokio::spawn(admin);
     let heartbeat = tokio::spawn(heartbeat(state.clone()));
+    let auth_detector = state
+        .artifacts
+        .as_ref()
+        .map(|g| g.authorizer().spawn_detector());
 
     tokio::select! {
         result = &mut main => {
             // The server ended on its own: that is an error, not a shutdown.
-            result.context("server task")?.context("serving the MLflow-facing listener")?;
+            result.context("server task")?;
+            anyhow::bail!("the MLflow-facing listener stopped serving");
         }
         () = shutdown => {
             tracing::info!(grace = ?config.shutdown_grace, "shutdown requested; draining in-flight requests");
@@ -137,7 +135,7 @@ pub async fn run(
             let _ = stop_tx.send(true);
             match tokio::time::timeout(config.shutdown_grace, &mut main).await {
                 Ok(result) => {
-                    result.context("server task")?.context("serving the MLflow-facing listener")?;
+                    result.context("server task")?;
                     tracing::info!("drained");
                 }
                 Err(_) => {
@@ -149,6 +147,9 @@ pub async fn run(
     }
     let _ = stop_tx.send(true);
     heartbeat.abort();
+    if let Some(detector) = auth_detector {
+        detector.abort();
+    }
     let _ = tokio::time::timeout(Duration::from_secs(1), admin).await;
     state.store.close().await;
     Ok(())

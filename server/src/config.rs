@@ -116,6 +116,28 @@ pub struct Timeouts {
     pub body_idle: Duration,
 }
 
+/// What one client connection may hold. None of it limits a transfer that keeps moving.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct InboundLimits {
+    /// Client connections open at once; further ones wait in the listen backlog.
+    pub max_connections: usize,
+    /// Time a client has to send a request's headers, counted from when the connection starts
+    /// waiting for them (also between keep-alive requests: the idle timeout).
+    pub header_read_timeout: Duration,
+    /// Largest request head (request line and headers) in bytes.
+    pub max_header_bytes: usize,
+}
+
+impl Default for InboundLimits {
+    fn default() -> Self {
+        Self {
+            max_connections: 4096,
+            header_read_timeout: Duration::from_secs(15),
+            max_header_bytes: 64 << 10,
+        }
+    }
+}
+
 #[derive(Debug, Clone)]
 pub struct Config {
     pub listen: SocketAddr,
@@ -128,6 +150,8 @@ pub struct Config {
     pub max_in_flight: usize,
     /// Idle keep-alive connections kept to the upstream.
     pub upstream_max_idle: usize,
+    /// Limits on inbound connections, against slow or hostile clients.
+    pub inbound: InboundLimits,
     /// How long in-flight requests may run on after SIGTERM/SIGINT.
     pub shutdown_grace: Duration,
     pub log_format: LogFormat,
@@ -154,6 +178,7 @@ impl Default for Config {
             },
             max_in_flight: 1024,
             upstream_max_idle: 64,
+            inbound: InboundLimits::default(),
             shutdown_grace: Duration::from_secs(30),
             log_format: LogFormat::Pretty,
             log_level: "info".to_owned(),
@@ -203,6 +228,16 @@ struct Cli {
     /// Concurrent requests before new ones get 503 [default: 1024].
     #[arg(long, env = "MLSCOPE_MAX_IN_FLIGHT", value_name = "N")]
     max_in_flight: Option<usize>,
+    /// Client connections open at once; more wait in the listen backlog [default: 4096].
+    #[arg(long, env = "MLSCOPE_MAX_CONNECTIONS", value_name = "N")]
+    max_connections: Option<usize>,
+    /// Time a client has to send a request's headers; also how long an idle keep-alive
+    /// connection stays open [default: 15s].
+    #[arg(long, env = "MLSCOPE_HEADER_READ_TIMEOUT", value_parser = parse_duration, value_name = "DURATION")]
+    header_read_timeout: Option<Duration>,
+    /// Largest request head (request line and headers), e.g. 64KiB [default: 64KiB].
+    #[arg(long, env = "MLSCOPE_MAX_HEADER_BYTES", value_parser = parse_size, value_name = "SIZE")]
+    max_header_bytes: Option<usize>,
     /// Idle keep-alive connections kept to the upstream [default: 64].
     #[arg(long, env = "MLSCOPE_UPSTREAM_MAX_IDLE", value_name = "N")]
     upstream_max_idle: Option<usize>,
@@ -238,6 +273,10 @@ struct Cli {
     /// Largest metrics body inspected; larger ones get 413 (e.g. 16MiB, 512KiB) [default: 16MiB].
     #[arg(long, env = "MLSCOPE_MAX_INSPECT_BODY", value_parser = parse_size, value_name = "SIZE")]
     max_inspect_body: Option<usize>,
+    /// Memory all metrics bodies under inspection may hold together; beyond it requests get 503
+    /// and are retried (e.g. 256MiB) [default: 256MiB].
+    #[arg(long, env = "MLSCOPE_MAX_INSPECT_TOTAL", value_parser = parse_size, value_name = "SIZE")]
+    max_inspect_total: Option<usize>,
     /// Serve MLflow's artifact API from this S3 location, laid out as MLflow's own
     /// `--artifacts-destination` (e.g. s3://mlflow/artifacts). Unset: artifact requests are forwarded.
     #[arg(
@@ -298,6 +337,10 @@ struct Cli {
     /// How long a run's, model's or trace's existence is cached for the write policy [default: 5m].
     #[arg(long, env = "MLSCOPE_ARTIFACT_OWNER_CACHE_TTL", value_parser = parse_duration, value_name = "DURATION")]
     artifact_owner_cache_ttl: Option<Duration>,
+    /// When MLflow authenticates, how long its "allowed" for one client, operation and path is
+    /// reused before MLflow is asked again; 0 asks on every request [default: 10s].
+    #[arg(long, env = "MLSCOPE_ARTIFACT_AUTHZ_CACHE_TTL", value_parser = parse_duration, value_name = "DURATION")]
+    artifact_authz_cache_ttl: Option<Duration>,
     /// Validity of presigned multipart part URLs [default: 1h].
     #[arg(long, env = "MLSCOPE_ARTIFACT_PRESIGN_EXPIRY", value_parser = parse_duration, value_name = "DURATION")]
     artifact_presign_expiry: Option<Duration>,
@@ -337,6 +380,11 @@ struct FileConfig {
     #[serde(default, with = "humantime_serde")]
     body_idle_timeout: Option<Duration>,
     max_in_flight: Option<usize>,
+    max_connections: Option<usize>,
+    #[serde(default, with = "humantime_serde")]
+    header_read_timeout: Option<Duration>,
+    #[serde(default, deserialize_with = "size_from_toml")]
+    max_header_bytes: Option<usize>,
     upstream_max_idle: Option<usize>,
     #[serde(default, with = "humantime_serde")]
     shutdown_grace: Option<Duration>,
@@ -353,6 +401,8 @@ struct FileConfig {
     dedup_failover_timeout: Option<Duration>,
     #[serde(default, deserialize_with = "size_from_toml")]
     max_inspect_body: Option<usize>,
+    #[serde(default, deserialize_with = "size_from_toml")]
+    max_inspect_total: Option<usize>,
     artifacts_destination: Option<String>,
     s3_endpoint_url: Option<String>,
     s3_region: Option<String>,
@@ -368,6 +418,8 @@ struct FileConfig {
     artifact_write_policy: Option<WritePolicy>,
     #[serde(default, with = "humantime_serde")]
     artifact_owner_cache_ttl: Option<Duration>,
+    #[serde(default, with = "humantime_serde")]
+    artifact_authz_cache_ttl: Option<Duration>,
     #[serde(default, with = "humantime_serde")]
     artifact_presign_expiry: Option<Duration>,
 }
@@ -480,6 +532,7 @@ impl Config {
             dedup_update_interval => config.scopes.dedup_config.update_interval,
             dedup_failover_timeout => config.scopes.dedup_config.failover_timeout,
             max_inspect_body => config.scopes.max_inspect_bytes,
+            max_inspect_total => config.scopes.max_inspect_total,
             listen => config.listen,
             admin_listen => config.admin_listen,
             database_url => config.database_url,
@@ -488,6 +541,9 @@ impl Config {
             response_timeout => config.timeouts.response_headers,
             body_idle_timeout => config.timeouts.body_idle,
             max_in_flight => config.max_in_flight,
+            max_connections => config.inbound.max_connections,
+            header_read_timeout => config.inbound.header_read_timeout,
+            max_header_bytes => config.inbound.max_header_bytes,
             upstream_max_idle => config.upstream_max_idle,
             shutdown_grace => config.shutdown_grace,
             log_format => config.log_format,
@@ -498,6 +554,7 @@ impl Config {
             artifact_max_concurrent_uploads => config.artifacts.max_concurrent_uploads,
             artifact_write_policy => config.artifacts.write_policy,
             artifact_owner_cache_ttl => config.artifacts.owner_cache_ttl,
+            artifact_authz_cache_ttl => config.artifacts.authz_cache_ttl,
             artifact_presign_expiry => config.artifacts.presign_expiry,
         }
         if let Some(uri) = cli.artifacts_destination.or(file.artifacts_destination) {
@@ -537,6 +594,18 @@ impl Config {
         if self.max_in_flight == 0 {
             return invalid("max-in-flight must be at least 1".into());
         }
+        if self.inbound.max_connections == 0 {
+            return invalid("max-connections must be at least 1".into());
+        }
+        if self.inbound.header_read_timeout.is_zero() {
+            return invalid("header-read-timeout must be longer than 0".into());
+        }
+        if !(8 << 10..=16 << 20).contains(&self.inbound.max_header_bytes) {
+            return invalid(format!(
+                "max-header-bytes must be between 8KiB and 16MiB, not {} bytes",
+                self.inbound.max_header_bytes
+            ));
+        }
         for (name, d) in [
             ("connect-timeout", self.timeouts.connect),
             ("response-timeout", self.timeouts.response_headers),
@@ -555,6 +624,12 @@ impl Config {
         }
         if self.scopes.max_inspect_bytes < 1024 {
             return invalid("max-inspect-body must be at least 1KiB".into());
+        }
+        if self.scopes.max_inspect_total < self.scopes.max_inspect_bytes {
+            return invalid(format!(
+                "max-inspect-total ({} bytes) must be at least max-inspect-body ({} bytes)",
+                self.scopes.max_inspect_total, self.scopes.max_inspect_bytes
+            ));
         }
         self.artifacts.validate().map_err(ConfigError::Invalid)?;
         crate::store::StoreUrl::parse(&self.database_url)

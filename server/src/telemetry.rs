@@ -100,9 +100,11 @@ pub struct Metrics {
     pub latency: Family<RouteLabels, Histogram, fn() -> Histogram>,
     pub upstream_errors: Family<ErrorLabels, Counter>,
     pub in_flight: Gauge<i64, AtomicI64>,
+    pub open_connections: Gauge<i64, AtomicI64>,
     pub artifact_requests: Family<ArtifactLabels, Counter>,
     pub artifact_bytes_uploaded: Counter,
     pub artifact_policy_violations: Counter,
+    pub artifact_authz_denials: Counter,
     metric_keys: Family<KeyLabels, Counter>,
     node_samples: Family<ReasonLabels, Counter>,
     elections: Family<ReasonLabels, Counter>,
@@ -144,6 +146,12 @@ impl Metrics {
             "Requests whose response has not finished streaming",
             in_flight.clone(),
         );
+        let open_connections = Gauge::<i64, AtomicI64>::default();
+        registry.register(
+            "client_connections",
+            "Client connections open on the MLflow-facing listener",
+            open_connections.clone(),
+        );
         let artifact_requests = Family::<ArtifactLabels, Counter>::default();
         registry.register(
             "artifact_requests",
@@ -161,6 +169,12 @@ impl Metrics {
             "artifact_policy_violations",
             "Artifact writes outside the artifact root of an existing run, model or trace (refused under enforce, logged under warn)",
             artifact_policy_violations.clone(),
+        );
+        let artifact_authz_denials = Counter::default();
+        registry.register(
+            "artifact_authz_denials",
+            "Artifact requests MLflow's authentication refused for the client (401/403 relayed by the gateway)",
+            artifact_authz_denials.clone(),
         );
         let metric_keys = Family::<KeyLabels, Counter>::default();
         registry.register(
@@ -199,8 +213,10 @@ impl Metrics {
             artifact_requests,
             artifact_bytes_uploaded,
             artifact_policy_violations,
+            artifact_authz_denials,
             upstream_errors,
             in_flight,
+            open_connections,
             metric_keys,
             node_samples,
             elections,

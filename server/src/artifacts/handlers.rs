@@ -1,18 +1,18 @@
 //! The artifact routes, answered from the store.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
 use aws_sdk_s3::presigning::PresigningConfig;
 use aws_sdk_s3::types::{CompletedMultipartUpload, CompletedPart};
 use axum::body::Body;
-use axum::extract::{Query, Request};
+use axum::extract::Request;
 use axum::response::{IntoResponse, Response};
 use http::{header, HeaderMap, HeaderValue, Method, StatusCode};
 use http_body_util::{BodyExt, Limited};
 use serde::Deserialize;
 use tokio::sync::Semaphore;
 
+use super::authz::{Action, Authorizer, Decision};
 use super::failures::FailureRecorder;
 use super::listing;
 use super::path::{self, Owner};
@@ -28,6 +28,8 @@ const PREFIXES: [&str; 2] = [
     "/api/2.0/mlflow-artifacts/",
     "/ajax-api/2.0/mlflow-artifacts/",
 ];
+/// Longest object key S3 (and every S3-compatible store) accepts.
+const MAX_KEY_BYTES: usize = 1024;
 /// Largest JSON body of an mpu request.
 const MAX_JSON_BODY: usize = 4 << 20;
 /// Validity of presigned download URLs, as MLflow's default.
@@ -80,6 +82,21 @@ impl ArtifactOp {
         }
     }
 
+    /// The permission MLflow requires for this operation.
+    fn action(&self) -> Action {
+        match self {
+            ArtifactOp::List
+            | ArtifactOp::Download(_)
+            | ArtifactOp::Head(_)
+            | ArtifactOp::Presigned(_) => Action::Read,
+            ArtifactOp::Upload(_)
+            | ArtifactOp::MpuCreate(_)
+            | ArtifactOp::MpuComplete(_)
+            | ArtifactOp::MpuAbort(_) => Action::Update,
+            ArtifactOp::Delete(_) => Action::Manage,
+        }
+    }
+
     fn name(&self) -> &'static str {
         match self {
             ArtifactOp::List => "list",
@@ -101,6 +118,7 @@ pub struct Gateway {
     bucket: Bucket,
     config: Arc<ArtifactsConfig>,
     owners: OwnerCheck,
+    authz: Authorizer,
     failures: FailureRecorder,
     uploads: Arc<Semaphore>,
     metrics: Metrics,
@@ -125,8 +143,10 @@ impl Gateway {
     ) -> Option<Gateway> {
         let destination = config.destination.clone()?;
         let bucket = Bucket::connect(&config.s3, destination).await;
+        let authz = Authorizer::new(forwarder.clone(), config.authz_cache_ttl);
         Some(Gateway {
             owners: OwnerCheck::new(forwarder.clone(), config.owner_cache_ttl),
+            authz,
             failures: FailureRecorder::new(forwarder, store),
             uploads: Arc::new(Semaphore::new(config.max_concurrent_uploads)),
             bucket,
@@ -137,6 +157,12 @@ impl Gateway {
 
     pub fn bucket(&self) -> &Bucket {
         &self.bucket
+    }
+
+    /// Who decides whether a client may do what it asks: MLflow, asked per request when it
+    /// authenticates.
+    pub fn authorizer(&self) -> &Authorizer {
+        &self.authz
     }
 
     /// Readiness: the bucket answers (HeadBucket) within `limit`.
@@ -163,19 +189,30 @@ impl Gateway {
         }
     }
 
-    /// Answers one artifact request. Every error is MLflow's error JSON.
+    /// Answers one artifact request: MLflow authorizes it first (when MLflow authenticates),
+    /// then the store answers it. Every error is MLflow's error JSON.
     pub async fn serve(&self, op: ArtifactOp, request: Request) -> Response {
         let name = op.name();
-        let result = match op {
-            ArtifactOp::List => self.list(request).await,
-            ArtifactOp::Download(p) => self.download(&p, request.headers(), false).await,
-            ArtifactOp::Head(p) => self.download(&p, request.headers(), true).await,
-            ArtifactOp::Upload(p) => self.upload(&p, request).await,
-            ArtifactOp::Delete(p) => self.delete(&p).await,
-            ArtifactOp::MpuCreate(p) => self.mpu_create(&p, request).await,
-            ArtifactOp::MpuComplete(p) => self.mpu_complete(&p, request).await,
-            ArtifactOp::MpuAbort(p) => self.mpu_abort(&p, request).await,
-            ArtifactOp::Presigned(p) => self.presigned(&p).await,
+        let peer = request
+            .extensions()
+            .get::<axum::extract::ConnectInfo<std::net::SocketAddr>>()
+            .map_or(std::net::SocketAddr::from(([127, 0, 0, 1], 0)), |c| c.0);
+        let result = match self
+            .authorize(&op, request.uri(), request.headers(), peer)
+            .await
+        {
+            Err(refusal) => Err(refusal),
+            Ok(()) => match op {
+                ArtifactOp::List => self.list(request).await,
+                ArtifactOp::Download(p) => self.download(&p, request.headers(), false).await,
+                ArtifactOp::Head(p) => self.download(&p, request.headers(), true).await,
+                ArtifactOp::Upload(p) => self.upload(&p, request).await,
+                ArtifactOp::Delete(p) => self.delete(&p).await,
+                ArtifactOp::MpuCreate(p) => self.mpu_create(&p, request).await,
+                ArtifactOp::MpuComplete(p) => self.mpu_complete(&p, request).await,
+                ArtifactOp::MpuAbort(p) => self.mpu_abort(&p, request).await,
+                ArtifactOp::Presigned(p) => self.presigned(&p).await,
+            },
         };
         let response = result.unwrap_or_else(|e| e);
         self.metrics
@@ -188,7 +225,78 @@ impl Gateway {
         response
     }
 
+    /// Asks MLflow whether this client may do `op` (see [`super::authz`]).
+    async fn authorize(
+        &self,
+        op: &ArtifactOp,
+        uri: &http::Uri,
+        headers: &HeaderMap,
+        peer: std::net::SocketAddr,
+    ) -> Result<(), Response> {
+        let raw = match op {
+            // A query value: `+` is a space there, `%20` in a path.
+            ArtifactOp::List => first_query_value(uri.query().unwrap_or(""), "path")
+                .unwrap_or("")
+                .replace('+', "%20"),
+            ArtifactOp::Download(p)
+            | ArtifactOp::Head(p)
+            | ArtifactOp::Upload(p)
+            | ArtifactOp::Delete(p)
+            | ArtifactOp::MpuCreate(p)
+            | ArtifactOp::MpuComplete(p)
+            | ArtifactOp::MpuAbort(p)
+            | ArtifactOp::Presigned(p) => p.clone(),
+        };
+        let id = crate::proxy::request_id(headers);
+        match self
+            .authz
+            .check(op.action(), &raw, headers, peer, &id)
+            .await
+        {
+            Decision::Allowed => Ok(()),
+            Decision::Denied(answer) => {
+                self.metrics.artifact_authz_denials.inc();
+                tracing::info!(
+                    op = op.name(),
+                    status = answer.status().as_u16(),
+                    "MLflow refused the artifact request for this client"
+                );
+                Err(answer)
+            }
+            Decision::Unverifiable(answer) => Err(answer),
+        }
+    }
+
+    /// The object key of a validated path; S3 keys hold at most 1024 bytes.
+    fn key(&self, path: &str) -> Result<String, Response> {
+        let key = self.bucket.destination.key(path);
+        if key.len() > MAX_KEY_BYTES {
+            return Err(mlflow_error(
+                StatusCode::BAD_REQUEST,
+                "INVALID_PARAMETER_VALUE",
+                &format!("Invalid path: the object key would be {} bytes long; S3-compatible stores take at most {MAX_KEY_BYTES}.", key.len()),
+            ));
+        }
+        Ok(key)
+    }
+
     fn store_error(&self, what: &str, path: &str, error: &StoreError) -> Response {
+        // The store refusing the client's own input (a made-up upload id, parts out of order or
+        // too small) is the client's mistake: a 4xx it must not retry.
+        match error.code.as_deref() {
+            Some("NoSuchUpload") => {
+                return mlflow_error(
+                    StatusCode::NOT_FOUND,
+                    "RESOURCE_DOES_NOT_EXIST",
+                    &format!("the store knows no such multipart upload for {path}: it was completed, aborted or never created. Start a new upload."),
+                )
+            }
+            Some(code @ ("InvalidPart" | "InvalidPartOrder" | "EntityTooSmall" | "KeyTooLongError" | "InvalidArgument")) => {
+                let message = format!("the artifact store refused to {what} {path} ({code}: {}). Check the request's parts and path.", error.message.trim_end_matches('.'));
+                return mlflow_error(StatusCode::BAD_REQUEST, "INVALID_PARAMETER_VALUE", &message);
+            }
+            _ => {}
+        }
         let status = if error.is_transient() {
             StatusCode::SERVICE_UNAVAILABLE
         } else {
@@ -205,14 +313,9 @@ impl Gateway {
     }
 
     async fn list(&self, request: Request) -> Answer {
-        let query: Query<HashMap<String, String>> =
-            Query::try_from_uri(request.uri()).map_err(|_| invalid_path())?;
-        let path = match query.get("path") {
-            Some(p) => path::validate(
-                &percent_encoding::utf8_percent_encode(p, percent_encoding::NON_ALPHANUMERIC)
-                    .to_string(),
-            )
-            .map_err(|_| invalid_path())?,
+        // MLflow takes the first of repeated `path` parameters.
+        let path = match first_query_value(request.uri().query().unwrap_or(""), "path") {
+            Some(p) => path::validate(&p.replace('+', "%20")).map_err(|_| invalid_path())?,
             None => String::new(),
         };
         let prefix = self.bucket.destination.dir_prefix(&path);
@@ -224,7 +327,7 @@ impl Gateway {
 
     async fn download(&self, raw: &str, headers: &HeaderMap, head_only: bool) -> Answer {
         let path = path::validate(raw).map_err(|_| invalid_path())?;
-        let key = self.bucket.destination.key(&path);
+        let key = self.key(&path)?;
         let range = headers
             .get(header::RANGE)
             .and_then(|v| v.to_str().ok())
@@ -438,7 +541,7 @@ impl Gateway {
             .get(header::CONTENT_LENGTH)
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.parse::<u64>().ok());
-        let key = self.bucket.destination.key(&path);
+        let key = self.key(&path)?;
         let limits = UploadLimits {
             part_size: self.config.part_size,
             concurrency: self.config.upload_concurrency,
@@ -480,7 +583,30 @@ impl Gateway {
         if path.is_empty() {
             return Err(invalid_path());
         }
-        let key = self.bucket.destination.key(&path);
+        // One request removes at most one owner's artifacts: never an experiment, never a
+        // directory that holds several runs, models or traces.
+        if self.config.write_policy != WritePolicy::Off && Owner::of_tree(&path).is_none() {
+            let refusal = format!(
+                "Deleting '{path}' would remove more than one run's, model's or trace's artifacts. Delete inside one artifact root instead: <experiment_id>/<run_id>/artifacts/..., <experiment_id>/models/<model_id>/artifacts/... or <experiment_id>/traces/<trace_id>/artifacts/...."
+            );
+            self.metrics.artifact_policy_violations.inc();
+            if self.config.write_policy == WritePolicy::Enforce {
+                tracing::info!(
+                    path,
+                    "delete above an artifact root refused (write policy: enforce)"
+                );
+                return Err(mlflow_error(
+                    StatusCode::FORBIDDEN,
+                    "PERMISSION_DENIED",
+                    &refusal,
+                ));
+            }
+            tracing::warn!(
+                path,
+                "delete above an artifact root allowed (write policy: warn)"
+            );
+        }
+        let key = self.key(&path)?;
         listing::delete_tree(&self.bucket, &key)
             .await
             .map_err(|e| self.store_error("delete", &path, &e))?;
@@ -545,7 +671,7 @@ impl Gateway {
                 ),
             ));
         }
-        let key = self.bucket.destination.key(&path);
+        let key = self.key(&path)?;
         let created = self
             .bucket
             .client
@@ -622,7 +748,28 @@ impl Gateway {
         let credentials = FailureRecorder::credentials(request.headers());
         let complete: Complete = Self::json_body(request).await?;
         let path = Self::mpu_target(raw, &complete.path).map_err(|_| invalid_path())?;
-        let key = self.bucket.destination.key(&path);
+        check_upload_id(&complete.upload_id)?;
+        if complete.parts.is_empty() || complete.parts.len() as u64 > upload::MAX_PARTS {
+            return Err(mlflow_error(
+                StatusCode::BAD_REQUEST,
+                "INVALID_PARAMETER_VALUE",
+                &format!(
+                    "a multipart upload is completed with 1 to {} parts, not {}",
+                    upload::MAX_PARTS,
+                    complete.parts.len()
+                ),
+            ));
+        }
+        if let Some(bad) = complete.parts.iter().find(|p| {
+            !(1..=upload::MAX_PARTS as i64).contains(&p.part_number) || p.etag.len() > 1024
+        }) {
+            return Err(mlflow_error(
+                StatusCode::BAD_REQUEST,
+                "INVALID_PARAMETER_VALUE",
+                &format!("part_number must be between 1 and {} with an ETag of at most 1024 characters, not {}", upload::MAX_PARTS, bad.part_number),
+            ));
+        }
+        let key = self.key(&path)?;
         let mut parts: Vec<CompletedPart> = complete
             .parts
             .iter()
@@ -668,7 +815,8 @@ impl Gateway {
         }
         let abort: Abort = Self::json_body(request).await?;
         let path = Self::mpu_target(raw, &abort.path).map_err(|_| invalid_path())?;
-        let key = self.bucket.destination.key(&path);
+        check_upload_id(&abort.upload_id)?;
+        let key = self.key(&path)?;
         self.bucket
             .client
             .abort_multipart_upload()
@@ -691,7 +839,7 @@ impl Gateway {
     /// ranged downloads straight from the store).
     async fn presigned(&self, raw: &str) -> Answer {
         let path = path::validate(raw).map_err(|_| invalid_path())?;
-        let key = self.bucket.destination.key(&path);
+        let key = self.key(&path)?;
         let head = match self
             .bucket
             .client
@@ -735,6 +883,27 @@ impl Gateway {
         let body = serde_json::json!({ "url": presigned.uri(), "headers": {}, "file_size": head.content_length().unwrap_or(0) });
         Ok(axum::Json(body).into_response())
     }
+}
+
+/// Upload ids are the store's opaque tokens: printable and short. Anything else never names an
+/// upload, and an overlong one would not fit in a request URI.
+fn check_upload_id(id: &str) -> Result<(), Response> {
+    if id.is_empty() || id.len() > 1024 || !id.bytes().all(|b| b.is_ascii_graphic()) {
+        return Err(mlflow_error(
+            StatusCode::BAD_REQUEST,
+            "INVALID_PARAMETER_VALUE",
+            "upload_id must be the id mpu/create returned (1 to 1024 printable ASCII characters)",
+        ));
+    }
+    Ok(())
+}
+
+/// The raw (still percent-encoded) value of the first `name` parameter of a query string.
+fn first_query_value<'q>(query: &'q str, name: &str) -> Option<&'q str> {
+    query.split('&').find_map(|pair| {
+        let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
+        (key == name).then_some(value)
+    })
 }
 
 /// A presigned part URL, fields in MLflow's order.

@@ -9,6 +9,7 @@
 //! - [`quirks`] is the table of what each S3-compatible store needs;
 //! - [`relocate`] copies stray objects into a run after the fact.
 
+pub mod authz;
 pub mod failures;
 mod handlers;
 pub mod legacy_listing;
@@ -53,6 +54,8 @@ pub struct ArtifactsConfig {
     pub max_concurrent_uploads: usize,
     pub write_policy: WritePolicy,
     pub owner_cache_ttl: Duration,
+    /// How long MLflow's "allowed" for one client, operation and path is reused; 0 asks every time.
+    pub authz_cache_ttl: Duration,
     pub presign_expiry: Duration,
 }
 
@@ -67,6 +70,7 @@ impl Default for ArtifactsConfig {
             max_concurrent_uploads: 32,
             write_policy: WritePolicy::Enforce,
             owner_cache_ttl: Duration::from_secs(300),
+            authz_cache_ttl: Duration::from_secs(10),
             presign_expiry: Duration::from_secs(3600),
         }
     }

@@ -34,7 +34,7 @@ pub fn validate(raw: &str) -> Result<String, InvalidPath> {
         path.starts_with('\\') || (b.len() >= 2 && b[0].is_ascii_alphabetic() && b[1] == b':')
     };
     if path.contains('#')
-        || path.contains('\0')
+        || path.chars().any(char::is_control)
         || path.starts_with('/')
         || windows_absolute
         || path.split(['/', '\\']).any(|segment| segment == "..")
@@ -94,6 +94,14 @@ impl Owner {
             }
             _ => None,
         }
+    }
+
+    /// The owner whose artifact root is `path` or holds it: what a delete of `path` may remove
+    /// at most. `None` for anything above an artifact root.
+    pub fn of_tree(path: &str) -> Option<Owner> {
+        let trimmed = path.trim_end_matches('/');
+        Owner::of(trimmed)
+            .or_else(|| Owner::of(&format!("{trimmed}/_")).filter(|owner| owner.root() == trimmed))
     }
 
     pub fn experiment(&self) -> &str {

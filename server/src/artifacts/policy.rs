@@ -32,7 +32,9 @@ pub enum Verdict {
 pub struct OwnerCheck {
     forwarder: Forwarder,
     ttl: Duration,
-    cache: Arc<Mutex<HashMap<Owner, (Verdict, Instant)>>>,
+    /// Keyed by the client's credential fingerprint as well: what MLflow showed one client is
+    /// never an answer for another.
+    cache: Arc<Mutex<HashMap<([u8; 32], Owner), (Verdict, Instant)>>>,
 }
 
 impl OwnerCheck {
@@ -45,7 +47,8 @@ impl OwnerCheck {
     }
 
     pub async fn check(&self, owner: &Owner, headers: &HeaderMap) -> Verdict {
-        if let Some((verdict, at)) = self.cache.lock().expect("owner cache").get(owner) {
+        let key = (super::authz::credential_fingerprint(headers), owner.clone());
+        if let Some((verdict, at)) = self.cache.lock().expect("owner cache").get(&key) {
             let ttl = if *verdict == Verdict::Owned {
                 self.ttl
             } else {
@@ -59,14 +62,14 @@ impl OwnerCheck {
         if matches!(verdict, Verdict::Owned | Verdict::Missing(_)) {
             let mut cache = self.cache.lock().expect("owner cache");
             if cache.len() >= MAX_ENTRIES {
-                let mut ages: Vec<(Owner, Instant)> =
+                let mut ages: Vec<(([u8; 32], Owner), Instant)> =
                     cache.iter().map(|(k, (_, at))| (k.clone(), *at)).collect();
                 ages.sort_by_key(|(_, at)| *at);
                 for (k, _) in ages.into_iter().take(MAX_ENTRIES / 2) {
                     cache.remove(&k);
                 }
             }
-            cache.insert(owner.clone(), (verdict.clone(), Instant::now()));
+            cache.insert(key, (verdict.clone(), Instant::now()));
         }
         verdict
     }

@@ -39,7 +39,15 @@ pub enum Decision {
     Report { step_offset: i64 },
     /// Drop them: `reporter` holds the seat.
     Standby { reporter: i64 },
+    /// Refuse them: a step (or the step after the handover offset) lies outside
+    /// ±[`MAX_NODE_STEP`], where the arithmetic of offsets could overflow.
+    StepOutOfRange,
 }
+
+/// Largest node-series step, before and after the handover offset, in either direction. Far
+/// above any real step counter (2^61); it keeps `last_step + 1 - first_step` and `step + offset`
+/// inside an i64 in Rust and in SQL, whatever steps a client sends.
+pub const MAX_NODE_STEP: i64 = 1 << 61;
 
 /// What happened in one decision, for the counters.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -114,6 +122,9 @@ impl Deduplicator {
         first_step: i64,
         last_step: i64,
     ) -> Result<(Decision, Event), StoreError> {
+        if first_step < -MAX_NODE_STEP || last_step > MAX_NODE_STEP {
+            return Ok((Decision::StepOutOfRange, Event::None));
+        }
         let entry = self.entry(run_id, node);
         let mut cached = entry.lock().await;
         let now = self.clock.now_ms();
@@ -133,8 +144,17 @@ impl Deduplicator {
         for _attempt in 0..2 {
             match cached.lease.clone() {
                 Some(mut lease) if lease.reporter_rank == rank => {
+                    if last_step + lease.step_offset > MAX_NODE_STEP {
+                        return Ok((Decision::StepOutOfRange, Event::None));
+                    }
+                    // A higher step is written at once, whatever the update interval: a handover
+                    // must continue after the last step stored, however quickly it was sent.
+                    let advanced = last_step + lease.step_offset > lease.last_step;
                     lease.last_step = lease.last_step.max(last_step + lease.step_offset);
-                    if now - cached.written_at >= update || now - lease.renewed_at > failover {
+                    if advanced
+                        || now - cached.written_at >= update
+                        || now - lease.renewed_at > failover
+                    {
                         if !self.store.renew(&lease, now).await? {
                             // Deposed while silent: learn who holds the seat now and decide again.
                             cached.lease = self.store.lease(run_id, node).await?;
@@ -169,6 +189,12 @@ impl Deduplicator {
                                 Event::Elected
                             };
                             let step_offset = lease.step_offset;
+                            if last_step + step_offset > MAX_NODE_STEP {
+                                // The seat is taken; this batch is refused and the next decides again.
+                                cached.lease = Some(lease);
+                                cached.written_at = now;
+                                return Ok((Decision::StepOutOfRange, event));
+                            }
                             lease.last_step = lease.last_step.max(last_step + step_offset);
                             // Record the first batch's steps at once: a handover right after
                             // must continue after them.
@@ -297,6 +323,75 @@ mod tests {
         clock.advance(Duration::from_secs(31));
         let (decision, _) = dedup.decide("run", "n1", 4, 2, 2).await.unwrap();
         assert_eq!(decision, Decision::Report { step_offset: 99 });
+    }
+
+    #[tokio::test]
+    async fn extreme_steps_are_refused_and_never_block_the_node() {
+        let (dedup, clock, _dir) = setup(CONFIG).await;
+        assert_eq!(
+            dedup.decide("run", "n1", 0, 5, 5).await.unwrap().0,
+            Decision::Report { step_offset: 0 }
+        );
+        clock.advance(Duration::from_secs(31));
+        // A handover whose first step is i64::MIN would need an offset beyond i64.
+        assert_eq!(
+            dedup
+                .decide("run", "n1", 1, i64::MIN, i64::MIN)
+                .await
+                .unwrap()
+                .0,
+            Decision::StepOutOfRange
+        );
+        assert_eq!(
+            dedup
+                .decide("run", "n1", 1, i64::MAX - 1, i64::MAX)
+                .await
+                .unwrap()
+                .0,
+            Decision::StepOutOfRange
+        );
+        // The lease still reads back and the series continues after step 5, for any rank.
+        let (decision, _) = dedup.decide("run", "n1", 1, 0, 0).await.unwrap();
+        assert_eq!(decision, Decision::Report { step_offset: 6 });
+        assert_eq!(
+            dedup
+                .decide("run", "n1", 1, MAX_NODE_STEP - 6, MAX_NODE_STEP - 6)
+                .await
+                .unwrap()
+                .0,
+            Decision::Report { step_offset: 6 }
+        );
+        assert_eq!(
+            dedup
+                .decide("run", "n1", 1, MAX_NODE_STEP - 5, MAX_NODE_STEP - 5)
+                .await
+                .unwrap()
+                .0,
+            Decision::StepOutOfRange
+        );
+        let lease = dedup.leases_of_run("run").await.unwrap().remove(0);
+        assert_eq!(lease.last_step, MAX_NODE_STEP);
+    }
+
+    #[tokio::test]
+    async fn a_handover_continues_after_steps_sent_faster_than_the_update_interval() {
+        let (dedup, clock, _dir) = setup(CONFIG).await;
+        for step in 0..5 {
+            assert!(matches!(
+                dedup.decide("run", "n1", 0, step, step).await.unwrap().0,
+                Decision::Report { .. }
+            ));
+            clock.advance(Duration::from_millis(50));
+        }
+        clock.advance(Duration::from_secs(31));
+        // A fresh replica (nothing cached) sees what the store holds.
+        let other = Deduplicator::new(dedup.store.clone(), dedup.clock.clone(), CONFIG);
+        let (decision, _) = other.decide("run", "n1", 1, 1, 1).await.unwrap();
+        assert_eq!(
+            decision,
+            Decision::Report { step_offset: 4 },
+            "step 1 must be stored as 5, after the last step 4"
+        );
     }
 
     #[tokio::test]

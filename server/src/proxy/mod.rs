@@ -146,47 +146,65 @@ impl Forwarder {
         client_headers: &http::HeaderMap,
         json: Option<serde_json::Value>,
     ) -> Result<(http::StatusCode, bytes::Bytes), String> {
+        let mut headers = http::HeaderMap::new();
+        headers.insert(
+            http::header::HOST,
+            HeaderValue::from_str(self.upstream.authority.as_str()).map_err(|e| e.to_string())?,
+        );
+        for name in [http::header::AUTHORIZATION, http::header::COOKIE] {
+            if let Some(value) = client_headers.get(&name) {
+                headers.insert(name, value.clone());
+            }
+        }
+        let body = match json {
+            Some(value) => {
+                headers.insert(
+                    http::header::CONTENT_TYPE,
+                    HeaderValue::from_static("application/json"),
+                );
+                bytes::Bytes::from(serde_json::to_vec(&value).map_err(|e| e.to_string())?)
+            }
+            None => bytes::Bytes::new(),
+        };
+        let response = self.ask(method, path_and_query, headers, body).await?;
+        Ok((response.status(), response.into_body()))
+    }
+
+    /// Sends a request of the proxy's own with exactly `headers` and a small body, and reads the
+    /// whole answer (at most 16 MiB) within the response timeout.
+    pub async fn ask(
+        &self,
+        method: http::Method,
+        path_and_query: &str,
+        headers: http::HeaderMap,
+        body: bytes::Bytes,
+    ) -> Result<http::Response<bytes::Bytes>, String> {
         use http_body_util::BodyExt;
         let uri = self
             .upstream
             .uri_for(path_and_query)
             .map_err(|e| e.to_string())?;
-        let mut builder = http::Request::builder()
-            .method(method)
-            .uri(uri)
-            .header(http::header::HOST, self.upstream.authority.as_str());
-        for name in [http::header::AUTHORIZATION, http::header::COOKIE] {
-            if let Some(value) = client_headers.get(&name) {
-                builder = builder.header(name, value);
-            }
-        }
-        let body = match json {
-            Some(value) => {
-                builder = builder.header(http::header::CONTENT_TYPE, "application/json");
-                Body::from(serde_json::to_vec(&value).map_err(|e| e.to_string())?)
-            }
-            None => Body::empty(),
-        };
-        let request = builder
-            .body(StreamingBody::new(
-                body,
-                self.timeouts.body_idle,
-                Direction::Request,
-            ))
-            .map_err(|e| e.to_string())?;
+        let mut request = http::Request::new(StreamingBody::new(
+            Body::from(body),
+            self.timeouts.body_idle,
+            Direction::Request,
+        ));
+        *request.method_mut() = method;
+        *request.uri_mut() = uri;
+        *request.headers_mut() = headers;
         let exchange = async {
             let response = self
                 .client
                 .request(request)
                 .await
                 .map_err(|e| root_cause(&e).to_string())?;
-            let status = response.status();
-            let body = http_body_util::Limited::new(response.into_body(), 16 << 20)
+            let (parts, body) = response.into_parts();
+            let body = http_body_util::Limited::new(body, 16 << 20)
                 .collect()
                 .await
                 .map_err(|e| e.to_string())?
                 .to_bytes();
-            Ok::<_, String>((status, body))
+            Ok::<_, String>(http::Response::from_parts(parts, body))
         };
         match tokio::time::timeout(self.timeouts.response_headers, exchange).await {
             Ok(result) => {
@@ -198,6 +216,27 @@ impl Forwarder {
                 self.timeouts.response_headers
             )),
         }
+    }
+
+    /// The headers a client request would reach the upstream with (hop-by-hop headers removed,
+    /// the `Host` policy and `X-Forwarded-*` applied).
+    pub fn upstream_headers(
+        &self,
+        client: &http::HeaderMap,
+        peer: SocketAddr,
+        authority: Option<&http::uri::Authority>,
+        request_id: &HeaderValue,
+    ) -> http::HeaderMap {
+        let mut headers = client.clone();
+        headers::to_upstream(
+            &mut headers,
+            peer,
+            authority,
+            self.host_header,
+            &self.upstream.authority,
+            request_id,
+        );
+        headers
     }
 
     /// A bodiless GET to the upstream, for readiness checks.
@@ -293,6 +332,56 @@ impl Drop for InFlight {
     }
 }
 
+/// Requests whose meaning depends on who reads them, refused before anyone does: two `Host`
+/// headers (MLflow answers 400), and transfer codings other than `chunked` (a `gzip, chunked`
+/// body would be stored or forwarded still compressed; MLflow's server refuses it).
+fn refuse_ambiguous(request: &Request) -> Option<Response> {
+    use crate::error::mlflow_error;
+    if request.headers().get_all(http::header::HOST).iter().count() > 1 {
+        return Some(mlflow_error(
+            http::StatusCode::BAD_REQUEST,
+            "BAD_REQUEST",
+            "the request carries more than one Host header; send exactly one",
+        ));
+    }
+    let codings = request.headers().get_all(http::header::TRANSFER_ENCODING);
+    let unsupported = codings
+        .iter()
+        .flat_map(|v| v.to_str().unwrap_or("?").split(','))
+        .map(str::trim)
+        .any(|coding| !coding.eq_ignore_ascii_case("chunked") && !coding.is_empty());
+    if unsupported {
+        return Some(mlflow_error(
+            http::StatusCode::NOT_IMPLEMENTED,
+            "BAD_REQUEST",
+            "only the chunked transfer coding is supported; send the body uncompressed (Content-Encoding is not applied either)",
+        ));
+    }
+    None
+}
+
+/// A method as a metric label: the standard ones by name, anything a client makes up as
+/// `OTHER`, so that clients cannot grow the label set.
+fn method_label(method: &http::Method) -> String {
+    const KNOWN: [http::Method; 9] = [
+        http::Method::GET,
+        http::Method::HEAD,
+        http::Method::POST,
+        http::Method::PUT,
+        http::Method::DELETE,
+        http::Method::PATCH,
+        http::Method::OPTIONS,
+        http::Method::CONNECT,
+        http::Method::TRACE,
+    ];
+    if KNOWN.contains(method) {
+        method.as_str()
+    } else {
+        "OTHER"
+    }
+    .to_owned()
+}
+
 /// The fallback handler: lets the metrics rewriter inspect metrics requests, forwards, records
 /// metrics and logs one line per request.
 pub async fn forward(
@@ -307,6 +396,13 @@ pub async fn forward(
     let id = request_id(request.headers());
     let span = tracing::info_span!("request", request_id = id.to_str().unwrap_or_default(), route = route.as_str(), method = %method, path = request.uri().path());
     async move {
+        if let Some(refusal) = refuse_ambiguous(&request) {
+            tracing::info!(
+                status = refusal.status().as_u16(),
+                "ambiguous request refused"
+            );
+            return refusal;
+        }
         let gateway_op = state
             .artifacts
             .as_ref()
@@ -332,6 +428,13 @@ pub async fn forward(
             };
             match prepared {
                 Ok(request) => match forwarder.send(request, peer, &id).await {
+                    Ok(response) if response.status() == http::StatusCode::UNAUTHORIZED => {
+                        // MLflow authenticates: the gateway must ask it from now on.
+                        if let Some(gateway) = &state.artifacts {
+                            gateway.authorizer().saw_unauthorized();
+                        }
+                        Ok(response)
+                    }
                     Ok(response) => match &legacy_listing {
                         Some(uri) => {
                             listing_filter::filter(response, uri, forwarder.upstream()).await
@@ -372,7 +475,7 @@ pub async fn forward(
             .requests
             .get_or_create(&RequestLabels {
                 route,
-                method: method.to_string(),
+                method: method_label(&method),
                 status,
             })
             .inc();

@@ -9,6 +9,8 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::SystemTime;
 
+use tokio::sync::Semaphore;
+
 use axum::body::Body;
 use axum::extract::Request;
 use axum::response::Response;
@@ -42,6 +44,9 @@ pub struct ScopeConfig {
     pub dedup_config: DedupConfig,
     /// Largest body read for inspection; larger ones get 413.
     pub max_inspect_bytes: usize,
+    /// Bytes all bodies being inspected at once may hold together; a request that would pass
+    /// it gets 503 and is retried by the client.
+    pub max_inspect_total: usize,
 }
 
 impl Default for ScopeConfig {
@@ -53,12 +58,15 @@ impl Default for ScopeConfig {
             dedup: true,
             dedup_config: DedupConfig::default(),
             max_inspect_bytes: 16 * 1024 * 1024,
+            max_inspect_total: 256 * 1024 * 1024,
         }
     }
 }
 
 pub struct MetricsRewriter {
     config: ScopeConfig,
+    /// The memory budget of bodies under inspection, in KiB.
+    budget: Arc<Semaphore>,
     dedup: Option<Deduplicator>,
     metrics: Metrics,
     pub stats: RunStats,
@@ -107,8 +115,10 @@ impl KeyPlan {
 
 impl MetricsRewriter {
     pub fn new(config: ScopeConfig, dedup: Option<Deduplicator>, metrics: Metrics) -> Self {
+        let budget = Arc::new(Semaphore::new((config.max_inspect_total >> 10).max(1)));
         Self {
             config,
+            budget,
             dedup,
             metrics,
             stats: RunStats::default(),
@@ -139,6 +149,24 @@ impl MetricsRewriter {
         if declared.is_some_and(|len| len > limit as u64) {
             return Err(self.too_large());
         }
+        // Reserve what this body may hold (its declared length, else the per-body limit) from
+        // the budget shared by all bodies under inspection, so that concurrency cannot multiply
+        // the per-body limit into unbounded memory.
+        let reserve_kib = (declared.map_or(limit, |len| len as usize) >> 10).max(1) as u32;
+        let _reservation = match self.budget.clone().try_acquire_many_owned(reserve_kib) {
+            Ok(reservation) => reservation,
+            Err(_) => {
+                self.metrics.rejected("memory_budget");
+                return Err(mlflow_error(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "TEMPORARILY_UNAVAILABLE",
+                    &format!(
+                        "mlscope-proxy is holding its limit of {} bytes of metrics bodies under inspection; retry with backoff.",
+                        self.config.max_inspect_total
+                    ),
+                ));
+            }
+        };
         let (parts, body) = request.into_parts();
         let bytes = match Limited::new(body, limit).collect().await {
             Ok(collected) => collected.to_bytes(),
@@ -309,6 +337,20 @@ impl MetricsRewriter {
                     Event::Failover => self.metrics.election("failover"),
                     Event::None => {}
                 }
+                if decision == Decision::StepOutOfRange {
+                    self.metrics.rejected("step_out_of_range");
+                    return Err(mlflow_error(
+                        StatusCode::BAD_REQUEST,
+                        "INVALID_PARAMETER_VALUE",
+                        &format!(
+                            "the node-wide metrics of node {} carry steps {}..{}; node series take steps between -{max} and {max} (after any handover offset). Nothing of this request was stored.",
+                            batch.node,
+                            batch.first_step,
+                            batch.last_step,
+                            max = crate::dedup::MAX_NODE_STEP
+                        ),
+                    ));
+                }
                 let kept = matches!(decision, Decision::Report { .. });
                 self.metrics
                     .node_samples(if kept { "kept" } else { "dropped" }, batch.samples);
@@ -372,8 +414,11 @@ impl MetricsRewriter {
             KeyOutcome::Invalid {
                 family, rejected, ..
             } => {
+                // The key is the client's: log a bounded prefix of it, never all of it.
+                let shown: String = rejected.chars().take(256).collect();
                 tracing::warn!(
-                    rejected,
+                    rejected = shown,
+                    length = rejected.len(),
                     "scoped key would break MLflow's key rules; kept the original"
                 );
                 (*family, "invalid")

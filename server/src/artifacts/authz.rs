@@ -1,0 +1,478 @@
+//! Authorization parity with MLflow for the artifact requests the gateway answers itself.
+//!
+//! MLflow's authentication apps (`--app-name basic-auth`, plugins such as mlflow-oidc-auth)
+//! authorize every artifact-proxy request before its handler runs: reading needs READ, writing
+//! and multipart need EDIT, deleting needs MANAGE, judged on the experiment and the tier (run,
+//! logged model, trace) the path names. The gateway cannot re-implement those rules — plugins and
+//! future versions change them — so it asks MLflow itself, with the client's own headers, a
+//! question whose answer is that decision and whose handler changes nothing:
+//!
+//! | the client asks | the gateway asks MLflow | MLflow answers when allowed |
+//! |---|---|---|
+//! | download, HEAD, presigned, list of `P` | `GET artifacts?path=P/<probe>` (lists a directory that does not exist) | 200 `{}` |
+//! | PUT, `mpu/create|complete|abort` of `P` | `POST mpu/create/P` with `{}` (refused before anything is created: no `path`) | 400 |
+//! | DELETE of `P` | `DELETE artifacts/P/<probe>` (a subtree that does not exist) | 200 |
+//!
+//! MLflow judges `P/<probe>` exactly as `P` for every path the gateway lets through: the probe's
+//! name is no experiment id, no tier folder (`models`, `traces`, `artifacts`) and no run id, so it
+//! changes neither the experiment nor the tier of the path. (The one path where it would — a
+//! recursive delete of an experiment's root — is refused by the gateway before it asks.) A 401 or
+//! 403 (or a redirect to a login page) is relayed to the client as MLflow sent it.
+//!
+//! Whether MLflow authenticates at all is detected, not configured: an anonymous probe every
+//! few seconds. While MLflow answers it, nothing is asked per request. A 401 seen on any
+//! forwarded request switches checking on at once.
+//!
+//! Allowed answers are cached per credential for a short time; denials are never cached.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use axum::body::Body;
+use axum::response::Response;
+use bytes::Bytes;
+use http::{header, HeaderMap, HeaderName, HeaderValue, Method, StatusCode};
+use sha2::{Digest, Sha256};
+
+use crate::error::mlflow_error;
+use crate::proxy::Forwarder;
+
+/// The name the probes append to a path. Not a number (experiment id), not a tier folder, not 32
+/// hex digits (a run id), and random per process so that it never names an existing object.
+fn probe_name() -> String {
+    format!(
+        ".mlscope-authz-probe-{}",
+        &uuid::Uuid::new_v4().simple().to_string()[..12]
+    )
+}
+
+/// Entries kept in the decision cache at most.
+const MAX_CACHED: usize = 10_000;
+/// How often MLflow is asked whether it authenticates at all.
+pub const DETECT_INTERVAL: Duration = Duration::from_secs(10);
+const API: &str = "/api/2.0/mlflow-artifacts/";
+
+/// The permission tier an artifact request needs in MLflow.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Action {
+    Read,
+    Update,
+    Manage,
+}
+
+/// What MLflow says about one request.
+#[derive(Debug)]
+pub enum Decision {
+    Allowed,
+    /// MLflow's own refusal (401 with `WWW-Authenticate`, 403), to be sent to the client as is.
+    Denied(Response),
+    /// MLflow could not be asked; the client gets 503 and retries.
+    Unverifiable(Response),
+}
+
+/// Whether the upstream authenticates.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Mode {
+    /// Not known yet: every request is checked (fail closed).
+    Unknown = 0,
+    /// MLflow answers anonymous artifact requests: nothing is checked.
+    Open = 1,
+    /// MLflow authenticates: every gateway request is checked.
+    Enforced = 2,
+}
+
+#[derive(Clone)]
+pub struct Authorizer {
+    forwarder: Forwarder,
+    mode: Arc<AtomicU8>,
+    cache: Arc<Mutex<HashMap<[u8; 32], Instant>>>,
+    ttl: Duration,
+    probe: Arc<str>,
+}
+
+impl Authorizer {
+    pub fn new(forwarder: Forwarder, ttl: Duration) -> Self {
+        Self {
+            forwarder,
+            mode: Arc::new(AtomicU8::new(Mode::Unknown as u8)),
+            cache: Arc::default(),
+            ttl,
+            probe: probe_name().into(),
+        }
+    }
+
+    pub fn mode(&self) -> Mode {
+        match self.mode.load(Ordering::Relaxed) {
+            1 => Mode::Open,
+            2 => Mode::Enforced,
+            _ => Mode::Unknown,
+        }
+    }
+
+    fn set_mode(&self, mode: Mode) {
+        let before = self.mode.swap(mode as u8, Ordering::Relaxed);
+        if before != mode as u8 {
+            tracing::info!(mode = ?mode, "MLflow authentication detected: artifact requests are {}", if mode == Mode::Open { "not checked (MLflow answers anonymous requests)" } else { "authorized by MLflow per client" });
+        }
+    }
+
+    /// A forwarded request was answered 401: MLflow authenticates, whatever the last probe said.
+    pub fn saw_unauthorized(&self) {
+        if self.mode() == Mode::Open {
+            self.set_mode(Mode::Enforced);
+        }
+    }
+
+    /// Asks MLflow, without credentials, whether it authenticates; keeps the last answer when
+    /// MLflow cannot be reached.
+    pub async fn detect(&self) {
+        let mut headers = HeaderMap::new();
+        if let Ok(host) = HeaderValue::from_str(self.forwarder.upstream().authority.as_str()) {
+            headers.insert(header::HOST, host);
+        }
+        let (method, uri, body) = self.probe_request(Action::Read, "");
+        match self.forwarder.ask(method, &uri, headers, body).await {
+            Ok(answer) if answer.status().is_success() => self.set_mode(Mode::Open),
+            Ok(answer) if is_refusal(answer.status()) => self.set_mode(Mode::Enforced),
+            Ok(answer) => tracing::debug!(
+                status = answer.status().as_u16(),
+                "authentication probe inconclusive"
+            ),
+            Err(e) => tracing::debug!(error = %e, "authentication probe failed"),
+        }
+    }
+
+    /// Detects at once, then every [`DETECT_INTERVAL`], until the task is dropped.
+    pub fn spawn_detector(&self) -> tokio::task::JoinHandle<()> {
+        let this = self.clone();
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(DETECT_INTERVAL);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tick.tick().await;
+                this.detect().await;
+            }
+        })
+    }
+
+    /// Would MLflow allow `action` on `raw` (the path as the client wrote it, still encoded;
+    /// for a listing, the raw value of its `path` query parameter) for the client that sent
+    /// `client`? `peer` and `request_id` shape the headers as forwarding would.
+    pub async fn check(
+        &self,
+        action: Action,
+        raw: &str,
+        client: &HeaderMap,
+        peer: SocketAddr,
+        request_id: &HeaderValue,
+    ) -> Decision {
+        if self.mode() == Mode::Open {
+            return Decision::Allowed;
+        }
+        let key = cache_key(action, raw, client);
+        if !self.ttl.is_zero() {
+            if let Some(at) = self.cache.lock().expect("authz cache").get(&key) {
+                if at.elapsed() < self.ttl {
+                    return Decision::Allowed;
+                }
+            }
+        }
+        let mut headers = self
+            .forwarder
+            .upstream_headers(client, peer, None, request_id);
+        for name in REQUEST_SPECIFIC.iter().chain(BODY_HEADERS.iter()) {
+            headers.remove(name);
+        }
+        let (method, uri, body) = self.probe_request(action, raw);
+        if !body.is_empty() {
+            headers.insert(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("application/json"),
+            );
+        }
+        let answer = match self.forwarder.ask(method, &uri, headers, body).await {
+            Ok(answer) => answer,
+            Err(e) => return Decision::Unverifiable(unverifiable(&e)),
+        };
+        let status = answer.status();
+        if is_refusal(status) {
+            if status == StatusCode::UNAUTHORIZED {
+                self.set_mode(Mode::Enforced);
+            }
+            return Decision::Denied(relay(answer));
+        }
+        let allowed = match action {
+            Action::Read | Action::Manage => {
+                status.is_success() || status == StatusCode::BAD_REQUEST
+            }
+            Action::Update => status == StatusCode::BAD_REQUEST,
+        };
+        if !allowed {
+            let reason = format!(
+                "MLflow answered HTTP {} to the authorization check: {}",
+                status.as_u16(),
+                String::from_utf8_lossy(&answer.body()[..answer.body().len().min(300)])
+            );
+            return Decision::Unverifiable(unverifiable(&reason));
+        }
+        if !self.ttl.is_zero() {
+            let mut cache = self.cache.lock().expect("authz cache");
+            if cache.len() >= MAX_CACHED {
+                let ttl = self.ttl;
+                cache.retain(|_, at| at.elapsed() < ttl);
+                if cache.len() >= MAX_CACHED {
+                    cache.clear();
+                }
+            }
+            cache.insert(key, Instant::now());
+        }
+        Decision::Allowed
+    }
+
+    /// The side-effect-free request that MLflow authorizes exactly as `action` on `raw`.
+    fn probe_request(&self, action: Action, raw: &str) -> (Method, String, Bytes) {
+        let child = |raw: &str| {
+            if raw.is_empty() || raw.ends_with('/') {
+                format!("{raw}{}", self.probe)
+            } else {
+                format!("{raw}/{}", self.probe)
+            }
+        };
+        match action {
+            Action::Read => (
+                Method::GET,
+                format!("{API}artifacts?path={}", child(&query_safe(raw))),
+                Bytes::new(),
+            ),
+            Action::Update => (
+                Method::POST,
+                format!("{API}mpu/create/{raw}"),
+                Bytes::from_static(b"{}"),
+            ),
+            Action::Manage => (
+                Method::DELETE,
+                format!("{API}artifacts/{}", child(raw)),
+                Bytes::new(),
+            ),
+        }
+    }
+}
+
+/// 401, 403, or a redirect (to a login page): MLflow refused the client.
+fn is_refusal(status: StatusCode) -> bool {
+    status == StatusCode::UNAUTHORIZED || status == StatusCode::FORBIDDEN || status.is_redirection()
+}
+
+fn unverifiable(reason: &str) -> Response {
+    tracing::warn!(
+        reason,
+        "could not ask MLflow whether an artifact request is allowed"
+    );
+    mlflow_error(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "TEMPORARILY_UNAVAILABLE",
+        &format!(
+            "mlscope-proxy could not ask MLflow whether this request is allowed ({reason}); retry."
+        ),
+    )
+}
+
+/// MLflow's refusal as the client would have had it: status, the headers that matter, body.
+fn relay(answer: http::Response<Bytes>) -> Response {
+    let (parts, body) = answer.into_parts();
+    let mut response = Response::new(Body::from(body));
+    *response.status_mut() = parts.status;
+    for name in [
+        header::WWW_AUTHENTICATE,
+        header::CONTENT_TYPE,
+        header::LOCATION,
+        header::SET_COOKIE,
+    ] {
+        for value in parts.headers.get_all(&name) {
+            response.headers_mut().append(name.clone(), value.clone());
+        }
+    }
+    response
+}
+
+/// A path segment (percent-encoded as in a URL path) written as a query value that decodes to
+/// the same text: only `+` and `&` mean something else in a query.
+fn query_safe(raw: &str) -> String {
+    raw.replace('+', "%2B").replace('&', "%26")
+}
+
+/// Headers that describe the request's body or its transfer, not the client.
+static BODY_HEADERS: [HeaderName; 10] = [
+    header::CONTENT_LENGTH,
+    header::CONTENT_TYPE,
+    header::CONTENT_ENCODING,
+    header::RANGE,
+    header::IF_MATCH,
+    header::IF_NONE_MATCH,
+    header::IF_MODIFIED_SINCE,
+    header::IF_UNMODIFIED_SINCE,
+    header::IF_RANGE,
+    header::ACCEPT_ENCODING,
+];
+
+/// Headers that change from request to request of one client and carry no credential: left out
+/// of the cache key, so one client's requests share its cached answers.
+static REQUEST_SPECIFIC: [HeaderName; 8] = [
+    HeaderName::from_static("x-request-id"),
+    HeaderName::from_static("x-forwarded-for"),
+    HeaderName::from_static("x-forwarded-proto"),
+    HeaderName::from_static("x-forwarded-host"),
+    HeaderName::from_static("traceparent"),
+    HeaderName::from_static("tracestate"),
+    header::USER_AGENT,
+    header::ACCEPT,
+];
+
+/// Everything a client sends that could identify it to MLflow or its auth plugin, hashed: every
+/// header except those that only describe the request or its body. An unknown header is part of
+/// the key, so a plugin's own credential header is never shared between clients.
+pub fn credential_fingerprint(client: &HeaderMap) -> [u8; 32] {
+    let mut pairs: Vec<(&str, &[u8])> = client
+        .iter()
+        .filter(|(name, _)| {
+            !REQUEST_SPECIFIC.contains(name) && !BODY_HEADERS.contains(name) && !is_hop_by_hop(name)
+        })
+        .map(|(name, value)| (name.as_str(), value.as_bytes()))
+        .collect();
+    pairs.sort();
+    let mut hash = Sha256::new();
+    for (name, value) in pairs {
+        hash.update((name.len() as u64).to_le_bytes());
+        hash.update(name.as_bytes());
+        hash.update((value.len() as u64).to_le_bytes());
+        hash.update(value);
+    }
+    hash.finalize().into()
+}
+
+fn is_hop_by_hop(name: &HeaderName) -> bool {
+    matches!(
+        name.as_str(),
+        "connection"
+            | "keep-alive"
+            | "proxy-connection"
+            | "te"
+            | "trailer"
+            | "transfer-encoding"
+            | "upgrade"
+            | "expect"
+    )
+}
+
+fn cache_key(action: Action, raw: &str, client: &HeaderMap) -> [u8; 32] {
+    let mut hash = Sha256::new();
+    hash.update(credential_fingerprint(client));
+    hash.update([action as u8]);
+    hash.update(raw.as_bytes());
+    hash.finalize().into()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn headers(pairs: &[(&'static str, &'static str)]) -> HeaderMap {
+        pairs
+            .iter()
+            .map(|(k, v)| (HeaderName::from_static(k), HeaderValue::from_static(v)))
+            .collect()
+    }
+
+    #[test]
+    fn fingerprints_differ_per_credential_and_ignore_request_specific_headers() {
+        let alice = headers(&[
+            ("authorization", "Basic YWxpY2U6eA=="),
+            ("x-request-id", "1"),
+            ("content-length", "5"),
+        ]);
+        let alice_again = headers(&[
+            ("authorization", "Basic YWxpY2U6eA=="),
+            ("x-request-id", "2"),
+            ("user-agent", "mlflow"),
+        ]);
+        let bob = headers(&[("authorization", "Basic Ym9iOng=")]);
+        let anonymous = headers(&[]);
+        let plugin_key = headers(&[("x-api-key", "k1")]);
+        let other_plugin_key = headers(&[("x-api-key", "k2")]);
+        assert_eq!(
+            credential_fingerprint(&alice),
+            credential_fingerprint(&alice_again)
+        );
+        assert_ne!(credential_fingerprint(&alice), credential_fingerprint(&bob));
+        assert_ne!(
+            credential_fingerprint(&alice),
+            credential_fingerprint(&anonymous)
+        );
+        assert_ne!(
+            credential_fingerprint(&plugin_key),
+            credential_fingerprint(&other_plugin_key)
+        );
+    }
+
+    #[test]
+    fn cache_keys_separate_actions_and_paths() {
+        let alice = headers(&[("authorization", "Basic YWxpY2U6eA==")]);
+        assert_ne!(
+            cache_key(Action::Read, "1/r/artifacts/a", &alice),
+            cache_key(Action::Update, "1/r/artifacts/a", &alice)
+        );
+        assert_ne!(
+            cache_key(Action::Read, "1/r/artifacts/a", &alice),
+            cache_key(Action::Read, "2/r/artifacts/a", &alice)
+        );
+    }
+
+    #[tokio::test]
+    async fn probes_keep_the_path_and_add_a_child_that_names_no_tier() {
+        let authorizer = Authorizer::new(
+            Forwarder::new(
+                &crate::config::Config::default(),
+                crate::telemetry::Metrics::new(),
+            ),
+            Duration::ZERO,
+        );
+        let probe = authorizer.probe.to_string();
+        assert!(
+            !probe.chars().all(|c| c.is_ascii_digit())
+                && probe.len() != 32
+                && !["models", "traces", "artifacts"].contains(&probe.as_str())
+        );
+        let (m, uri, body) = authorizer.probe_request(Action::Read, "1/r%2Bx/artifacts/a+b&c");
+        assert_eq!((m, body.is_empty()), (Method::GET, true));
+        assert_eq!(
+            uri,
+            format!("{API}artifacts?path=1/r%2Bx/artifacts/a%2Bb%26c/{probe}")
+        );
+        let (m, uri, _) = authorizer.probe_request(Action::Read, "");
+        assert_eq!(
+            (m, uri),
+            (Method::GET, format!("{API}artifacts?path={probe}"))
+        );
+        let (m, uri, body) = authorizer.probe_request(Action::Update, "1/r/artifacts/model.pt");
+        assert_eq!(
+            (m, uri, &body[..]),
+            (
+                Method::POST,
+                format!("{API}mpu/create/1/r/artifacts/model.pt"),
+                &b"{}"[..]
+            )
+        );
+        let (m, uri, _) = authorizer.probe_request(Action::Manage, "1/r/artifacts/dir/");
+        assert_eq!(
+            (m, uri),
+            (
+                Method::DELETE,
+                format!("{API}artifacts/1/r/artifacts/dir/{probe}")
+            )
+        );
+    }
+}
