@@ -13,6 +13,10 @@ pub mod dedup;
 pub mod error;
 pub mod proxy;
 pub mod rewrite;
+pub mod serve;
+
+#[cfg(test)]
+mod fuzz;
 pub mod store;
 pub mod telemetry;
 

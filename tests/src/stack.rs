@@ -20,7 +20,9 @@ use anyhow::{anyhow, bail, Context, Result};
 /// How long SeaweedFS may take until its S3 gateway stores objects.
 const S3_READY_TIMEOUT: Duration = Duration::from_secs(60);
 /// MLflow needs 15–25 s on a 2-core machine before `/health` answers; leave room for a busy one.
-const MLFLOW_READY_TIMEOUT: Duration = Duration::from_secs(120);
+const MLFLOW_READY_TIMEOUT: Duration = Duration::from_secs(180);
+/// The `admin` password of an MLflow started with [`MlflowServer::start_with_basic_auth`].
+pub const MLFLOW_ADMIN_PASSWORD: &str = "mlscope-admin-password";
 /// How long the proxy and nginx may take until they answer.
 const PROXY_READY_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long a process may take to exit after SIGTERM before its group gets SIGKILL.
@@ -492,7 +494,26 @@ impl MlflowServer {
         backend_store_uri: Option<&str>,
         port: u16,
     ) -> Result<MlflowServer> {
-        let mut server = Self::spawn(&venv(), dir, s3, backend_store_uri, port)?;
+        let mut server = Self::spawn(&venv(), dir, s3, backend_store_uri, port, None)?;
+        server.wait_ready()?;
+        Ok(server)
+    }
+
+    /// As [`MlflowServer::start`], with MLflow's basic-auth app (`--app-name basic-auth`): every
+    /// request needs a user's credentials; `admin` (password [`MLFLOW_ADMIN_PASSWORD`]) may do
+    /// everything, other users what their grants allow (no grant: nothing).
+    pub fn start_with_basic_auth(dir: &Path, s3: &S3Store) -> Result<MlflowServer> {
+        let port = free_port();
+        let ini = dir.join(format!("basic-auth-{port}.ini"));
+        std::fs::write(
+            &ini,
+            format!(
+                "[mlflow]\ndefault_permission = NO_PERMISSIONS\ndatabase_uri = sqlite:///{}\nadmin_username = admin\nadmin_password = {MLFLOW_ADMIN_PASSWORD}\nauthorization_function = mlflow.server.auth:authenticate_request_basic_auth\n",
+                dir.join(format!("basic-auth-{port}.db")).display()
+            ),
+        )
+        .context("writing the basic-auth config")?;
+        let mut server = Self::spawn(&venv(), dir, s3, None, port, Some(&ini))?;
         server.wait_ready()?;
         Ok(server)
     }
@@ -504,6 +525,7 @@ impl MlflowServer {
         s3: &S3Store,
         backend_store_uri: Option<&str>,
         port: u16,
+        basic_auth: Option<&Path>,
     ) -> Result<MlflowServer> {
         let backend_store_uri = match backend_store_uri {
             Some(uri) => uri.to_owned(),
@@ -533,6 +555,12 @@ impl MlflowServer {
             // here uses; on a 2-core machine they only take CPU from the server under test.
             .env("MLFLOW_SERVER_ENABLE_JOB_EXECUTION", "false")
             .current_dir(dir);
+        if let Some(ini) = basic_auth {
+            command
+                .args(["--app-name", "basic-auth"])
+                .env("MLFLOW_AUTH_CONFIG_PATH", ini)
+                .env("MLFLOW_FLASK_SERVER_SECRET_KEY", "mlscope-tests");
+        }
         let process = Process::spawn("MLflow", &command, &dir.join(format!("mlflow-{port}.log")))?;
         Ok(MlflowServer {
             url: format!("http://127.0.0.1:{port}"),
@@ -711,6 +739,7 @@ impl TestStack {
             &s3,
             opts.mlflow_backend.as_deref(),
             ports.mlflow,
+            None,
         )?;
         s3.wait_ready()?;
         mlflow.wait_ready()?;

@@ -6,10 +6,12 @@ use std::sync::OnceLock;
 use mlscope_tests::{StackOptions, TestStack};
 
 mod artifacts;
+mod authz;
 mod binary;
 mod collector;
 mod compat;
 mod forwarding;
+mod hostile;
 mod legacy_listing;
 mod mlflow;
 mod objects;

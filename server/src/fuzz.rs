@@ -1,0 +1,216 @@
+//! Property tests that double as fuzzers: every property runs `MLSCOPE_FUZZ_CASES` cases (2,000
+//! by default in the test suite) and prints how many ran, so the same code runs millions of cases
+//! from the command line:
+//!
+//! ```text
+//! MLSCOPE_FUZZ_CASES=1000000 cargo test --release -p mlscope-proxy fuzz:: -- --nocapture
+//! ```
+
+use proptest::prelude::*;
+use proptest::test_runner::{Config, TestRunner};
+
+use crate::artifacts::path;
+use crate::rewrite::body::{Edit, Endpoint, MetricsBody};
+
+fn cases() -> u32 {
+    std::env::var("MLSCOPE_FUZZ_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(2_000)
+}
+
+fn run<S: Strategy>(name: &str, strategy: S, test: impl Fn(S::Value) -> Result<(), TestCaseError>) {
+    let cases = cases();
+    let mut runner = TestRunner::new(Config {
+        cases,
+        failure_persistence: None,
+        ..Config::default()
+    });
+    let started = std::time::Instant::now();
+    if let Err(e) = runner.run(&strategy, test) {
+        panic!("{name}: {e}");
+    }
+    eprintln!(
+        "fuzz {name}: {cases} cases passed in {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
+}
+
+/// Percent-encodes every byte of `s` `depth` times.
+fn encode(s: &str, depth: usize) -> String {
+    let mut out = s.to_owned();
+    for _ in 0..depth {
+        out = out.bytes().map(|b| format!("%{b:02X}")).collect();
+    }
+    out
+}
+
+/// Path segments, each written raw or percent-encoded 1 to 3 times.
+fn segment() -> impl Strategy<Value = String> {
+    let plain = prop_oneof![
+        Just("..".to_owned()),
+        Just(".".to_owned()),
+        "[a-z0-9._-]{1,6}",
+        Just("\\..".to_owned()),
+        Just("..\\x".to_owned())
+    ];
+    (plain, 0usize..4, any::<bool>()).prop_map(|(s, depth, dot_only)| {
+        if dot_only && s.contains('.') {
+            // Encode only the dots, the way real traversal attempts do.
+            s.replace('.', &encode(".", depth))
+        } else {
+            encode(&s, depth)
+        }
+    })
+}
+
+fn separator() -> impl Strategy<Value = String> {
+    (prop_oneof![Just("/"), Just("\\")], 0usize..3).prop_map(|(s, depth)| encode(s, depth))
+}
+
+#[test]
+fn no_decoding_depth_lets_a_dot_dot_segment_through_path_validation() {
+    let paths = (
+        proptest::collection::vec((segment(), separator()), 1..8),
+        any::<bool>(),
+    )
+        .prop_map(|(parts, leading)| {
+            let mut p = if leading {
+                "/".to_owned()
+            } else {
+                String::new()
+            };
+            for (seg, sep) in parts {
+                p.push_str(&seg);
+                p.push_str(&sep);
+            }
+            p
+        });
+    run("path validation", paths, |raw| {
+        if let Ok(valid) = path::validate(&raw) {
+            // What was accepted is decoded for good, relative, and free of `..` in either separator.
+            prop_assert_eq!(
+                percent_encoding::percent_decode_str(&valid)
+                    .decode_utf8_lossy()
+                    .into_owned(),
+                valid.clone()
+            );
+            prop_assert!(!valid.starts_with('/') && !valid.starts_with('\\'));
+            prop_assert!(
+                valid.split(['/', '\\']).all(|s| s != ".."),
+                "{} let through as {}",
+                raw,
+                valid
+            );
+            prop_assert!(!valid.chars().any(char::is_control));
+        }
+        Ok(())
+    });
+}
+
+#[test]
+fn arbitrary_bytes_never_panic_the_metrics_body_reader() {
+    run(
+        "metrics body bytes",
+        proptest::collection::vec(any::<u8>(), 0..512),
+        |bytes| {
+            for endpoint in [Endpoint::LogBatch, Endpoint::LogMetric] {
+                if let Ok(body) = MetricsBody::parse(&bytes, endpoint) {
+                    let keep = vec![Edit::Keep; body.metrics.len()];
+                    let (_, out) = body.render(&keep);
+                    prop_assert_eq!(
+                        out,
+                        bytes.clone(),
+                        "an unchanged body is rendered byte for byte"
+                    );
+                }
+            }
+            Ok(())
+        },
+    );
+}
+
+/// Near-valid bodies: the shapes MLflow clients send, with fields dropped, duplicated, retyped.
+fn near_valid_body() -> impl Strategy<Value = String> {
+    let value = prop_oneof![
+        Just("1.5".to_owned()),
+        Just("\"NaN\"".to_owned()),
+        Just("\"x\"".to_owned()),
+        Just("null".to_owned()),
+        Just("-9223372036854775808".to_owned()),
+        Just("1e999".to_owned()),
+        Just("[]".to_owned()),
+    ];
+    let key = prop_oneof![
+        Just("\"system/cpu_utilization_percentage\"".to_owned()),
+        Just("\"system/node-a/rank-3/system_memory_usage_megabytes\"".to_owned()),
+        Just("\"system//x\"".to_owned()),
+        Just("\"loss\"".to_owned()),
+        Just("\"\\u0000\"".to_owned()),
+        Just("7".to_owned()),
+    ];
+    let metric =
+        (key, value.clone(), value.clone(), value, any::<bool>()).prop_map(|(k, v, t, s, dup)| {
+            if dup {
+                format!("{{\"key\":{k},\"key\":{k},\"value\":{v}}}")
+            } else {
+                format!("{{\"key\":{k},\"value\":{v},\"timestamp\":{t},\"step\":{s}}}")
+            }
+        });
+    (
+        proptest::collection::vec(metric, 0..6),
+        prop_oneof![
+            Just("\"run_id\":\"r\""),
+            Just("\"run_uuid\":\"r\",\"run_id\":\"s\""),
+            Just("\"run_id\":5"),
+            Just("")
+        ],
+    )
+        .prop_map(|(metrics, run)| {
+            format!(
+                "{{{run}{}\"metrics\":[{}]}}",
+                if run.is_empty() { "" } else { "," },
+                metrics.join(",")
+            )
+        })
+}
+
+#[test]
+fn near_valid_metrics_bodies_render_valid_json_and_change_only_keys_and_steps() {
+    run("metrics body splice", near_valid_body(), |text| {
+        let Ok(body) = MetricsBody::parse(text.as_bytes(), Endpoint::LogBatch) else {
+            return Ok(());
+        };
+        if serde_json::from_str::<serde_json::Value>(&text).is_err() {
+            // Kept byte for byte (the arbitrary-bytes property); valid JSON out needs valid JSON in.
+            return Ok(());
+        }
+        // As the rewriter does: a new step only where the sample carries one.
+        let edits: Vec<Edit> = body
+            .metrics
+            .iter()
+            .map(|m| Edit::Change {
+                key: Some("system/n/node_x"),
+                step: m.step.map(|_| 7),
+                also_original: false,
+            })
+            .collect();
+        let (_, out) = body.render(&edits);
+        let rendered: serde_json::Value = serde_json::from_slice(&out)
+            .map_err(|e| TestCaseError::fail(format!("{e}: {}", String::from_utf8_lossy(&out))))?;
+        let metrics = rendered["metrics"].as_array().cloned().unwrap_or_default();
+        prop_assert_eq!(metrics.len(), body.metrics.len());
+        for (m, parsed) in metrics.iter().zip(&body.metrics) {
+            prop_assert_eq!(&m["key"], "system/n/node_x");
+            if parsed.step.is_some() {
+                prop_assert_eq!(&m["step"], 7);
+            }
+        }
+        // Applying the same edits to the output changes nothing more (idempotent).
+        let again = MetricsBody::parse(&out, Endpoint::LogBatch)
+            .map_err(|e| TestCaseError::fail(e.to_string()))?;
+        let (_, twice) = again.render(&edits);
+        prop_assert_eq!(twice, out);
+        Ok(())
+    });
+}

@@ -1,0 +1,498 @@
+//! Authorization parity: MLflow 3.17.2 with its basic-auth app, and the artifact gateway in front
+//! of it serving the same bucket. Every artifact operation is sent by every kind of client
+//! directly to MLflow and through the gateway; the gateway must allow and deny exactly what
+//! MLflow allows and denies, with MLflow's own 401 and 403.
+
+use std::collections::BTreeMap;
+use std::sync::OnceLock;
+
+use mlscope_tests::{spawn_proxy, MlflowServer, ProxyProcess, S3Store, MLFLOW_ADMIN_PASSWORD};
+use reqwest::{Method, StatusCode};
+use serde_json::{json, Value};
+
+use crate::mlflow::{http, now_ms};
+
+struct AuthStack {
+    _dir: tempfile::TempDir,
+    _s3: S3Store,
+    mlflow: MlflowServer,
+    proxy: ProxyProcess,
+}
+
+/// A client: a user name and password, or nobody.
+#[derive(Clone, Copy, Debug)]
+struct Client {
+    name: &'static str,
+    password: Option<&'static str>,
+}
+
+const ADMIN: Client = Client {
+    name: "admin",
+    password: Some(MLFLOW_ADMIN_PASSWORD),
+};
+/// Users created by the test, with the grant each holds on the test experiment (or run).
+const USERS: [(&str, &str); 5] = [
+    ("manager", "MANAGE"),
+    ("editor", "EDIT"),
+    ("reader", "READ"),
+    ("stranger", ""),
+    ("run-editor", "run:EDIT"),
+];
+const PASSWORD: &str = "a-Long-enough-passw0rd";
+
+fn stack() -> &'static AuthStack {
+    static STACK: OnceLock<Result<AuthStack, String>> = OnceLock::new();
+    let stack = STACK.get_or_init(|| {
+        let start = || -> anyhow::Result<AuthStack> {
+            let dir = tempfile::Builder::new()
+                .prefix("mlscope-authz-")
+                .tempdir()?;
+            let s3 = S3Store::start(dir.path())?;
+            let mlflow = MlflowServer::start_with_basic_auth(dir.path(), &s3)?;
+            let args = s3.gateway_args(&s3.url);
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            let proxy = spawn_proxy(&mlflow.url, &args, dir.path())?;
+            Ok(AuthStack {
+                _dir: dir,
+                _s3: s3,
+                mlflow,
+                proxy,
+            })
+        };
+        start().map_err(|e| format!("{e:#}"))
+    });
+    match stack {
+        Ok(stack) => stack,
+        Err(error) => panic!("the basic-auth stack did not start: {error}"),
+    }
+}
+
+fn request(client: Client, method: Method, url: String) -> reqwest::RequestBuilder {
+    let request = http().request(method, url);
+    match client.password {
+        Some(password) => request.basic_auth(client.name, Some(password)),
+        None => request,
+    }
+}
+
+/// An admin call to MLflow's REST API that must succeed.
+async fn admin_call(base: &str, method: Method, path: &str, body: Value) -> Value {
+    let response = request(ADMIN, method, format!("{base}{path}"))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    let status = response.status();
+    let text = response.text().await.unwrap();
+    assert!(status.is_success(), "{path}: {status} {text}");
+    serde_json::from_str(&text).unwrap_or(Value::Null)
+}
+
+/// Users, an experiment with a run, the grants, and the files the operations read and delete.
+/// Returns `(experiment_id, run artifact root)`.
+async fn setup(mlflow: &str) -> (String, String) {
+    let experiment = admin_call(
+        mlflow,
+        Method::POST,
+        "/api/2.0/mlflow/experiments/create",
+        json!({ "name": format!("authz-{}", uuid::Uuid::new_v4().simple()) }),
+    )
+    .await;
+    let experiment = experiment["experiment_id"].as_str().unwrap().to_owned();
+    let run = admin_call(
+        mlflow,
+        Method::POST,
+        "/api/2.0/mlflow/runs/create",
+        json!({ "experiment_id": experiment, "start_time": now_ms() }),
+    )
+    .await;
+    let run_id = run["run"]["info"]["run_id"].as_str().unwrap().to_owned();
+    for (user, grant) in USERS {
+        let created = request(
+            ADMIN,
+            Method::POST,
+            format!("{mlflow}/api/2.0/mlflow/users/create"),
+        )
+        .json(&json!({ "username": user, "password": PASSWORD }))
+        .send()
+        .await
+        .unwrap();
+        assert!(
+            created.status().is_success() || created.status() == StatusCode::BAD_REQUEST,
+            "creating {user}: {}",
+            created.status()
+        );
+        // MLflow 3.17 takes run grants only as wildcards ("every run"), on top of a READ of the
+        // experiment that holds the run.
+        let grants: Vec<(&str, &str, &str)> = match grant.split_once(':') {
+            Some((_, permission)) => vec![
+                ("experiment", experiment.as_str(), "READ"),
+                ("run", "*", permission),
+            ],
+            None if grant.is_empty() => vec![],
+            None => vec![("experiment", experiment.as_str(), grant)],
+        };
+        for (resource_type, resource_id, permission) in grants {
+            let granted = request(ADMIN, Method::POST, format!("{mlflow}/api/3.0/mlflow/users/permissions/grant"))
+                .json(&json!({ "username": user, "resource_type": resource_type, "resource_id": resource_id, "permission": permission }))
+                .send()
+                .await
+                .unwrap();
+            let status = granted.status();
+            let body = granted.text().await.unwrap();
+            // The tests share the users; a wildcard run grant exists after the first.
+            assert!(
+                status.is_success() || body.contains("RESOURCE_ALREADY_EXISTS"),
+                "granting {user} {permission}: {status} {body}"
+            );
+        }
+    }
+    let root = format!("{experiment}/{run_id}/artifacts");
+    (experiment, root)
+}
+
+/// One artifact operation: what it sends, for a client, to a base URL.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Op {
+    Get,
+    Head,
+    List,
+    Presigned,
+    Put,
+    MpuCreate,
+    MpuAbort,
+    Delete,
+}
+
+const OPS: [Op; 8] = [
+    Op::Get,
+    Op::Head,
+    Op::List,
+    Op::Presigned,
+    Op::Put,
+    Op::MpuCreate,
+    Op::MpuAbort,
+    Op::Delete,
+];
+
+/// How a cell compares: 401 and 403 with MLflow's headers and body, or "allowed" (any other
+/// status: the operation reached the handler).
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Answer {
+    Allowed,
+    Refused {
+        status: u16,
+        www_authenticate: Option<String>,
+        body: String,
+    },
+}
+
+async fn send(base: &str, root: &str, op: Op, client: Client) -> Answer {
+    let api = format!("{base}/api/2.0/mlflow-artifacts");
+    let file = format!("{root}/shared/readme.txt");
+    let builder = match op {
+        Op::Get => request(client, Method::GET, format!("{api}/artifacts/{file}")),
+        Op::Head => request(client, Method::HEAD, format!("{api}/artifacts/{file}")),
+        Op::List => request(client, Method::GET, format!("{api}/artifacts"))
+            .query(&[("path", format!("{root}/shared"))]),
+        Op::Presigned => request(client, Method::GET, format!("{api}/presigned/{file}")),
+        Op::Put => request(
+            client,
+            Method::PUT,
+            format!("{api}/artifacts/{root}/uploads/{}.txt", client.name),
+        )
+        .body("uploaded"),
+        Op::MpuCreate => request(
+            client,
+            Method::POST,
+            format!("{api}/mpu/create/{root}/uploads"),
+        )
+        .json(&json!({ "path": format!("{}.bin", client.name), "num_parts": 1 })),
+        Op::MpuAbort => request(
+            client,
+            Method::POST,
+            format!("{api}/mpu/abort/{root}/uploads"),
+        )
+        .json(
+            &json!({ "path": format!("{}.bin", client.name), "upload_id": "bm90LWFuLXVwbG9hZA" }),
+        ),
+        Op::Delete => request(
+            client,
+            Method::DELETE,
+            format!("{api}/artifacts/{root}/victims/{}.txt", client.name),
+        ),
+    };
+    let response = builder.send().await.unwrap();
+    let status = response.status();
+    if status != StatusCode::UNAUTHORIZED && status != StatusCode::FORBIDDEN {
+        return Answer::Allowed;
+    }
+    let www_authenticate = response
+        .headers()
+        .get("www-authenticate")
+        .map(|v| v.to_str().unwrap().to_owned());
+    Answer::Refused {
+        status: status.as_u16(),
+        www_authenticate,
+        body: response.text().await.unwrap(),
+    }
+}
+
+fn clients() -> Vec<Client> {
+    let mut clients = vec![
+        ADMIN,
+        Client {
+            name: "anonymous",
+            password: None,
+        },
+        Client {
+            name: "manager",
+            password: Some("wrong-password"),
+        },
+    ];
+    clients.extend(USERS.iter().map(|(name, _)| Client {
+        name,
+        password: Some(PASSWORD),
+    }));
+    clients
+}
+
+/// Puts the files the read and delete operations name (as admin, straight into MLflow).
+async fn restore_files(mlflow: &str, root: &str) {
+    let mut paths = vec![format!("{root}/shared/readme.txt")];
+    paths.extend(
+        clients()
+            .iter()
+            .map(|c| format!("{root}/victims/{}.txt", c.name)),
+    );
+    for path in paths {
+        let response = request(
+            ADMIN,
+            Method::PUT,
+            format!("{mlflow}/api/2.0/mlflow-artifacts/artifacts/{path}"),
+        )
+        .body("content")
+        .send()
+        .await
+        .unwrap();
+        assert!(
+            response.status().is_success(),
+            "restoring {path}: {}",
+            response.status()
+        );
+    }
+}
+
+#[tokio::test]
+async fn every_artifact_operation_is_allowed_and_denied_through_the_gateway_exactly_as_mlflow_decides(
+) {
+    let s = stack();
+    let (_, root) = setup(&s.mlflow.url).await;
+    let mut direct = BTreeMap::new();
+    let mut through = BTreeMap::new();
+    for (side, base) in [
+        (&mut direct, s.mlflow.url.as_str()),
+        (&mut through, s.proxy.url.as_str()),
+    ] {
+        restore_files(&s.mlflow.url, &root).await;
+        for client in clients() {
+            for op in OPS {
+                side.insert(
+                    (
+                        client.name,
+                        client
+                            .password
+                            .is_some_and(|p| p != PASSWORD && p != MLFLOW_ADMIN_PASSWORD),
+                        op,
+                    ),
+                    send(base, &root, op, client).await,
+                );
+            }
+        }
+    }
+    let differences: Vec<String> = direct
+        .iter()
+        .filter(|(cell, answer)| through.get(*cell) != Some(answer))
+        .map(|(cell, answer)| {
+            format!(
+                "{cell:?}: MLflow {answer:?}, gateway {:?}",
+                through.get(cell)
+            )
+        })
+        .collect();
+    assert!(
+        differences.is_empty(),
+        "{} of {} cells differ:\n{}",
+        differences.len(),
+        direct.len(),
+        differences.join("\n")
+    );
+
+    // The matrix is only a check if MLflow both allowed and refused, with 401 and with 403.
+    let refused = |status: u16| {
+        direct
+            .values()
+            .filter(|a| matches!(a, Answer::Refused { status: s, .. } if *s == status))
+            .count()
+    };
+    let allowed = direct.values().filter(|a| **a == Answer::Allowed).count();
+    assert!(
+        allowed > 0 && refused(401) > 0 && refused(403) > 0,
+        "allowed {allowed}, 401 {}, 403 {}",
+        refused(401),
+        refused(403)
+    );
+    // Reading needs READ: the stranger is refused, the reader is not; writing needs EDIT.
+    assert_ne!(direct[&("stranger", false, Op::Get)], Answer::Allowed);
+    assert_eq!(direct[&("reader", false, Op::Get)], Answer::Allowed);
+    assert_ne!(direct[&("reader", false, Op::Put)], Answer::Allowed);
+    assert_eq!(direct[&("editor", false, Op::Put)], Answer::Allowed);
+    assert_ne!(direct[&("editor", false, Op::Delete)], Answer::Allowed);
+    assert_eq!(direct[&("manager", false, Op::Delete)], Answer::Allowed);
+}
+
+#[tokio::test]
+async fn a_refused_delete_through_the_gateway_leaves_the_object_and_an_experiment_root_is_never_deleted(
+) {
+    let s = stack();
+    let (experiment, root) = setup(&s.mlflow.url).await;
+    restore_files(&s.mlflow.url, &root).await;
+    let editor = Client {
+        name: "editor",
+        password: Some(PASSWORD),
+    };
+    let manager = Client {
+        name: "manager",
+        password: Some(PASSWORD),
+    };
+    let file = format!(
+        "{}/api/2.0/mlflow-artifacts/artifacts/{root}/victims/editor.txt",
+        s.proxy.url
+    );
+    let refused = request(editor, Method::DELETE, file.clone())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(refused.status(), StatusCode::FORBIDDEN);
+    assert_eq!(
+        request(ADMIN, Method::GET, file.clone())
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        StatusCode::OK,
+        "the object is still there"
+    );
+
+    // A manager may delete one run's files, never the experiment's whole tree.
+    let whole = request(
+        manager,
+        Method::DELETE,
+        format!(
+            "{}/api/2.0/mlflow-artifacts/artifacts/{experiment}",
+            s.proxy.url
+        ),
+    )
+    .send()
+    .await
+    .unwrap();
+    assert_eq!(whole.status(), StatusCode::FORBIDDEN);
+    let body: Value = whole.json().await.unwrap();
+    assert_eq!(body["error_code"], "PERMISSION_DENIED");
+    assert!(
+        body["message"]
+            .as_str()
+            .unwrap()
+            .contains("more than one run"),
+        "{body}"
+    );
+    assert_eq!(
+        request(ADMIN, Method::GET, file.clone())
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        StatusCode::OK,
+        "nothing of the experiment was removed"
+    );
+    let deleted = request(manager, Method::DELETE, file.clone())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(deleted.status(), StatusCode::OK);
+    assert_eq!(
+        request(ADMIN, Method::GET, file)
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        StatusCode::NOT_FOUND
+    );
+}
+
+#[tokio::test]
+async fn one_clients_allowed_answer_is_never_reused_for_another_client() {
+    let s = stack();
+    let (_, root) = setup(&s.mlflow.url).await;
+    restore_files(&s.mlflow.url, &root).await;
+    let url = format!(
+        "{}/api/2.0/mlflow-artifacts/artifacts/{root}/shared/readme.txt",
+        s.proxy.url
+    );
+    let reader = Client {
+        name: "reader",
+        password: Some(PASSWORD),
+    };
+    let stranger = Client {
+        name: "stranger",
+        password: Some(PASSWORD),
+    };
+    for _ in 0..3 {
+        assert_eq!(
+            request(reader, Method::GET, url.clone())
+                .send()
+                .await
+                .unwrap()
+                .status(),
+            StatusCode::OK
+        );
+        assert_eq!(
+            request(stranger, Method::GET, url.clone())
+                .send()
+                .await
+                .unwrap()
+                .status(),
+            StatusCode::FORBIDDEN
+        );
+        assert_eq!(
+            request(
+                Client {
+                    name: "anonymous",
+                    password: None
+                },
+                Method::GET,
+                url.clone()
+            )
+            .send()
+            .await
+            .unwrap()
+            .status(),
+            StatusCode::UNAUTHORIZED
+        );
+        assert_eq!(
+            request(
+                Client {
+                    name: "reader",
+                    password: Some("not-the-password")
+                },
+                Method::GET,
+                url.clone()
+            )
+            .send()
+            .await
+            .unwrap()
+            .status(),
+            StatusCode::UNAUTHORIZED
+        );
+    }
+}

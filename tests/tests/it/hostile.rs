@@ -1,0 +1,382 @@
+//! Hostile and broken clients against a proxy with the artifact gateway, in front of real MLflow
+//! and SeaweedFS: each input a probe found wrong gets a clear 4xx (never a panic, a closed
+//! connection or a store error the client would retry forever), and slow clients cannot hold the
+//! proxy.
+
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use mlscope_tests::{spawn_proxy, ProxyProcess, TestStack};
+use reqwest::StatusCode;
+use serde_json::{json, Value};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use crate::mlflow::{create_experiment_and_run, history, http, now_ms};
+
+struct Hostile {
+    stack: &'static TestStack,
+    proxy: ProxyProcess,
+}
+
+fn hostile() -> &'static Hostile {
+    static STACK: OnceLock<Result<TestStack, String>> = OnceLock::new();
+    static PROXY: OnceLock<Hostile> = OnceLock::new();
+    PROXY.get_or_init(|| {
+        let stack = crate::module_stack(&STACK, "hostile-input stack");
+        let mut args = stack.s3.gateway_args(&stack.s3.url);
+        args.extend(["--header-read-timeout".into(), "2s".into()]);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let proxy =
+            spawn_proxy(&stack.mlflow.url, &args, stack.dir.path()).expect("starting the proxy");
+        Hostile { stack, proxy }
+    })
+}
+
+/// Sends `head` (and `body`) as given over a fresh connection; returns the status (0 when the
+/// connection closed without an answer) and the body's text.
+async fn raw(base: &str, head: &str, body: &[u8]) -> (u16, String) {
+    let address = base.trim_start_matches("http://");
+    let mut socket = tokio::net::TcpStream::connect(address).await.unwrap();
+    socket.write_all(head.as_bytes()).await.unwrap();
+    socket.write_all(body).await.unwrap();
+    let mut answer = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(30), socket.read_to_end(&mut answer)).await;
+    let text = String::from_utf8_lossy(&answer).into_owned();
+    let status = text
+        .split(' ')
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    (
+        status,
+        text.split_once("\r\n\r\n")
+            .map(|(_, b)| b.to_owned())
+            .unwrap_or_default(),
+    )
+}
+
+async fn error_code(response: reqwest::Response) -> (StatusCode, String) {
+    let status = response.status();
+    let body: Value = response.json().await.unwrap_or(Value::Null);
+    (
+        status,
+        body["error_code"].as_str().unwrap_or_default().to_owned(),
+    )
+}
+
+#[tokio::test]
+async fn an_overlong_upload_id_is_a_400_not_a_closed_connection() {
+    let h = hostile();
+    let (experiment, run) = create_experiment_and_run(&h.stack.mlflow.url, "hostile").await;
+    let url = |op: &str| {
+        format!(
+            "{}/api/2.0/mlflow-artifacts/mpu/{op}/{experiment}/{run}/artifacts",
+            h.proxy.url
+        )
+    };
+    let long_id = "A".repeat(70_000);
+    for op in ["abort", "complete"] {
+        let body = json!({ "path": "big.bin", "upload_id": long_id, "parts": [{ "part_number": 1, "etag": "x" }] });
+        let (status, code) =
+            error_code(http().post(url(op)).json(&body).send().await.unwrap()).await;
+        assert_eq!(
+            (status, code.as_str()),
+            (StatusCode::BAD_REQUEST, "INVALID_PARAMETER_VALUE"),
+            "mpu/{op}"
+        );
+    }
+    // A made-up but well-formed id is the client's mistake too: 404, not a retryable 5xx.
+    let body = json!({ "path": "big.bin", "upload_id": "bm90LWFuLXVwbG9hZA", "parts": [{ "part_number": 1, "etag": "x" }] });
+    let (status, code) = error_code(
+        http()
+            .post(url("complete"))
+            .json(&body)
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert!(
+        status.is_client_error(),
+        "made-up upload id: {status} {code}"
+    );
+    let body = json!({ "path": "big.bin", "upload_id": "x", "parts": [{ "part_number": 4_294_967_297i64, "etag": "x" }] });
+    let (status, _) = error_code(
+        http()
+            .post(url("complete"))
+            .json(&body)
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(
+        status,
+        StatusCode::BAD_REQUEST,
+        "a part number beyond i32 is refused, not wrapped"
+    );
+}
+
+#[tokio::test]
+async fn control_characters_and_overlong_keys_never_reach_the_store() {
+    let h = hostile();
+    let (experiment, run) = create_experiment_and_run(&h.stack.mlflow.url, "hostile").await;
+    let root = format!("{experiment}/{run}/artifacts");
+    for path in [
+        format!("{root}/a%0d%0aX-Injected:%20yes"),
+        format!("{root}/tab%09name"),
+        format!("{root}/{}", "k".repeat(1100)),
+    ] {
+        let response = http()
+            .put(format!(
+                "{}/api/2.0/mlflow-artifacts/artifacts/{path}",
+                h.proxy.url
+            ))
+            .body("x")
+            .send()
+            .await
+            .unwrap();
+        let (status, code) = error_code(response).await;
+        assert_eq!(
+            (status, code.as_str()),
+            (StatusCode::BAD_REQUEST, "INVALID_PARAMETER_VALUE"),
+            "{}",
+            &path[..path.len().min(120)]
+        );
+    }
+    let keys = crate::objects::store_keys(&h.stack.s3, &format!("artifacts/{root}")).await;
+    assert!(keys.is_empty(), "nothing stored: {keys:?}");
+}
+
+#[tokio::test]
+async fn ambiguous_requests_are_refused_before_anyone_reads_them() {
+    let h = hostile();
+    let (experiment, run) = create_experiment_and_run(&h.stack.mlflow.url, "hostile").await;
+    let path = format!("/api/2.0/mlflow-artifacts/artifacts/{experiment}/{run}/artifacts/gz.txt");
+    let address = h.proxy.url.trim_start_matches("http://");
+    // gzip inside chunked: stored as is it would be corrupt.
+    let head = format!("PUT {path} HTTP/1.1\r\nHost: {address}\r\nTransfer-Encoding: gzip, chunked\r\nConnection: close\r\n\r\n");
+    let (status, body) = raw(&h.proxy.url, &head, b"5\r\nhello\r\n0\r\n\r\n").await;
+    assert_eq!(status, 501, "{body}");
+    assert!(body.contains("chunked"), "{body}");
+    let stored = http()
+        .get(format!("{}{path}", h.stack.mlflow.url))
+        .send()
+        .await
+        .unwrap()
+        .status();
+    assert_ne!(stored, StatusCode::OK, "nothing was stored");
+    // Two Host headers: MLflow answers 400; so does the proxy, without forwarding either.
+    let head = format!("GET /api/2.0/mlflow/experiments/get?experiment_id={experiment} HTTP/1.1\r\nHost: {address}\r\nHost: evil.example\r\nConnection: close\r\n\r\n");
+    let (status, _) = raw(&h.proxy.url, &head, b"").await;
+    assert_eq!(status, 400);
+}
+
+#[tokio::test]
+async fn a_repeated_path_parameter_lists_the_first_as_mlflow_does() {
+    let h = hostile();
+    let (experiment, run) = create_experiment_and_run(&h.stack.mlflow.url, "hostile").await;
+    let root = format!("{experiment}/{run}/artifacts");
+    for dir in ["first", "second"] {
+        let url = format!(
+            "{}/api/2.0/mlflow-artifacts/artifacts/{root}/{dir}/{dir}.txt",
+            h.proxy.url
+        );
+        assert_eq!(
+            http().put(url).body(dir).send().await.unwrap().status(),
+            StatusCode::OK
+        );
+    }
+    let list = |base: String| {
+        let url = format!(
+            "{base}/api/2.0/mlflow-artifacts/artifacts?path={root}/first&path={root}/second"
+        );
+        async move {
+            http()
+                .get(url)
+                .send()
+                .await
+                .unwrap()
+                .json::<Value>()
+                .await
+                .unwrap()
+        }
+    };
+    let (ours, theirs) = (
+        list(h.proxy.url.clone()).await,
+        list(h.stack.mlflow.url.clone()).await,
+    );
+    assert_eq!(ours, theirs);
+    assert_eq!(ours["files"][0]["path"], "first.txt", "{ours}");
+}
+
+#[tokio::test]
+async fn deleting_an_experiment_or_a_bare_run_prefix_is_refused_and_removes_nothing() {
+    let h = hostile();
+    let (experiment, run) = create_experiment_and_run(&h.stack.mlflow.url, "hostile").await;
+    let file = format!(
+        "{}/api/2.0/mlflow-artifacts/artifacts/{experiment}/{run}/artifacts/keep.txt",
+        h.proxy.url
+    );
+    assert_eq!(
+        http()
+            .put(&file)
+            .body("keep")
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        StatusCode::OK
+    );
+    for target in [experiment.clone(), format!("{experiment}/{run}")] {
+        let response = http()
+            .delete(format!(
+                "{}/api/2.0/mlflow-artifacts/artifacts/{target}",
+                h.proxy.url
+            ))
+            .send()
+            .await
+            .unwrap();
+        let (status, code) = error_code(response).await;
+        assert_eq!(
+            (status, code.as_str()),
+            (StatusCode::FORBIDDEN, "PERMISSION_DENIED"),
+            "DELETE {target}"
+        );
+    }
+    assert_eq!(
+        http().get(&file).send().await.unwrap().status(),
+        StatusCode::OK,
+        "the run's file is still there"
+    );
+    // The run's own artifact root may go, as one owner's artifacts.
+    let whole_root = format!(
+        "{}/api/2.0/mlflow-artifacts/artifacts/{experiment}/{run}/artifacts",
+        h.proxy.url
+    );
+    assert_eq!(
+        http().delete(whole_root).send().await.unwrap().status(),
+        StatusCode::OK
+    );
+    assert_eq!(
+        http().get(&file).send().await.unwrap().status(),
+        StatusCode::NOT_FOUND
+    );
+}
+
+#[tokio::test]
+async fn one_extreme_step_is_refused_and_the_node_keeps_reporting() {
+    let h = hostile();
+    let (_, run) = create_experiment_and_run(&h.stack.mlflow.url, "hostile").await;
+    let key = |rank: u32| format!("system/node-x/rank-{rank}/cpu_utilization_percentage");
+    let send = |rank: u32, step: i64| {
+        let body = json!({ "run_id": run, "metrics": [{ "key": key(rank), "value": 1.0, "timestamp": now_ms(), "step": step }] });
+        http()
+            .post(format!("{}/api/2.0/mlflow/runs/log-batch", h.proxy.url))
+            .json(&body)
+            .send()
+    };
+    assert_eq!(send(0, 0).await.unwrap().status(), StatusCode::OK);
+    for step in [i64::MIN, i64::MAX, 1 << 62] {
+        let (status, code) = error_code(send(0, step).await.unwrap()).await;
+        assert_eq!(
+            (status, code.as_str()),
+            (StatusCode::BAD_REQUEST, "INVALID_PARAMETER_VALUE"),
+            "step {step}"
+        );
+    }
+    assert_eq!(
+        send(0, 1).await.unwrap().status(),
+        StatusCode::OK,
+        "the node still reports"
+    );
+    let steps: Vec<i64> = history(
+        &h.stack.mlflow.url,
+        &run,
+        "system/node-x/node_cpu_utilization_percentage",
+    )
+    .await
+    .into_iter()
+    .map(|(s, _)| s)
+    .collect();
+    assert_eq!(steps, vec![0, 1]);
+}
+
+#[tokio::test]
+async fn a_made_up_method_does_not_grow_the_metric_labels() {
+    let h = hostile();
+    let address = h.proxy.url.trim_start_matches("http://");
+    for method in ["FOO", "BAR", "BAZ"] {
+        raw(&h.proxy.url, &format!("{method} /api/2.0/mlflow/experiments/search HTTP/1.1\r\nHost: {address}\r\nConnection: close\r\n\r\n"), b"").await;
+    }
+    let metrics = http()
+        .get(format!("{}/metrics", h.proxy.admin_url))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metrics.contains("method=\"OTHER\""),
+        "made-up methods are counted as OTHER"
+    );
+    assert!(
+        !metrics.contains("FOO") && !metrics.contains("BAZ"),
+        "no label per made-up method"
+    );
+}
+
+#[tokio::test]
+async fn connections_that_never_finish_their_headers_are_closed_and_do_not_block_others() {
+    let h = hostile();
+    let address = h.proxy.url.trim_start_matches("http://").to_owned();
+    let mut slow = Vec::new();
+    for _ in 0..1000 {
+        let mut socket = tokio::net::TcpStream::connect(&address).await.unwrap();
+        socket
+            .write_all(b"GET /health HTTP/1.1\r\nHo")
+            .await
+            .unwrap();
+        slow.push(socket);
+    }
+    // A normal client is served while they hang.
+    let response = http()
+        .get(format!("{}/health", h.proxy.url))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    // Keep trickling a byte at a time: the header deadline (2 s here) closes them anyway.
+    let mut closed = 0;
+    for socket in &mut slow {
+        let _ = socket.write_all(b"s").await;
+    }
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    for socket in &mut slow {
+        let mut buf = [0u8; 512];
+        match tokio::time::timeout(Duration::from_millis(200), socket.read(&mut buf)).await {
+            Ok(Ok(_)) | Ok(Err(_)) => closed += 1,
+            Err(_) => {}
+        }
+    }
+    assert_eq!(
+        closed,
+        slow.len(),
+        "every connection still sending its headers after the deadline was closed"
+    );
+    let metrics = http()
+        .get(format!("{}/metrics", h.proxy.admin_url))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let open: i64 = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("mlscope_client_connections "))
+        .and_then(|v| v.trim().parse().ok())
+        .expect("mlscope_client_connections is exported");
+    assert!(open < 10, "{open} client connections still open");
+}
