@@ -9,7 +9,8 @@
 //!
 //! | the client asks | the gateway asks MLflow | MLflow answers when allowed |
 //! |---|---|---|
-//! | download, HEAD, presigned, list of `P` | `GET artifacts?path=P/<probe>` (lists a directory that does not exist) | 200 `{}` |
+//! | download, presigned, list of `P` | `GET artifacts?path=P/<probe>` (lists a directory that does not exist) | 200 `{}` |
+//! | `HEAD` of `P` | `HEAD artifacts/P/<probe>` (MLflow's auth refuses HEAD to non-admins) | 404 (no such file) |
 //! | PUT, `mpu/create|complete|abort` of `P` | `POST mpu/create/P` with `{}` (refused before anything is created: no `path`) | 400 |
 //! | DELETE of `P` | `DELETE artifacts/P/<probe>` (a subtree that does not exist) | 200 |
 //!
@@ -59,6 +60,9 @@ const API: &str = "/api/2.0/mlflow-artifacts/";
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Action {
     Read,
+    /// `HEAD` of a file. MLflow's auth maps no permission to HEAD: it refuses it (403) to every
+    /// user but an admin, so it gets its own question.
+    Head,
     Update,
     Manage,
 }
@@ -210,6 +214,17 @@ impl Authorizer {
                 status.is_success() || status == StatusCode::BAD_REQUEST
             }
             Action::Update => status == StatusCode::BAD_REQUEST,
+            // The download handler ran on a file that does not exist: 404, or 500 from MLflow
+            // versions that do not tell a missing file apart.
+            Action::Head => {
+                status.is_success()
+                    || matches!(
+                        status,
+                        StatusCode::NOT_FOUND
+                            | StatusCode::INTERNAL_SERVER_ERROR
+                            | StatusCode::BAD_REQUEST
+                    )
+            }
         };
         if !allowed {
             let reason = format!(
@@ -252,6 +267,11 @@ impl Authorizer {
                 Method::POST,
                 format!("{API}mpu/create/{raw}"),
                 Bytes::from_static(b"{}"),
+            ),
+            Action::Head => (
+                Method::HEAD,
+                format!("{API}artifacts/{}", child(raw)),
+                Bytes::new(),
             ),
             Action::Manage => (
                 Method::DELETE,

@@ -85,10 +85,8 @@ impl ArtifactOp {
     /// The permission MLflow requires for this operation.
     fn action(&self) -> Action {
         match self {
-            ArtifactOp::List
-            | ArtifactOp::Download(_)
-            | ArtifactOp::Head(_)
-            | ArtifactOp::Presigned(_) => Action::Read,
+            ArtifactOp::List | ArtifactOp::Download(_) | ArtifactOp::Presigned(_) => Action::Read,
+            ArtifactOp::Head(_) => Action::Head,
             ArtifactOp::Upload(_)
             | ArtifactOp::MpuCreate(_)
             | ArtifactOp::MpuComplete(_)

@@ -138,6 +138,14 @@ impl Bucket {
                 .force_path_style(settings.path_style.unwrap_or(quirks.path_style))
                 .request_checksum_calculation(calculation)
                 .response_checksum_validation(validation)
+                // Every operation, not only bodies: a store that accepts the connection and never
+                // answers fails the request after the stall grace instead of holding it forever.
+                .timeout_config(
+                    aws_sdk_s3::config::timeout::TimeoutConfig::builder()
+                        .connect_timeout(Duration::from_secs(5))
+                        .read_timeout(settings.stall_grace)
+                        .build(),
+                )
                 .stalled_stream_protection(
                     StalledStreamProtectionConfig::enabled()
                         .grace_period(settings.stall_grace)

@@ -70,8 +70,14 @@ pub enum Store {
     Postgres(PgPool),
 }
 
+/// Longest wait for a pooled connection, a lock (SQLite's busy timeout) or a statement
+/// (PostgreSQL's `statement_timeout`).
+pub const SQL_TIMEOUT: Duration = Duration::from_secs(5);
+
 impl Store {
     /// Opens (creating a SQLite file if needed) and migrates the store.
+    /// Opens (creating an SQLite file when needed) and migrates the store. Every acquire and
+    /// statement is bounded by [`SQL_TIMEOUT`].
     pub async fn open(url: &str) -> Result<Self, StoreError> {
         let store = match StoreUrl::parse(url)? {
             StoreUrl::Sqlite(url) => {
@@ -83,9 +89,10 @@ impl Store {
                     .create_if_missing(true)
                     .journal_mode(SqliteJournalMode::Wal)
                     .synchronous(SqliteSynchronous::Normal)
-                    .busy_timeout(Duration::from_secs(5));
+                    .busy_timeout(SQL_TIMEOUT);
                 let pool = SqlitePoolOptions::new()
                     .max_connections(4)
+                    .acquire_timeout(SQL_TIMEOUT)
                     .connect_with(options)
                     .await
                     .map_err(|source| StoreError::Connect {
@@ -102,14 +109,17 @@ impl Store {
                 Store::Sqlite(pool)
             }
             StoreUrl::Postgres(url) => {
-                let options =
-                    PgConnectOptions::from_str(&url).map_err(|source| StoreError::Connect {
+                // Every statement is bounded on the server too, so a stuck lock never holds a
+                // request (or a pool connection) longer than SQL_TIMEOUT.
+                let options = PgConnectOptions::from_str(&url)
+                    .map_err(|source| StoreError::Connect {
                         backend: "postgres",
                         source,
-                    })?;
+                    })?
+                    .options([("statement_timeout", SQL_TIMEOUT.as_millis().to_string())]);
                 let pool = PgPoolOptions::new()
                     .max_connections(8)
-                    .acquire_timeout(Duration::from_secs(5))
+                    .acquire_timeout(SQL_TIMEOUT)
                     .connect_with(options)
                     .await
                     .map_err(|source| StoreError::Connect {
