@@ -11,9 +11,9 @@ use axum::routing::get;
 use axum::{Json, Router};
 use serde_json::json;
 
-use crate::app::AppState;
 use crate::error::mlflow_error;
 use crate::rewrite::stats::{ReporterView, RunView};
+use crate::state::AppState;
 
 pub fn router(state: AppState) -> Router {
     Router::new()

@@ -1,85 +1,91 @@
-//! Wiring: shared state, the two routers, and `run`, which serves until a shutdown future
-//! resolves and then drains within the configured deadline.
+//! The route table (which requests mlscope changes, and who answers them), its layers, and
+//! `run`, which serves both listeners until a shutdown future resolves and then drains within the
+//! configured deadline.
 
 use std::future::{Future, IntoFuture};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use anyhow::Context;
+use axum::extract::{Request, State};
+use axum::middleware::{self, Next};
+use axum::response::Response;
+use axum::routing::{get, post};
 use axum::Router;
+use http::StatusCode;
 use tokio::net::TcpListener;
 
-use crate::artifacts::Gateway;
+use crate::artifacts::{self, legacy_listing};
 use crate::config::Config;
-use crate::dedup::{Deduplicator, SystemClock};
-use crate::proxy::{self, Forwarder};
-use crate::rewrite::{MetricsRewriter, SharedRewriter};
-use crate::store::{Replica, Store};
-use crate::telemetry::Metrics;
+use crate::layers::{self, ConcurrencyLimit};
+use crate::proxy;
+use crate::rewrite;
+use crate::state::AppState;
 
-/// Everything a handler may need; cheap to clone.
-#[derive(Clone)]
-pub struct AppState {
-    pub forwarder: Forwarder,
-    pub store: Store,
-    pub metrics: Metrics,
-    pub replica: Arc<Replica>,
-    /// System-metric scoping and node deduplication on the metrics endpoints.
-    pub rewriter: SharedRewriter,
-    /// The artifact gateway, when an artifacts destination is configured.
-    pub artifacts: Option<Gateway>,
-    /// Set on shutdown so `/readyz` turns away new traffic while requests drain.
-    pub draining: Arc<AtomicBool>,
-}
-
-impl AppState {
-    /// Opens and migrates the store and builds the upstream client.
-    pub async fn new(config: &Config) -> anyhow::Result<Self> {
-        let store = Store::open(&config.database_url)
-            .await
-            .context("opening the state store")?;
-        let replica = Replica::new();
-        store
-            .heartbeat(&replica)
-            .await
-            .context("registering this replica in the state store")?;
-        let metrics = Metrics::new();
-        let dedup = config.scopes.dedup.then(|| {
-            Deduplicator::new(
-                store.clone(),
-                Arc::new(SystemClock),
-                config.scopes.dedup_config,
+/// The MLflow-facing route table: the requests mlscope changes, each answered by its capability,
+/// and forwarding to MLflow as the fallback for everything else (methods a route does not take
+/// included). Every route gets the same layers, outermost first: request id, span, log line and
+/// metrics; the concurrency limit; refusal of ambiguous requests; MLflow's browser-protection
+/// headers.
+pub fn app(state: AppState, max_in_flight: usize) -> Router {
+    let mut router = Router::new();
+    // System-metric scoping and node deduplication.
+    for prefix in ["/api/2.0/mlflow", "/ajax-api/2.0/mlflow", "/api/3.0/mlflow"] {
+        router = router
+            .route(
+                &format!("{prefix}/runs/log-batch"),
+                post(rewrite::log_batch),
             )
-        });
-        let rewriter = Arc::new(MetricsRewriter::new(
-            config.scopes.clone(),
-            dedup,
-            metrics.clone(),
-        ));
-        let forwarder = Forwarder::new(config, metrics.clone());
-        let artifacts = Gateway::new(
-            &config.artifacts,
-            forwarder.clone(),
-            store.clone(),
-            metrics.clone(),
-        )
-        .await;
-        Ok(Self {
-            forwarder,
-            artifacts,
-            rewriter,
-            store,
-            metrics,
-            replica: Arc::new(replica),
-            draining: Arc::new(AtomicBool::new(false)),
-        })
+            .route(
+                &format!("{prefix}/runs/log-metric"),
+                post(rewrite::log_metric),
+            );
     }
+    match &state.artifacts {
+        // The artifact API, answered from the store.
+        Some(gateway) => router = router.merge(artifacts::router(gateway.clone())),
+        // Listings of MLflow servers before 3.16, with directory markers removed.
+        None => {
+            for path in legacy_listing::PATHS {
+                router = router.route(path, get(legacy_listing::forward_filtered));
+            }
+        }
+    }
+    let limit = ConcurrencyLimit::new(max_in_flight, state.metrics.clone());
+    router
+        .fallback(proxy::forward)
+        .method_not_allowed_fallback(proxy::forward)
+        .layer(middleware::from_fn_with_state(
+            state.clone(),
+            watch_unauthorized,
+        ))
+        .layer(middleware::from_fn(layers::security_headers))
+        .layer(middleware::from_fn(layers::refuse_ambiguous))
+        .layer(middleware::from_fn_with_state(
+            limit,
+            layers::limit_concurrency,
+        ))
+        .layer(middleware::from_fn_with_state(
+            state.metrics.clone(),
+            layers::observe,
+        ))
+        .with_state(state)
 }
 
-/// The MLflow-facing router: everything not intercepted is forwarded.
-pub fn app(state: AppState) -> Router {
-    Router::new().fallback(proxy::forward).with_state(state)
+/// A 401 from MLflow on any forwarded request means it authenticates: from then on the artifact
+/// gateway asks it about every request, without waiting for its next detection.
+async fn watch_unauthorized(
+    State(state): State<AppState>,
+    request: Request,
+    next: Next,
+) -> Response {
+    let response = next.run(request).await;
+    if response.status() == StatusCode::UNAUTHORIZED {
+        if let Some(gateway) = &state.artifacts {
+            gateway.authorizer().saw_unauthorized();
+        }
+    }
+    response
 }
 
 /// Serves both listeners until `shutdown` resolves, then stops accepting, lets in-flight requests
@@ -107,7 +113,7 @@ pub async fn run(
     };
     let main = crate::serve::serve(
         listener,
-        app(state.clone()),
+        app(state.clone(), config.max_in_flight),
         config.inbound,
         state.metrics.clone(),
         stopped(stop_rx.clone()),

@@ -352,7 +352,7 @@ struct Cli {
 enum Command {
     /// Copy stray objects (e.g. checkpoints written outside MLflow's layout) into a run's
     /// artifact path with server-side copies; originals are kept unless --delete-source.
-    Relocate(crate::artifacts::relocate::RelocateArgs),
+    Relocate(crate::relocate::RelocateArgs),
 }
 
 /// What the command line asks for.
@@ -361,7 +361,7 @@ pub enum Invocation {
     /// Run the proxy (no subcommand).
     Serve(Config),
     /// `relocate`: repair history with server-side copies, using the S3 and upstream settings.
-    Relocate(Config, crate::artifacts::relocate::RelocateArgs),
+    Relocate(Config, crate::relocate::RelocateArgs),
 }
 
 /// The TOML file: the same settings as the flags.

@@ -3,7 +3,9 @@
 //! - [`proxy`] forwards every MLflow route, streaming, with pooled upstream connections;
 //! - [`store`] keeps the proxy's own state in SQLite or PostgreSQL;
 //! - [`admin`] serves `/healthz`, `/readyz` and `/metrics` on their own listener;
-//! - [`app`] wires them and runs until shutdown.
+//! - [`app`] is the route table: which requests [`rewrite`] and [`artifacts`] answer, with
+//!   [`layers`] around every route and forwarding as the fallback; it runs until shutdown;
+//! - [`relocate`] is a tool (not on the request path) that copies stray objects into a run.
 
 pub mod admin;
 pub mod app;
@@ -11,14 +13,18 @@ pub mod artifacts;
 pub mod config;
 pub mod dedup;
 pub mod error;
+pub mod layers;
 pub mod proxy;
+pub mod relocate;
 pub mod rewrite;
 pub mod serve;
+pub mod state;
 
 #[cfg(test)]
 mod fuzz;
 pub mod store;
 pub mod telemetry;
 
-pub use app::{app, run, AppState};
+pub use app::{app, run};
 pub use config::Config;
+pub use state::AppState;

@@ -35,7 +35,7 @@ fn main() -> ExitCode {
         Invocation::Serve(config) => config,
         Invocation::Relocate(config, args) => {
             mlscope_proxy::telemetry::init_logging(config.log_format, "warn");
-            return match runtime.block_on(mlscope_proxy::artifacts::relocate::run(&config, &args)) {
+            return match runtime.block_on(mlscope_proxy::relocate::run(&config, &args)) {
                 Ok(code) => code,
                 Err(e) => {
                     eprintln!("mlscope-proxy relocate: {e:#}");

@@ -5,8 +5,10 @@ use std::sync::Arc;
 use aws_sdk_s3::presigning::PresigningConfig;
 use aws_sdk_s3::types::{CompletedMultipartUpload, CompletedPart};
 use axum::body::Body;
-use axum::extract::Request;
+use axum::extract::{Request, State};
 use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::Router;
 use http::{header, HeaderMap, HeaderValue, Method, StatusCode};
 use http_body_util::{BodyExt, Limited};
 use serde::Deserialize;
@@ -114,6 +116,9 @@ impl ArtifactOp {
 #[derive(Clone)]
 pub struct Gateway {
     bucket: Bucket,
+    /// For requests on the gateway's paths that are not artifact operations (e.g. `POST` to
+    /// `artifacts/...`): MLflow answers them, as before the gateway.
+    forwarder: Forwarder,
     config: Arc<ArtifactsConfig>,
     owners: OwnerCheck,
     authz: Authorizer,
@@ -143,6 +148,7 @@ impl Gateway {
         let bucket = Bucket::connect(&config.s3, destination).await;
         let authz = Authorizer::new(forwarder.clone(), config.authz_cache_ttl);
         Some(Gateway {
+            forwarder: forwarder.clone(),
             owners: OwnerCheck::new(forwarder.clone(), config.owner_cache_ttl),
             authz,
             failures: FailureRecorder::new(forwarder, store),
@@ -191,10 +197,7 @@ impl Gateway {
     /// then the store answers it. Every error is MLflow's error JSON.
     pub async fn serve(&self, op: ArtifactOp, request: Request) -> Response {
         let name = op.name();
-        let peer = request
-            .extensions()
-            .get::<axum::extract::ConnectInfo<std::net::SocketAddr>>()
-            .map_or(std::net::SocketAddr::from(([127, 0, 0, 1], 0)), |c| c.0);
+        let peer = peer_of(&request);
         let result = match self
             .authorize(&op, request.uri(), request.headers(), peer)
             .await
@@ -894,6 +897,48 @@ fn check_upload_id(id: &str) -> Result<(), Response> {
         ));
     }
     Ok(())
+}
+
+/// The routes the gateway answers from the store, under both API prefixes. Paths are matched
+/// still percent-encoded and handed on as they came: the gateway decodes them as MLflow does.
+pub fn router<S: Clone + Send + Sync + 'static>(gateway: Gateway) -> Router<S> {
+    let mut router = Router::new();
+    for prefix in PREFIXES {
+        router = router
+            .route(&format!("{prefix}artifacts"), get(serve_route))
+            .route(&format!("{prefix}artifacts/"), get(serve_route))
+            .route(
+                &format!("{prefix}artifacts/{{*path}}"),
+                get(serve_route)
+                    .head(serve_route)
+                    .put(serve_route)
+                    .delete(serve_route),
+            )
+            .route(&format!("{prefix}presigned/{{*path}}"), get(serve_route));
+        for op in ["create", "complete", "abort"] {
+            router = router.route(&format!("{prefix}mpu/{op}/{{*path}}"), post(serve_route));
+        }
+    }
+    router.with_state(gateway)
+}
+
+async fn serve_route(State(gateway): State<Gateway>, request: Request) -> Response {
+    let Some(op) = ArtifactOp::of(request.method(), request.uri().path()) else {
+        let peer = peer_of(&request);
+        return gateway.forwarder.forward(request, peer).await;
+    };
+    let mut response = gateway.serve(op, request).await;
+    response
+        .extensions_mut()
+        .insert(crate::layers::AnsweredBy("artifact_store"));
+    response
+}
+
+fn peer_of(request: &Request) -> std::net::SocketAddr {
+    request
+        .extensions()
+        .get::<axum::extract::ConnectInfo<std::net::SocketAddr>>()
+        .map_or(std::net::SocketAddr::from(([127, 0, 0, 1], 0)), |c| c.0)
 }
 
 /// The raw (still percent-encoded) value of the first `name` parameter of a query string.

@@ -24,7 +24,7 @@
 //! larger than [`MAX_LISTING_BYTES`], passes through untouched and streaming.
 
 use axum::body::{Body, Bytes};
-use axum::extract::Query;
+use axum::extract::{ConnectInfo, Query, Request, State};
 use axum::response::Response;
 use futures_util::StreamExt;
 use http::{header, HeaderValue, Method, StatusCode, Uri};
@@ -35,7 +35,7 @@ use serde::{Deserialize, Serialize};
 use super::{listing, path};
 use crate::config::Upstream;
 use crate::error::ProxyError;
-use crate::proxy::RouteClass;
+use crate::proxy::{Forwarder, RouteClass};
 
 /// Listings larger than this pass through unfiltered, so the proxy never holds more per request.
 /// MLflow answers a listing of 100,000 files with about 10 MiB.
@@ -43,9 +43,39 @@ pub const MAX_LISTING_BYTES: usize = 64 << 20;
 
 /// Whether a forwarded request is a listing whose answer must be filtered: `GET` of
 /// `/{api,ajax-api}/2.0/mlflow/artifacts/list` or `/{api,ajax-api}/2.0/mlflow-artifacts/artifacts`.
-pub fn applies(route: RouteClass, method: &Method, path: &str) -> bool {
+fn applies(route: RouteClass, method: &Method, path: &str) -> bool {
     method == Method::GET && endpoint(route, path).is_some()
 }
+
+/// The listing routes of MLflow servers before 3.16 (`GET artifacts/list`, `GET
+/// mlflow-artifacts/artifacts`), forwarded, with directory markers removed from the answer.
+pub async fn forward_filtered(
+    State(forwarder): State<Forwarder>,
+    ConnectInfo(peer): ConnectInfo<std::net::SocketAddr>,
+    request: Request,
+) -> Response {
+    if !applies(
+        RouteClass::of(request.uri().path()),
+        request.method(),
+        request.uri().path(),
+    ) {
+        return forwarder.forward(request, peer).await;
+    }
+    let uri = request.uri().clone();
+    let response = forwarder.forward(request, peer).await;
+    match filter(response, &uri, forwarder.upstream()).await {
+        Ok(response) => response,
+        Err(error) => forwarder.answer_error(error),
+    }
+}
+
+/// The paths [`forward_filtered`] serves.
+pub const PATHS: [&str; 4] = [
+    "/api/2.0/mlflow/artifacts/list",
+    "/ajax-api/2.0/mlflow/artifacts/list",
+    "/api/2.0/mlflow-artifacts/artifacts",
+    "/ajax-api/2.0/mlflow-artifacts/artifacts",
+];
 
 /// Drops directory-marker entries from a listing response; anything else passes unchanged. `uri`
 /// is the request's, whose `path` parameter names the listed directory. Fails only when the

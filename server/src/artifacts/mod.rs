@@ -7,7 +7,6 @@
 //! - [`failures`] records failed uploads on the run as tags;
 //! - [`listing`] hides directory markers, in the gateway's listings and in forwarded ones;
 //! - [`quirks`] is the table of what each S3-compatible store needs;
-//! - [`relocate`] copies stray objects into a run after the fact.
 
 pub mod authz;
 pub mod failures;
@@ -17,7 +16,6 @@ pub mod listing;
 pub mod path;
 pub mod policy;
 pub mod quirks;
-pub mod relocate;
 pub mod s3;
 pub mod upload;
 
@@ -25,7 +23,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-pub use handlers::{ArtifactOp, Gateway};
+pub use handlers::{router, ArtifactOp, Gateway};
 pub use quirks::Quirks;
 pub use s3::{Bucket, Destination, S3Settings};
 

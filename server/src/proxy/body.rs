@@ -1,6 +1,7 @@
-//! Streaming body wrapper: frames pass through one by one (bounded memory whatever the size),
-//! a body that pauses longer than the idle timeout is aborted, and an optional guard lives as
-//! long as the body so in-flight accounting covers the whole transfer, not only the headers.
+//! Body wrappers. [`StreamingBody`]: frames pass through one by one (bounded memory whatever the
+//! size) and a body that pauses longer than the idle timeout is aborted. [`Guarded`]: a guard
+//! lives as long as the body, so in-flight accounting covers the whole transfer, not only the
+//! headers.
 
 use std::error::Error as StdError;
 use std::future::Future;
@@ -32,7 +33,7 @@ pub struct IdleTimeoutError {
 }
 
 /// Something held until the body is finished or dropped (e.g. a concurrency permit).
-pub(crate) type Guard = Box<dyn Send + Sync>;
+pub type Guard = Box<dyn Send + Sync>;
 
 pin_project_lite::pin_project! {
     pub struct StreamingBody<B> {
@@ -41,7 +42,50 @@ pin_project_lite::pin_project! {
         idle: Duration,
         direction: Direction,
         sleep: Pin<Box<Sleep>>,
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// A body that holds `guard` until it has sent its last frame or is dropped.
+    pub struct Guarded<B> {
+        #[pin]
+        inner: B,
         guard: Option<Guard>,
+    }
+}
+
+impl<B> Guarded<B> {
+    pub fn new(inner: B, guard: Guard) -> Self {
+        Self {
+            inner,
+            guard: Some(guard),
+        }
+    }
+}
+
+impl<B: Body> Body for Guarded<B> {
+    type Data = B::Data;
+    type Error = B::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<B::Data>, B::Error>>> {
+        let this = self.project();
+        let frame = ready!(this.inner.poll_frame(cx));
+        if frame.is_none() {
+            // Release the guard as soon as the transfer is complete.
+            this.guard.take();
+        }
+        Poll::Ready(frame)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
     }
 }
 
@@ -52,13 +96,7 @@ impl<B> StreamingBody<B> {
             idle,
             direction,
             sleep: Box::pin(tokio::time::sleep(idle)),
-            guard: None,
         }
-    }
-
-    pub fn with_guard(mut self, guard: Guard) -> Self {
-        self.guard = Some(guard);
-        self
     }
 }
 
@@ -81,11 +119,7 @@ where
                 Poll::Ready(Some(Ok(frame)))
             }
             Poll::Ready(Some(Err(e))) => Poll::Ready(Some(Err(e.into()))),
-            Poll::Ready(None) => {
-                // Release the guard as soon as the transfer is complete.
-                this.guard.take();
-                Poll::Ready(None)
-            }
+            Poll::Ready(None) => Poll::Ready(None),
             Poll::Pending => {
                 ready!(this.sleep.as_mut().poll(cx));
                 Poll::Ready(Some(Err(Box::new(IdleTimeoutError {
@@ -159,12 +193,10 @@ mod tests {
     async fn the_guard_is_released_when_the_body_ends() {
         let (tx, mut rx) = tokio::sync::mpsc::channel::<()>(1);
         struct Signal(#[allow(dead_code)] tokio::sync::mpsc::Sender<()>);
-        let body = StreamingBody::new(
+        let body = Guarded::new(
             http_body_util::Full::new(Bytes::from_static(b"abc")),
-            Duration::from_secs(5),
-            Direction::Response,
-        )
-        .with_guard(Box::new(Signal(tx)));
+            Box::new(Signal(tx)),
+        );
         let bytes = body.collect().await.unwrap().to_bytes();
         assert_eq!(&bytes[..], b"abc");
         assert!(rx.recv().await.is_none(), "sender dropped with the guard");

@@ -8,7 +8,7 @@ mod route;
 use std::error::Error as StdError;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use axum::body::Body;
 use axum::extract::{ConnectInfo, Request, State};
@@ -17,20 +17,14 @@ use http::HeaderValue;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
-use tracing::Instrument;
 
-pub use body::{find_idle_timeout, Direction, IdleTimeoutError, StreamingBody};
+pub use body::{find_idle_timeout, Direction, Guard, Guarded, IdleTimeoutError, StreamingBody};
 pub use headers::{request_id, strip_hop_by_hop, X_REQUEST_ID};
 pub use route::RouteClass;
 
-use crate::app::AppState;
-use crate::artifacts::legacy_listing as listing_filter;
-use crate::artifacts::ArtifactOp;
 use crate::config::{Config, HostHeader, Timeouts, Upstream};
 use crate::error::ProxyError;
-use crate::rewrite::body::Endpoint;
-use crate::telemetry::{ErrorLabels, Metrics, RequestLabels, RouteLabels};
+use crate::telemetry::{ErrorLabels, Metrics};
 
 type UpstreamBody = StreamingBody<Body>;
 
@@ -41,8 +35,6 @@ pub struct Forwarder {
     upstream: Arc<Upstream>,
     host_header: HostHeader,
     timeouts: Timeouts,
-    permits: Arc<Semaphore>,
-    max_in_flight: usize,
     metrics: Metrics,
 }
 
@@ -61,8 +53,6 @@ impl Forwarder {
             upstream: Arc::new(config.upstream.clone()),
             host_header: config.host_header,
             timeouts: config.timeouts,
-            permits: Arc::new(Semaphore::new(config.max_in_flight)),
-            max_in_flight: config.max_in_flight,
             metrics,
         }
     }
@@ -79,14 +69,6 @@ impl Forwarder {
         peer: SocketAddr,
         request_id: &HeaderValue,
     ) -> Result<Response, ProxyError> {
-        let permit =
-            self.permits
-                .clone()
-                .try_acquire_owned()
-                .map_err(|_| ProxyError::Overloaded {
-                    limit: self.max_in_flight,
-                })?;
-        let guard = InFlight::new(&self.metrics, permit);
         let (mut parts, body) = request.into_parts();
         let path_and_query = parts
             .uri
@@ -131,8 +113,7 @@ impl Forwarder {
         };
         let (mut parts, body) = response.into_parts();
         strip_hop_by_hop(&mut parts.headers);
-        let body = StreamingBody::new(body, self.timeouts.body_idle, Direction::Response)
-            .with_guard(Box::new(guard));
+        let body = StreamingBody::new(body, self.timeouts.body_idle, Direction::Response);
         Ok(Response::from_parts(parts, Body::new(body)))
     }
 
@@ -309,184 +290,36 @@ fn find_in_chain<'a, T: StdError + 'static>(error: &'a (dyn StdError + 'static))
     None
 }
 
-/// Counts a request as in flight from the moment it gets a permit until its response body is
-/// finished or dropped.
-struct InFlight {
-    metrics: Metrics,
-    _permit: OwnedSemaphorePermit,
-}
-
-impl InFlight {
-    fn new(metrics: &Metrics, permit: OwnedSemaphorePermit) -> Self {
-        metrics.in_flight.inc();
-        Self {
-            metrics: metrics.clone(),
-            _permit: permit,
-        }
-    }
-}
-
-impl Drop for InFlight {
-    fn drop(&mut self) {
-        self.metrics.in_flight.dec();
-    }
-}
-
-/// Requests whose meaning depends on who reads them, refused before anyone does: two `Host`
-/// headers (MLflow answers 400), and transfer codings other than `chunked` (a `gzip, chunked`
-/// body would be stored or forwarded still compressed; MLflow's server refuses it).
-fn refuse_ambiguous(request: &Request) -> Option<Response> {
-    use crate::error::mlflow_error;
-    if request.headers().get_all(http::header::HOST).iter().count() > 1 {
-        return Some(mlflow_error(
-            http::StatusCode::BAD_REQUEST,
-            "BAD_REQUEST",
-            "the request carries more than one Host header; send exactly one",
-        ));
-    }
-    let codings = request.headers().get_all(http::header::TRANSFER_ENCODING);
-    let unsupported = codings
-        .iter()
-        .flat_map(|v| v.to_str().unwrap_or("?").split(','))
-        .map(str::trim)
-        .any(|coding| !coding.eq_ignore_ascii_case("chunked") && !coding.is_empty());
-    if unsupported {
-        return Some(mlflow_error(
-            http::StatusCode::NOT_IMPLEMENTED,
-            "BAD_REQUEST",
-            "only the chunked transfer coding is supported; send the body uncompressed (Content-Encoding is not applied either)",
-        ));
-    }
-    None
-}
-
-/// A method as a metric label: the standard ones by name, anything a client makes up as
-/// `OTHER`, so that clients cannot grow the label set.
-fn method_label(method: &http::Method) -> String {
-    const KNOWN: [http::Method; 9] = [
-        http::Method::GET,
-        http::Method::HEAD,
-        http::Method::POST,
-        http::Method::PUT,
-        http::Method::DELETE,
-        http::Method::PATCH,
-        http::Method::OPTIONS,
-        http::Method::CONNECT,
-        http::Method::TRACE,
-    ];
-    if KNOWN.contains(method) {
-        method.as_str()
-    } else {
-        "OTHER"
-    }
-    .to_owned()
-}
-
-/// The fallback handler: lets the metrics rewriter inspect metrics requests, forwards, records
-/// metrics and logs one line per request.
+/// The fallback of the route table: every request no capability intercepts goes to MLflow as it
+/// came.
 pub async fn forward(
-    State(state): State<AppState>,
+    State(forwarder): State<Forwarder>,
     ConnectInfo(peer): ConnectInfo<SocketAddr>,
     request: Request,
 ) -> Response {
-    let forwarder = &state.forwarder;
-    let started = Instant::now();
-    let route = RouteClass::of(request.uri().path());
-    let method = request.method().clone();
-    let id = request_id(request.headers());
-    let span = tracing::info_span!("request", request_id = id.to_str().unwrap_or_default(), route = route.as_str(), method = %method, path = request.uri().path());
-    async move {
-        if let Some(refusal) = refuse_ambiguous(&request) {
-            tracing::info!(
-                status = refusal.status().as_u16(),
-                "ambiguous request refused"
-            );
-            return refusal;
-        }
-        let gateway_op = state
-            .artifacts
-            .as_ref()
-            .and_then(|g| ArtifactOp::of(request.method(), request.uri().path()).map(|op| (g, op)));
-        let legacy_listing = listing_filter::applies(route, request.method(), request.uri().path())
-            .then(|| request.uri().clone());
-        let answered_by = if gateway_op.is_some() {
-            "artifact_store"
-        } else {
-            "upstream"
-        };
-        let result = if let Some((gateway, op)) = gateway_op {
-            Ok(gateway.serve(op, request).await)
-        } else {
-            let prepared = match (route, request.method() == http::Method::POST) {
-                (RouteClass::LogBatch, true) => {
-                    state.rewriter.prepare(request, Endpoint::LogBatch).await
-                }
-                (RouteClass::LogMetric, true) => {
-                    state.rewriter.prepare(request, Endpoint::LogMetric).await
-                }
-                _ => Ok(request),
-            };
-            match prepared {
-                Ok(request) => match forwarder.send(request, peer, &id).await {
-                    Ok(response) if response.status() == http::StatusCode::UNAUTHORIZED => {
-                        // MLflow authenticates: the gateway must ask it from now on.
-                        if let Some(gateway) = &state.artifacts {
-                            gateway.authorizer().saw_unauthorized();
-                        }
-                        Ok(response)
-                    }
-                    Ok(response) => match &legacy_listing {
-                        Some(uri) => {
-                            listing_filter::filter(response, uri, forwarder.upstream()).await
-                        }
-                        None => Ok(response),
-                    },
-                    other => other,
-                },
-                Err(answer) => Ok(answer),
-            }
-        };
-        let mut response = match result {
+    forwarder.forward(request, peer).await
+}
+
+impl Forwarder {
+    /// Forwards one request and answers with MLflow's response, or with the proxy's own error
+    /// when MLflow could not be reached. Interceptors call this after their own phase.
+    pub async fn forward(&self, request: Request, peer: SocketAddr) -> Response {
+        let id = request_id(request.headers());
+        match self.send(request, peer, &id).await {
             Ok(response) => response,
-            Err(error) => {
-                if let Some(kind) = error.kind() {
-                    forwarder
-                        .metrics
-                        .upstream_errors
-                        .get_or_create(&ErrorLabels { kind })
-                        .inc();
-                }
-                tracing::warn!(status = error.status().as_u16(), error = %error, "request failed");
-                error.into_response()
-            }
-        };
-        response
-            .headers_mut()
-            .insert(X_REQUEST_ID.clone(), id.clone());
-        let status = response.status().as_u16();
-        let elapsed = started.elapsed();
-        forwarder
-            .metrics
-            .latency
-            .get_or_create(&RouteLabels { route })
-            .observe(elapsed.as_secs_f64());
-        forwarder
-            .metrics
-            .requests
-            .get_or_create(&RequestLabels {
-                route,
-                method: method_label(&method),
-                status,
-            })
-            .inc();
-        tracing::info!(
-            status,
-            latency_ms = elapsed.as_secs_f64() * 1e3,
-            answered_by,
-            "answered"
-        );
-        response
+            Err(error) => self.answer_error(error),
+        }
     }
-    .instrument(span)
-    .await
+
+    /// The response for a failed exchange, counted and logged.
+    pub fn answer_error(&self, error: ProxyError) -> Response {
+        if let Some(kind) = error.kind() {
+            self.metrics
+                .upstream_errors
+                .get_or_create(&ErrorLabels { kind })
+                .inc();
+        }
+        tracing::warn!(status = error.status().as_u16(), error = %error, "request failed");
+        error.into_response()
+    }
 }

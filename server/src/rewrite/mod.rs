@@ -12,7 +12,9 @@ use std::time::SystemTime;
 use tokio::sync::Semaphore;
 
 use axum::body::Body;
-use axum::extract::Request;
+use std::net::SocketAddr;
+
+use axum::extract::{ConnectInfo, Request, State};
 use axum::response::Response;
 use http::{header, HeaderMap, HeaderValue, StatusCode};
 use http_body_util::{BodyExt, Limited};
@@ -20,6 +22,7 @@ use mlscope_scopes::{scoped_key, Identity, KeyOutcome, OwnerPattern, ScopedKey};
 
 use crate::dedup::{Decision, DedupConfig, Deduplicator, Event};
 use crate::error::mlflow_error;
+use crate::proxy::Forwarder;
 use crate::telemetry::Metrics;
 use body::{BodyError, Edit, Endpoint, MetricsBody};
 pub use stats::RunStats;
@@ -461,6 +464,32 @@ pub fn identity_from_headers(headers: &HeaderMap) -> Identity {
 
 /// Shared handle used by the proxy pipeline.
 pub type SharedRewriter = Arc<MetricsRewriter>;
+
+/// `POST runs/log-batch`: the contract and deduplication applied, then forwarded.
+pub async fn log_batch(
+    State(rewriter): State<SharedRewriter>,
+    State(forwarder): State<Forwarder>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    request: Request,
+) -> Response {
+    match rewriter.prepare(request, Endpoint::LogBatch).await {
+        Ok(request) => forwarder.forward(request, peer).await,
+        Err(answer) => answer,
+    }
+}
+
+/// `POST runs/log-metric`: as [`log_batch`]; a renamed sample may go on as a log-batch.
+pub async fn log_metric(
+    State(rewriter): State<SharedRewriter>,
+    State(forwarder): State<Forwarder>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    request: Request,
+) -> Response {
+    match rewriter.prepare(request, Endpoint::LogMetric).await {
+        Ok(request) => forwarder.forward(request, peer).await,
+        Err(answer) => answer,
+    }
+}
 
 #[cfg(test)]
 mod tests {

@@ -7,7 +7,7 @@
 //!
 //! - objects up to the quirks profile's `max_single_copy` with one CopyObject, larger ones with
 //!   UploadPartCopy; a multipart copy is aborted on any failure and on Ctrl-C;
-//! - tags are never read or written (several stores reject GetObjectTagging, see [`super::quirks`]);
+//! - tags are never read or written (several stores reject GetObjectTagging, see [`crate::artifacts::quirks`]);
 //! - resumable: an object whose copy already exists with the same size (and the same MD5 ETag,
 //!   where both sides have one) is skipped;
 //! - every copy is verified with HeadObject: size, and ETag for one-request copies;
@@ -30,9 +30,9 @@ use indicatif::{HumanBytes, ProgressBar, ProgressDrawTarget, ProgressStyle};
 use percent_encoding::{AsciiSet, NON_ALPHANUMERIC};
 use tokio::sync::Semaphore;
 
-use super::listing::is_marker;
-use super::s3::{Bucket, Destination, StoreError};
-use super::upload::{part_size_for, MAX_PART_SIZE, MIN_PART_SIZE};
+use crate::artifacts::listing::is_marker;
+use crate::artifacts::s3::{Bucket, Destination, StoreError};
+use crate::artifacts::upload::{part_size_for, MAX_PART_SIZE, MIN_PART_SIZE};
 use crate::config::parse_size;
 use crate::proxy::Forwarder;
 use crate::telemetry::Metrics;

@@ -1,0 +1,230 @@
+//! Cross-cutting concerns of the MLflow-facing router, as layers every route gets (so no route can
+//! escape a limit): ambiguous requests refused, the request id, one span and one log line per
+//! request, request metrics, the concurrency limit, and the browser-protection headers MLflow sets.
+
+use std::time::Instant;
+
+use axum::body::Body;
+use axum::extract::{Request, State};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use http::{header, HeaderValue, Method, StatusCode};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tracing::Instrument;
+
+use crate::error::mlflow_error;
+use crate::proxy::{request_id, Guarded, RouteClass, X_REQUEST_ID};
+use crate::telemetry::{ErrorLabels, Metrics, RequestLabels, RouteLabels};
+
+/// Who wrote a response, for the request log line: set as a response extension by handlers that
+/// answer from somewhere other than MLflow.
+#[derive(Debug, Clone, Copy)]
+pub struct AnsweredBy(pub &'static str);
+
+/// Request id (the client's own when sane, else a new one, sent upstream and back), a span
+/// carrying it with the route class, method and path, one log line per request and the request
+/// metrics.
+pub async fn observe(State(metrics): State<Metrics>, mut request: Request, next: Next) -> Response {
+    let started = Instant::now();
+    let route = RouteClass::of(request.uri().path());
+    let method = request.method().clone();
+    let id = request_id(request.headers());
+    request
+        .headers_mut()
+        .insert(X_REQUEST_ID.clone(), id.clone());
+    // The path is the client's: bounded in the log (the request head is bounded too).
+    let path: String = request.uri().path().chars().take(512).collect();
+    let span = tracing::info_span!("request", request_id = id.to_str().unwrap_or_default(), route = route.as_str(), method = %method, path);
+    async move {
+        let mut response = next.run(request).await;
+        response.headers_mut().insert(X_REQUEST_ID.clone(), id);
+        let status = response.status().as_u16();
+        let elapsed = started.elapsed();
+        metrics
+            .latency
+            .get_or_create(&RouteLabels { route })
+            .observe(elapsed.as_secs_f64());
+        metrics
+            .requests
+            .get_or_create(&RequestLabels {
+                route,
+                method: method_label(&method),
+                status,
+            })
+            .inc();
+        let answered_by = response
+            .extensions()
+            .get::<AnsweredBy>()
+            .map_or("upstream", |a| a.0);
+        tracing::info!(
+            status,
+            latency_ms = elapsed.as_secs_f64() * 1e3,
+            answered_by,
+            "answered"
+        );
+        response
+    }
+    .instrument(span)
+    .await
+}
+
+/// The one concurrency limit of everything the proxy does: forwarded requests, inspected metric
+/// bodies and every gateway operation. A request over the limit is answered 503 with
+/// `Retry-After` at once (the MLflow client retries it); a request counts until its response
+/// body has been sent.
+#[derive(Clone)]
+pub struct ConcurrencyLimit {
+    permits: std::sync::Arc<Semaphore>,
+    limit: usize,
+    metrics: Metrics,
+}
+
+impl ConcurrencyLimit {
+    pub fn new(limit: usize, metrics: Metrics) -> Self {
+        Self {
+            permits: std::sync::Arc::new(Semaphore::new(limit)),
+            limit,
+            metrics,
+        }
+    }
+}
+
+pub async fn limit_concurrency(
+    State(limit): State<ConcurrencyLimit>,
+    request: Request,
+    next: Next,
+) -> Response {
+    let Ok(permit) = limit.permits.clone().try_acquire_owned() else {
+        tracing::warn!(
+            limit = limit.limit,
+            "concurrency limit reached; answered 503"
+        );
+        let error = crate::error::ProxyError::Overloaded { limit: limit.limit };
+        if let Some(kind) = error.kind() {
+            limit
+                .metrics
+                .upstream_errors
+                .get_or_create(&ErrorLabels { kind })
+                .inc();
+        }
+        return error.into_response();
+    };
+    let guard = InFlight::new(&limit.metrics, permit);
+    let response = next.run(request).await;
+    let (parts, body) = response.into_parts();
+    Response::from_parts(parts, Body::new(Guarded::new(body, Box::new(guard))))
+}
+
+/// Counts a request as in flight from the moment it gets a permit until its response body is
+/// finished or dropped.
+struct InFlight {
+    metrics: Metrics,
+    _permit: OwnedSemaphorePermit,
+}
+
+impl InFlight {
+    fn new(metrics: &Metrics, permit: OwnedSemaphorePermit) -> Self {
+        metrics.in_flight.inc();
+        Self {
+            metrics: metrics.clone(),
+            _permit: permit,
+        }
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.metrics.in_flight.dec();
+    }
+}
+
+/// Requests whose meaning depends on who reads them, refused before anyone does: two `Host`
+/// headers (MLflow answers 400), and transfer codings other than `chunked` (a `gzip, chunked`
+/// body would be stored or forwarded still compressed; MLflow's server refuses it).
+pub async fn refuse_ambiguous(request: Request, next: Next) -> Response {
+    if request.headers().get_all(header::HOST).iter().count() > 1 {
+        tracing::info!("request with two Host headers refused");
+        return mlflow_error(
+            StatusCode::BAD_REQUEST,
+            "BAD_REQUEST",
+            "the request carries more than one Host header; send exactly one",
+        );
+    }
+    let unsupported = request
+        .headers()
+        .get_all(header::TRANSFER_ENCODING)
+        .iter()
+        .flat_map(|v| v.to_str().unwrap_or("?").split(','))
+        .map(str::trim)
+        .any(|coding| !coding.eq_ignore_ascii_case("chunked") && !coding.is_empty());
+    if unsupported {
+        tracing::info!("request with an unsupported transfer coding refused");
+        return mlflow_error(
+            StatusCode::NOT_IMPLEMENTED,
+            "BAD_REQUEST",
+            "only the chunked transfer coding is supported; send the body uncompressed (Content-Encoding is not applied either)",
+        );
+    }
+    next.run(request).await
+}
+
+/// The headers MLflow's server (3.5+) puts on every answer, added to those the proxy writes
+/// itself (errors, the gateway's answers) so that mlscope in front weakens no browser
+/// protection. Answers forwarded from MLflow already carry them and are left as they are.
+pub async fn security_headers(request: Request, next: Next) -> Response {
+    let mut response = next.run(request).await;
+    let headers = response.headers_mut();
+    if !headers.contains_key(header::X_CONTENT_TYPE_OPTIONS) {
+        headers.insert(
+            header::X_CONTENT_TYPE_OPTIONS,
+            HeaderValue::from_static("nosniff"),
+        );
+    }
+    if !headers.contains_key(header::X_FRAME_OPTIONS) {
+        headers.insert(
+            header::X_FRAME_OPTIONS,
+            HeaderValue::from_static("SAMEORIGIN"),
+        );
+    }
+    if !headers.get_all(header::VARY).iter().any(|v| {
+        v.to_str()
+            .is_ok_and(|v| v.to_ascii_lowercase().contains("origin"))
+    }) {
+        headers.append(header::VARY, HeaderValue::from_static("Origin"));
+    }
+    response
+}
+
+/// A method as a metric label: the standard ones by name, anything a client makes up as
+/// `OTHER`, so that clients cannot grow the label set.
+fn method_label(method: &Method) -> String {
+    const KNOWN: [Method; 9] = [
+        Method::GET,
+        Method::HEAD,
+        Method::POST,
+        Method::PUT,
+        Method::DELETE,
+        Method::PATCH,
+        Method::OPTIONS,
+        Method::CONNECT,
+        Method::TRACE,
+    ];
+    if KNOWN.contains(method) {
+        method.as_str()
+    } else {
+        "OTHER"
+    }
+    .to_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn made_up_methods_share_one_label() {
+        assert_eq!(method_label(&Method::GET), "GET");
+        assert_eq!(method_label(&Method::from_bytes(b"FOO").unwrap()), "OTHER");
+        assert_eq!(method_label(&Method::from_bytes(b"BAR").unwrap()), "OTHER");
+    }
+}

@@ -1,0 +1,93 @@
+//! The state every handler and layer shares, built once at startup. Handlers take only the
+//! part they need (`State<Forwarder>`, `State<SharedRewriter>`, ...), through `FromRef`.
+
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+
+use anyhow::Context;
+use axum::extract::FromRef;
+
+use crate::artifacts::Gateway;
+use crate::config::Config;
+use crate::dedup::{Deduplicator, SystemClock};
+use crate::proxy::Forwarder;
+use crate::rewrite::{MetricsRewriter, SharedRewriter};
+use crate::store::{Replica, Store};
+use crate::telemetry::Metrics;
+
+/// Everything a handler may need; cheap to clone.
+#[derive(Clone)]
+pub struct AppState {
+    pub forwarder: Forwarder,
+    pub store: Store,
+    pub metrics: Metrics,
+    pub replica: Arc<Replica>,
+    /// System-metric scoping and node deduplication on the metrics endpoints.
+    pub rewriter: SharedRewriter,
+    /// The artifact gateway, when an artifacts destination is configured.
+    pub artifacts: Option<Gateway>,
+    /// Set on shutdown so `/readyz` turns away new traffic while requests drain.
+    pub draining: Arc<AtomicBool>,
+}
+
+impl AppState {
+    /// Opens and migrates the store and builds the upstream client.
+    pub async fn new(config: &Config) -> anyhow::Result<Self> {
+        let store = Store::open(&config.database_url)
+            .await
+            .context("opening the state store")?;
+        let replica = Replica::new();
+        store
+            .heartbeat(&replica)
+            .await
+            .context("registering this replica in the state store")?;
+        let metrics = Metrics::new();
+        let dedup = config.scopes.dedup.then(|| {
+            Deduplicator::new(
+                store.clone(),
+                Arc::new(SystemClock),
+                config.scopes.dedup_config,
+            )
+        });
+        let rewriter = Arc::new(MetricsRewriter::new(
+            config.scopes.clone(),
+            dedup,
+            metrics.clone(),
+        ));
+        let forwarder = Forwarder::new(config, metrics.clone());
+        let artifacts = Gateway::new(
+            &config.artifacts,
+            forwarder.clone(),
+            store.clone(),
+            metrics.clone(),
+        )
+        .await;
+        Ok(Self {
+            forwarder,
+            artifacts,
+            rewriter,
+            store,
+            metrics,
+            replica: Arc::new(replica),
+            draining: Arc::new(AtomicBool::new(false)),
+        })
+    }
+}
+
+impl FromRef<AppState> for Forwarder {
+    fn from_ref(state: &AppState) -> Self {
+        state.forwarder.clone()
+    }
+}
+
+impl FromRef<AppState> for SharedRewriter {
+    fn from_ref(state: &AppState) -> Self {
+        state.rewriter.clone()
+    }
+}
+
+impl FromRef<AppState> for Metrics {
+    fn from_ref(state: &AppState) -> Self {
+        state.metrics.clone()
+    }
+}
