@@ -60,6 +60,38 @@ pub enum Command {
     /// Rows MLflow stores for simulated system-metrics monitors of many ranks, with and without
     /// node-series deduplication.
     DedupRows(DedupRowsArgs),
+    /// Thousands of connections sending their headers a byte at a time, against MLflow, nginx
+    /// and mlscope-proxy: how many each closes, whether a normal client is still served, memory.
+    Slowloris(SlowlorisArgs),
+}
+
+/// Most slow connections of `slowloris` (each costs the bench and the server a descriptor).
+const MAX_SLOW_CONNECTIONS: usize = 16_000;
+
+#[derive(Debug, Args)]
+pub struct SlowlorisArgs {
+    /// Slow connections per target.
+    #[arg(long, default_value_t = 3000)]
+    pub connections: usize,
+    /// How long they trickle before the bench counts which were closed.
+    #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
+    pub hold: Duration,
+    #[command(flatten)]
+    pub stack: StackArgs,
+}
+
+impl SlowlorisArgs {
+    fn validate(&self) -> Result<(), String> {
+        if !(1..=MAX_SLOW_CONNECTIONS).contains(&self.connections) {
+            return Err(format!(
+                "--connections must be within 1..={MAX_SLOW_CONNECTIONS}"
+            ));
+        }
+        if self.hold < Duration::from_secs(1) || self.hold > Duration::from_secs(600) {
+            return Err("--hold must be between 1s and 10m".into());
+        }
+        Ok(())
+    }
 }
 
 #[derive(Debug, Args)]
@@ -213,6 +245,7 @@ impl Cli {
             Command::Gateway(args) => args.validate(),
             Command::Rewrite(args) => args.validate(),
             Command::DedupRows(args) => args.validate(),
+            Command::Slowloris(args) => args.validate(),
         }
     }
 }

@@ -18,13 +18,14 @@ mod monitor;
 mod passthrough;
 mod progress;
 mod rewrite;
+mod slowloris;
 mod stack;
 mod stub;
 mod units;
 
 pub use cli::{
     ArtifactArgs, Cli, Command, DedupRowsArgs, Endpoint, GatewayArgs, PassthroughArgs, RewriteArgs,
-    StackArgs,
+    SlowlorisArgs, StackArgs,
 };
 pub use markdown::shell_words;
 pub use units::ByteSize;
@@ -58,6 +59,13 @@ pub fn run(cli: &Cli, command_line: &str) -> anyhow::Result<Report> {
             },
         ),
         Command::Artifact(args) => (&args.stack, StackPlan::default()),
+        Command::Slowloris(args) => (
+            &args.stack,
+            StackPlan {
+                nginx: true,
+                ..StackPlan::default()
+            },
+        ),
         Command::Gateway(args) => (
             &args.stack,
             StackPlan {
@@ -91,6 +99,7 @@ pub fn run(cli: &Cli, command_line: &str) -> anyhow::Result<Report> {
             Command::Artifact(args) => artifact::run(args, &stack, command_line).await,
             Command::Gateway(args) => gateway::run(args, &stack, command_line).await,
             Command::DedupRows(args) => dedup_rows::run(args, &stack, command_line).await,
+            Command::Slowloris(args) => slowloris::run(args, &stack, command_line).await,
             Command::Rewrite(_) => unreachable!("rewrite returned above"),
         }
     })

@@ -238,6 +238,24 @@ impl BenchStack {
         &self.proxy().log_path
     }
 
+    /// Process group of the server behind `kind`: MLflow (direct), nginx, or an mlscope-proxy.
+    pub(crate) fn pgid(&self, kind: TargetKind) -> Option<u32> {
+        match kind {
+            TargetKind::Direct => (!self.upstream_is_stub()).then(|| self.mlflow_pid()),
+            TargetKind::Nginx => self.nginx.as_ref().map(|n| n.process.pid()),
+            TargetKind::Proxy => Some(self.proxy_pid()),
+            other => self
+                .extra_proxies
+                .iter()
+                .find(|(k, _)| *k == other)
+                .map(|(_, p)| p.process.pid()),
+        }
+    }
+
+    fn upstream_is_stub(&self) -> bool {
+        trim_url(&self.upstream_url) != trim_url(&self.stack.mlflow.url)
+    }
+
     /// Process id (and process group id) of the S3 store.
     pub(crate) fn store_pid(&self) -> u32 {
         self.stack.s3.process.pid()

@@ -124,6 +124,7 @@ pub async fn run(
     let mut main = tokio::spawn(main);
     let admin = tokio::spawn(admin);
     let heartbeat = tokio::spawn(heartbeat(state.clone()));
+    let sweeper = tokio::spawn(sweep(state.clone(), config.state_retention));
     let auth_detector = state
         .artifacts
         .as_ref()
@@ -153,6 +154,7 @@ pub async fn run(
     }
     let _ = stop_tx.send(true);
     heartbeat.abort();
+    sweeper.abort();
     if let Some(detector) = auth_detector {
         detector.abort();
     }
@@ -168,6 +170,31 @@ async fn heartbeat(state: AppState) {
         tick.tick().await;
         if let Err(e) = state.store.heartbeat(&state.replica).await {
             tracing::warn!(error = %e, "state store heartbeat failed");
+        }
+    }
+}
+
+/// Deletes state rows nobody touched for `retention`, at startup and then hourly. Idempotent, so
+/// every replica runs it without coordination.
+async fn sweep(state: AppState, retention: Duration) {
+    let mut tick = tokio::time::interval(Duration::from_secs(3600));
+    loop {
+        tick.tick().await;
+        match state
+            .store
+            .sweep(retention, std::time::SystemTime::now())
+            .await
+        {
+            Ok(swept) if swept != crate::store::Swept::default() => {
+                tracing::info!(
+                    leases = swept.leases,
+                    upload_failures = swept.upload_failures,
+                    replicas = swept.replicas,
+                    "expired state swept"
+                );
+            }
+            Ok(_) => {}
+            Err(e) => tracing::warn!(error = %e, "state retention sweep failed"),
         }
     }
 }

@@ -152,6 +152,9 @@ pub struct Config {
     pub upstream_max_idle: usize,
     /// Limits on inbound connections, against slow or hostile clients.
     pub inbound: InboundLimits,
+    /// Rows of the state store untouched this long (leases, upload-failure counts, replicas) are
+    /// deleted by the retention sweep.
+    pub state_retention: Duration,
     /// How long in-flight requests may run on after SIGTERM/SIGINT.
     pub shutdown_grace: Duration,
     pub log_format: LogFormat,
@@ -179,6 +182,7 @@ impl Default for Config {
             max_in_flight: 1024,
             upstream_max_idle: 64,
             inbound: InboundLimits::default(),
+            state_retention: Duration::from_secs(14 * 86_400),
             shutdown_grace: Duration::from_secs(30),
             log_format: LogFormat::Pretty,
             log_level: "info".to_owned(),
@@ -228,6 +232,10 @@ struct Cli {
     /// Concurrent requests before new ones get 503 [default: 1024].
     #[arg(long, env = "MLSCOPE_MAX_IN_FLIGHT", value_name = "N")]
     max_in_flight: Option<usize>,
+    /// State-store rows untouched this long (node leases, upload-failure counts, replica rows)
+    /// are deleted; keep it above the longest pause of a run that may resume [default: 14d].
+    #[arg(long, env = "MLSCOPE_STATE_RETENTION", value_parser = parse_duration, value_name = "DURATION")]
+    state_retention: Option<Duration>,
     /// Client connections open at once; more wait in the listen backlog [default: 4096].
     #[arg(long, env = "MLSCOPE_MAX_CONNECTIONS", value_name = "N")]
     max_connections: Option<usize>,
@@ -381,6 +389,8 @@ struct FileConfig {
     body_idle_timeout: Option<Duration>,
     max_in_flight: Option<usize>,
     max_connections: Option<usize>,
+    #[serde(default, with = "humantime_serde")]
+    state_retention: Option<Duration>,
     #[serde(default, with = "humantime_serde")]
     header_read_timeout: Option<Duration>,
     #[serde(default, deserialize_with = "size_from_toml")]
@@ -542,6 +552,7 @@ impl Config {
             body_idle_timeout => config.timeouts.body_idle,
             max_in_flight => config.max_in_flight,
             max_connections => config.inbound.max_connections,
+            state_retention => config.state_retention,
             header_read_timeout => config.inbound.header_read_timeout,
             max_header_bytes => config.inbound.max_header_bytes,
             upstream_max_idle => config.upstream_max_idle,
@@ -593,6 +604,12 @@ impl Config {
         }
         if self.max_in_flight == 0 {
             return invalid("max-in-flight must be at least 1".into());
+        }
+        if self.state_retention < Duration::from_secs(3600) {
+            return invalid(
+                "state-retention must be at least 1h (leases of live runs must never expire)"
+                    .into(),
+            );
         }
         if self.inbound.max_connections == 0 {
             return invalid("max-connections must be at least 1".into());

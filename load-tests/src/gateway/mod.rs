@@ -9,7 +9,7 @@
 //! disk first), gateway peak RSS under 128 MiB, and no bytes written to the gateway's local disk.
 
 mod boto3;
-mod procfs;
+pub(crate) mod procfs;
 mod report;
 mod transfer;
 

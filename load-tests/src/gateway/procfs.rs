@@ -70,6 +70,15 @@ pub(crate) fn own_usage() -> Usage {
     }
 }
 
+/// The summed resident set (`VmRSS`) of the processes in group `pgid` now.
+pub(crate) fn group_rss(pgid: u32) -> u64 {
+    group_members(pgid)
+        .into_iter()
+        .filter_map(|pid| ResidentMemory::of_process(pid).ok())
+        .map(|memory| memory.current)
+        .sum()
+}
+
 /// The highest peak resident set (`VmHWM`) of any process in group `pgid`: for a server that
 /// runs as one process, its peak memory since it started.
 pub(crate) fn group_peak_rss(pgid: u32) -> Option<u64> {

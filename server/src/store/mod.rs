@@ -15,7 +15,10 @@ macro_rules! on_backend {
 
 mod failures;
 mod leases;
+mod retention;
+
 pub use leases::NodeLease;
+pub use retention::Swept;
 
 use std::str::FromStr;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
