@@ -211,6 +211,13 @@ impl Process {
         self.stop(TERMINATE_GRACE)
     }
 
+    /// Kills the process group at once (SIGKILL), as a crash or an OOM kill would, and waits
+    /// for the process to be gone.
+    pub fn kill(&mut self) -> ExitStatus {
+        self.signal_group("KILL");
+        self.stop(Duration::ZERO)
+    }
+
     /// The exit status if the process has exited.
     pub fn try_status(&mut self) -> Option<ExitStatus> {
         self.child.try_wait().ok().flatten()
@@ -929,4 +936,118 @@ http {
             process,
         })
     }
+}
+
+// === impl PrivatePostgres ===
+
+/// A PostgreSQL server of the tests' own: its own data directory and port, started as the
+/// `postgres` user, so it can be killed and restarted without touching the machine's server.
+#[derive(Debug)]
+pub struct PrivatePostgres {
+    /// `postgres://postgres@127.0.0.1:<port>/postgres`
+    pub url: String,
+    pub port: u16,
+    data: PathBuf,
+    _dir: tempfile::TempDir,
+    process: Option<Process>,
+}
+
+impl PrivatePostgres {
+    /// Creates a cluster (`initdb`, trust authentication) and starts it on a free port.
+    pub fn start() -> Result<PrivatePostgres> {
+        let bin = postgres_bin()?;
+        let dir = tempfile::Builder::new()
+            .prefix("mlscope-pg-")
+            .tempdir()
+            .context("creating the PostgreSQL directory")?;
+        let data = dir.path().join("data");
+        // PostgreSQL refuses to run as root; its user needs the directory.
+        use std::os::unix::fs::PermissionsExt;
+        fs::set_permissions(dir.path(), fs::Permissions::from_mode(0o755))?;
+        fs::create_dir(&data)?;
+        let status = Command::new("chown")
+            .args(["-R", "postgres:postgres"])
+            .arg(dir.path())
+            .status()?;
+        anyhow::ensure!(status.success(), "chown of the PostgreSQL directory failed");
+        let output = Command::new("runuser")
+            .args(["-u", "postgres", "--"])
+            .arg(bin.join("initdb"))
+            .args(["-A", "trust", "-U", "postgres", "-D"])
+            .arg(&data)
+            .output()
+            .context("running initdb")?;
+        anyhow::ensure!(
+            output.status.success(),
+            "initdb failed: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        let port = free_port();
+        let mut postgres = PrivatePostgres {
+            url: format!("postgres://postgres@127.0.0.1:{port}/postgres"),
+            port,
+            data,
+            _dir: dir,
+            process: None,
+        };
+        postgres.restart()?;
+        Ok(postgres)
+    }
+
+    /// Kills the server (SIGKILL to the postmaster and every backend): a crash.
+    pub fn kill(&mut self) {
+        if let Some(mut process) = self.process.take() {
+            process.kill();
+        }
+    }
+
+    /// Starts the server again on the same port and data (crash recovery runs) and waits until
+    /// it accepts connections.
+    pub fn restart(&mut self) -> Result<()> {
+        let bin = postgres_bin()?;
+        let mut command = Command::new("runuser");
+        command
+            .args(["-u", "postgres", "--"])
+            .arg(bin.join("postgres"))
+            .arg("-D")
+            .arg(&self.data)
+            .args([
+                "-p",
+                &self.port.to_string(),
+                "-c",
+                "listen_addresses=127.0.0.1",
+                "-k",
+            ])
+            .arg(&self.data);
+        let log = self
+            .data
+            .parent()
+            .expect("data has a parent")
+            .join(format!("postgres-{}.log", self.port));
+        let mut process = Process::spawn("PostgreSQL", &command, &log)?;
+        let addr = format!("127.0.0.1:{}", self.port);
+        process.wait_until("accepting connections", Duration::from_secs(60), || {
+            Command::new(bin.join("pg_isready"))
+                .args(["-h", "127.0.0.1", "-p", &self.port.to_string()])
+                .stdout(Stdio::null())
+                .status()
+                .is_ok_and(|s| s.success())
+                && TcpStream::connect(&addr).is_ok()
+        })?;
+        self.process = Some(process);
+        Ok(())
+    }
+}
+
+/// The directory of Debian's PostgreSQL server binaries (the newest installed version).
+fn postgres_bin() -> Result<PathBuf> {
+    let mut versions: Vec<PathBuf> = fs::read_dir("/usr/lib/postgresql")
+        .context("PostgreSQL's server binaries (/usr/lib/postgresql) are not installed")?
+        .filter_map(|e| e.ok().map(|e| e.path().join("bin")))
+        .filter(|bin| bin.join("postgres").exists())
+        .collect();
+    versions.sort();
+    versions
+        .pop()
+        .ok_or_else(|| anyhow!("no PostgreSQL server under /usr/lib/postgresql"))
 }

@@ -10,6 +10,7 @@ mod authz;
 mod binary;
 mod collector;
 mod compat;
+mod faults;
 mod forwarding;
 mod hostile;
 mod legacy_listing;

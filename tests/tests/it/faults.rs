@@ -1,0 +1,216 @@
+//! Faults with real processes: MLflow, SeaweedFS and a private PostgreSQL (the proxy's shared
+//! state) are killed mid-traffic and restarted. While each is gone the proxy answers MLflow's
+//! error JSON with a retryable 5xx; it recovers without a restart; and the MLflow Python client,
+//! with MLflow's own retry settings, loses nothing: every metric step and every object is counted.
+
+use std::time::Duration;
+
+use mlscope_tests::{free_port, repo_root, spawn_proxy, MlflowServer, PrivatePostgres, S3Store};
+use serde_json::{json, Value};
+use tokio::io::{AsyncBufReadExt, BufReader, Lines};
+use tokio::process::ChildStdout;
+
+use crate::mlflow::{create_run, history, http, now_ms};
+use crate::python_client::python;
+
+const STEPS: i64 = 60;
+const ARTIFACT_EVERY: i64 = 5;
+
+/// Reads the client's output until it reports `step` (or `done`); returns the lines read.
+async fn until_step(lines: &mut Lines<BufReader<ChildStdout>>, step: i64) -> Vec<String> {
+    let mut seen = Vec::new();
+    let wait = async {
+        while let Some(line) = lines.next_line().await.unwrap() {
+            let reached = line == "done"
+                || line
+                    .strip_prefix("step ")
+                    .and_then(|n| n.parse::<i64>().ok())
+                    .is_some_and(|n| n >= step);
+            seen.push(line);
+            if reached {
+                return;
+            }
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(300), wait)
+        .await
+        .unwrap_or_else(|_| panic!("the client did not reach step {step}: {seen:?}"));
+    seen
+}
+
+/// The proxy's answer while a dependency is gone: a retryable 5xx with MLflow's error JSON.
+async fn assert_retryable_json_error(response: reqwest::Response, what: &str) {
+    let status = response.status();
+    let body: Value = response.json().await.unwrap_or(Value::Null);
+    assert!(
+        matches!(status.as_u16(), 502 | 503 | 504),
+        "{what}: {status} {body}"
+    );
+    assert_eq!(
+        body["error_code"], "TEMPORARILY_UNAVAILABLE",
+        "{what}: {body}"
+    );
+    assert!(
+        body["message"].as_str().is_some_and(|m| !m.is_empty()),
+        "{what}: {body}"
+    );
+}
+
+#[tokio::test]
+async fn mlflow_seaweedfs_and_postgres_killed_mid_traffic_lose_no_metric_and_no_object() {
+    let dir = tempfile::Builder::new()
+        .prefix("mlscope-faults-")
+        .tempdir()
+        .unwrap();
+    let mut postgres = PrivatePostgres::start().expect("starting a private PostgreSQL");
+    let s3_port = free_port();
+    let mut s3 = S3Store::start_on(dir.path(), s3_port).expect("starting SeaweedFS");
+    let mlflow_port = free_port();
+    let mut mlflow =
+        MlflowServer::start_on(dir.path(), &s3, None, mlflow_port).expect("starting MLflow");
+    let backend = mlflow.backend_store_uri.clone();
+    let mut args = s3.gateway_args(&s3.url);
+    args.extend(["--database-url".into(), postgres.url.clone()]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let proxy = spawn_proxy(&mlflow.url, &args, dir.path()).expect("starting the proxy");
+
+    let mut client = python(
+        &proxy.url,
+        &[
+            ("FAULT_STEPS", &STEPS.to_string()),
+            ("FAULT_ARTIFACT_EVERY", &ARTIFACT_EVERY.to_string()),
+        ],
+    )
+    .arg(repo_root().join("tests/python/fault_client.py"))
+    .spawn()
+    .expect("starting the client");
+    let mut lines = BufReader::new(client.stdout.take().unwrap()).lines();
+    let first = lines
+        .next_line()
+        .await
+        .unwrap()
+        .expect("the client prints its run");
+    let run: Value = serde_json::from_str(&first).unwrap();
+    let run_id = run["run_id"].as_str().unwrap().to_owned();
+    until_step(&mut lines, 5).await;
+
+    // MLflow, killed: the proxy answers 502 while it is gone.
+    mlflow.process.kill();
+    let search = format!(
+        "{}/api/2.0/mlflow/experiments/search?max_results=1",
+        proxy.url
+    );
+    assert_retryable_json_error(http().get(&search).send().await.unwrap(), "MLflow down").await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    mlflow = MlflowServer::start_on(dir.path(), &s3, Some(&backend), mlflow_port)
+        .expect("restarting MLflow");
+    let resumed = until_step(&mut lines, 20).await;
+    assert!(!resumed.is_empty());
+    assert!(
+        http()
+            .get(&search)
+            .send()
+            .await
+            .unwrap()
+            .status()
+            .is_success(),
+        "recovered without a proxy restart"
+    );
+
+    // SeaweedFS, killed: the gateway answers 503.
+    s3.process.kill();
+    let listing = format!(
+        "{}/api/2.0/mlflow-artifacts/artifacts?path={}/{run_id}/artifacts",
+        proxy.url,
+        run["experiment_id"].as_str().unwrap()
+    );
+    assert_retryable_json_error(http().get(&listing).send().await.unwrap(), "SeaweedFS down").await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let _s3_again = S3Store::start_on(dir.path(), s3_port).expect("restarting SeaweedFS");
+    until_step(&mut lines, 35).await;
+    assert!(
+        http()
+            .get(&listing)
+            .send()
+            .await
+            .unwrap()
+            .status()
+            .is_success(),
+        "the gateway recovered"
+    );
+
+    // PostgreSQL (the proxy's shared state), killed: node-wide samples get 503.
+    postgres.kill();
+    let probe_run = create_run(&mlflow.url, "faults-probe").await;
+    let body = json!({ "run_id": probe_run, "metrics": [{ "key": "system/node-p/rank-0/cpu_utilization_percentage", "value": 1.0, "timestamp": now_ms(), "step": 0 }] });
+    let batch = format!("{}/api/2.0/mlflow/runs/log-batch", proxy.url);
+    assert_retryable_json_error(
+        http().post(&batch).json(&body).send().await.unwrap(),
+        "PostgreSQL down",
+    )
+    .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    postgres.restart().expect("restarting PostgreSQL");
+    until_step(&mut lines, STEPS).await;
+    assert!(
+        http()
+            .post(&batch)
+            .json(&body)
+            .send()
+            .await
+            .unwrap()
+            .status()
+            .is_success(),
+        "dedup recovered"
+    );
+
+    let output = tokio::time::timeout(Duration::from_secs(120), client.wait_with_output())
+        .await
+        .expect("the client finishes")
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "the client failed:\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+
+    // Every step of every series exactly once, and every checkpoint with its size.
+    let expected: Vec<i64> = (0..STEPS).collect();
+    for key in ["loss", "system/node-f/node_cpu_utilization_percentage"] {
+        let steps: Vec<i64> = history(&mlflow.url, &run_id, key)
+            .await
+            .into_iter()
+            .map(|(step, _)| step)
+            .collect();
+        assert_eq!(steps, expected, "{key}");
+    }
+    let listed: Value = http()
+        .get(format!(
+            "{}/api/2.0/mlflow/artifacts/list?run_id={run_id}&path=checkpoints",
+            mlflow.url
+        ))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let mut files: Vec<(String, i64)> = listed["files"]
+        .as_array()
+        .expect("checkpoints listed")
+        .iter()
+        .map(|f| {
+            (
+                f["path"].as_str().unwrap().to_owned(),
+                f["file_size"].as_i64().unwrap_or(0),
+            )
+        })
+        .collect();
+    files.sort();
+    let mut wanted: Vec<(String, i64)> = (0..STEPS)
+        .step_by(ARTIFACT_EVERY as usize)
+        .map(|s| (format!("checkpoints/ckpt-{s}.bin"), 1024 * (s + 1)))
+        .collect();
+    wanted.sort();
+    assert_eq!(files, wanted);
+}
