@@ -371,24 +371,7 @@ pub fn rank_from_launcher(env: &HashMap<String, String>) -> (u32, String) {
 
 /// A node name as the contract writes it: `[a-z0-9.-]+`, starting with a letter or digit.
 pub fn sanitize_node(raw: &str) -> String {
-    let cleaned: String = raw
-        .trim()
-        .to_ascii_lowercase()
-        .chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() || c == '.' || c == '-' {
-                c
-            } else {
-                '-'
-            }
-        })
-        .collect();
-    let cleaned = cleaned.trim_start_matches(['.', '-']);
-    if cleaned.is_empty() {
-        "unknown-node".to_owned()
-    } else {
-        cleaned.to_owned()
-    }
+    mlscope_scopes::normalize_node(raw)
 }
 
 /// `10` (seconds) or a duration such as `500ms`; between 100 ms and one hour.

@@ -291,6 +291,30 @@ pub fn rule_for(name: &str) -> Option<&'static ScopeRule> {
     RULES.iter().find(|r| r.matches.matches(name))
 }
 
+/// A node name in the contract's form, `[a-z0-9.-]+` starting with a letter or digit: lower-cased,
+/// every other character replaced by `-`, so that `GPU_Node-1` from one client and `gpu-node-1`
+/// from another name the same node. An empty result is `unknown-node`.
+pub fn normalize_node(raw: &str) -> String {
+    let cleaned: String = raw
+        .trim()
+        .to_ascii_lowercase()
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '.' || c == '-' {
+                c
+            } else {
+                '-'
+            }
+        })
+        .collect();
+    let cleaned = cleaned.trim_start_matches(['.', '-']);
+    if cleaned.is_empty() {
+        "unknown-node".to_owned()
+    } else {
+        cleaned.to_owned()
+    }
+}
+
 /// Who sent a sample. Either part may be unknown.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
 pub struct Identity {
@@ -329,8 +353,7 @@ pub struct OwnerPattern {
 
 impl OwnerPattern {
     /// `rank-<r>`, `rank_<r>`, `rank<r>` (rank only) and `<node>/rank-<r>` (both).
-    pub const DEFAULT: &'static str =
-        r"^(?:(?P<node>[a-z0-9][a-z0-9.-]*)/rank-(?P<rank>\d+)|rank[-_]?(?P<rank_only>\d+))$";
+    pub const DEFAULT: &'static str = r"^(?:(?P<node>[A-Za-z0-9][A-Za-z0-9._-]*)/rank-(?P<rank>\d+)|rank[-_]?(?P<rank_only>\d+))$";
 
     pub fn new(pattern: &str) -> Result<Self, PatternError> {
         let regex = Regex::new(pattern).map_err(|e| PatternError::Syntax {
@@ -360,7 +383,9 @@ impl OwnerPattern {
         for name in self.regex.capture_names().flatten() {
             let Some(m) = caps.name(name) else { continue };
             if name == "node" || name.starts_with("node_") {
-                identity.node.get_or_insert_with(|| m.as_str().to_owned());
+                identity
+                    .node
+                    .get_or_insert_with(|| normalize_node(m.as_str()));
             } else if name == "rank" || name.starts_with("rank_") {
                 if let Ok(rank) = m.as_str().parse() {
                     identity.rank.get_or_insert(rank);
@@ -441,7 +466,14 @@ pub struct ScopedKey {
 /// Applies the contract to one key. `request` is the identity from request headers; the key's
 /// own owner fills in what they lack.
 pub fn scoped_key(key: &str, request: &Identity, pattern: &OwnerPattern) -> ScopedKey {
-    let Some(parts) = SystemKey::parse(key) else {
+    // A key MLflow refuses stays as sent, so the client gets MLflow's own 400: renaming it
+    // into a valid one would store what MLflow would never have accepted.
+    let parts = if is_valid_mlflow_key(key) {
+        SystemKey::parse(key)
+    } else {
+        None
+    };
+    let Some(parts) = parts else {
         return ScopedKey {
             outcome: KeyOutcome::Untouched,
             identity: request.clone(),
@@ -562,6 +594,48 @@ mod tests {
         ] {
             assert_eq!(rewrite(untouched, &by_header), untouched);
         }
+    }
+
+    #[test]
+    fn keys_mlflow_refuses_are_left_for_mlflow_to_refuse() {
+        let long_owner = format!(
+            "system/{}/rank-1/cpu_utilization_percentage",
+            "n".repeat(300)
+        );
+        for key in [
+            "system//cpu_utilization_percentage",
+            "system/../cpu_utilization_percentage",
+            "system/rank-1/cpu_utilization_percentage\0",
+            "system/rank-1/cpu_utilization_percentage/",
+            long_owner.as_str(),
+        ] {
+            let key = key.replace("\\0", "\0");
+            let scoped = scoped_key(&key, &Identity::default(), &OwnerPattern::default());
+            assert_eq!(scoped.outcome, KeyOutcome::Untouched, "{key:?}");
+        }
+    }
+
+    #[test]
+    fn node_names_in_any_spelling_name_the_contracts_node() {
+        let scoped = scoped_key(
+            "system/GPU_Node-1/rank-3/cpu_utilization_percentage",
+            &Identity::default(),
+            &OwnerPattern::default(),
+        );
+        assert_eq!(
+            scoped.identity,
+            Identity {
+                node: Some("gpu-node-1".into()),
+                rank: Some(3)
+            }
+        );
+        assert!(
+            matches!(&scoped.outcome, KeyOutcome::Rewritten { key, .. } if key == "system/gpu-node-1/node_cpu_utilization_percentage"),
+            "{:?}",
+            scoped.outcome
+        );
+        assert_eq!(normalize_node("  .Node_A.example "), "node-a.example");
+        assert_eq!(normalize_node("___"), "unknown-node");
     }
 
     #[test]

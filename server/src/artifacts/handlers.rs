@@ -285,6 +285,9 @@ impl Gateway {
         // The store refusing the client's own input (a made-up upload id, parts out of order or
         // too small) is the client's mistake: a 4xx it must not retry.
         match error.code.as_deref() {
+            Some(listing::TOO_MANY_ENTRIES) => {
+                return mlflow_error(StatusCode::BAD_REQUEST, "INVALID_PARAMETER_VALUE", &error.message);
+            }
             Some("NoSuchUpload") => {
                 return mlflow_error(
                     StatusCode::NOT_FOUND,

@@ -20,10 +20,17 @@ pub fn is_marker(key: &str, size: i64) -> bool {
     key.ends_with('/') && size == 0
 }
 
+/// Most entries one listing holds: a listing is built in memory (MLflow's answer is one JSON
+/// document), so a directory with more is refused instead of growing the proxy without bound.
+pub const MAX_LISTED_ENTRIES: usize = 1_000_000;
+/// The [`StoreError`] code of a listing over [`MAX_LISTED_ENTRIES`].
+pub const TOO_MANY_ENTRIES: &str = "TooManyEntries";
+
 /// Lists the direct children of `prefix` (a key prefix ending in `/`, or empty for the bucket
 /// root), following pagination through any number of objects. Sorted by name, as MLflow sorts.
 pub async fn list_dir(bucket: &Bucket, prefix: &str) -> Result<Vec<Entry>, StoreError> {
     let mut entries = Vec::new();
+    let mut pages = 0usize;
     let mut token: Option<String> = None;
     loop {
         let mut request = bucket
@@ -65,6 +72,14 @@ pub async fn list_dir(bucket: &Bucket, prefix: &str) -> Result<Vec<Entry>, Store
                     size: Some(size),
                 });
             }
+        }
+        pages += 1;
+        if entries.len() > MAX_LISTED_ENTRIES || pages > MAX_LISTED_ENTRIES / 1000 {
+            return Err(StoreError {
+                status: None,
+                code: Some(TOO_MANY_ENTRIES.to_owned()),
+                message: format!("the directory holds more than {MAX_LISTED_ENTRIES} entries; list one of its subdirectories"),
+            });
         }
         match page.next_continuation_token() {
             Some(next) if page.is_truncated() == Some(true) => token = Some(next.to_owned()),

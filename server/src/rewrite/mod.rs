@@ -452,12 +452,15 @@ pub fn identity_from_headers(headers: &HeaderMap) -> Identity {
             .filter(|v| !v.is_empty())
     };
     Identity {
+        // Any spelling of a node name (upper case, `_`) names the same node as its contract
+        // form; names that are not names at all stay unknown.
         node: text(NODE_HEADER)
             .filter(|n| {
-                n.bytes()
-                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'.' || b == b'-')
+                n.len() <= 253
+                    && n.bytes()
+                        .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'-' | b'_'))
             })
-            .map(str::to_owned),
+            .map(mlscope_scopes::normalize_node),
         rank: text(RANK_HEADER).and_then(|r| r.parse().ok()),
     }
 }
