@@ -11,7 +11,9 @@ pub struct InvalidPath;
 
 /// Decodes `raw` (as taken from the URL, still percent-encoded) the way MLflow does — repeatedly,
 /// until it stops changing — and applies MLflow's rules: no `#`, no `..` segment, not absolute
-/// (POSIX or Windows, drive letters and UNC names included). Returns the decoded path.
+/// (POSIX or Windows, drive letters and UNC names included). Stricter than MLflow on Linux in
+/// what it also refuses: control characters, `..` between backslashes, `file:` URIs and text
+/// that is not UTF-8 once decoded. Returns the decoded path.
 pub fn validate(raw: &str) -> Result<String, InvalidPath> {
     let mut path: Cow<'_, str> = Cow::Borrowed(raw);
     let mut stable = false;
@@ -33,7 +35,13 @@ pub fn validate(raw: &str) -> Result<String, InvalidPath> {
         let b = path.as_bytes();
         path.starts_with('\\') || (b.len() >= 2 && b[0].is_ascii_alphabetic() && b[1] == b':')
     };
+    // MLflow turns a `file:` URI into a local path first (`file:/etc` is absolute and refused);
+    // the gateway refuses every `file:` path rather than guess which object it names.
+    let file_uri = path
+        .get(..5)
+        .is_some_and(|scheme| scheme.eq_ignore_ascii_case("file:"));
     if path.contains('#')
+        || file_uri
         || path.chars().any(char::is_control)
         || path.starts_with('/')
         || windows_absolute

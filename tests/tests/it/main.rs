@@ -16,6 +16,7 @@ mod hostile;
 mod legacy_listing;
 mod mlflow;
 mod objects;
+mod path_differential;
 mod python_client;
 mod relocate;
 mod s3_quirks;
