@@ -214,3 +214,123 @@ fn near_valid_metrics_bodies_render_valid_json_and_change_only_keys_and_steps() 
         Ok(())
     });
 }
+
+#[test]
+fn listings_of_any_names_are_ascii_json_that_reads_back_the_same_entries() {
+    use crate::artifacts::listing::{pretty_string, to_mlflow_json, Entry};
+    let entry = (
+        any::<String>(),
+        any::<bool>(),
+        proptest::option::of(0i64..i64::MAX),
+    );
+    run(
+        "listing JSON",
+        proptest::collection::vec(entry, 0..20),
+        |raw| {
+            let entries: Vec<Entry> = raw
+                .into_iter()
+                .map(|(name, is_dir, size)| Entry {
+                    name,
+                    is_dir,
+                    size: if is_dir { None } else { size },
+                })
+                .collect();
+            let text = pretty_string(&to_mlflow_json(&entries));
+            prop_assert!(text.is_ascii(), "MLflow escapes every non-ASCII character");
+            let back: serde_json::Value =
+                serde_json::from_str(&text).map_err(|e| TestCaseError::fail(e.to_string()))?;
+            let files = back["files"].as_array().cloned().unwrap_or_default();
+            prop_assert_eq!(files.len(), entries.len());
+            for (file, entry) in files.iter().zip(&entries) {
+                prop_assert_eq!(file["path"].as_str(), Some(entry.name.as_str()));
+                prop_assert_eq!(file["is_dir"].as_bool(), Some(entry.is_dir));
+            }
+            Ok(())
+        },
+    );
+}
+
+#[test]
+fn any_client_headers_are_prepared_for_mlflow_without_panic_or_hop_by_hop_leaks() {
+    use http::{HeaderMap, HeaderName, HeaderValue};
+    let forwarder = crate::proxy::Forwarder::new(
+        &crate::config::Config::default(),
+        crate::telemetry::Metrics::new(),
+    );
+    let name = prop_oneof![
+        Just("connection".to_owned()),
+        Just("keep-alive".to_owned()),
+        Just("transfer-encoding".to_owned()),
+        Just("host".to_owned()),
+        Just("x-forwarded-for".to_owned()),
+        Just("x-request-id".to_owned()),
+        "[a-z][a-z0-9-]{0,12}",
+    ];
+    let value = proptest::collection::vec(
+        prop_oneof![32u8..127, Just(b','), Just(b' '), 128u8..=255],
+        0..40,
+    );
+    run(
+        "header handling",
+        proptest::collection::vec((name, value), 0..16),
+        |pairs| {
+            let mut headers = HeaderMap::new();
+            for (name, value) in &pairs {
+                if let (Ok(name), Ok(value)) = (
+                    HeaderName::from_bytes(name.as_bytes()),
+                    HeaderValue::from_bytes(value),
+                ) {
+                    headers.append(name, value);
+                }
+            }
+            let named_by_connection: Vec<String> = headers
+                .get_all(http::header::CONNECTION)
+                .iter()
+                .filter_map(|v| v.to_str().ok())
+                .flat_map(|v| {
+                    v.split(',')
+                        .map(|t| t.trim().to_ascii_lowercase())
+                        .collect::<Vec<_>>()
+                })
+                .filter(|t| !t.is_empty())
+                .collect();
+            let id = HeaderValue::from_static("req-1");
+            let out = forwarder.upstream_headers(
+                &headers,
+                std::net::SocketAddr::from(([10, 0, 0, 1], 4000)),
+                None,
+                &id,
+            );
+            for hop in [
+                "connection",
+                "keep-alive",
+                "transfer-encoding",
+                "te",
+                "upgrade",
+                "trailer",
+                "proxy-connection",
+            ] {
+                prop_assert!(!out.contains_key(hop), "{} forwarded", hop);
+            }
+            for named in &named_by_connection {
+                if named != "host" && HeaderName::from_bytes(named.as_bytes()).is_ok() {
+                    prop_assert!(
+                        !out.contains_key(named.as_str()),
+                        "{} named by Connection forwarded",
+                        named
+                    );
+                }
+            }
+            let forwarded_for = out
+                .get("x-forwarded-for")
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or_default();
+            prop_assert!(
+                forwarded_for.ends_with("10.0.0.1"),
+                "the peer ends the X-Forwarded-For chain: {}",
+                forwarded_for
+            );
+            Ok(())
+        },
+    );
+}
