@@ -510,6 +510,16 @@ impl MlflowServer {
     /// request needs a user's credentials; `admin` (password [`MLFLOW_ADMIN_PASSWORD`]) may do
     /// everything, other users what their grants allow (no grant: nothing).
     pub fn start_with_basic_auth(dir: &Path, s3: &S3Store) -> Result<MlflowServer> {
+        Self::start_with_basic_auth_from(&venv(), dir, s3)
+    }
+
+    /// As [`MlflowServer::start_with_basic_auth`], with the MLflow of the virtual environment
+    /// `mlflow_venv` (e.g. [`legacy_venv`]).
+    pub fn start_with_basic_auth_from(
+        mlflow_venv: &Path,
+        dir: &Path,
+        s3: &S3Store,
+    ) -> Result<MlflowServer> {
         let port = free_port();
         let ini = dir.join(format!("basic-auth-{port}.ini"));
         std::fs::write(
@@ -520,7 +530,7 @@ impl MlflowServer {
             ),
         )
         .context("writing the basic-auth config")?;
-        let mut server = Self::spawn(&venv(), dir, s3, None, port, Some(&ini))?;
+        let mut server = Self::spawn(mlflow_venv, dir, s3, None, port, Some(&ini))?;
         server.wait_ready()?;
         Ok(server)
     }
