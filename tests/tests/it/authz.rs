@@ -474,60 +474,46 @@ async fn one_clients_allowed_answer_is_never_reused_for_another_client() {
         "{}/api/2.0/mlflow-artifacts/artifacts/{root}/shared/readme.txt",
         s.proxy.url
     );
-    let reader = Client {
-        name: "reader",
-        password: Some(PASSWORD),
-    };
-    let stranger = Client {
-        name: "stranger",
-        password: Some(PASSWORD),
-    };
+    // Each client in turn, three times over: a cached "allowed" for the reader must never answer
+    // for the others.
+    let clients = [
+        (
+            Client {
+                name: "reader",
+                password: Some(PASSWORD),
+            },
+            StatusCode::OK,
+        ),
+        (
+            Client {
+                name: "stranger",
+                password: Some(PASSWORD),
+            },
+            StatusCode::FORBIDDEN,
+        ),
+        (
+            Client {
+                name: "anonymous",
+                password: None,
+            },
+            StatusCode::UNAUTHORIZED,
+        ),
+        (
+            Client {
+                name: "reader",
+                password: Some("not-the-password"),
+            },
+            StatusCode::UNAUTHORIZED,
+        ),
+    ];
     for _ in 0..3 {
-        assert_eq!(
-            request(reader, Method::GET, url.clone())
+        for (client, expected) in clients {
+            let status = request(client, Method::GET, url.clone())
                 .send()
                 .await
                 .unwrap()
-                .status(),
-            StatusCode::OK
-        );
-        assert_eq!(
-            request(stranger, Method::GET, url.clone())
-                .send()
-                .await
-                .unwrap()
-                .status(),
-            StatusCode::FORBIDDEN
-        );
-        assert_eq!(
-            request(
-                Client {
-                    name: "anonymous",
-                    password: None
-                },
-                Method::GET,
-                url.clone()
-            )
-            .send()
-            .await
-            .unwrap()
-            .status(),
-            StatusCode::UNAUTHORIZED
-        );
-        assert_eq!(
-            request(
-                Client {
-                    name: "reader",
-                    password: Some("not-the-password")
-                },
-                Method::GET,
-                url.clone()
-            )
-            .send()
-            .await
-            .unwrap()
-            .status(),
-            StatusCode::UNAUTHORIZED
-        );
+                .status();
+            assert_eq!(status, expected, "{client:?}");
+        }
     }
 }

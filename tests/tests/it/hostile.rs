@@ -11,7 +11,7 @@ use reqwest::StatusCode;
 use serde_json::{json, Value};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use crate::mlflow::{create_experiment_and_run, history, http, now_ms};
+use crate::mlflow::{create_experiment_and_run, history, http, now_ms, scrape};
 
 struct Hostile {
     stack: &'static TestStack,
@@ -309,14 +309,7 @@ async fn a_made_up_method_does_not_grow_the_metric_labels() {
     for method in ["FOO", "BAR", "BAZ"] {
         raw(&h.proxy.url, &format!("{method} /api/2.0/mlflow/experiments/search HTTP/1.1\r\nHost: {address}\r\nConnection: close\r\n\r\n"), b"").await;
     }
-    let metrics = http()
-        .get(format!("{}/metrics", h.proxy.admin_url))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = scrape(&h.proxy.admin_url).await;
     assert!(
         metrics.contains("method=\"OTHER\""),
         "made-up methods are counted as OTHER"
@@ -365,14 +358,7 @@ async fn connections_that_never_finish_their_headers_are_closed_and_do_not_block
         slow.len(),
         "every connection still sending its headers after the deadline was closed"
     );
-    let metrics = http()
-        .get(format!("{}/metrics", h.proxy.admin_url))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = scrape(&h.proxy.admin_url).await;
     let open: i64 = metrics
         .lines()
         .find_map(|l| l.strip_prefix("mlscope_client_connections "))

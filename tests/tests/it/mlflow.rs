@@ -31,6 +31,18 @@ pub(crate) fn now_ms() -> i64 {
         .as_millis() as i64
 }
 
+/// The Prometheus text a proxy's admin listener serves on `/metrics`.
+pub(crate) async fn scrape(admin_url: &str) -> String {
+    http()
+        .get(format!("{admin_url}/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap()
+}
+
 /// Sends `request` and returns its body as JSON, whatever the status.
 pub(crate) async fn response_json(request: reqwest::RequestBuilder) -> Value {
     request.send().await.unwrap().json().await.unwrap()
