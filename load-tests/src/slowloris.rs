@@ -49,7 +49,7 @@ pub(crate) async fn run(
         ("slow connections opened", Align::Right),
         ("closed by the server", Align::Right),
         ("normal requests answered", Align::Right),
-        ("slowest normal answer", Align::Right),
+        ("slowest normal answer (answered ones)", Align::Right),
         ("resident memory: before → peak", Align::Right),
     ]);
     let mib = |b: u64| format!("{:.1} MiB", b as f64 / (1 << 20) as f64);
@@ -64,7 +64,11 @@ pub(crate) async fn run(
                 100.0 * o.closed as f64 / o.opened.max(1) as f64
             ),
             format!("{} of {}", o.normal_ok, o.normal_sent),
-            format!("{:.1} ms", o.slowest_normal.as_secs_f64() * 1e3),
+            if o.normal_ok == 0 {
+                "—".into()
+            } else {
+                format!("{:.1} ms", o.slowest_normal.as_secs_f64() * 1e3)
+            },
             if o.rss_before == 0 {
                 "n/a".into()
             } else {
@@ -130,8 +134,9 @@ async fn one_target(args: &SlowlorisArgs, target: Target, pgid: Option<u32>) -> 
             .is_ok_and(|r| r.status().is_success())
         {
             normal_ok += 1;
+            // Over answered requests only: a refusal is fast and says nothing about service.
+            slowest = slowest.max(asked.elapsed());
         }
-        slowest = slowest.max(asked.elapsed());
         rss_peak = rss_peak.max(rss());
         tokio::time::sleep(Duration::from_secs(1).saturating_sub(asked.elapsed())).await;
     }

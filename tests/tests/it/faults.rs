@@ -95,6 +95,8 @@ async fn mlflow_seaweedfs_and_postgres_killed_mid_traffic_lose_no_metric_and_no_
     until_step(&mut lines, 5).await;
 
     // MLflow, killed: the proxy answers 502 while it is gone.
+    let mut outages = Vec::new();
+    let down = std::time::Instant::now();
     mlflow.process.kill();
     let search = format!(
         "{}/api/2.0/mlflow/experiments/search?max_results=1",
@@ -104,6 +106,7 @@ async fn mlflow_seaweedfs_and_postgres_killed_mid_traffic_lose_no_metric_and_no_
     tokio::time::sleep(Duration::from_secs(2)).await;
     mlflow = MlflowServer::start_on(dir.path(), &s3, Some(&backend), mlflow_port)
         .expect("restarting MLflow");
+    outages.push(("MLflow", down.elapsed()));
     let resumed = until_step(&mut lines, 20).await;
     assert!(!resumed.is_empty());
     assert!(
@@ -118,6 +121,7 @@ async fn mlflow_seaweedfs_and_postgres_killed_mid_traffic_lose_no_metric_and_no_
     );
 
     // SeaweedFS, killed: the gateway answers 503.
+    let down = std::time::Instant::now();
     s3.process.kill();
     let listing = format!(
         "{}/api/2.0/mlflow-artifacts/artifacts?path={}/{run_id}/artifacts",
@@ -127,6 +131,7 @@ async fn mlflow_seaweedfs_and_postgres_killed_mid_traffic_lose_no_metric_and_no_
     assert_retryable_json_error(http().get(&listing).send().await.unwrap(), "SeaweedFS down").await;
     tokio::time::sleep(Duration::from_secs(2)).await;
     let _s3_again = S3Store::start_on(dir.path(), s3_port).expect("restarting SeaweedFS");
+    outages.push(("SeaweedFS", down.elapsed()));
     until_step(&mut lines, 35).await;
     assert!(
         http()
@@ -140,6 +145,7 @@ async fn mlflow_seaweedfs_and_postgres_killed_mid_traffic_lose_no_metric_and_no_
     );
 
     // PostgreSQL (the proxy's shared state), killed: node-wide samples get 503.
+    let down = std::time::Instant::now();
     postgres.kill();
     let probe_run = create_run(&mlflow.url, "faults-probe").await;
     let body = json!({ "run_id": probe_run, "metrics": [{ "key": "system/node-p/rank-0/cpu_utilization_percentage", "value": 1.0, "timestamp": now_ms(), "step": 0 }] });
@@ -151,6 +157,7 @@ async fn mlflow_seaweedfs_and_postgres_killed_mid_traffic_lose_no_metric_and_no_
     .await;
     tokio::time::sleep(Duration::from_secs(2)).await;
     postgres.restart().expect("restarting PostgreSQL");
+    outages.push(("PostgreSQL", down.elapsed()));
     until_step(&mut lines, STEPS).await;
     assert!(
         http()
@@ -176,6 +183,7 @@ async fn mlflow_seaweedfs_and_postgres_killed_mid_traffic_lose_no_metric_and_no_
 
     // Every step of every series exactly once, and every checkpoint with its size.
     let expected: Vec<i64> = (0..STEPS).collect();
+    let mut stored_samples = 0;
     for key in ["loss", "system/node-f/node_cpu_utilization_percentage"] {
         let steps: Vec<i64> = history(&mlflow.url, &run_id, key)
             .await
@@ -183,6 +191,7 @@ async fn mlflow_seaweedfs_and_postgres_killed_mid_traffic_lose_no_metric_and_no_
             .map(|(step, _)| step)
             .collect();
         assert_eq!(steps, expected, "{key}");
+        stored_samples += steps.len();
     }
     let listed: Value = http()
         .get(format!(
@@ -213,4 +222,12 @@ async fn mlflow_seaweedfs_and_postgres_killed_mid_traffic_lose_no_metric_and_no_
         .collect();
     wanted.sort();
     assert_eq!(files, wanted);
+    eprintln!(
+        "faults: outages {}; stored {} of {} metric samples (each step once) and {} of {} checkpoints",
+        outages.iter().map(|(what, d)| format!("{what} {:.1} s", d.as_secs_f64())).collect::<Vec<_>>().join(", "),
+        stored_samples,
+        2 * STEPS,
+        files.len(),
+        wanted.len()
+    );
 }
