@@ -70,7 +70,9 @@ pub enum Action {
 /// What MLflow says about one request.
 #[derive(Debug)]
 pub enum Decision {
-    Allowed,
+    /// Go ahead; the headers are MLflow's CORS answer for the client's `Origin` (empty when the
+    /// request has none), to be put on the gateway's response as MLflow would.
+    Allowed(HeaderMap),
     /// MLflow's own refusal (401 with `WWW-Authenticate`, 403), to be sent to the client as is.
     Denied(Response),
     /// MLflow could not be asked; the client gets 503 and retries.
@@ -93,7 +95,7 @@ pub enum Mode {
 pub struct Authorizer {
     forwarder: Forwarder,
     mode: Arc<AtomicU8>,
-    cache: Arc<Mutex<HashMap<[u8; 32], Instant>>>,
+    cache: Arc<Mutex<HashMap<[u8; 32], (Instant, HeaderMap)>>>,
     ttl: Duration,
     probe: Arc<str>,
 }
@@ -174,14 +176,17 @@ impl Authorizer {
         peer: SocketAddr,
         request_id: &HeaderValue,
     ) -> Decision {
-        if self.mode() == Mode::Open {
-            return Decision::Allowed;
+        // A browser's request (it carries `Origin`) is always asked: MLflow's security middleware
+        // refuses state-changing requests from foreign origins and answers CORS, with or without
+        // authentication. Other clients cost nothing while MLflow does not authenticate.
+        if self.mode() == Mode::Open && !client.contains_key(header::ORIGIN) {
+            return Decision::Allowed(HeaderMap::new());
         }
         let key = cache_key(action, raw, client);
         if !self.ttl.is_zero() {
-            if let Some(at) = self.cache.lock().expect("authz cache").get(&key) {
+            if let Some((at, cors)) = self.cache.lock().expect("authz cache").get(&key) {
                 if at.elapsed() < self.ttl {
-                    return Decision::Allowed;
+                    return Decision::Allowed(cors.clone());
                 }
             }
         }
@@ -234,18 +239,19 @@ impl Authorizer {
             );
             return Decision::Unverifiable(unverifiable(&reason));
         }
+        let cors = cors_headers(answer.headers());
         if !self.ttl.is_zero() {
             let mut cache = self.cache.lock().expect("authz cache");
             if cache.len() >= MAX_CACHED {
                 let ttl = self.ttl;
-                cache.retain(|_, at| at.elapsed() < ttl);
+                cache.retain(|_, (at, _)| at.elapsed() < ttl);
                 if cache.len() >= MAX_CACHED {
                     cache.clear();
                 }
             }
-            cache.insert(key, Instant::now());
+            cache.insert(key, (Instant::now(), cors.clone()));
         }
-        Decision::Allowed
+        Decision::Allowed(cors)
     }
 
     /// The side-effect-free request that MLflow authorizes exactly as `action` on `raw`.
@@ -280,6 +286,15 @@ impl Authorizer {
             ),
         }
     }
+}
+
+/// MLflow's CORS answer: the `Access-Control-*` headers of the probe's response.
+fn cors_headers(answer: &HeaderMap) -> HeaderMap {
+    answer
+        .iter()
+        .filter(|(name, _)| name.as_str().starts_with("access-control-"))
+        .map(|(n, v)| (n.clone(), v.clone()))
+        .collect()
 }
 
 /// 401, 403, or a redirect (to a login page): MLflow refused the client.

@@ -198,24 +198,30 @@ impl Gateway {
     pub async fn serve(&self, op: ArtifactOp, request: Request) -> Response {
         let name = op.name();
         let peer = peer_of(&request);
+        let mut cors = HeaderMap::new();
         let result = match self
             .authorize(&op, request.uri(), request.headers(), peer)
             .await
         {
             Err(refusal) => Err(refusal),
-            Ok(()) => match op {
-                ArtifactOp::List => self.list(request).await,
-                ArtifactOp::Download(p) => self.download(&p, request.headers(), false).await,
-                ArtifactOp::Head(p) => self.download(&p, request.headers(), true).await,
-                ArtifactOp::Upload(p) => self.upload(&p, request).await,
-                ArtifactOp::Delete(p) => self.delete(&p).await,
-                ArtifactOp::MpuCreate(p) => self.mpu_create(&p, request).await,
-                ArtifactOp::MpuComplete(p) => self.mpu_complete(&p, request).await,
-                ArtifactOp::MpuAbort(p) => self.mpu_abort(&p, request).await,
-                ArtifactOp::Presigned(p) => self.presigned(&p).await,
-            },
+            Ok(allowed_cors) => {
+                cors = allowed_cors;
+                match op {
+                    ArtifactOp::List => self.list(request).await,
+                    ArtifactOp::Download(p) => self.download(&p, request.headers(), false).await,
+                    ArtifactOp::Head(p) => self.download(&p, request.headers(), true).await,
+                    ArtifactOp::Upload(p) => self.upload(&p, request).await,
+                    ArtifactOp::Delete(p) => self.delete(&p).await,
+                    ArtifactOp::MpuCreate(p) => self.mpu_create(&p, request).await,
+                    ArtifactOp::MpuComplete(p) => self.mpu_complete(&p, request).await,
+                    ArtifactOp::MpuAbort(p) => self.mpu_abort(&p, request).await,
+                    ArtifactOp::Presigned(p) => self.presigned(&p).await,
+                }
+            }
         };
-        let response = result.unwrap_or_else(|e| e);
+        let mut response = result.unwrap_or_else(|e| e);
+        // MLflow's CORS answer for the client's origin, as MLflow would have sent it.
+        response.headers_mut().extend(cors);
         self.metrics
             .artifact_requests
             .get_or_create(&crate::telemetry::ArtifactLabels {
@@ -233,7 +239,7 @@ impl Gateway {
         uri: &http::Uri,
         headers: &HeaderMap,
         peer: std::net::SocketAddr,
-    ) -> Result<(), Response> {
+    ) -> Result<HeaderMap, Response> {
         let raw = match op {
             // A query value: `+` is a space there, `%20` in a path.
             ArtifactOp::List => first_query_value(uri.query().unwrap_or(""), "path")
@@ -254,7 +260,7 @@ impl Gateway {
             .check(op.action(), &raw, headers, peer, &id)
             .await
         {
-            Decision::Allowed => Ok(()),
+            Decision::Allowed(cors) => Ok(cors),
             Decision::Denied(answer) => {
                 self.metrics.artifact_authz_denials.inc();
                 tracing::info!(

@@ -366,3 +366,62 @@ async fn connections_that_never_finish_their_headers_are_closed_and_do_not_block
         .expect("mlscope_client_connections is exported");
     assert!(open < 10, "{open} client connections still open");
 }
+
+#[tokio::test]
+async fn browser_requests_get_mlflows_origin_checks_and_cors_answers_through_the_gateway() {
+    let h = hostile();
+    let (experiment, run) = create_experiment_and_run(&h.stack.mlflow.url, "hostile").await;
+    let url = |base: &str, name: &str| {
+        format!("{base}/api/2.0/mlflow-artifacts/artifacts/{experiment}/{run}/artifacts/{name}")
+    };
+    let shared = url(&h.proxy.url, "shared.txt");
+    assert_eq!(
+        http()
+            .put(&shared)
+            .body("shared")
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        StatusCode::OK
+    );
+    let mut answers = Vec::new();
+    for base in [h.stack.mlflow.url.as_str(), h.proxy.url.as_str()] {
+        // A state-changing request from a foreign page: MLflow's security middleware refuses it.
+        let put = http()
+            .put(url(base, "from-evil.txt"))
+            .header("Origin", "http://evil.example")
+            .body("x")
+            .send()
+            .await
+            .unwrap();
+        // A read from an allowed (local) page: MLflow answers CORS for it.
+        let get = http()
+            .get(url(base, "shared.txt"))
+            .header("Origin", "http://localhost:3000")
+            .send()
+            .await
+            .unwrap();
+        let allow = get
+            .headers()
+            .get("access-control-allow-origin")
+            .map(|v| v.to_str().unwrap().to_owned());
+        answers.push((put.status(), get.status(), allow));
+    }
+    assert_eq!(
+        answers[0], answers[1],
+        "MLflow, then the gateway: (foreign PUT, local GET, Access-Control-Allow-Origin)"
+    );
+    assert_eq!(
+        answers[0].0,
+        StatusCode::FORBIDDEN,
+        "MLflow refuses a foreign origin's upload"
+    );
+    let stored = http()
+        .get(url(&h.stack.mlflow.url, "from-evil.txt"))
+        .send()
+        .await
+        .unwrap()
+        .status();
+    assert_ne!(stored, StatusCode::OK, "nothing was stored");
+}
