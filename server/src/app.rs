@@ -15,6 +15,7 @@ use axum::Router;
 use http::StatusCode;
 use tokio::net::TcpListener;
 
+use crate::artifacts::authz::AuthMode;
 use crate::artifacts::{self, legacy_listing};
 use crate::config::Config;
 use crate::layers::{self, ConcurrencyLimit};
@@ -51,14 +52,18 @@ pub fn app(state: AppState, max_in_flight: usize) -> Router {
             }
         }
     }
+    router = router
+        .fallback(proxy::forward)
+        .method_not_allowed_fallback(proxy::forward);
+    if let Some(gateway) = &state.artifacts {
+        // A 401 on anything forwarded tells the gateway's authorizer that MLflow authenticates.
+        router = router.layer(middleware::from_fn_with_state(
+            gateway.authorizer().mode().clone(),
+            watch_unauthorized,
+        ));
+    }
     let limit = ConcurrencyLimit::new(max_in_flight, state.metrics.clone());
     router
-        .fallback(proxy::forward)
-        .method_not_allowed_fallback(proxy::forward)
-        .layer(middleware::from_fn_with_state(
-            state.clone(),
-            watch_unauthorized,
-        ))
         .layer(middleware::from_fn(layers::security_headers))
         .layer(middleware::from_fn(layers::refuse_ambiguous))
         .layer(middleware::from_fn_with_state(
@@ -75,15 +80,13 @@ pub fn app(state: AppState, max_in_flight: usize) -> Router {
 /// A 401 from MLflow on any forwarded request means it authenticates: from then on the artifact
 /// gateway asks it about every request, without waiting for its next detection.
 async fn watch_unauthorized(
-    State(state): State<AppState>,
+    State(mode): State<AuthMode>,
     request: Request,
     next: Next,
 ) -> Response {
     let response = next.run(request).await;
     if response.status() == StatusCode::UNAUTHORIZED {
-        if let Some(gateway) = &state.artifacts {
-            gateway.authorizer().saw_unauthorized();
-        }
+        mode.saw_unauthorized();
     }
     response
 }

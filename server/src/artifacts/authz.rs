@@ -91,10 +91,39 @@ pub enum Mode {
     Enforced = 2,
 }
 
+/// Whether MLflow authenticates, shared by the authorizer and the layer that watches forwarded
+/// answers for a 401; cheap to clone.
+#[derive(Clone, Default)]
+pub struct AuthMode(Arc<AtomicU8>);
+
+impl AuthMode {
+    pub fn get(&self) -> Mode {
+        match self.0.load(Ordering::Relaxed) {
+            1 => Mode::Open,
+            2 => Mode::Enforced,
+            _ => Mode::Unknown,
+        }
+    }
+
+    fn set(&self, mode: Mode) {
+        let before = self.0.swap(mode as u8, Ordering::Relaxed);
+        if before != mode as u8 {
+            tracing::info!(mode = ?mode, "MLflow authentication detected: artifact requests are {}", if mode == Mode::Open { "not checked (MLflow answers anonymous requests)" } else { "authorized by MLflow per client" });
+        }
+    }
+
+    /// A forwarded request was answered 401: MLflow authenticates, whatever the last probe said.
+    pub fn saw_unauthorized(&self) {
+        if self.get() == Mode::Open {
+            self.set(Mode::Enforced);
+        }
+    }
+}
+
 #[derive(Clone)]
 pub struct Authorizer {
     forwarder: Forwarder,
-    mode: Arc<AtomicU8>,
+    mode: AuthMode,
     cache: Arc<Mutex<HashMap<[u8; 32], (Instant, HeaderMap)>>>,
     ttl: Duration,
     probe: Arc<str>,
@@ -104,33 +133,16 @@ impl Authorizer {
     pub fn new(forwarder: Forwarder, ttl: Duration) -> Self {
         Self {
             forwarder,
-            mode: Arc::new(AtomicU8::new(Mode::Unknown as u8)),
+            mode: AuthMode::default(),
             cache: Arc::default(),
             ttl,
             probe: probe_name().into(),
         }
     }
 
-    pub fn mode(&self) -> Mode {
-        match self.mode.load(Ordering::Relaxed) {
-            1 => Mode::Open,
-            2 => Mode::Enforced,
-            _ => Mode::Unknown,
-        }
-    }
-
-    fn set_mode(&self, mode: Mode) {
-        let before = self.mode.swap(mode as u8, Ordering::Relaxed);
-        if before != mode as u8 {
-            tracing::info!(mode = ?mode, "MLflow authentication detected: artifact requests are {}", if mode == Mode::Open { "not checked (MLflow answers anonymous requests)" } else { "authorized by MLflow per client" });
-        }
-    }
-
-    /// A forwarded request was answered 401: MLflow authenticates, whatever the last probe said.
-    pub fn saw_unauthorized(&self) {
-        if self.mode() == Mode::Open {
-            self.set_mode(Mode::Enforced);
-        }
+    /// The shared handle on whether MLflow authenticates.
+    pub fn mode(&self) -> &AuthMode {
+        &self.mode
     }
 
     /// Asks MLflow, without credentials, whether it authenticates; keeps the last answer when
@@ -142,8 +154,8 @@ impl Authorizer {
         }
         let (method, uri, body) = self.probe_request(Action::Read, "");
         match self.forwarder.ask(method, &uri, headers, body).await {
-            Ok(answer) if answer.status().is_success() => self.set_mode(Mode::Open),
-            Ok(answer) if is_refusal(answer.status()) => self.set_mode(Mode::Enforced),
+            Ok(answer) if answer.status().is_success() => self.mode.set(Mode::Open),
+            Ok(answer) if is_refusal(answer.status()) => self.mode.set(Mode::Enforced),
             Ok(answer) => tracing::debug!(
                 status = answer.status().as_u16(),
                 "authentication probe inconclusive"
@@ -179,7 +191,7 @@ impl Authorizer {
         // A browser's request (it carries `Origin`) is always asked: MLflow's security middleware
         // refuses state-changing requests from foreign origins and answers CORS, with or without
         // authentication. Other clients cost nothing while MLflow does not authenticate.
-        if self.mode() == Mode::Open && !client.contains_key(header::ORIGIN) {
+        if self.mode.get() == Mode::Open && !client.contains_key(header::ORIGIN) {
             return Decision::Allowed(HeaderMap::new());
         }
         let key = cache_key(action, raw, client);
@@ -210,7 +222,7 @@ impl Authorizer {
         let status = answer.status();
         if is_refusal(status) {
             if status == StatusCode::UNAUTHORIZED {
-                self.set_mode(Mode::Enforced);
+                self.mode.set(Mode::Enforced);
             }
             return Decision::Denied(relay(answer));
         }
