@@ -15,8 +15,8 @@ use axum::Router;
 use http::StatusCode;
 use tokio::net::TcpListener;
 
-use crate::artifacts::authz::AuthMode;
 use crate::artifacts::{self, legacy_listing};
+use crate::authz::{AuthMode, Authorizer};
 use crate::config::Config;
 use crate::layers::{self, ConcurrencyLimit};
 use crate::proxy;
@@ -55,10 +55,10 @@ pub fn app(state: AppState, max_in_flight: usize) -> Router {
     router = router
         .fallback(proxy::forward)
         .method_not_allowed_fallback(proxy::forward);
-    if let Some(gateway) = &state.artifacts {
-        // A 401 on anything forwarded tells the gateway's authorizer that MLflow authenticates.
+    if let Some(authz) = &state.authorizer {
+        // A 401 on anything forwarded tells the authorizer that MLflow authenticates.
         router = router.layer(middleware::from_fn_with_state(
-            gateway.authorizer().mode().clone(),
+            authz.mode().clone(),
             watch_unauthorized,
         ));
     }
@@ -77,8 +77,9 @@ pub fn app(state: AppState, max_in_flight: usize) -> Router {
         .with_state(state)
 }
 
-/// A 401 from MLflow on any forwarded request means it authenticates: from then on the artifact
-/// gateway asks it about every request, without waiting for its next detection.
+/// A 401 from MLflow on any forwarded request means it authenticates: from then on the
+/// authorizer asks it about every gateway request and node-metric write, without waiting for its
+/// next detection.
 async fn watch_unauthorized(
     State(mode): State<AuthMode>,
     request: Request,
@@ -128,10 +129,7 @@ pub async fn run(
     let admin = tokio::spawn(admin);
     let heartbeat = tokio::spawn(heartbeat(state.clone()));
     let sweeper = tokio::spawn(sweep(state.clone(), config.state_retention));
-    let auth_detector = state
-        .artifacts
-        .as_ref()
-        .map(|g| g.authorizer().spawn_detector());
+    let auth_detector = state.authorizer.as_ref().map(Authorizer::spawn_detector);
 
     tokio::select! {
         result = &mut main => {

@@ -5,11 +5,14 @@
 //! - [`admin`] serves `/healthz`, `/readyz` and `/metrics` on their own listener;
 //! - [`app`] is the route table: which requests [`rewrite`] and [`artifacts`] answer, with
 //!   [`layers`] around every route and forwarding as the fallback; it runs until shutdown;
+//! - [`authz`] asks MLflow, with the client's credentials, whether what the proxy does itself is
+//!   allowed;
 //! - [`relocate`] is a tool (not on the request path) that copies stray objects into a run.
 
 pub mod admin;
 pub mod app;
 pub mod artifacts;
+pub mod authz;
 pub mod config;
 pub mod dedup;
 pub mod error;

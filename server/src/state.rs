@@ -8,6 +8,7 @@ use anyhow::Context;
 use axum::extract::FromRef;
 
 use crate::artifacts::Gateway;
+use crate::authz::Authorizer;
 use crate::config::Config;
 use crate::dedup::{Deduplicator, SystemClock};
 use crate::proxy::Forwarder;
@@ -26,6 +27,9 @@ pub struct AppState {
     pub rewriter: SharedRewriter,
     /// The artifact gateway, when an artifacts destination is configured.
     pub artifacts: Option<Gateway>,
+    /// Asks MLflow whether a client may do what the proxy does for it itself (serve artifacts,
+    /// change deduplication state); `None` when the proxy does neither.
+    pub authorizer: Option<Authorizer>,
     /// Set on shutdown so `/readyz` turns away new traffic while requests drain.
     pub draining: Arc<AtomicBool>,
 }
@@ -49,22 +53,31 @@ impl AppState {
                 config.scopes.dedup_config,
             )
         });
-        let rewriter = Arc::new(MetricsRewriter::new(
-            config.scopes.clone(),
-            dedup,
-            metrics.clone(),
-        ));
         let forwarder = Forwarder::new(config, metrics.clone());
-        let artifacts = Gateway::new(
-            &config.artifacts,
-            forwarder.clone(),
-            store.clone(),
-            metrics.clone(),
-        )
-        .await;
+        let authorizer = (dedup.is_some() || config.artifacts.destination.is_some())
+            .then(|| Authorizer::new(forwarder.clone(), config.artifacts.authz_cache_ttl));
+        let mut rewriter = MetricsRewriter::new(config.scopes.clone(), dedup, metrics.clone());
+        if let Some(authz) = &authorizer {
+            rewriter = rewriter.with_authorizer(authz.clone());
+        }
+        let rewriter = Arc::new(rewriter);
+        let artifacts = match &authorizer {
+            Some(authz) => {
+                Gateway::new(
+                    &config.artifacts,
+                    forwarder.clone(),
+                    store.clone(),
+                    authz.clone(),
+                    metrics.clone(),
+                )
+                .await
+            }
+            None => None,
+        };
         Ok(Self {
             forwarder,
             artifacts,
+            authorizer,
             rewriter,
             store,
             metrics,

@@ -185,7 +185,7 @@ impl Metrics {
         let node_samples = Family::<ReasonLabels, Counter>::default();
         registry.register(
             "node_samples",
-            "Node-wide samples kept from the reporter or dropped from other ranks",
+            "Node-wide samples kept from the reporter, dropped from other ranks, or left undeduplicated because MLflow refuses the client (refused_by_mlflow)",
             node_samples.clone(),
         );
         let elections = Family::<ReasonLabels, Counter>::default();

@@ -20,18 +20,33 @@ pub(crate) fn render(args: &PassthroughArgs, facts: &RunFacts, results: &Results
     let mut out = String::new();
     let _ = writeln!(out, "### Pass-through overhead\n");
     out.push_str(&command_block(&facts.command_line));
+    // What `direct` is: the stub answers at once and is no MLflow of any version.
+    let upstream = if args.stack.stub_upstream {
+        "the load generator's stub server (no MLflow: it answers every call at once with fixed \
+         MLflow-shaped JSON), so the differences are the proxies' own"
+            .to_owned()
+    } else {
+        format!(
+            "MLflow {}",
+            facts
+                .mlflow_version
+                .as_deref()
+                .unwrap_or("(version not reported)")
+        )
+    };
     let _ = writeln!(
         out,
         "\n{} rounds of {} per target, targets rotated each round; warm-up {} per target and endpoint; \
          at most {} requests in flight per target; log-batch carries {} with a unique step; \
-         MLflow {}; {} logical CPUs shared by the load generator, MLflow, nginx and mlscope-proxy.\n",
+         upstream: {}; {} logical CPUs shared by the load generator, {}, nginx and mlscope-proxy.\n",
         facts.rounds,
         humantime::format_duration(facts.slice),
         humantime::format_duration(args.warmup),
         args.max_in_flight,
         facts.content.describe(),
-        facts.mlflow_version.as_deref().unwrap_or("(version unknown)"),
+        upstream,
         std::thread::available_parallelism().map_or(0, |n| n.get()),
+        if args.stack.stub_upstream { "the stub" } else { "MLflow" },
     );
 
     let mut columns = vec![
@@ -238,6 +253,7 @@ mod tests {
         );
         assert!(report.contains("| GET runs/get | 20 | mlscope-proxy | 10 | 0 | 1.50 | 1.50 | 1.50 | +0.50 | +0.50 | +0.50 |"), "{report}");
         assert!(!report.contains("scoping off"), "{report}");
+        assert!(report.contains("upstream: MLflow 3.17.2;"), "{report}");
     }
 
     #[test]
@@ -250,6 +266,7 @@ mod tests {
             "20",
             "--endpoints",
             "log-batch",
+            "--stub-upstream",
         ])
         .command
         else {
@@ -278,5 +295,11 @@ mod tests {
             ),
             "{report}"
         );
+        // Behind a stub, `direct` is no MLflow of any version.
+        assert!(
+            report.contains("upstream: the load generator's stub server (no MLflow"),
+            "{report}"
+        );
+        assert!(!report.contains("MLflow (version"), "{report}");
     }
 }

@@ -14,7 +14,6 @@ use http_body_util::{BodyExt, Limited};
 use serde::Deserialize;
 use tokio::sync::Semaphore;
 
-use super::authz::{Action, Authorizer, Decision};
 use super::failures::FailureRecorder;
 use super::listing;
 use super::path::{self, Owner};
@@ -22,6 +21,7 @@ use super::policy::{OwnerCheck, Verdict};
 use super::s3::{Bucket, StoreError};
 use super::upload::{self, UploadError, UploadLimits};
 use super::{ArtifactsConfig, WritePolicy};
+use crate::authz::{Action, Authorizer, Decision};
 use crate::error::mlflow_error;
 use crate::proxy::Forwarder;
 use crate::telemetry::Metrics;
@@ -142,11 +142,11 @@ impl Gateway {
         config: &ArtifactsConfig,
         forwarder: Forwarder,
         store: crate::store::Store,
+        authz: Authorizer,
         metrics: Metrics,
     ) -> Option<Gateway> {
         let destination = config.destination.clone()?;
         let bucket = Bucket::connect(&config.s3, destination).await;
-        let authz = Authorizer::new(forwarder.clone(), config.authz_cache_ttl);
         Some(Gateway {
             forwarder: forwarder.clone(),
             owners: OwnerCheck::new(forwarder.clone(), config.owner_cache_ttl),
@@ -161,12 +161,6 @@ impl Gateway {
 
     pub fn bucket(&self) -> &Bucket {
         &self.bucket
-    }
-
-    /// Who decides whether a client may do what it asks: MLflow, asked per request when it
-    /// authenticates.
-    pub fn authorizer(&self) -> &Authorizer {
-        &self.authz
     }
 
     /// Readiness: the bucket answers (HeadBucket) within `limit`.

@@ -8,7 +8,6 @@
 //! - [`listing`] hides directory markers, in the gateway's listings and in forwarded ones;
 //! - [`quirks`] is the table of what each S3-compatible store needs;
 
-pub mod authz;
 pub mod failures;
 mod handlers;
 pub mod legacy_listing;

@@ -47,7 +47,7 @@ impl OwnerCheck {
     }
 
     pub async fn check(&self, owner: &Owner, headers: &HeaderMap) -> Verdict {
-        let key = (super::authz::credential_fingerprint(headers), owner.clone());
+        let key = (crate::authz::credential_fingerprint(headers), owner.clone());
         if let Some((verdict, at)) = self.cache.lock().expect("owner cache").get(&key) {
             let ttl = if *verdict == Verdict::Owned {
                 self.ttl

@@ -15,8 +15,8 @@ pub use clock::{Clock, ManualClock, SystemClock};
 
 #[derive(Debug, Clone, Copy)]
 pub struct DedupConfig {
-    /// How often the reporter's lease is renewed in the store. Keep it below the sampling
-    /// interval so the recorded last step is exact at a handover.
+    /// How often the reporter's lease is renewed in the store when nothing else changed (a
+    /// batch that raises the last step is written at once, so a handover never reuses a step).
     pub update_interval: Duration,
     /// Silence after which another rank may take over (proxy receive clock).
     pub failover_timeout: Duration,

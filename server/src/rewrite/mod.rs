@@ -20,9 +20,10 @@ use http::{header, HeaderMap, HeaderValue, StatusCode};
 use http_body_util::{BodyExt, Limited};
 use mlscope_scopes::{scoped_key, Identity, KeyOutcome, OwnerPattern, ScopedKey};
 
+use crate::authz::{self, Authorizer};
 use crate::dedup::{Decision, DedupConfig, Deduplicator, Event};
 use crate::error::mlflow_error;
-use crate::proxy::Forwarder;
+use crate::proxy::{Forwarder, X_REQUEST_ID};
 use crate::telemetry::Metrics;
 use body::{BodyError, Edit, Endpoint, MetricsBody};
 pub use stats::RunStats;
@@ -71,6 +72,9 @@ pub struct MetricsRewriter {
     /// The memory budget of bodies under inspection, in KiB.
     budget: Arc<Semaphore>,
     dedup: Option<Deduplicator>,
+    /// Asks MLflow whether a client may log to a run before its samples change a lease; `None`
+    /// trusts every client (tests, and MLflow without authentication).
+    authz: Option<Authorizer>,
     metrics: Metrics,
     pub stats: RunStats,
 }
@@ -123,9 +127,17 @@ impl MetricsRewriter {
             config,
             budget,
             dedup,
+            authz: None,
             metrics,
             stats: RunStats::default(),
         }
+    }
+
+    /// Lets node-wide samples change deduplication state only for clients MLflow allows to log
+    /// to the run (asked only while MLflow authenticates, see [`crate::authz`]).
+    pub fn with_authorizer(mut self, authz: Authorizer) -> Self {
+        self.authz = Some(authz);
+        self
     }
 
     pub fn deduplicator(&self) -> Option<&Deduplicator> {
@@ -212,7 +224,7 @@ impl MetricsRewriter {
 
         let identity = identity_from_headers(&parts.headers);
         let mut plans = Vec::new();
-        let edits = self.plan(&parsed, &identity, &mut plans).await?;
+        let edits = self.plan(&parsed, &identity, &parts, &mut plans).await?;
         if edits.iter().all(|e| *e == Edit::Keep) {
             return Ok(Request::from_parts(parts, Body::from(bytes)));
         }
@@ -260,6 +272,7 @@ impl MetricsRewriter {
         &self,
         body: &MetricsBody<'_>,
         request_identity: &Identity,
+        request: &http::request::Parts,
         plans: &'k mut Vec<KeyPlan>,
     ) -> Result<Vec<Edit<'k>>, Response> {
         let keep_original = self
@@ -322,7 +335,18 @@ impl MetricsRewriter {
             };
             metric_batches.push(slot);
         }
-        if let (Some(dedup), Some(run_id)) = (&self.dedup, run_id) {
+        let dedup = match (&self.dedup, run_id) {
+            (Some(dedup), Some(run_id)) if !node_batches.is_empty() => {
+                let allowed = self.may_log(run_id, request).await?;
+                if !allowed {
+                    let samples = node_batches.iter().map(|b| b.samples).sum();
+                    self.metrics.node_samples("refused_by_mlflow", samples);
+                }
+                allowed.then_some((dedup, run_id))
+            }
+            _ => None,
+        };
+        if let Some((dedup, run_id)) = dedup {
             for batch in &mut node_batches {
                 let (decision, event) = dedup
                     .decide(run_id, &batch.node, i64::from(batch.rank), batch.first_step, batch.last_step)
@@ -399,6 +423,43 @@ impl MetricsRewriter {
             })
             .collect();
         Ok(edits)
+    }
+
+    /// Whether the client that sent `request` may log to `run_id` in MLflow, so that its
+    /// node-wide samples may elect or renew a reporter. When MLflow refuses it (no credential, no
+    /// EDIT grant, no such run), its samples change nothing here and the request goes on as it is:
+    /// MLflow gives it the same refusal. `Err` when MLflow cannot be asked.
+    async fn may_log(
+        &self,
+        run_id: &str,
+        request: &http::request::Parts,
+    ) -> Result<bool, Response> {
+        let Some(authz) = &self.authz else {
+            return Ok(true);
+        };
+        let peer = request
+            .extensions
+            .get::<ConnectInfo<SocketAddr>>()
+            .map_or(SocketAddr::from(([0, 0, 0, 0], 0)), |c| c.0);
+        let request_id = request
+            .headers
+            .get(&X_REQUEST_ID)
+            .cloned()
+            .unwrap_or_else(|| HeaderValue::from_static("-"));
+        match authz
+            .check(
+                authz::Action::WriteRun,
+                run_id,
+                &request.headers,
+                peer,
+                &request_id,
+            )
+            .await
+        {
+            authz::Decision::Allowed(_) => Ok(true),
+            authz::Decision::Denied(_) => Ok(false),
+            authz::Decision::Unverifiable(answer) => Err(answer),
+        }
     }
 
     /// Counters and per-run stats for one distinct key of a batch.

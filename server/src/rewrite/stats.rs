@@ -12,6 +12,9 @@ use crate::store::unix_millis;
 
 /// Runs remembered before the least recently seen ones are forgotten.
 const MAX_RUNS: usize = 10_000;
+/// (node, rank) identities remembered per run before the least recently seen is forgotten: far
+/// above any real job, so only a client inventing identities loses its oldest ones.
+const MAX_IDENTITIES_PER_RUN: usize = 4_096;
 
 #[derive(Debug, Default, Clone, Serialize)]
 pub struct IdentityStats {
@@ -70,14 +73,22 @@ impl RunStats {
         }
         let run = runs.entry(run_id.to_owned()).or_default();
         run.last_seen_ms = now;
-        let stats = run
-            .identities
-            .entry((identity.node.clone(), identity.rank))
-            .or_insert_with(|| IdentityStats {
-                node: identity.node.clone(),
-                rank: identity.rank,
-                ..Default::default()
-            });
+        let key = (identity.node.clone(), identity.rank);
+        if run.identities.len() >= MAX_IDENTITIES_PER_RUN && !run.identities.contains_key(&key) {
+            if let Some(oldest) = run
+                .identities
+                .iter()
+                .min_by_key(|(_, s)| s.last_seen_ms)
+                .map(|(k, _)| k.clone())
+            {
+                run.identities.remove(&oldest);
+            }
+        }
+        let stats = run.identities.entry(key).or_insert_with(|| IdentityStats {
+            node: identity.node.clone(),
+            rank: identity.rank,
+            ..Default::default()
+        });
         stats.last_seen_ms = now;
         f(stats);
     }
@@ -101,5 +112,23 @@ impl RunStats {
         runs.get(run_id)
             .map(|r| r.identities.values().cloned().collect())
             .unwrap_or_default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_client_inventing_identities_keeps_a_run_bounded() {
+        let stats = RunStats::default();
+        for rank in 0..(MAX_IDENTITIES_PER_RUN as u32 + 500) {
+            let identity = Identity {
+                node: Some("n".into()),
+                rank: Some(rank),
+            };
+            stats.seen("run", &identity, 1);
+        }
+        assert_eq!(stats.identities("run").len(), MAX_IDENTITIES_PER_RUN);
     }
 }

@@ -527,3 +527,106 @@ async fn one_clients_allowed_answer_is_never_reused_for_another_client() {
         }
     }
 }
+
+/// Node-wide system metrics change the proxy's own state (the node's reporter lease) before
+/// MLflow sees them. A client MLflow refuses must not change it: otherwise anyone could claim a
+/// node of someone else's run, and the real ranks' node samples would be dropped as a standby's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_mlflow_refuses_cannot_take_a_nodes_reporter_seat_from_the_runs_ranks() {
+    let s = stack(Version::Current);
+    let (_, root) = setup(&s.mlflow.url).await;
+    let run_id = root.split('/').nth(1).unwrap().to_owned();
+    let batch = |rank: u32, step: i64| {
+        let metrics: Vec<Value> = ["cpu_utilization_percentage", "system_memory_usage_megabytes"]
+            .iter()
+            .map(|name| json!({"key": format!("system/node-x/rank-{rank}/{name}"), "value": f64::from(rank), "timestamp": now_ms(), "step": step}))
+            .collect();
+        json!({ "run_id": run_id, "metrics": metrics })
+    };
+    let log = |base: &str, client: Client, body: &Value| {
+        request(
+            client,
+            Method::POST,
+            format!("{base}/api/2.0/mlflow/runs/log-batch"),
+        )
+        .json(body)
+    };
+    let intruders = [
+        (
+            Client {
+                name: "anonymous",
+                password: None,
+            },
+            StatusCode::UNAUTHORIZED,
+        ),
+        (
+            Client {
+                name: "stranger",
+                password: Some(PASSWORD),
+            },
+            StatusCode::FORBIDDEN,
+        ),
+        (
+            Client {
+                name: "reader",
+                password: Some(PASSWORD),
+            },
+            StatusCode::FORBIDDEN,
+        ),
+        (
+            Client {
+                name: "editor",
+                password: Some("not-the-password"),
+            },
+            StatusCode::UNAUTHORIZED,
+        ),
+    ];
+    for (client, expected) in intruders {
+        for step in 0..3 {
+            let body = batch(7, step);
+            let direct = log(&s.mlflow.url, client, &body).send().await.unwrap();
+            let proxied = log(&s.proxy.url, client, &body).send().await.unwrap();
+            assert_eq!(direct.status(), expected, "{client:?} directly");
+            assert_eq!(proxied.status(), expected, "{client:?} through the proxy");
+            assert_eq!(
+                proxied.headers().get("www-authenticate"),
+                direct.headers().get("www-authenticate"),
+                "{client:?}"
+            );
+        }
+    }
+    // The run's own rank logs next: it is the node's first reporter, and every sample is stored.
+    let editor = Client {
+        name: "editor",
+        password: Some(PASSWORD),
+    };
+    for step in 0..3 {
+        let response = log(&s.proxy.url, editor, &batch(0, step))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), StatusCode::OK, "editor step {step}");
+    }
+    let history = request(
+        ADMIN,
+        Method::GET,
+        format!(
+            "{}/api/2.0/mlflow/metrics/get-history?run_id={run_id}&metric_key=system/node-x/node_cpu_utilization_percentage",
+            s.mlflow.url
+        ),
+    )
+    .send()
+    .await
+    .unwrap();
+    assert_eq!(history.status(), StatusCode::OK);
+    let history: Value = history.json().await.unwrap();
+    let points: Vec<(i64, f64)> = history["metrics"]
+        .as_array()
+        .map(|m| {
+            m.iter()
+                .map(|p| (p["step"].as_i64().unwrap(), p["value"].as_f64().unwrap()))
+                .collect()
+        })
+        .unwrap_or_default();
+    assert_eq!(points, [(0, 0.0), (1, 0.0), (2, 0.0)], "{history}");
+}

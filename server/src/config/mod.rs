@@ -13,6 +13,10 @@ use serde::Deserialize;
 use crate::artifacts::{ArtifactsConfig, Destination, Quirks, WritePolicy};
 use crate::rewrite::ScopeConfig;
 
+mod relocate;
+
+pub use relocate::{RelocateArgs, Secret};
+
 /// Why a configuration was refused. `main` prints it on one line and exits with 64 (EX_USAGE).
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -272,7 +276,7 @@ struct Cli {
     /// Keep node-wide samples (node_*, rootfs_*) from one rank per (run, node) [default: true].
     #[arg(long, env = "MLSCOPE_DEDUP", value_name = "BOOL", action = ArgAction::Set)]
     dedup: Option<bool>,
-    /// How often the reporter's lease is renewed in the store; keep it below the sampling interval [default: 5s].
+    /// How often a reporter's lease is renewed in the store (a higher last step is written at once, whatever the interval) [default: 5s].
     #[arg(long, env = "MLSCOPE_DEDUP_UPDATE_INTERVAL", value_parser = parse_duration, value_name = "DURATION")]
     dedup_update_interval: Option<Duration>,
     /// Silence after which another rank takes over a node's series [default: 30s].
@@ -360,7 +364,7 @@ struct Cli {
 enum Command {
     /// Copy stray objects (e.g. checkpoints written outside MLflow's layout) into a run's
     /// artifact path with server-side copies; originals are kept unless --delete-source.
-    Relocate(crate::relocate::RelocateArgs),
+    Relocate(RelocateArgs),
 }
 
 /// What the command line asks for.
@@ -369,7 +373,7 @@ pub enum Invocation {
     /// Run the proxy (no subcommand).
     Serve(Config),
     /// `relocate`: repair history with server-side copies, using the S3 and upstream settings.
-    Relocate(Config, crate::relocate::RelocateArgs),
+    Relocate(Config, RelocateArgs),
 }
 
 /// The TOML file: the same settings as the flags.

@@ -1,18 +1,21 @@
-//! Authorization parity with MLflow for the artifact requests the gateway answers itself.
+//! Authorization parity with MLflow for what the proxy does itself: the artifact requests the
+//! gateway answers from the store, and the deduplication state a metric write changes.
 //!
 //! MLflow's authentication apps (`--app-name basic-auth`, plugins such as mlflow-oidc-auth)
-//! authorize every artifact-proxy request before its handler runs: reading needs READ, writing
+//! authorize every request before its handler runs: reading artifacts needs READ, writing them
 //! and multipart need EDIT, deleting needs MANAGE, judged on the experiment and the tier (run,
-//! logged model, trace) the path names. The gateway cannot re-implement those rules — plugins and
-//! future versions change them — so it asks MLflow itself, with the client's own headers, a
-//! question whose answer is that decision and whose handler changes nothing:
+//! logged model, trace) the path names; logging to a run needs EDIT on it. The proxy cannot
+//! re-implement those rules — plugins and future versions change them — so it asks MLflow itself,
+//! with the client's own headers, a question whose answer is that decision and whose handler
+//! changes nothing:
 //!
-//! | the client asks | the gateway asks MLflow | MLflow answers when allowed |
+//! | the client asks | the proxy asks MLflow | MLflow answers when allowed |
 //! |---|---|---|
 //! | download, presigned, list of `P` | `GET artifacts?path=P/<probe>` (lists a directory that does not exist) | 200 `{}` |
 //! | `HEAD` of `P` | `HEAD artifacts/P/<probe>` (MLflow's auth refuses HEAD to non-admins) | 404 (no such file) |
 //! | PUT, `mpu/create|complete|abort` of `P` | `POST mpu/create/P` with `{}` (refused before anything is created: no `path`) | 400 |
 //! | DELETE of `P` | `DELETE artifacts/P/<probe>` (a subtree that does not exist) | 200 |
+//! | node-wide system metrics for run `R` (they elect or renew a reporter lease) | `POST runs/log-batch` with `{"run_id": R}` (a batch of nothing) | 200 |
 //!
 //! MLflow judges `P/<probe>` exactly as `P` for every path the gateway lets through: the probe's
 //! name is no experiment id, no tier folder (`models`, `traces`, `artifacts`) and no run id, so it
@@ -65,6 +68,10 @@ pub enum Action {
     Head,
     Update,
     Manage,
+    /// Logging to a run (the raw text is its id): MLflow's EDIT on the run. Asked before a
+    /// client's node-wide samples may elect or renew a reporter lease, so that a client MLflow
+    /// refuses cannot silence the run's real reporter.
+    WriteRun,
 }
 
 /// What MLflow says about one request.
@@ -178,7 +185,8 @@ impl Authorizer {
     }
 
     /// Would MLflow allow `action` on `raw` (the path as the client wrote it, still encoded;
-    /// for a listing, the raw value of its `path` query parameter) for the client that sent
+    /// for a listing, the raw value of its `path` query parameter; for [`Action::WriteRun`] the
+    /// run id) for the client that sent
     /// `client`? `peer` and `request_id` shape the headers as forwarding would.
     pub async fn check(
         &self,
@@ -220,7 +228,11 @@ impl Authorizer {
             Err(e) => return Decision::Unverifiable(unverifiable(&e)),
         };
         let status = answer.status();
-        if is_refusal(status) {
+        // MLflow refuses the empty batch for its own reasons too (no such run, a deleted run):
+        // it refuses the client's real batch the same way, so nothing may change for it.
+        let refused =
+            is_refusal(status) || (action == Action::WriteRun && status.is_client_error());
+        if refused {
             if status == StatusCode::UNAUTHORIZED {
                 self.mode.set(Mode::Enforced);
             }
@@ -231,6 +243,7 @@ impl Authorizer {
                 status.is_success() || status == StatusCode::BAD_REQUEST
             }
             Action::Update => status == StatusCode::BAD_REQUEST,
+            Action::WriteRun => status.is_success(),
             // The download handler ran on a file that does not exist: 404, or 500 from MLflow
             // versions that do not tell a missing file apart.
             Action::Head => {
@@ -296,6 +309,11 @@ impl Authorizer {
                 format!("{API}artifacts/{}", child(raw)),
                 Bytes::new(),
             ),
+            Action::WriteRun => (
+                Method::POST,
+                "/api/2.0/mlflow/runs/log-batch".to_owned(),
+                Bytes::from(serde_json::json!({ "run_id": raw }).to_string()),
+            ),
         }
     }
 }
@@ -315,10 +333,7 @@ fn is_refusal(status: StatusCode) -> bool {
 }
 
 fn unverifiable(reason: &str) -> Response {
-    tracing::warn!(
-        reason,
-        "could not ask MLflow whether an artifact request is allowed"
-    );
+    tracing::warn!(reason, "could not ask MLflow whether a request is allowed");
     mlflow_error(
         StatusCode::SERVICE_UNAVAILABLE,
         "TEMPORARILY_UNAVAILABLE",
