@@ -7,12 +7,14 @@
 //!   [`layers`] around every route and forwarding as the fallback; it runs until shutdown;
 //! - [`authz`] asks MLflow, with the client's credentials, whether what the proxy does itself is
 //!   allowed;
+//! - [`coalesce`] merges concurrent metric writes to one run into MLflow batches;
 //! - [`relocate`] is a tool (not on the request path) that copies stray objects into a run.
 
 pub mod admin;
 pub mod app;
 pub mod artifacts;
 pub mod authz;
+pub mod coalesce;
 pub mod config;
 pub mod dedup;
 pub mod error;

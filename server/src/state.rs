@@ -9,6 +9,7 @@ use axum::extract::FromRef;
 
 use crate::artifacts::Gateway;
 use crate::authz::Authorizer;
+use crate::coalesce::Coalescer;
 use crate::config::Config;
 use crate::dedup::{Deduplicator, SystemClock};
 use crate::proxy::Forwarder;
@@ -25,6 +26,8 @@ pub struct AppState {
     pub replica: Arc<Replica>,
     /// System-metric scoping and node deduplication on the metrics endpoints.
     pub rewriter: SharedRewriter,
+    /// Merges concurrent metric writes per run (forwards them one by one when off).
+    pub coalescer: Coalescer,
     /// The artifact gateway, when an artifacts destination is configured.
     pub artifacts: Option<Gateway>,
     /// Asks MLflow whether a client may do what the proxy does for it itself (serve artifacts,
@@ -61,6 +64,7 @@ impl AppState {
             rewriter = rewriter.with_authorizer(authz.clone());
         }
         let rewriter = Arc::new(rewriter);
+        let coalescer = Coalescer::new(config.coalesce, forwarder.clone(), metrics.clone());
         let artifacts = match &authorizer {
             Some(authz) => {
                 Gateway::new(
@@ -79,6 +83,7 @@ impl AppState {
             artifacts,
             authorizer,
             rewriter,
+            coalescer,
             store,
             metrics,
             replica: Arc::new(replica),
@@ -96,6 +101,12 @@ impl FromRef<AppState> for Forwarder {
 impl FromRef<AppState> for SharedRewriter {
     fn from_ref(state: &AppState) -> Self {
         state.rewriter.clone()
+    }
+}
+
+impl FromRef<AppState> for Coalescer {
+    fn from_ref(state: &AppState) -> Self {
+        state.coalescer.clone()
     }
 }
 

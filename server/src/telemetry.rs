@@ -110,6 +110,23 @@ pub struct Metrics {
     elections: Family<ReasonLabels, Counter>,
     bodies_passed_through: Family<ReasonLabels, Counter>,
     bodies_rejected: Family<ReasonLabels, Counter>,
+    coalesce: CoalesceMetrics,
+}
+
+/// Write coalescing: what was merged, how much, after how long, and what was turned away.
+#[derive(Clone)]
+struct CoalesceMetrics {
+    batches: Family<OutcomeLabels, Counter>,
+    requests_per_batch: Histogram,
+    samples_per_batch: Histogram,
+    wait: Histogram,
+    skipped: Counter,
+    rejected: Family<ReasonLabels, Counter>,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OutcomeLabels {
+    pub outcome: &'static str,
 }
 
 fn latency_histogram() -> Histogram {
@@ -206,8 +223,47 @@ impl Metrics {
             "Metrics requests the proxy refused, by reason",
             bodies_rejected.clone(),
         );
+        let coalesce = CoalesceMetrics {
+            batches: Family::default(),
+            requests_per_batch: Histogram::new(exponential_buckets(1.0, 2.0, 12)),
+            samples_per_batch: Histogram::new(exponential_buckets(1.0, 2.0, 11)),
+            wait: Histogram::new(exponential_buckets(0.0005, 2.0, 16)),
+            skipped: Counter::default(),
+            rejected: Family::default(),
+        };
+        registry.register(
+            "coalesce_batches",
+            "Metric batches sent to MLflow by the coalescer: merged (several requests, stored), single (one request, sent as it came), split (merged batch refused or failed, its requests sent one by one)",
+            coalesce.batches.clone(),
+        );
+        registry.register(
+            "coalesce_requests_per_batch",
+            "Client requests per batch sent",
+            coalesce.requests_per_batch.clone(),
+        );
+        registry.register(
+            "coalesce_samples_per_batch",
+            "Metric samples per batch sent",
+            coalesce.samples_per_batch.clone(),
+        );
+        registry.register(
+            "coalesce_wait_seconds",
+            "Time a request waited in the coalescer before its batch left",
+            coalesce.wait.clone(),
+        );
+        registry.register(
+            "coalesce_skipped",
+            "Metric requests forwarded without coalescing (params or tags, unknown fields, over MLflow's limits)",
+            coalesce.skipped.clone(),
+        );
+        registry.register(
+            "coalesce_rejected",
+            "Metric requests answered 503 because the coalescer's queue was full, by limit",
+            coalesce.rejected.clone(),
+        );
         Self {
             registry: Arc::new(registry),
+            coalesce,
             requests,
             latency,
             artifact_requests,
@@ -249,6 +305,33 @@ impl Metrics {
 
     pub fn rejected(&self, reason: &'static str) {
         self.bodies_rejected
+            .get_or_create(&ReasonLabels { reason })
+            .inc();
+    }
+
+    pub fn coalesce_outcome(&self, outcome: &'static str) {
+        self.coalesce
+            .batches
+            .get_or_create(&OutcomeLabels { outcome })
+            .inc();
+    }
+
+    pub fn coalesce_batch(&self, requests: usize, samples: usize) {
+        self.coalesce.requests_per_batch.observe(requests as f64);
+        self.coalesce.samples_per_batch.observe(samples as f64);
+    }
+
+    pub fn coalesce_waited(&self, waited: std::time::Duration) {
+        self.coalesce.wait.observe(waited.as_secs_f64());
+    }
+
+    pub fn coalesce_skipped(&self) {
+        self.coalesce.skipped.inc();
+    }
+
+    pub fn coalesce_rejected(&self, reason: &'static str) {
+        self.coalesce
+            .rejected
             .get_or_create(&ReasonLabels { reason })
             .inc();
     }

@@ -11,6 +11,7 @@ use mlscope_scopes::OwnerPattern;
 use serde::Deserialize;
 
 use crate::artifacts::{ArtifactsConfig, Destination, Quirks, WritePolicy};
+use crate::coalesce::CoalesceConfig;
 use crate::rewrite::ScopeConfig;
 
 mod relocate;
@@ -168,6 +169,8 @@ pub struct Config {
     pub scopes: ScopeConfig,
     /// The artifact gateway: MLflow's artifact API served from an S3-compatible store.
     pub artifacts: ArtifactsConfig,
+    /// Write coalescing of metric requests per run.
+    pub coalesce: CoalesceConfig,
 }
 
 impl Default for Config {
@@ -192,6 +195,7 @@ impl Default for Config {
             log_level: "info".to_owned(),
             scopes: ScopeConfig::default(),
             artifacts: ArtifactsConfig::default(),
+            coalesce: CoalesceConfig::default(),
         }
     }
 }
@@ -289,6 +293,19 @@ struct Cli {
     /// and are retried (e.g. 256MiB) [default: 256MiB].
     #[arg(long, env = "MLSCOPE_MAX_INSPECT_TOTAL", value_parser = parse_size, value_name = "SIZE")]
     max_inspect_total: Option<usize>,
+    /// How long a metric-only log-batch or log-metric waits for others to the same run (same
+    /// credential) to go to MLflow as one batch; 0s turns coalescing off [default: 5ms].
+    #[arg(long, env = "MLSCOPE_COALESCE_WINDOW", value_parser = parse_duration, value_name = "DURATION")]
+    coalesce_window: Option<Duration>,
+    /// Merged batches of one run at MLflow at once; requests gather while they are [default: 2].
+    #[arg(long, env = "MLSCOPE_COALESCE_IN_FLIGHT_PER_RUN", value_name = "N")]
+    coalesce_in_flight_per_run: Option<usize>,
+    /// Metrics queued per run before new requests for it get 503 [default: 50000].
+    #[arg(long, env = "MLSCOPE_COALESCE_MAX_PENDING_PER_RUN", value_name = "N")]
+    coalesce_max_pending_per_run: Option<usize>,
+    /// Bytes of metric bodies queued over all runs before new requests get 503 [default: 64MiB].
+    #[arg(long, env = "MLSCOPE_COALESCE_MAX_PENDING", value_parser = parse_size, value_name = "SIZE")]
+    coalesce_max_pending: Option<usize>,
     /// Serve MLflow's artifact API from this S3 location, laid out as MLflow's own
     /// `--artifacts-destination` (e.g. s3://mlflow/artifacts). Unset: artifact requests are forwarded.
     #[arg(
@@ -417,6 +434,12 @@ struct FileConfig {
     max_inspect_body: Option<usize>,
     #[serde(default, deserialize_with = "size_from_toml")]
     max_inspect_total: Option<usize>,
+    #[serde(default, with = "humantime_serde")]
+    coalesce_window: Option<Duration>,
+    coalesce_in_flight_per_run: Option<usize>,
+    coalesce_max_pending_per_run: Option<usize>,
+    #[serde(default, deserialize_with = "size_from_toml")]
+    coalesce_max_pending: Option<usize>,
     artifacts_destination: Option<String>,
     s3_endpoint_url: Option<String>,
     s3_region: Option<String>,
@@ -547,6 +570,10 @@ impl Config {
             dedup_failover_timeout => config.scopes.dedup_config.failover_timeout,
             max_inspect_body => config.scopes.max_inspect_bytes,
             max_inspect_total => config.scopes.max_inspect_total,
+            coalesce_window => config.coalesce.window,
+            coalesce_in_flight_per_run => config.coalesce.in_flight_per_run,
+            coalesce_max_pending_per_run => config.coalesce.max_pending_per_run,
+            coalesce_max_pending => config.coalesce.max_pending_bytes,
             listen => config.listen,
             admin_listen => config.admin_listen,
             database_url => config.database_url,
@@ -651,6 +678,25 @@ impl Config {
                 "max-inspect-total ({} bytes) must be at least max-inspect-body ({} bytes)",
                 self.scopes.max_inspect_total, self.scopes.max_inspect_bytes
             ));
+        }
+        let coalesce = &self.coalesce;
+        if coalesce.window > Duration::from_secs(1) {
+            return invalid(format!(
+                "coalesce-window must be at most 1s (every merged request waits up to it), not {:?}",
+                coalesce.window
+            ));
+        }
+        if coalesce.in_flight_per_run == 0 {
+            return invalid("coalesce-in-flight-per-run must be at least 1".into());
+        }
+        if coalesce.max_pending_per_run < crate::coalesce::MAX_BATCH_METRICS {
+            return invalid(format!(
+                "coalesce-max-pending-per-run must be at least {} (one full batch)",
+                crate::coalesce::MAX_BATCH_METRICS
+            ));
+        }
+        if coalesce.max_pending_bytes < 1 << 20 {
+            return invalid("coalesce-max-pending must be at least 1MiB (one full batch)".into());
         }
         self.artifacts.validate().map_err(ConfigError::Invalid)?;
         crate::store::StoreUrl::parse(&self.database_url)

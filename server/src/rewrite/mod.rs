@@ -21,9 +21,10 @@ use http_body_util::{BodyExt, Limited};
 use mlscope_scopes::{scoped_key, Identity, KeyOutcome, OwnerPattern, ScopedKey};
 
 use crate::authz::{self, Authorizer};
+use crate::coalesce::Coalescer;
 use crate::dedup::{Decision, DedupConfig, Deduplicator, Event};
 use crate::error::mlflow_error;
-use crate::proxy::{Forwarder, X_REQUEST_ID};
+use crate::proxy::X_REQUEST_ID;
 use crate::telemetry::Metrics;
 use body::{BodyError, Edit, Endpoint, MetricsBody};
 pub use stats::RunStats;
@@ -529,15 +530,16 @@ pub fn identity_from_headers(headers: &HeaderMap) -> Identity {
 /// Shared handle used by the proxy pipeline.
 pub type SharedRewriter = Arc<MetricsRewriter>;
 
-/// `POST runs/log-batch`: the contract and deduplication applied, then forwarded.
+/// `POST runs/log-batch`: the contract and deduplication applied, then merged with other writes
+/// to the run or forwarded.
 pub async fn log_batch(
     State(rewriter): State<SharedRewriter>,
-    State(forwarder): State<Forwarder>,
+    State(coalescer): State<Coalescer>,
     ConnectInfo(peer): ConnectInfo<SocketAddr>,
     request: Request,
 ) -> Response {
     match rewriter.prepare(request, Endpoint::LogBatch).await {
-        Ok(request) => forwarder.forward(request, peer).await,
+        Ok(request) => coalescer.submit(request, peer).await,
         Err(answer) => answer,
     }
 }
@@ -545,12 +547,12 @@ pub async fn log_batch(
 /// `POST runs/log-metric`: as [`log_batch`]; a renamed sample may go on as a log-batch.
 pub async fn log_metric(
     State(rewriter): State<SharedRewriter>,
-    State(forwarder): State<Forwarder>,
+    State(coalescer): State<Coalescer>,
     ConnectInfo(peer): ConnectInfo<SocketAddr>,
     request: Request,
 ) -> Response {
     match rewriter.prepare(request, Endpoint::LogMetric).await {
-        Ok(request) => forwarder.forward(request, peer).await,
+        Ok(request) => coalescer.submit(request, peer).await,
         Err(answer) => answer,
     }
 }

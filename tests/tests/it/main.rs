@@ -8,6 +8,7 @@ use mlscope_tests::{StackOptions, TestStack};
 mod artifacts;
 mod authz;
 mod binary;
+mod coalesce;
 mod collector;
 mod compat;
 mod faults;

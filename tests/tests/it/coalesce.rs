@@ -1,0 +1,217 @@
+//! Write coalescing against real MLflow: what merged batches store is what the requests store
+//! one by one, a refused request fails only its sender (with MLflow's own answer), and a client
+//! that goes away takes nothing of the others with it.
+
+use std::collections::BTreeMap;
+
+use futures_util::future::join_all;
+use mlscope_tests::{spawn_proxy, ProxyProcess, TestStack};
+use serde_json::{json, Value};
+
+use crate::mlflow::{create_run, http, response_json, scrape};
+
+/// Every point of every series of a run: key -> sorted `(step, timestamp, value)`.
+async fn histories(mlflow: &str, run_id: &str) -> BTreeMap<String, Vec<(i64, i64, String)>> {
+    let run = response_json(
+        http()
+            .get(format!("{mlflow}/api/2.0/mlflow/runs/get"))
+            .query(&[("run_id", run_id)]),
+    )
+    .await;
+    let keys: Vec<String> = run["run"]["data"]["metrics"]
+        .as_array()
+        .map(|m| m.iter().map(|m| m["key"].as_str().unwrap().to_owned()).collect())
+        .unwrap_or_default();
+    let mut out = BTreeMap::new();
+    for key in keys {
+        let page = response_json(
+            http()
+                .get(format!("{mlflow}/api/2.0/mlflow/metrics/get-history"))
+                .query(&[("run_id", run_id), ("metric_key", &key), ("max_results", "25000")]),
+        )
+        .await;
+        let mut points: Vec<(i64, i64, String)> = page["metrics"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|p| {
+                (
+                    p["step"].as_i64().unwrap_or(0),
+                    p["timestamp"].as_i64().unwrap(),
+                    p["value"].to_string(),
+                )
+            })
+            .collect();
+        points.sort();
+        out.insert(key, points);
+    }
+    out
+}
+
+/// What client `c` sends in its request `r`: a log-batch of training and system metrics, or (every
+/// third request) a single log-metric.
+fn request_of(run_id: &str, c: i64, r: i64) -> (&'static str, Value) {
+    let ts = 1_700_000_000_000 + c * 1000 + r;
+    if r % 3 == 2 {
+        let body = json!({"run_id": run_id, "key": format!("rank{c}/lr"), "value": 0.001 * (r as f64), "timestamp": ts, "step": r});
+        return ("runs/log-metric", body);
+    }
+    let metrics = vec![
+        json!({"key": "loss", "value": 1.0 / ((c * 100 + r + 1) as f64), "timestamp": ts, "step": r}),
+        json!({"key": format!("rank{c}/accuracy"), "value": 0.5, "timestamp": ts, "step": r}),
+        json!({"key": format!("system/node-{}/rank-{c}/gpu_0_utilization_percentage", c % 2), "value": 42, "timestamp": ts, "step": r}),
+    ];
+    ("runs/log-batch", json!({"run_id": run_id, "metrics": metrics}))
+}
+
+/// 8 clients, 9 requests each, all at once per round (MLflow's SQLAlchemy pool on SQLite times
+/// out past about 15 concurrent writers, with or without the proxy).
+async fn send_fleet(proxy: &str, run_id: &str) {
+    for r in 0..9 {
+        let sends = (0..8).map(|c| {
+            let (path, body) = request_of(run_id, c, r);
+            async move {
+                let response = http()
+                    .post(format!("{proxy}/api/2.0/mlflow/{path}"))
+                    .json(&body)
+                    .send()
+                    .await
+                    .unwrap();
+                let status = response.status();
+                let text = response.text().await.unwrap();
+                assert_eq!((status.as_u16(), text.as_str()), (200, "{}"), "client {c} request {r}");
+            }
+        });
+        join_all(sends).await;
+    }
+}
+
+fn coalescing_proxy(stack: &TestStack, window: &str) -> ProxyProcess {
+    spawn_proxy(
+        &stack.mlflow.url,
+        &["--coalesce-window", window],
+        stack.dir.path(),
+    )
+    .expect("starting a coalescing proxy")
+}
+
+fn counter(metrics: &str, line_start: &str) -> f64 {
+    metrics
+        .lines()
+        .find(|l| l.starts_with(line_start))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0.0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn merged_and_unmerged_writes_store_identical_histories() {
+    let stack = TestStack::shared();
+    let merging = coalescing_proxy(stack, "50ms");
+    let single = coalescing_proxy(stack, "0s");
+    let merged_run = create_run(&stack.mlflow.url, "coalesce-merged").await;
+    let single_run = create_run(&stack.mlflow.url, "coalesce-single").await;
+    send_fleet(&merging.url, &merged_run).await;
+    send_fleet(&single.url, &single_run).await;
+
+    let merged = histories(&stack.mlflow.url, &merged_run).await;
+    let alone = histories(&stack.mlflow.url, &single_run).await;
+    assert_eq!(merged.len(), 8 * 3 + 1, "{:?}", merged.keys());
+    assert_eq!(merged, alone);
+    // Every sample once: 8 clients x 6 batches x 3 metrics + 8 x 3 log-metrics.
+    let samples: usize = merged.values().map(Vec::len).sum();
+    assert_eq!(samples, 8 * 6 * 3 + 8 * 3);
+
+    // It did merge: batches of several requests went out, none had to be split.
+    let metrics = scrape(&merging.admin_url).await;
+    assert!(
+        counter(&metrics, "mlscope_coalesce_batches_total{outcome=\"merged\"}") >= 1.0,
+        "{metrics}"
+    );
+    assert_eq!(counter(&metrics, "mlscope_coalesce_batches_total{outcome=\"split\"}"), 0.0);
+    let off = scrape(&single.admin_url).await;
+    assert!(!off.contains("outcome=\"merged\""), "{off}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_invalid_metric_fails_only_its_sender_with_mlflows_own_answer() {
+    let stack = TestStack::shared();
+    let proxy = coalescing_proxy(stack, "300ms");
+    let run_id = create_run(&stack.mlflow.url, "coalesce-invalid").await;
+    let bad = json!({"run_id": run_id, "metrics": [
+        {"key": "loss", "value": 1.0, "timestamp": 5, "step": 1},
+        {"key": "loss", "value": 2.0, "step": 2},
+    ]});
+    let direct = http()
+        .post(format!("{}/api/2.0/mlflow/runs/log-batch", stack.mlflow.url))
+        .json(&bad)
+        .send()
+        .await
+        .unwrap();
+    let direct = (direct.status().as_u16(), direct.text().await.unwrap());
+    assert_eq!(direct.0, 400, "{}", direct.1);
+
+    let good = (0..8).map(|c| {
+        let body = json!({"run_id": run_id, "metrics": [{"key": format!("client{c}"), "value": c, "timestamp": 10 + c, "step": 0}]});
+        let url = format!("{}/api/2.0/mlflow/runs/log-batch", proxy.url);
+        async move {
+            let response = http().post(url).json(&body).send().await.unwrap();
+            (response.status().as_u16(), response.text().await.unwrap())
+        }
+    });
+    let bad_send = async {
+        let response = http()
+            .post(format!("{}/api/2.0/mlflow/runs/log-batch", proxy.url))
+            .json(&bad)
+            .send()
+            .await
+            .unwrap();
+        (response.status().as_u16(), response.text().await.unwrap())
+    };
+    let (answers, bad_answer) = tokio::join!(join_all(good), bad_send);
+    for (c, answer) in answers.iter().enumerate() {
+        assert_eq!(answer, &(200, "{}".to_owned()), "client {c}");
+    }
+    assert_eq!(bad_answer, direct);
+    let stored = histories(&stack.mlflow.url, &run_id).await;
+    for c in 0..8 {
+        assert_eq!(stored[&format!("client{c}")].len(), 1, "{stored:?}");
+    }
+    assert!(!stored.contains_key("loss"), "{stored:?}");
+    let metrics = scrape(&proxy.admin_url).await;
+    assert!(
+        counter(&metrics, "mlscope_coalesce_batches_total{outcome=\"split\"}") >= 1.0,
+        "the invalid request was never in a merged batch: {metrics}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_client_that_goes_away_loses_nothing_of_the_others() {
+    let stack = TestStack::shared();
+    let proxy = coalescing_proxy(stack, "400ms");
+    let run_id = create_run(&stack.mlflow.url, "coalesce-disconnect").await;
+    let url = format!("{}/api/2.0/mlflow/runs/log-batch", proxy.url);
+    let body = |c: i64| json!({"run_id": run_id, "metrics": [{"key": format!("client{c}"), "value": c, "timestamp": 10 + c, "step": 0}]});
+    // The leaver's request joins the batch and its connection closes before the batch leaves.
+    let leaver = http()
+        .post(url.clone())
+        .json(&body(99))
+        .timeout(std::time::Duration::from_millis(100))
+        .send();
+    let stayers = (0..6).map(|c| {
+        let request = http().post(url.clone()).json(&body(c));
+        async move {
+            let response = request.send().await.unwrap();
+            (response.status().as_u16(), response.text().await.unwrap())
+        }
+    });
+    let (left, answers) = tokio::join!(leaver, join_all(stayers));
+    assert!(left.is_err(), "the leaver was answered within 100 ms: {left:?}");
+    for (c, answer) in answers.iter().enumerate() {
+        assert_eq!(answer, &(200, "{}".to_owned()), "client {c}");
+    }
+    let stored = histories(&stack.mlflow.url, &run_id).await;
+    for c in 0..6 {
+        assert_eq!(stored[&format!("client{c}")].len(), 1, "{stored:?}");
+    }
+}
