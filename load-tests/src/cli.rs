@@ -63,6 +63,170 @@ pub enum Command {
     /// Thousands of connections sending their headers a byte at a time, against MLflow, nginx
     /// and mlscope-proxy: how many each closes, whether a normal client is still served, memory.
     Slowloris(SlowlorisArgs),
+    /// A simulated training fleet (N nodes × R ranks, system and training metrics, params and
+    /// tags, checkpoints) against direct MLflow, nginx and mlscope-proxy with and without write
+    /// coalescing; every sample counted back; the largest fleet each sustains.
+    Fleet(FleetArgs),
+}
+
+/// Where the fleet's ranks start within the sampling interval.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Scenario {
+    /// Spread evenly over one interval, as ranks that started at different moments.
+    Steady,
+    /// All at the same instant, as every rank of a job starting together.
+    Burst,
+}
+
+/// Which ranks log training metrics.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum TrainingFrom {
+    /// Every rank, each under its own keys (`train/rank-<r>/...`).
+    All,
+    /// Rank 0 of each run (`train/...`), the usual DDP pattern.
+    Rank0,
+}
+
+/// A target of the fleet benchmark.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum FleetTarget {
+    /// Straight to MLflow.
+    Direct,
+    /// nginx in front of MLflow.
+    Nginx,
+    /// mlscope-proxy without coalescing or deduplication (`--coalesce-window 0s --dedup false`).
+    MlscopePlain,
+    /// mlscope-proxy with write coalescing, deduplication off (`--dedup false`).
+    MlscopeCoalesce,
+    /// mlscope-proxy as configured by default: coalescing and deduplication.
+    Mlscope,
+}
+
+#[derive(Debug, Args)]
+pub struct FleetArgs {
+    /// Simulated nodes (spread over the runs: node i writes into run i mod --runs).
+    #[arg(long, default_value_t = 4)]
+    pub nodes: u32,
+    /// Ranks per node; several values (e.g. 4,8,16) step the fleet up per target until one size
+    /// is not sustained.
+    #[arg(long, value_delimiter = ',', default_value = "8")]
+    pub ranks_per_node: Vec<u32>,
+    /// Runs (jobs) the nodes are spread over.
+    #[arg(long, default_value_t = 1)]
+    pub runs: u32,
+    /// Sampling interval of the simulated system-metrics monitors (MLflow's default: 10s).
+    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+    pub interval: Duration,
+    /// Simulated time per real second: 10 runs a 10s interval every second, so each rank stands
+    /// for ten.
+    #[arg(long, default_value_t = 1.0)]
+    pub time_scale: f64,
+    /// Load time per target and fleet size (real time).
+    #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
+    pub duration: Duration,
+    /// GPUs in each rank's monitor publishes (each adds 5 metrics to the 8 of CPU, memory, disk
+    /// and network).
+    #[arg(long, default_value_t = 1)]
+    pub gpus: u32,
+    /// Training metrics per step (0: none).
+    #[arg(long, default_value_t = 4)]
+    pub training_metrics: u32,
+    /// Which ranks log training metrics.
+    #[arg(long, value_enum, default_value = "rank0")]
+    pub training_from: TrainingFrom,
+    /// Simulated time per training step.
+    #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
+    pub step_interval: Duration,
+    /// Simulated time between checkpoint uploads of each run's rank 0 (0s: none).
+    #[arg(long, default_value = "0s", value_parser = humantime::parse_duration)]
+    pub checkpoint_every: Duration,
+    /// Size of each checkpoint upload.
+    #[arg(long, default_value = "1MiB", value_parser = parse_byte_size)]
+    pub checkpoint_size: ByteSize,
+    /// How the ranks start.
+    #[arg(long, value_enum, default_value = "steady")]
+    pub scenario: Scenario,
+    /// Targets, measured one after the other in this order.
+    #[arg(
+        long,
+        value_enum,
+        value_delimiter = ',',
+        default_value = "direct,nginx,mlscope-plain,mlscope-coalesce,mlscope"
+    )]
+    pub targets: Vec<FleetTarget>,
+    /// A fleet size is sustained only with a p99 acknowledgement latency up to this.
+    #[arg(long, default_value = "2s", value_parser = humantime::parse_duration)]
+    pub p99_bound: Duration,
+    /// Retries of a request answered 429/5xx or not at all (the MLflow client retries these).
+    #[arg(long, default_value_t = 3)]
+    pub retries: u32,
+    /// Time after which one attempt counts as failed.
+    #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
+    pub request_timeout: Duration,
+    /// Requests outstanding per target at most; later ones wait, and their wait counts.
+    #[arg(long, default_value_t = 2048)]
+    pub max_in_flight: usize,
+    /// Also write the summary as JSON to this file.
+    #[arg(long, value_name = "PATH")]
+    pub json: Option<std::path::PathBuf>,
+    #[command(flatten)]
+    pub stack: StackArgs,
+}
+
+impl FleetArgs {
+    /// The stack's targets, in the order given.
+    pub(crate) fn target_kinds(&self) -> Vec<crate::stack::TargetKind> {
+        use crate::stack::TargetKind;
+        self.targets
+            .iter()
+            .map(|t| match t {
+                FleetTarget::Direct => TargetKind::Direct,
+                FleetTarget::Nginx => TargetKind::Nginx,
+                FleetTarget::MlscopePlain => TargetKind::ProxyCoalesceOff,
+                FleetTarget::MlscopeCoalesce => TargetKind::ProxyDedupOff,
+                FleetTarget::Mlscope => TargetKind::Proxy,
+            })
+            .collect()
+    }
+
+    fn validate(&self) -> Result<(), String> {
+        if self.nodes == 0 || self.runs == 0 || self.runs > self.nodes {
+            return Err(
+                "--nodes and --runs must be at least 1, with no more runs than nodes".into(),
+            );
+        }
+        if self.ranks_per_node.is_empty() || self.ranks_per_node.contains(&0) {
+            return Err("--ranks-per-node takes sizes of at least 1".into());
+        }
+        if self.ranks_per_node.windows(2).any(|w| w[0] >= w[1]) {
+            return Err("--ranks-per-node sizes must rise (the fleet steps up)".into());
+        }
+        if !(self.time_scale > 0.0 && self.time_scale <= 1000.0) {
+            return Err("--time-scale must be above 0 and at most 1000".into());
+        }
+        if self.interval.is_zero() || self.step_interval.is_zero() {
+            return Err("--interval and --step-interval must be longer than 0".into());
+        }
+        if self.duration.is_zero() || self.duration > Duration::from_secs(4 * 3600) {
+            return Err("--duration must be between 1s and 4h".into());
+        }
+        if self.max_in_flight == 0 || self.max_in_flight > 16_000 {
+            return Err("--max-in-flight must be within 1..=16000".into());
+        }
+        if self.checkpoint_size.0 > 1 << 30 {
+            return Err("--checkpoint-size is at most 1GiB".into());
+        }
+        if self.targets.is_empty() {
+            return Err("--targets needs at least one target".into());
+        }
+        if self.stack.stub_upstream {
+            return Err(
+                "fleet needs MLflow itself (it reads every sample back); drop --stub-upstream"
+                    .into(),
+            );
+        }
+        Ok(())
+    }
 }
 
 /// Most slow connections of `slowloris` (each costs the bench and the server a descriptor).
@@ -246,6 +410,7 @@ impl Cli {
             Command::Rewrite(args) => args.validate(),
             Command::DedupRows(args) => args.validate(),
             Command::Slowloris(args) => args.validate(),
+            Command::Fleet(args) => args.validate(),
         }
     }
 }

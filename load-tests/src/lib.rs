@@ -10,6 +10,7 @@
 mod artifact;
 mod cli;
 mod dedup_rows;
+mod fleet;
 mod gateway;
 mod http;
 mod markdown;
@@ -24,8 +25,8 @@ mod stub;
 mod units;
 
 pub use cli::{
-    ArtifactArgs, Cli, Command, DedupRowsArgs, Endpoint, GatewayArgs, PassthroughArgs, RewriteArgs,
-    SlowlorisArgs, StackArgs,
+    ArtifactArgs, Cli, Command, DedupRowsArgs, Endpoint, FleetArgs, FleetTarget, GatewayArgs,
+    PassthroughArgs, RewriteArgs, SlowlorisArgs, StackArgs,
 };
 pub use markdown::shell_words;
 pub use units::ByteSize;
@@ -73,6 +74,20 @@ pub fn run(cli: &Cli, command_line: &str) -> anyhow::Result<Report> {
                 ..StackPlan::default()
             },
         ),
+        Command::Fleet(args) => {
+            let kinds = args.target_kinds();
+            (
+                &args.stack,
+                StackPlan {
+                    nginx: kinds.contains(&TargetKind::Nginx),
+                    extra_proxies: [TargetKind::ProxyCoalesceOff, TargetKind::ProxyDedupOff]
+                        .into_iter()
+                        .filter(|k| kinds.contains(k))
+                        .collect(),
+                    artifact_gateway: false,
+                },
+            )
+        }
         Command::DedupRows(args) => (
             &args.stack,
             StackPlan {
@@ -100,6 +115,7 @@ pub fn run(cli: &Cli, command_line: &str) -> anyhow::Result<Report> {
             Command::Gateway(args) => gateway::run(args, &stack, command_line).await,
             Command::DedupRows(args) => dedup_rows::run(args, &stack, command_line).await,
             Command::Slowloris(args) => slowloris::run(args, &stack, command_line).await,
+            Command::Fleet(args) => fleet::run(args, &stack, command_line).await,
             Command::Rewrite(_) => unreachable!("rewrite returned above"),
         }
     })

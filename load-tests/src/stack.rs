@@ -23,6 +23,9 @@ pub(crate) enum TargetKind {
     /// A second mlscope-proxy with `--rewrite-system-metrics false --dedup false`: forwarding
     /// only, for the cost of scoping itself.
     ProxyScopingOff,
+    /// A second mlscope-proxy with `--coalesce-window 0s --dedup false`: every request forwarded
+    /// on its own, keys rewritten, every sample kept.
+    ProxyCoalesceOff,
     /// A second mlscope-proxy with `--dedup false`: keys are rewritten, every sample is kept.
     ProxyDedupOff,
     /// mlscope-proxy in front of MLflow, as configured by `--proxy-arg` (scoping and dedup on
@@ -70,6 +73,7 @@ impl TargetKind {
             TargetKind::Direct => "direct",
             TargetKind::Nginx => "nginx",
             TargetKind::ProxyScopingOff => "mlscope-proxy (scoping off)",
+            TargetKind::ProxyCoalesceOff => "mlscope-proxy (coalescing and dedup off)",
             TargetKind::ProxyDedupOff => "mlscope-proxy (dedup off)",
             TargetKind::Proxy => "mlscope-proxy",
         }
@@ -81,6 +85,7 @@ impl TargetKind {
             TargetKind::Direct => "direct",
             TargetKind::Nginx => "nginx",
             TargetKind::ProxyScopingOff => "mlscope-proxy-scoping-off",
+            TargetKind::ProxyCoalesceOff => "mlscope-proxy-coalescing-off",
             TargetKind::ProxyDedupOff => "mlscope-proxy-dedup-off",
             TargetKind::Proxy => "mlscope-proxy",
         }
@@ -93,6 +98,7 @@ impl TargetKind {
             TargetKind::ProxyScopingOff => {
                 Some(&["--rewrite-system-metrics", "false", "--dedup", "false"])
             }
+            TargetKind::ProxyCoalesceOff => Some(&["--coalesce-window", "0s", "--dedup", "false"]),
             TargetKind::ProxyDedupOff => Some(&["--dedup", "false"]),
             TargetKind::Direct | TargetKind::Nginx | TargetKind::Proxy => None,
         }

@@ -248,7 +248,10 @@ impl Coalescer {
         };
         if let Err(member) = Inner::enqueue(inner, key, member) {
             drop(member);
-            return inner.reject("pending_per_run", "its limit of queued metrics for this run");
+            return inner.reject(
+                "pending_per_run",
+                "its limit of queued metrics for this run",
+            );
         }
         // The batch is sent by its own task: a client that goes away loses only its answer.
         answer.await.unwrap_or_else(|_| {
@@ -537,7 +540,10 @@ mod tests {
     fn member(elements: &[&str]) -> Member {
         let (reply, _) = oneshot::channel();
         let budget = Arc::new(Semaphore::new(1)).try_acquire_owned().unwrap();
-        let elements: Vec<Bytes> = elements.iter().map(|e| Bytes::from(e.to_string())).collect();
+        let elements: Vec<Bytes> = elements
+            .iter()
+            .map(|e| Bytes::from(e.to_string()))
+            .collect();
         Member {
             bytes: elements.iter().map(Bytes::len).sum::<usize>() + elements.len(),
             elements,

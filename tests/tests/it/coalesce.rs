@@ -20,14 +20,22 @@ async fn histories(mlflow: &str, run_id: &str) -> BTreeMap<String, Vec<(i64, i64
     .await;
     let keys: Vec<String> = run["run"]["data"]["metrics"]
         .as_array()
-        .map(|m| m.iter().map(|m| m["key"].as_str().unwrap().to_owned()).collect())
+        .map(|m| {
+            m.iter()
+                .map(|m| m["key"].as_str().unwrap().to_owned())
+                .collect()
+        })
         .unwrap_or_default();
     let mut out = BTreeMap::new();
     for key in keys {
         let page = response_json(
             http()
                 .get(format!("{mlflow}/api/2.0/mlflow/metrics/get-history"))
-                .query(&[("run_id", run_id), ("metric_key", &key), ("max_results", "25000")]),
+                .query(&[
+                    ("run_id", run_id),
+                    ("metric_key", &key),
+                    ("max_results", "25000"),
+                ]),
         )
         .await;
         let mut points: Vec<(i64, i64, String)> = page["metrics"]
@@ -61,7 +69,10 @@ fn request_of(run_id: &str, c: i64, r: i64) -> (&'static str, Value) {
         json!({"key": format!("rank{c}/accuracy"), "value": 0.5, "timestamp": ts, "step": r}),
         json!({"key": format!("system/node-{}/rank-{c}/gpu_0_utilization_percentage", c % 2), "value": 42, "timestamp": ts, "step": r}),
     ];
-    ("runs/log-batch", json!({"run_id": run_id, "metrics": metrics}))
+    (
+        "runs/log-batch",
+        json!({"run_id": run_id, "metrics": metrics}),
+    )
 }
 
 /// 8 clients, 9 requests each, all at once per round (MLflow's SQLAlchemy pool on SQLite times
@@ -79,7 +90,11 @@ async fn send_fleet(proxy: &str, run_id: &str) {
                     .unwrap();
                 let status = response.status();
                 let text = response.text().await.unwrap();
-                assert_eq!((status.as_u16(), text.as_str()), (200, "{}"), "client {c} request {r}");
+                assert_eq!(
+                    (status.as_u16(), text.as_str()),
+                    (200, "{}"),
+                    "client {c} request {r}"
+                );
             }
         });
         join_all(sends).await;
@@ -125,10 +140,19 @@ async fn merged_and_unmerged_writes_store_identical_histories() {
     // It did merge: batches of several requests went out, none had to be split.
     let metrics = scrape(&merging.admin_url).await;
     assert!(
-        counter(&metrics, "mlscope_coalesce_batches_total{outcome=\"merged\"}") >= 1.0,
+        counter(
+            &metrics,
+            "mlscope_coalesce_batches_total{outcome=\"merged\"}"
+        ) >= 1.0,
         "{metrics}"
     );
-    assert_eq!(counter(&metrics, "mlscope_coalesce_batches_total{outcome=\"split\"}"), 0.0);
+    assert_eq!(
+        counter(
+            &metrics,
+            "mlscope_coalesce_batches_total{outcome=\"split\"}"
+        ),
+        0.0
+    );
     let off = scrape(&single.admin_url).await;
     assert!(!off.contains("outcome=\"merged\""), "{off}");
 }
@@ -143,7 +167,10 @@ async fn an_invalid_metric_fails_only_its_sender_with_mlflows_own_answer() {
         {"key": "loss", "value": 2.0, "step": 2},
     ]});
     let direct = http()
-        .post(format!("{}/api/2.0/mlflow/runs/log-batch", stack.mlflow.url))
+        .post(format!(
+            "{}/api/2.0/mlflow/runs/log-batch",
+            stack.mlflow.url
+        ))
         .json(&bad)
         .send()
         .await
@@ -180,7 +207,10 @@ async fn an_invalid_metric_fails_only_its_sender_with_mlflows_own_answer() {
     assert!(!stored.contains_key("loss"), "{stored:?}");
     let metrics = scrape(&proxy.admin_url).await;
     assert!(
-        counter(&metrics, "mlscope_coalesce_batches_total{outcome=\"split\"}") >= 1.0,
+        counter(
+            &metrics,
+            "mlscope_coalesce_batches_total{outcome=\"split\"}"
+        ) >= 1.0,
         "the invalid request was never in a merged batch: {metrics}"
     );
 }
@@ -206,7 +236,10 @@ async fn a_client_that_goes_away_loses_nothing_of_the_others() {
         }
     });
     let (left, answers) = tokio::join!(leaver, join_all(stayers));
-    assert!(left.is_err(), "the leaver was answered within 100 ms: {left:?}");
+    assert!(
+        left.is_err(),
+        "the leaver was answered within 100 ms: {left:?}"
+    );
     for (c, answer) in answers.iter().enumerate() {
         assert_eq!(answer, &(200, "{}".to_owned()), "client {c}");
     }

@@ -1,0 +1,832 @@
+//! `mlscope-bench fleet`: a training fleet against MLflow, nginx and mlscope-proxy, and the
+//! largest fleet each one sustains.
+//!
+//! A fleet is N nodes × R ranks per node, spread over one or more runs (node `i` belongs to run
+//! `i mod runs`, so every rank of a node writes into the same run, as in distributed training).
+//! Every rank sends what MLflow's system-metrics monitor sends (its keys under
+//! `system/<node>/rank-<r>/`, one `log-batch` per sampling interval), training metrics per step
+//! (from every rank or from each run's rank 0), params and tags once at the start (rank 0), and
+//! optionally checkpoint uploads of rank 0 through MLflow's artifact API.
+//!
+//! The load is open-loop: every request has a scheduled instant, computed from the start, and
+//! its acknowledgement latency runs from that instant to MLflow's (or the proxy's) final answer,
+//! retries included, so a slow target cannot slow the schedule down and hide its own stalls.
+//! Time can be compressed: with `--time-scale 10` a 10 s interval passes in 1 s, so each rank
+//! stands for ten.
+//!
+//! After each load phase the runs are read back from MLflow directly and every sample is
+//! counted: sent, acknowledged, stored, missing (acknowledged but not stored), duplicated.
+//! A fleet size is *sustained* when no request failed, nothing acknowledged is missing or
+//! duplicated, and the p99 acknowledgement latency is within `--p99-bound`. With several
+//! `--ranks-per-node` values the fleet steps up per target until a size is not sustained.
+
+mod report;
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anyhow::Context as _;
+use hdrhistogram::Histogram;
+use mlscope_scopes::{scoped_key, Identity, KeyOutcome, OwnerPattern};
+use serde_json::{json, Value};
+use tokio::sync::Semaphore;
+use tokio::task::JoinSet;
+use tokio::time::Instant;
+
+use crate::cli::{FleetArgs, Scenario, TrainingFrom};
+use crate::mlflow::{self, unix_millis};
+use crate::monitor::{MonitoredRank, SeriesKind};
+use crate::progress;
+use crate::stack::{BenchStack, Target, TargetKind};
+use crate::{http, Report};
+
+/// Highest latency the histograms hold (an hour, in µs).
+const MAX_TRACKABLE_MICROS: u64 = 3_600_000_000;
+/// Reads of `metrics/get-history` at once when counting.
+const VERIFY_CONCURRENCY: usize = 8;
+/// Most pages of one history read.
+const MAX_HISTORY_PAGES: usize = 1_000;
+/// Lead time before the first scheduled request.
+const START_LEAD: Duration = Duration::from_millis(200);
+
+/// What one scheduled request does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub(crate) enum Op {
+    /// Params and tags of a run, once, from its rank 0.
+    Start,
+    /// One publish of a rank's system-metrics monitor.
+    System,
+    /// One training step's metrics of a rank.
+    Training,
+    /// A checkpoint upload of a run's rank 0.
+    Checkpoint,
+}
+
+impl Op {
+    pub(crate) fn label(self) -> &'static str {
+        match self {
+            Op::Start => "params+tags",
+            Op::System => "system metrics",
+            Op::Training => "training metrics",
+            Op::Checkpoint => "checkpoint upload",
+        }
+    }
+}
+
+/// One simulated rank.
+#[derive(Debug, Clone)]
+struct Rank {
+    run: usize,
+    monitor: MonitoredRank,
+    trains: bool,
+    rank_zero: bool,
+}
+
+/// One scheduled request.
+#[derive(Debug, Clone)]
+struct Event {
+    at: Duration,
+    rank: usize,
+    op: Op,
+    /// Publish, step or checkpoint number.
+    seq: u64,
+}
+
+/// What one target did with one fleet size.
+#[derive(Debug, Clone)]
+pub(crate) struct Outcome {
+    pub(crate) target: TargetKind,
+    pub(crate) nodes: u32,
+    pub(crate) ranks_per_node: u32,
+    pub(crate) simulated_ranks: f64,
+    pub(crate) requests: u64,
+    pub(crate) acknowledged: u64,
+    pub(crate) failed: u64,
+    /// Requests that needed at least one retry before their answer.
+    pub(crate) retried: u64,
+    /// Scheduled requests never sent: every in-flight slot stayed busy past the deadline.
+    pub(crate) dropped: u64,
+    /// First failures seen, by answer.
+    pub(crate) failures: BTreeMap<String, u64>,
+    pub(crate) latency: BTreeMap<Op, Histogram<u64>>,
+    pub(crate) all_latency: Histogram<u64>,
+    pub(crate) counts: Counts,
+    pub(crate) p99_bound: Duration,
+}
+
+/// Samples, counted after the load.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct Counts {
+    pub(crate) sent: u64,
+    pub(crate) acknowledged: u64,
+    pub(crate) stored: u64,
+    /// Acknowledged but not stored.
+    pub(crate) missing: u64,
+    /// Stored more than once.
+    pub(crate) duplicated: u64,
+}
+
+impl Outcome {
+    pub(crate) fn p99_micros(&self) -> Option<u64> {
+        (!self.all_latency.is_empty()).then(|| self.all_latency.value_at_quantile(0.99))
+    }
+
+    /// No failure, nothing lost or doubled, p99 within the bound.
+    pub(crate) fn sustained(&self) -> bool {
+        self.failed == 0
+            && self.dropped == 0
+            && self.counts.missing == 0
+            && self.counts.duplicated == 0
+            && self
+                .p99_micros()
+                .is_some_and(|p99| p99 <= self.p99_bound.as_micros() as u64)
+    }
+}
+
+/// Where acknowledged samples must end up: per run, per stored key, the `(step, timestamp)` of
+/// each sample; node-wide series under deduplication are compared by step only (one rank of the
+/// node reports each step, whichever it is).
+#[derive(Default)]
+struct Ledger {
+    runs: Vec<HashMap<String, Expected>>,
+    sent: u64,
+    acknowledged: u64,
+}
+
+#[derive(Default)]
+struct Expected {
+    by_step_only: bool,
+    samples: BTreeSet<(i64, i64)>,
+}
+
+/// How a target stores what it is sent: MLflow's keys as sent, or the scope contract's.
+#[derive(Clone)]
+struct KeyMapping {
+    scoped: bool,
+    deduplicated: bool,
+    pattern: Arc<OwnerPattern>,
+}
+
+impl KeyMapping {
+    fn of(kind: TargetKind) -> KeyMapping {
+        let scoped = !matches!(
+            kind,
+            TargetKind::Direct | TargetKind::Nginx | TargetKind::ProxyScopingOff
+        );
+        let deduplicated = matches!(kind, TargetKind::Proxy);
+        KeyMapping {
+            scoped,
+            deduplicated,
+            pattern: Arc::new(OwnerPattern::default()),
+        }
+    }
+
+    /// The key MLflow stores `key` under, and whether it is a deduplicated node-wide series.
+    fn stored(&self, key: &str) -> (String, bool) {
+        let node_wide = self.deduplicated && SeriesKind::of_key(key) == SeriesKind::NodeWide;
+        if !self.scoped {
+            return (key.to_owned(), false);
+        }
+        let scoped = scoped_key(
+            key,
+            &Identity {
+                node: None,
+                rank: None,
+            },
+            &self.pattern,
+        );
+        match scoped.outcome {
+            KeyOutcome::Rewritten { key, .. } => (key, node_wide),
+            _ => (key.to_owned(), node_wide),
+        }
+    }
+}
+
+pub(crate) async fn run(
+    args: &FleetArgs,
+    stack: &BenchStack,
+    command_line: &str,
+) -> anyhow::Result<Report> {
+    let direct = stack
+        .target(TargetKind::Direct)
+        .context("the stack has no direct target")?;
+    let experiment = mlflow::create_experiment(
+        &direct,
+        &format!("mlscope-bench-fleet-{}", uuid::Uuid::new_v4().simple()),
+    )
+    .await?;
+    let mlflow_version = mlflow::version(&direct).await;
+    let mut outcomes = Vec::new();
+    for kind in args.target_kinds() {
+        let target = stack
+            .target(kind)
+            .with_context(|| format!("{kind} was not started"))?;
+        for &ranks_per_node in &args.ranks_per_node {
+            let outcome = run_one(args, &target, &direct, &experiment, ranks_per_node).await?;
+            let sustained = outcome.sustained();
+            eprintln!(
+                "{kind}: {} ranks ({} simulated): {}",
+                args.nodes * ranks_per_node,
+                outcome.simulated_ranks,
+                if sustained {
+                    "sustained"
+                } else {
+                    "not sustained"
+                }
+            );
+            outcomes.push(outcome);
+            if !sustained {
+                break;
+            }
+        }
+    }
+    let markdown = report::render(args, command_line, mlflow_version.as_deref(), &outcomes);
+    if let Some(path) = &args.json {
+        let json = report::json(args, mlflow_version.as_deref(), &outcomes);
+        std::fs::write(path, serde_json::to_vec_pretty(&json)?)
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    Ok(Report {
+        markdown,
+        problems: Vec::new(),
+    })
+}
+
+/// One load phase of one fleet size against one target, then the count.
+async fn run_one(
+    args: &FleetArgs,
+    target: &Target,
+    direct: &Target,
+    experiment: &str,
+    ranks_per_node: u32,
+) -> anyhow::Result<Outcome> {
+    let client = http::client(args.max_in_flight)?;
+    let ranks = fleet(args, ranks_per_node);
+    let mut run_ids = Vec::new();
+    for run in 0..args.runs {
+        let name = format!(
+            "fleet-{}-{}x{}-job{run}",
+            target.kind.slug(),
+            args.nodes,
+            ranks_per_node
+        );
+        run_ids.push(mlflow::create_run(&client, target, experiment, &name).await?);
+    }
+    let events = schedule(args, &ranks);
+    let mapping = KeyMapping::of(target.kind);
+    let ledger = Arc::new(Mutex::new(Ledger {
+        runs: (0..run_ids.len()).map(|_| HashMap::new()).collect(),
+        ..Ledger::default()
+    }));
+    let shared = Arc::new(Shared {
+        client: client.clone(),
+        base: target.base_url.clone(),
+        experiment: experiment.to_owned(),
+        run_ids: run_ids.clone(),
+        ranks,
+        args: RequestSettings {
+            gpus: args.gpus,
+            training_metrics: args.training_metrics,
+            training_per_rank: args.training_from == TrainingFrom::All,
+            checkpoint_bytes: args.checkpoint_size.0,
+            retries: args.retries,
+            request_timeout: args.request_timeout,
+        },
+        mapping,
+        ledger: ledger.clone(),
+        first_timestamp: unix_millis() as i64,
+    });
+
+    let bar = progress::count_bar(events.len() as u64);
+    bar.set_message(format!(
+        "{} · {} ranks",
+        target.kind,
+        args.nodes * ranks_per_node
+    ));
+    let slots = Arc::new(Semaphore::new(args.max_in_flight));
+    let start = Instant::now() + START_LEAD;
+    let deadline = start + args.duration + args.request_timeout;
+    let mut tasks = JoinSet::new();
+    let mut outcome = Outcome {
+        target: target.kind,
+        nodes: args.nodes,
+        ranks_per_node,
+        simulated_ranks: f64::from(args.nodes * ranks_per_node) * args.time_scale,
+        requests: events.len() as u64,
+        acknowledged: 0,
+        failed: 0,
+        retried: 0,
+        dropped: 0,
+        failures: BTreeMap::new(),
+        latency: BTreeMap::new(),
+        all_latency: histogram(),
+        counts: Counts::default(),
+        p99_bound: args.p99_bound,
+    };
+    for (index, event) in events.iter().enumerate() {
+        let scheduled = start + event.at;
+        tokio::time::sleep_until(scheduled).await;
+        let slot = match tokio::time::timeout_at(deadline, slots.clone().acquire_owned()).await {
+            Ok(Ok(slot)) => slot,
+            _ => {
+                outcome.dropped += (events.len() - index) as u64;
+                break;
+            }
+        };
+        let shared = shared.clone();
+        let event = event.clone();
+        tasks.spawn(async move {
+            let result = shared.send(&event).await;
+            drop(slot);
+            (event.op, scheduled, Instant::now(), result)
+        });
+        while let Some(done) = tasks.try_join_next() {
+            record(&mut outcome, done);
+            bar.inc(1);
+        }
+    }
+    while let Some(done) = tasks.join_next().await {
+        record(&mut outcome, done);
+        bar.inc(1);
+    }
+    bar.finish_and_clear();
+
+    let counting = progress::spinner(format!("{}: counting what MLflow stored", target.kind));
+    let ledger = std::mem::take(&mut *ledger.lock().expect("ledger lock"));
+    outcome.counts = count(&client, direct, &run_ids, ledger).await?;
+    counting.finish_and_clear();
+    Ok(outcome)
+}
+
+fn histogram() -> Histogram<u64> {
+    Histogram::new_with_bounds(1, MAX_TRACKABLE_MICROS, 3).expect("valid histogram bounds")
+}
+
+type Done = Result<(Op, Instant, Instant, Sent), tokio::task::JoinError>;
+
+fn record(outcome: &mut Outcome, done: Done) {
+    let Ok((op, scheduled, finished, sent)) = done else {
+        outcome.failed += 1;
+        *outcome.failures.entry("task panicked".into()).or_default() += 1;
+        return;
+    };
+    if sent.attempts > 1 {
+        outcome.retried += 1;
+    }
+    match sent.result {
+        Ok(()) => {
+            outcome.acknowledged += 1;
+            let micros = finished
+                .saturating_duration_since(scheduled)
+                .as_micros()
+                .clamp(1, u128::from(MAX_TRACKABLE_MICROS)) as u64;
+            outcome
+                .latency
+                .entry(op)
+                .or_insert_with(histogram)
+                .saturating_record(micros);
+            outcome.all_latency.saturating_record(micros);
+        }
+        Err(failure) => {
+            outcome.failed += 1;
+            *outcome.failures.entry(failure).or_default() += 1;
+        }
+    }
+}
+
+/// The fleet's ranks: node `n` in run `n mod runs`; training metrics from every rank or from
+/// rank 0 of each run.
+fn fleet(args: &FleetArgs, ranks_per_node: u32) -> Vec<Rank> {
+    let mut ranks = Vec::new();
+    let mut first_of_run = vec![true; args.runs as usize];
+    for node in 0..args.nodes {
+        let run = (node % args.runs) as usize;
+        for local in 0..ranks_per_node {
+            // Global rank within the run: nodes of a run in order.
+            let rank = (node / args.runs) * ranks_per_node + local;
+            let rank_zero = std::mem::replace(&mut first_of_run[run], false);
+            ranks.push(Rank {
+                run,
+                monitor: MonitoredRank::new(format!("node-{node}"), rank),
+                trains: match args.training_from {
+                    TrainingFrom::All => true,
+                    TrainingFrom::Rank0 => rank_zero,
+                },
+                rank_zero,
+            });
+        }
+    }
+    ranks
+}
+
+/// Every request of the load phase, in time order. Ranks start spread evenly over one interval
+/// (`steady`) or all at once (`burst`: a job's start, every rank at the same instant).
+fn schedule(args: &FleetArgs, ranks: &[Rank]) -> Vec<Event> {
+    let real = |simulated: Duration| simulated.div_f64(args.time_scale);
+    let interval = real(args.interval);
+    let step = real(args.step_interval);
+    let checkpoint = real(args.checkpoint_every);
+    let mut events = Vec::new();
+    for (index, rank) in ranks.iter().enumerate() {
+        let offset = match args.scenario {
+            Scenario::Steady => interval.mul_f64(index as f64 / ranks.len() as f64),
+            Scenario::Burst => Duration::ZERO,
+        };
+        let mut periodic = |op: Op, period: Duration| {
+            if period.is_zero() {
+                return;
+            }
+            let mut seq = 0;
+            while offset + period.mul_f64(seq as f64) < args.duration {
+                events.push(Event {
+                    at: offset + period.mul_f64(seq as f64),
+                    rank: index,
+                    op,
+                    seq,
+                });
+                seq += 1;
+            }
+        };
+        periodic(Op::System, interval);
+        if rank.trains && args.training_metrics > 0 {
+            periodic(Op::Training, step);
+        }
+        if rank.rank_zero {
+            periodic(Op::Checkpoint, checkpoint);
+            events.push(Event {
+                at: offset,
+                rank: index,
+                op: Op::Start,
+                seq: 0,
+            });
+        }
+    }
+    events.sort_by(|a, b| a.at.cmp(&b.at).then(a.op.cmp(&b.op)));
+    events
+}
+
+/// What every request task shares.
+struct Shared {
+    client: reqwest::Client,
+    base: String,
+    experiment: String,
+    run_ids: Vec<String>,
+    ranks: Vec<Rank>,
+    args: RequestSettings,
+    mapping: KeyMapping,
+    ledger: Arc<Mutex<Ledger>>,
+    first_timestamp: i64,
+}
+
+struct RequestSettings {
+    gpus: u32,
+    training_metrics: u32,
+    training_per_rank: bool,
+    checkpoint_bytes: u64,
+    retries: u32,
+    request_timeout: Duration,
+}
+
+/// A request's final result (a failure described by its answer) and how many tries it took.
+struct Sent {
+    result: Result<(), String>,
+    attempts: u32,
+}
+
+impl Shared {
+    async fn send(&self, event: &Event) -> Sent {
+        let rank = &self.ranks[event.rank];
+        let run_id = &self.run_ids[rank.run];
+        // Each publish and step has its own timestamp, as a monitor's sample time.
+        let timestamp = self.first_timestamp + event.seq as i64 * 1000 + event.rank as i64;
+        let (method, path, body, samples): (_, String, Vec<u8>, Vec<(String, f64)>) = match event.op
+        {
+            Op::System => {
+                let samples = rank.monitor.publish(event.seq, self.args.gpus);
+                let body = batch_body(run_id, &samples, timestamp, event.seq, &[], &[]);
+                (
+                    reqwest::Method::POST,
+                    "/api/2.0/mlflow/runs/log-batch".into(),
+                    body,
+                    samples,
+                )
+            }
+            Op::Training => {
+                // From every rank, each logs its own series; from rank 0, the run's.
+                let prefix = if self.args.training_per_rank {
+                    format!("rank-{}/", rank.monitor.rank)
+                } else {
+                    String::new()
+                };
+                let samples: Vec<(String, f64)> = (0..self.args.training_metrics)
+                    .map(|i| {
+                        (
+                            format!("train/{prefix}metric_{i}"),
+                            1.0 / (event.seq as f64 + f64::from(i) + 1.0),
+                        )
+                    })
+                    .collect();
+                let body = batch_body(run_id, &samples, timestamp, event.seq, &[], &[]);
+                (
+                    reqwest::Method::POST,
+                    "/api/2.0/mlflow/runs/log-batch".into(),
+                    body,
+                    samples,
+                )
+            }
+            Op::Start => {
+                let params: Vec<(String, String)> = (0..10)
+                    .map(|i| (format!("param_{i}"), format!("value-{i}")))
+                    .collect();
+                let tags = vec![
+                    (
+                        "mlflow.source.name".to_owned(),
+                        "mlscope-bench fleet".to_owned(),
+                    ),
+                    ("fleet.nodes".to_owned(), self.ranks.len().to_string()),
+                ];
+                let body = batch_body(run_id, &[], timestamp, 0, &params, &tags);
+                (
+                    reqwest::Method::POST,
+                    "/api/2.0/mlflow/runs/log-batch".into(),
+                    body,
+                    Vec::new(),
+                )
+            }
+            Op::Checkpoint => {
+                let path = format!(
+                        "/api/2.0/mlflow-artifacts/artifacts/{}/{run_id}/artifacts/checkpoints/step-{}.bin",
+                        self.experiment, event.seq
+                    );
+                let body = vec![0x5a; self.args.checkpoint_bytes as usize];
+                (reqwest::Method::PUT, path, body, Vec::new())
+            }
+        };
+        if !samples.is_empty() {
+            self.ledger.lock().expect("ledger lock").sent += samples.len() as u64;
+        }
+        let body = bytes::Bytes::from(body);
+        let mut attempts = 0;
+        let result = loop {
+            attempts += 1;
+            let request = self
+                .client
+                .request(method.clone(), format!("{}{path}", self.base))
+                .header(
+                    reqwest::header::CONTENT_TYPE,
+                    if event.op == Op::Checkpoint {
+                        "application/octet-stream"
+                    } else {
+                        "application/json"
+                    },
+                )
+                .body(body.clone())
+                .timeout(self.args.request_timeout)
+                .send()
+                .await;
+            let retryable = match request {
+                Ok(response) if response.status().is_success() => {
+                    let _ = response.bytes().await;
+                    break Ok(());
+                }
+                Ok(response) => {
+                    let status = response.status().as_u16();
+                    let text = response.text().await.unwrap_or_default();
+                    let shown: String = text.chars().take(120).collect();
+                    let failure = format!("HTTP {status}: {shown}");
+                    // The MLflow client's retry statuses.
+                    if matches!(status, 429 | 500 | 502 | 503 | 504) {
+                        failure
+                    } else {
+                        break Err(failure);
+                    }
+                }
+                Err(e) if e.is_timeout() => "timeout".to_owned(),
+                Err(e) => format!("transport: {e}"),
+            };
+            if attempts > self.args.retries {
+                break Err(retryable);
+            }
+            // The MLflow client's backoff: factor 2 from 1 s, here from 0.5 s and capped at 8 s.
+            let backoff = Duration::from_millis(500 * (1 << (attempts - 1).min(4)));
+            tokio::time::sleep(backoff).await;
+        };
+        if result.is_ok() && !samples.is_empty() {
+            let mut ledger = self.ledger.lock().expect("ledger lock");
+            ledger.acknowledged += samples.len() as u64;
+            let run = &mut ledger.runs[rank.run];
+            for (key, _) in &samples {
+                let (stored, by_step_only) = self.mapping.stored(key);
+                let expected = run.entry(stored).or_default();
+                expected.by_step_only = by_step_only;
+                expected.samples.insert((event.seq as i64, timestamp));
+            }
+        }
+        Sent { result, attempts }
+    }
+}
+
+/// A `log-batch` body: every sample at `timestamp` and `step`, plus params and tags.
+fn batch_body(
+    run_id: &str,
+    samples: &[(String, f64)],
+    timestamp: i64,
+    step: u64,
+    params: &[(String, String)],
+    tags: &[(String, String)],
+) -> Vec<u8> {
+    let metrics: Vec<Value> = samples
+        .iter()
+        .map(|(key, value)| json!({"key": key, "value": value, "timestamp": timestamp, "step": step}))
+        .collect();
+    let params: Vec<Value> = params
+        .iter()
+        .map(|(key, value)| json!({"key": key, "value": value}))
+        .collect();
+    let tags: Vec<Value> = tags
+        .iter()
+        .map(|(key, value)| json!({"key": key, "value": value}))
+        .collect();
+    serde_json::to_vec(
+        &json!({"run_id": run_id, "metrics": metrics, "params": params, "tags": tags}),
+    )
+    .expect("a JSON value serializes")
+}
+
+/// Reads every expected series back from MLflow (directly) and counts stored, missing and
+/// duplicated samples.
+async fn count(
+    client: &reqwest::Client,
+    direct: &Target,
+    run_ids: &[String],
+    ledger: Ledger,
+) -> anyhow::Result<Counts> {
+    let mut counts = Counts {
+        sent: ledger.sent,
+        acknowledged: ledger.acknowledged,
+        ..Counts::default()
+    };
+    let slots = Arc::new(Semaphore::new(VERIFY_CONCURRENCY));
+    let mut reads = JoinSet::new();
+    for (run_id, expected) in run_ids.iter().zip(ledger.runs) {
+        for (key, expected) in expected {
+            let client = client.clone();
+            let base = direct.base_url.clone();
+            let run_id = run_id.clone();
+            let slots = slots.clone();
+            reads.spawn(async move {
+                let _slot = slots.acquire_owned().await;
+                let stored = history(&client, &base, &run_id, &key).await;
+                (key, expected, stored)
+            });
+        }
+    }
+    while let Some(read) = reads.join_next().await {
+        let (key, expected, stored) = read.context("a history read panicked")?;
+        let stored = stored.with_context(|| format!("reading the history of {key}"))?;
+        counts.stored += stored.len() as u64;
+        if expected.by_step_only {
+            let steps: BTreeSet<i64> = stored.iter().map(|(step, _)| *step).collect();
+            counts.duplicated += (stored.len() - steps.len()) as u64;
+            let wanted: BTreeSet<i64> = expected.samples.iter().map(|(step, _)| *step).collect();
+            counts.missing += wanted.difference(&steps).count() as u64;
+        } else {
+            let unique: BTreeSet<(i64, i64)> = stored.iter().copied().collect();
+            counts.duplicated += (stored.len() - unique.len()) as u64;
+            counts.missing += expected.samples.difference(&unique).count() as u64;
+        }
+    }
+    Ok(counts)
+}
+
+/// `(step, timestamp)` of every stored point of a series.
+async fn history(
+    client: &reqwest::Client,
+    base: &str,
+    run_id: &str,
+    key: &str,
+) -> anyhow::Result<Vec<(i64, i64)>> {
+    let mut points = Vec::new();
+    let mut token: Option<String> = None;
+    for _ in 0..MAX_HISTORY_PAGES {
+        let mut query = vec![
+            ("run_id", run_id),
+            ("metric_key", key),
+            ("max_results", "25000"),
+        ];
+        if let Some(token) = &token {
+            query.push(("page_token", token.as_str()));
+        }
+        let page = mlflow::get_json(
+            client,
+            &format!("{base}/api/2.0/mlflow/metrics/get-history"),
+            &query,
+        )
+        .await?;
+        if let Some(metrics) = page.get("metrics").and_then(Value::as_array) {
+            points.extend(metrics.iter().map(|m| {
+                (
+                    m.get("step").and_then(Value::as_i64).unwrap_or(0),
+                    m.get("timestamp").and_then(Value::as_i64).unwrap_or(0),
+                )
+            }));
+        }
+        match page.get("next_page_token").and_then(Value::as_str) {
+            Some(next) if !next.is_empty() => token = Some(next.to_owned()),
+            _ => break,
+        }
+    }
+    Ok(points)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    fn args(extra: &[&str]) -> FleetArgs {
+        let mut argv = vec!["mlscope-bench", "fleet"];
+        argv.extend_from_slice(extra);
+        match crate::cli::Cli::parse_from(argv).command {
+            crate::cli::Command::Fleet(args) => args,
+            _ => panic!("not fleet"),
+        }
+    }
+
+    #[test]
+    fn every_rank_of_a_node_writes_into_its_nodes_run() {
+        let args = args(&["--nodes", "4", "--ranks-per-node", "2", "--runs", "2"]);
+        let ranks = fleet(&args, 2);
+        assert_eq!(ranks.len(), 8);
+        let runs: Vec<usize> = ranks.iter().map(|r| r.run).collect();
+        assert_eq!(runs, [0, 0, 1, 1, 0, 0, 1, 1]);
+        // Ranks within a run are 0..4, rank 0 once per run.
+        let run0: Vec<u32> = ranks
+            .iter()
+            .filter(|r| r.run == 0)
+            .map(|r| r.monitor.rank)
+            .collect();
+        assert_eq!(run0, [0, 1, 2, 3]);
+        assert_eq!(ranks.iter().filter(|r| r.rank_zero).count(), 2);
+        assert_eq!(ranks.iter().filter(|r| r.trains).count(), 2);
+    }
+
+    #[test]
+    fn the_schedule_spreads_ranks_over_one_compressed_interval() {
+        let args = args(&[
+            "--nodes",
+            "1",
+            "--ranks-per-node",
+            "4",
+            "--interval",
+            "10s",
+            "--time-scale",
+            "10",
+            "--duration",
+            "3s",
+            "--training-metrics",
+            "0",
+        ]);
+        let ranks = fleet(&args, 4);
+        let events = schedule(&args, &ranks);
+        let system: Vec<&Event> = events.iter().filter(|e| e.op == Op::System).collect();
+        // 1 s real interval, 3 s: three publishes per rank, ranks 250 ms apart.
+        assert_eq!(system.len(), 12);
+        assert_eq!(system[1].at, Duration::from_millis(250));
+        assert!(events.windows(2).all(|w| w[0].at <= w[1].at));
+        assert_eq!(events.iter().filter(|e| e.op == Op::Start).count(), 1);
+        let burst = self::args(&[
+            "--nodes",
+            "1",
+            "--ranks-per-node",
+            "4",
+            "--scenario",
+            "burst",
+        ]);
+        let at: BTreeSet<Duration> = schedule(&burst, &fleet(&burst, 4))
+            .iter()
+            .filter(|e| e.op == Op::System && e.seq == 0)
+            .map(|e| e.at)
+            .collect();
+        assert_eq!(at.len(), 1, "a burst starts every rank at once");
+    }
+
+    #[test]
+    fn keys_are_counted_where_each_target_stores_them() {
+        let plain = KeyMapping::of(TargetKind::Direct);
+        let key = "system/node-1/rank-3/cpu_utilization_percentage";
+        assert_eq!(plain.stored(key), (key.to_owned(), false));
+        let scoped = KeyMapping::of(TargetKind::ProxyDedupOff);
+        assert_eq!(
+            scoped.stored(key),
+            (
+                "system/node-1/node_cpu_utilization_percentage".to_owned(),
+                false
+            )
+        );
+        let dedup = KeyMapping::of(TargetKind::Proxy);
+        assert!(dedup.stored(key).1, "node-wide under dedup: by step");
+        assert!(!dedup.stored("train/metric_0").1);
+    }
+}

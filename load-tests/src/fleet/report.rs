@@ -1,0 +1,266 @@
+//! The fleet report: one row per target and fleet size, the largest fleet each target sustained,
+//! and the same as JSON.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+
+use serde_json::{json, Value};
+
+use super::{Op, Outcome};
+use crate::cli::FleetArgs;
+use crate::markdown::{command_block, Align, Table};
+use crate::stack::TargetKind;
+use crate::units::micros_as_millis;
+
+pub(crate) fn render(
+    args: &FleetArgs,
+    command_line: &str,
+    mlflow_version: Option<&str>,
+    outcomes: &[Outcome],
+) -> String {
+    let mut out = String::new();
+    let _ = writeln!(out, "### Training fleet\n");
+    out.push_str(&command_block(command_line));
+    let _ = writeln!(
+        out,
+        "\n{nodes} nodes in {runs} run(s), one system-metrics publish ({per} metrics, {gpus} GPU(s)) per rank every {interval} \
+         simulated, time compressed {scale}× (each rank stands for {scale}); {training}; {start}; {checkpoints}; {scenario} start; \
+         {duration} of load per target and fleet size; open loop (latency from each request's scheduled instant to its final \
+         answer, up to {retries} retries on 429/5xx/transport errors as the MLflow client does); sustained = no failed or \
+         dropped request, no acknowledged sample missing or duplicated, p99 acknowledgement ≤ {bound}. Upstream: MLflow {version}, \
+         backend store {backend}; {cpus} logical CPUs shared by the load generator, MLflow, nginx and mlscope-proxy.\n",
+        nodes = args.nodes,
+        runs = args.runs,
+        per = 8 + 5 * args.gpus,
+        gpus = args.gpus,
+        interval = humantime::format_duration(args.interval),
+        scale = args.time_scale,
+        training = if args.training_metrics == 0 {
+            "no training metrics".to_owned()
+        } else {
+            format!(
+                "{} training metrics per step every {} simulated from {}",
+                args.training_metrics,
+                humantime::format_duration(args.step_interval),
+                match args.training_from {
+                    crate::cli::TrainingFrom::All => "every rank",
+                    crate::cli::TrainingFrom::Rank0 => "each run's rank 0",
+                }
+            )
+        },
+        start = "10 params and 2 tags per run at its start",
+        checkpoints = if args.checkpoint_every.is_zero() {
+            "no checkpoint uploads".to_owned()
+        } else {
+            format!(
+                "a {}-byte checkpoint from each run's rank 0 every {} simulated",
+                args.checkpoint_size.0,
+                humantime::format_duration(args.checkpoint_every)
+            )
+        },
+        scenario = match args.scenario {
+            crate::cli::Scenario::Steady => "steady (ranks spread over one interval)",
+            crate::cli::Scenario::Burst => "burst (every rank at the same instant)",
+        },
+        duration = humantime::format_duration(args.duration),
+        retries = args.retries,
+        bound = humantime::format_duration(args.p99_bound),
+        version = mlflow_version.unwrap_or("(version not reported)"),
+        backend = if args.stack.mlflow_backend.is_some() {
+            "as given by --mlflow-backend"
+        } else {
+            "SQLite"
+        },
+        cpus = std::thread::available_parallelism().map_or(0, |n| n.get()),
+    );
+
+    let mut table = Table::new(&[
+        ("target", Align::Left),
+        ("ranks", Align::Right),
+        ("simulated ranks", Align::Right),
+        ("requests", Align::Right),
+        ("acked", Align::Right),
+        ("failed", Align::Right),
+        ("retried", Align::Right),
+        ("samples acked", Align::Right),
+        ("stored", Align::Right),
+        ("missing", Align::Right),
+        ("duplicated", Align::Right),
+        ("p50 ms", Align::Right),
+        ("p99 ms", Align::Right),
+        ("max ms", Align::Right),
+        ("sustained", Align::Left),
+    ]);
+    for o in outcomes {
+        let q = |quantile: f64| {
+            (!o.all_latency.is_empty())
+                .then(|| micros_as_millis(o.all_latency.value_at_quantile(quantile)))
+                .unwrap_or_else(|| "—".into())
+        };
+        table.row(vec![
+            o.target.label().to_owned(),
+            (o.nodes * o.ranks_per_node).to_string(),
+            format!("{}", o.simulated_ranks),
+            o.requests.to_string(),
+            o.acknowledged.to_string(),
+            (o.failed + o.dropped).to_string(),
+            o.retried.to_string(),
+            o.counts.acknowledged.to_string(),
+            o.counts.stored.to_string(),
+            o.counts.missing.to_string(),
+            o.counts.duplicated.to_string(),
+            q(0.5),
+            q(0.99),
+            (!o.all_latency.is_empty())
+                .then(|| micros_as_millis(o.all_latency.max()))
+                .unwrap_or_else(|| "—".into()),
+            if o.sustained() { "yes" } else { "no" }.to_owned(),
+        ]);
+    }
+    out.push_str(&table.render());
+
+    // p99 per operation, for the rows that had more than one kind.
+    let mut per_op = Table::new(&[
+        ("target", Align::Left),
+        ("ranks", Align::Right),
+        ("operation", Align::Left),
+        ("acked", Align::Right),
+        ("p50 ms", Align::Right),
+        ("p99 ms", Align::Right),
+    ]);
+    for o in outcomes {
+        for (op, histogram) in &o.latency {
+            per_op.row(vec![
+                o.target.label().to_owned(),
+                (o.nodes * o.ranks_per_node).to_string(),
+                op.label().to_owned(),
+                histogram.len().to_string(),
+                micros_as_millis(histogram.value_at_quantile(0.5)),
+                micros_as_millis(histogram.value_at_quantile(0.99)),
+            ]);
+        }
+    }
+    let _ = writeln!(out, "\nAcknowledgement latency per operation:\n");
+    out.push_str(&per_op.render());
+
+    let failures: Vec<String> = outcomes
+        .iter()
+        .flat_map(|o| {
+            o.failures.iter().map(move |(answer, n)| {
+                format!(
+                    "- {} at {} ranks: {n} × {answer}",
+                    o.target.label(),
+                    o.nodes * o.ranks_per_node
+                )
+            })
+        })
+        .collect();
+    if !failures.is_empty() {
+        let _ = writeln!(out, "\nFailed requests, by final answer:\n");
+        for line in failures.iter().take(40) {
+            let _ = writeln!(out, "{line}");
+        }
+    }
+
+    let largest = largest_sustained(outcomes);
+    let _ = writeln!(out, "\nLargest fleet sustained (simulated ranks):\n");
+    let direct = largest.get(&TargetKind::Direct).copied().flatten();
+    let mut summary = Table::new(&[
+        ("target", Align::Left),
+        ("largest sustained", Align::Right),
+        ("÷ direct", Align::Right),
+        ("note", Align::Left),
+    ]);
+    for (kind, best) in &largest {
+        let stepped_out = outcomes
+            .iter()
+            .filter(|o| o.target == *kind)
+            .all(|o| o.sustained());
+        summary.row(vec![
+            kind.label().to_owned(),
+            best.map_or_else(|| "none".into(), |b| format!("{b}")),
+            match (best, direct) {
+                (Some(b), Some(d)) if d > 0.0 => format!("{:.2}×", b / d),
+                _ => "—".into(),
+            },
+            if stepped_out {
+                "every size tried was sustained: the limit is higher".into()
+            } else {
+                String::new()
+            },
+        ]);
+    }
+    out.push_str(&summary.render());
+    out
+}
+
+/// Per target, the most simulated ranks of a sustained row (`None` when none was).
+fn largest_sustained(outcomes: &[Outcome]) -> BTreeMap<TargetKind, Option<f64>> {
+    let mut largest: BTreeMap<TargetKind, Option<f64>> = BTreeMap::new();
+    for o in outcomes {
+        let entry = largest.entry(o.target).or_insert(None);
+        if o.sustained() {
+            *entry = Some(entry.map_or(o.simulated_ranks, |b: f64| b.max(o.simulated_ranks)));
+        }
+    }
+    largest
+}
+
+pub(crate) fn json(args: &FleetArgs, mlflow_version: Option<&str>, outcomes: &[Outcome]) -> Value {
+    let rows: Vec<Value> = outcomes
+        .iter()
+        .map(|o| {
+            let per_op: BTreeMap<&str, Value> = o
+                .latency
+                .iter()
+                .map(|(op, h): (&Op, _)| {
+                    (
+                        op.label(),
+                        json!({
+                            "acknowledged": h.len(),
+                            "p50_ms": h.value_at_quantile(0.5) as f64 / 1e3,
+                            "p99_ms": h.value_at_quantile(0.99) as f64 / 1e3,
+                            "max_ms": h.max() as f64 / 1e3,
+                        }),
+                    )
+                })
+                .collect();
+            json!({
+                "target": o.target.slug(),
+                "ranks": o.nodes * o.ranks_per_node,
+                "simulated_ranks": o.simulated_ranks,
+                "requests": o.requests,
+                "acknowledged": o.acknowledged,
+                "failed": o.failed,
+                "dropped": o.dropped,
+                "retried": o.retried,
+                "failures": o.failures,
+                "samples": {
+                    "sent": o.counts.sent,
+                    "acknowledged": o.counts.acknowledged,
+                    "stored": o.counts.stored,
+                    "missing": o.counts.missing,
+                    "duplicated": o.counts.duplicated,
+                },
+                "p99_ms": o.p99_micros().map(|p| p as f64 / 1e3),
+                "latency": per_op,
+                "sustained": o.sustained(),
+            })
+        })
+        .collect();
+    let largest: BTreeMap<&str, Option<f64>> = largest_sustained(outcomes)
+        .into_iter()
+        .map(|(k, v)| (k.slug(), v))
+        .collect();
+    json!({
+        "mlflow_version": mlflow_version,
+        "nodes": args.nodes,
+        "runs": args.runs,
+        "time_scale": args.time_scale,
+        "interval_s": args.interval.as_secs_f64(),
+        "duration_s": args.duration.as_secs_f64(),
+        "p99_bound_ms": args.p99_bound.as_secs_f64() * 1e3,
+        "rows": rows,
+        "largest_sustained_simulated_ranks": largest,
+    })
+}
