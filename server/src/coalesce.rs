@@ -16,10 +16,12 @@
 //! - **Never across credentials.** Requests merge only with requests carrying the same credential
 //!   headers (see [`crate::authz::credential_fingerprint`]), the same run and the same API path,
 //!   so MLflow authorizes the batch exactly as each request.
-//! - **Group commit.** A batch leaves when its oldest request has waited `window`, or at once when
-//!   it is full (1000 metrics or MLflow's 1 MB body limit), as long as fewer than
-//!   `in_flight_per_run` batches of the run are at MLflow; while they are, requests keep
-//!   gathering, so batches grow with the load and shrink back when it falls.
+//! - **Group commit.** A request for a run with no batch at MLflow goes at once (nothing to wait
+//!   for, no latency added). While the run has one, requests gather: the next batch leaves when
+//!   its oldest request has waited `window`, or at once when it is full (1000 metrics or MLflow's
+//!   1 MB body limit), as long as fewer than `in_flight_per_run` batches of the run are at
+//!   MLflow; while that many are, requests keep gathering, so batches grow with the load and
+//!   shrink back when it falls.
 //! - **Bounded.** Queued bodies are bounded per run (metrics) and overall (bytes); past either a
 //!   request gets 503 with `Retry-After`, which the MLflow client retries.
 //! - Requests with params or tags, fields the proxy does not know, more than 1000 metrics, bodies
@@ -58,7 +60,8 @@ const MAX_ANSWER_BYTES: usize = 1 << 20;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CoalesceConfig {
-    /// How long the first request of a batch waits for others; zero turns coalescing off.
+    /// How long a request for a run that already has a batch at MLflow waits for others; zero
+    /// turns coalescing off.
     pub window: Duration,
     /// Batches of one run at MLflow at once; more requests gather meanwhile.
     pub in_flight_per_run: usize,
@@ -308,7 +311,10 @@ impl Inner {
             }
             let waited = oldest.elapsed();
             let full = run.metrics >= MAX_BATCH_METRICS || run.bytes >= MAX_BATCH_BYTES;
-            if waited < this.config.window && !full {
+            // A run with nothing at MLflow sends at once: merging costs no latency while there
+            // is nothing to wait for, and starts as soon as writes overlap.
+            let idle = run.in_flight == 0;
+            if waited < this.config.window && !full && !idle {
                 if !run.timer {
                     run.timer = true;
                     let this = this.clone();

@@ -294,7 +294,8 @@ struct Cli {
     #[arg(long, env = "MLSCOPE_MAX_INSPECT_TOTAL", value_parser = parse_size, value_name = "SIZE")]
     max_inspect_total: Option<usize>,
     /// How long a metric-only log-batch or log-metric waits for others to the same run (same
-    /// credential) to go to MLflow as one batch; 0s turns coalescing off [default: 5ms].
+    /// credential) while that run has a batch at MLflow, to go on as one batch (a run with none
+    /// sends at once); 0s turns coalescing off [default: 5ms].
     #[arg(long, env = "MLSCOPE_COALESCE_WINDOW", value_parser = parse_duration, value_name = "DURATION")]
     coalesce_window: Option<Duration>,
     /// Merged batches of one run at MLflow at once; requests gather while they are [default: 2].

@@ -104,10 +104,35 @@ async fn send_fleet(proxy: &str, run_id: &str) {
 fn coalescing_proxy(stack: &TestStack, window: &str) -> ProxyProcess {
     spawn_proxy(
         &stack.mlflow.url,
-        &["--coalesce-window", window],
+        &[
+            "--coalesce-window",
+            window,
+            "--coalesce-in-flight-per-run",
+            "1",
+        ],
         stack.dir.path(),
     )
     .expect("starting a coalescing proxy")
+}
+
+/// A full batch (1000 metrics), which an idle run sends at once and MLflow takes a few hundred
+/// milliseconds to store: the requests sent just after it gather behind it into one batch.
+async fn open_with_a_full_batch(proxy: &str, run_id: &str) -> (u16, String) {
+    let metrics: Vec<Value> = (0..1000)
+        .map(|i| json!({"key": format!("opener/{}", i % 50), "value": i, "timestamp": 1 + i, "step": i}))
+        .collect();
+    let response = http()
+        .post(format!("{proxy}/api/2.0/mlflow/runs/log-batch"))
+        .json(&json!({"run_id": run_id, "metrics": metrics}))
+        .send()
+        .await
+        .unwrap();
+    (response.status().as_u16(), response.text().await.unwrap())
+}
+
+/// Sleeps long enough for the opener to be at MLflow.
+async fn after_the_opener() {
+    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
 }
 
 fn counter(metrics: &str, line_start: &str) -> f64 {
@@ -160,7 +185,7 @@ async fn merged_and_unmerged_writes_store_identical_histories() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn an_invalid_metric_fails_only_its_sender_with_mlflows_own_answer() {
     let stack = TestStack::shared();
-    let proxy = coalescing_proxy(stack, "300ms");
+    let proxy = coalescing_proxy(stack, "20ms");
     let run_id = create_run(&stack.mlflow.url, "coalesce-invalid").await;
     let bad = json!({"run_id": run_id, "metrics": [
         {"key": "loss", "value": 1.0, "timestamp": 5, "step": 1},
@@ -182,11 +207,13 @@ async fn an_invalid_metric_fails_only_its_sender_with_mlflows_own_answer() {
         let body = json!({"run_id": run_id, "metrics": [{"key": format!("client{c}"), "value": c, "timestamp": 10 + c, "step": 0}]});
         let url = format!("{}/api/2.0/mlflow/runs/log-batch", proxy.url);
         async move {
+            after_the_opener().await;
             let response = http().post(url).json(&body).send().await.unwrap();
             (response.status().as_u16(), response.text().await.unwrap())
         }
     });
     let bad_send = async {
+        after_the_opener().await;
         let response = http()
             .post(format!("{}/api/2.0/mlflow/runs/log-batch", proxy.url))
             .json(&bad)
@@ -195,7 +222,12 @@ async fn an_invalid_metric_fails_only_its_sender_with_mlflows_own_answer() {
             .unwrap();
         (response.status().as_u16(), response.text().await.unwrap())
     };
-    let (answers, bad_answer) = tokio::join!(join_all(good), bad_send);
+    let (opened, answers, bad_answer) = tokio::join!(
+        open_with_a_full_batch(&proxy.url, &run_id),
+        join_all(good),
+        bad_send
+    );
+    assert_eq!(opened, (200, "{}".to_owned()));
     for (c, answer) in answers.iter().enumerate() {
         assert_eq!(answer, &(200, "{}".to_owned()), "client {c}");
     }
@@ -218,27 +250,38 @@ async fn an_invalid_metric_fails_only_its_sender_with_mlflows_own_answer() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_client_that_goes_away_loses_nothing_of_the_others() {
     let stack = TestStack::shared();
-    let proxy = coalescing_proxy(stack, "400ms");
+    let proxy = coalescing_proxy(stack, "20ms");
     let run_id = create_run(&stack.mlflow.url, "coalesce-disconnect").await;
     let url = format!("{}/api/2.0/mlflow/runs/log-batch", proxy.url);
     let body = |c: i64| json!({"run_id": run_id, "metrics": [{"key": format!("client{c}"), "value": c, "timestamp": 10 + c, "step": 0}]});
-    // The leaver's request joins the batch and its connection closes before the batch leaves.
-    let leaver = http()
-        .post(url.clone())
-        .json(&body(99))
-        .timeout(std::time::Duration::from_millis(100))
-        .send();
+    // The leaver's request gathers behind the opener with the others, and its connection closes
+    // before their batch leaves.
+    let leaver = async {
+        after_the_opener().await;
+        http()
+            .post(url.clone())
+            .json(&body(99))
+            .timeout(std::time::Duration::from_millis(60))
+            .send()
+            .await
+    };
     let stayers = (0..6).map(|c| {
         let request = http().post(url.clone()).json(&body(c));
         async move {
+            after_the_opener().await;
             let response = request.send().await.unwrap();
             (response.status().as_u16(), response.text().await.unwrap())
         }
     });
-    let (left, answers) = tokio::join!(leaver, join_all(stayers));
+    let (opened, left, answers) = tokio::join!(
+        open_with_a_full_batch(&proxy.url, &run_id),
+        leaver,
+        join_all(stayers)
+    );
+    assert_eq!(opened, (200, "{}".to_owned()));
     assert!(
         left.is_err(),
-        "the leaver was answered within 100 ms: {left:?}"
+        "the leaver was answered within 60 ms: {left:?}"
     );
     for (c, answer) in answers.iter().enumerate() {
         assert_eq!(answer, &(200, "{}".to_owned()), "client {c}");
