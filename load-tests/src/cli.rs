@@ -76,6 +76,9 @@ pub enum Scenario {
     Steady,
     /// All at the same instant, as every rank of a job starting together.
     Burst,
+    /// Steady, with MLflow killed (SIGKILL) halfway through and started again 2 s later on the
+    /// same port and backend store.
+    MlflowRestart,
 }
 
 /// Which ranks log training metrics.
@@ -157,14 +160,16 @@ pub struct FleetArgs {
     /// A fleet size is sustained only with a p99 acknowledgement latency up to this.
     #[arg(long, default_value = "2s", value_parser = humantime::parse_duration)]
     pub p99_bound: Duration,
-    /// Retries of a request answered 429/5xx or not at all (the MLflow client retries these).
-    #[arg(long, default_value_t = 3)]
+    /// Retries of a request answered 429/5xx or not at all (the MLflow client retries these, 7
+    /// times by default).
+    #[arg(long, default_value_t = 7)]
     pub retries: u32,
     /// Time after which one attempt counts as failed.
     #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
     pub request_timeout: Duration,
-    /// Requests outstanding per target at most; later ones wait, and their wait counts.
-    #[arg(long, default_value_t = 2048)]
+    /// Requests outstanding per target at most; later ones wait, and their wait counts. Also
+    /// bounds the backlog an overloaded MLflow is left with.
+    #[arg(long, default_value_t = 256)]
     pub max_in_flight: usize,
     /// Also write the summary as JSON to this file.
     #[arg(long, value_name = "PATH")]

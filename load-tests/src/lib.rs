@@ -100,7 +100,7 @@ pub fn run(cli: &Cli, command_line: &str) -> anyhow::Result<Report> {
     let starting = progress::spinner(plan.describe());
     let stack = BenchStack::start(stack_args, &plan);
     starting.finish_and_clear();
-    let stack = stack?;
+    let stack = std::sync::Arc::new(stack?);
 
     // One thread: the load generator should take as little as possible of the two cores it shares
     // with MLflow, nginx and the proxies, and the rates involved need far less than one.
@@ -115,7 +115,7 @@ pub fn run(cli: &Cli, command_line: &str) -> anyhow::Result<Report> {
             Command::Gateway(args) => gateway::run(args, &stack, command_line).await,
             Command::DedupRows(args) => dedup_rows::run(args, &stack, command_line).await,
             Command::Slowloris(args) => slowloris::run(args, &stack, command_line).await,
-            Command::Fleet(args) => fleet::run(args, &stack, command_line).await,
+            Command::Fleet(args) => fleet::run(args, stack.clone(), command_line).await,
             Command::Rewrite(_) => unreachable!("rewrite returned above"),
         }
     })

@@ -9,7 +9,7 @@
 use std::fmt;
 
 use anyhow::Context as _;
-use mlscope_tests::{Nginx, ProxyProcess, StackOptions, TestStack};
+use mlscope_tests::{MlflowServer, Nginx, ProxyProcess, StackOptions, TestStack};
 
 use crate::cli::StackArgs;
 
@@ -62,6 +62,8 @@ pub(crate) struct BenchStack {
     own_proxy: Option<ProxyProcess>,
     /// What `direct` means and every proxy forwards to: MLflow, or the stub.
     upstream_url: String,
+    /// MLflow as started again by [`BenchStack::restart_mlflow`], in place of the stack's own.
+    restarted_mlflow: std::sync::Mutex<Option<MlflowServer>>,
     stack: TestStack,
 }
 
@@ -195,6 +197,7 @@ impl BenchStack {
             extra_proxies,
             own_proxy,
             upstream_url,
+            restarted_mlflow: std::sync::Mutex::new(None),
             stack,
         })
     }
@@ -225,6 +228,43 @@ impl BenchStack {
 
     pub(crate) fn target(&self, kind: TargetKind) -> Option<Target> {
         self.targets().into_iter().find(|t| t.kind == kind)
+    }
+
+    /// Kills MLflow (SIGKILL to its process group, as a crashed or evicted pod), waits `down`,
+    /// and starts it again on the same port with the same backend store; returns how long MLflow
+    /// was gone. Blocking.
+    pub(crate) fn restart_mlflow(
+        &self,
+        down: std::time::Duration,
+    ) -> anyhow::Result<std::time::Duration> {
+        let mut restarted = self.restarted_mlflow.lock().expect("restart lock");
+        let pgid = restarted
+            .as_ref()
+            .map_or_else(|| self.stack.mlflow.process.pid(), |m| m.process.pid());
+        let gone = std::time::Instant::now();
+        let killed = std::process::Command::new("kill")
+            .args(["-KILL", &format!("-{pgid}")])
+            .status()
+            .context("running kill")?;
+        anyhow::ensure!(killed.success(), "kill -KILL -{pgid} failed: {killed}");
+        std::thread::sleep(down);
+        let port: u16 = self
+            .stack
+            .mlflow
+            .url
+            .rsplit(':')
+            .next()
+            .and_then(|p| p.trim_end_matches('/').parse().ok())
+            .context("MLflow's URL has no port")?;
+        let server = MlflowServer::start_on(
+            self.stack.dir.path(),
+            &self.stack.s3,
+            Some(&self.stack.mlflow.backend_store_uri),
+            port,
+        )
+        .context("starting MLflow again")?;
+        *restarted = Some(server);
+        Ok(gone.elapsed())
     }
 
     /// Process id of mlscope-proxy, for reading its memory use from `/proc`.

@@ -48,6 +48,7 @@ use tokio::sync::{oneshot, OwnedSemaphorePermit, Semaphore};
 use crate::authz::credential_fingerprint;
 use crate::error::mlflow_error;
 use crate::proxy::{request_id, Forwarder};
+use crate::rewrite::{NODE_HEADER, RANK_HEADER};
 use crate::telemetry::Metrics;
 
 /// MLflow's limit on metrics per `log-batch`.
@@ -232,7 +233,7 @@ impl Coalescer {
         let key = BatchKey {
             path: parsed.batch_path.into(),
             run_id: parsed.run_id.into(),
-            credential: credential_fingerprint(&parts.headers),
+            credential: merge_fingerprint(&parts.headers),
         };
         let (reply, answer) = oneshot::channel();
         let member = Member {
@@ -423,6 +424,19 @@ impl Inner {
             let _ = member.reply.send(response);
         }
     }
+}
+
+/// The credential a request merges under: every header that could identify the client to
+/// MLflow (see [`credential_fingerprint`]), without mlscope's own identity headers, which the
+/// rewriter has already applied to the keys and which say nothing to MLflow.
+fn merge_fingerprint(headers: &HeaderMap) -> [u8; 32] {
+    if !headers.contains_key(NODE_HEADER) && !headers.contains_key(RANK_HEADER) {
+        return credential_fingerprint(headers);
+    }
+    let mut headers = headers.clone();
+    headers.remove(NODE_HEADER);
+    headers.remove(RANK_HEADER);
+    credential_fingerprint(&headers)
 }
 
 /// Whether the head allows a merge: a JSON body of known length within MLflow's limit.
@@ -634,6 +648,33 @@ mod tests {
                 "{refused}"
             );
         }
+    }
+
+    #[test]
+    fn ranks_of_one_client_merge_and_other_credentials_do_not() {
+        let headers = |pairs: &[(&'static str, &'static str)]| {
+            let mut map = HeaderMap::new();
+            for (name, value) in pairs {
+                map.insert(*name, HeaderValue::from_static(value));
+            }
+            map
+        };
+        let rank = |r: &'static str| {
+            merge_fingerprint(&headers(&[
+                ("authorization", "Basic dTpw"),
+                ("x-mlscope-node", "n1"),
+                ("x-mlscope-rank", r),
+            ]))
+        };
+        assert_eq!(rank("0"), rank("1"));
+        assert_ne!(
+            rank("0"),
+            merge_fingerprint(&headers(&[("authorization", "Basic b3RoZXI6cA==")]))
+        );
+        assert_ne!(
+            merge_fingerprint(&headers(&[("cookie", "session=a")])),
+            merge_fingerprint(&headers(&[("cookie", "session=b")]))
+        );
     }
 
     #[test]

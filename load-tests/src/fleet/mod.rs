@@ -113,6 +113,12 @@ pub(crate) struct Outcome {
     pub(crate) all_latency: Histogram<u64>,
     pub(crate) counts: Counts,
     pub(crate) p99_bound: Duration,
+    /// How long MLflow was gone, in the restart scenario.
+    pub(crate) mlflow_down: Option<Duration>,
+    /// How long MLflow took after the load to answer promptly again.
+    pub(crate) drained: Duration,
+    /// Why the samples could not be counted.
+    pub(crate) count_error: Option<String>,
 }
 
 /// Samples, counted after the load.
@@ -136,6 +142,7 @@ impl Outcome {
     pub(crate) fn sustained(&self) -> bool {
         self.failed == 0
             && self.dropped == 0
+            && self.count_error.is_none()
             && self.counts.missing == 0
             && self.counts.duplicated == 0
             && self
@@ -205,7 +212,7 @@ impl KeyMapping {
 
 pub(crate) async fn run(
     args: &FleetArgs,
-    stack: &BenchStack,
+    stack: Arc<BenchStack>,
     command_line: &str,
 ) -> anyhow::Result<Report> {
     let direct = stack
@@ -223,7 +230,8 @@ pub(crate) async fn run(
             .target(kind)
             .with_context(|| format!("{kind} was not started"))?;
         for &ranks_per_node in &args.ranks_per_node {
-            let outcome = run_one(args, &target, &direct, &experiment, ranks_per_node).await?;
+            let outcome =
+                run_one(args, &stack, &target, &direct, &experiment, ranks_per_node).await?;
             let sustained = outcome.sustained();
             eprintln!(
                 "{kind}: {} ranks ({} simulated): {}",
@@ -256,6 +264,7 @@ pub(crate) async fn run(
 /// One load phase of one fleet size against one target, then the count.
 async fn run_one(
     args: &FleetArgs,
+    stack: &Arc<BenchStack>,
     target: &Target,
     direct: &Target,
     experiment: &str,
@@ -306,6 +315,17 @@ async fn run_one(
     ));
     let slots = Arc::new(Semaphore::new(args.max_in_flight));
     let start = Instant::now() + START_LEAD;
+    // The restart scenario: MLflow killed halfway through, back 2 s later (plus its start-up).
+    let restart = (args.scenario == Scenario::MlflowRestart).then(|| {
+        let stack = stack.clone();
+        let at = start + args.duration / 2;
+        tokio::spawn(async move {
+            tokio::time::sleep_until(at).await;
+            tokio::task::spawn_blocking(move || stack.restart_mlflow(Duration::from_secs(2)))
+                .await
+                .context("the restart task panicked")?
+        })
+    });
     let deadline = start + args.duration + args.request_timeout;
     let mut tasks = JoinSet::new();
     let mut outcome = Outcome {
@@ -323,6 +343,9 @@ async fn run_one(
         all_latency: histogram(),
         counts: Counts::default(),
         p99_bound: args.p99_bound,
+        mlflow_down: None,
+        drained: Duration::ZERO,
+        count_error: None,
     };
     for (index, event) in events.iter().enumerate() {
         let scheduled = start + event.at;
@@ -351,12 +374,46 @@ async fn run_one(
         bar.inc(1);
     }
     bar.finish_and_clear();
+    if let Some(restart) = restart {
+        let gone = restart.await.context("the restart task panicked")??;
+        outcome.mlflow_down = Some(gone);
+    }
 
     let counting = progress::spinner(format!("{}: counting what MLflow stored", target.kind));
+    // An overloaded MLflow still works through requests whose clients gave up; the count waits
+    // until it answers promptly again, so the next phase starts from an idle MLflow too.
+    outcome.drained = wait_until_idle(&client, direct).await;
     let ledger = std::mem::take(&mut *ledger.lock().expect("ledger lock"));
-    outcome.counts = count(&client, direct, &run_ids, ledger).await?;
+    match count(&client, direct, &run_ids, ledger).await {
+        Ok(counts) => outcome.counts = counts,
+        Err(e) => outcome.count_error = Some(format!("{e:#}")),
+    }
     counting.finish_and_clear();
     Ok(outcome)
+}
+
+/// Polls a cheap MLflow call until it answers within a second (at most 10 minutes); returns how
+/// long that took.
+async fn wait_until_idle(client: &reqwest::Client, direct: &Target) -> Duration {
+    let started = Instant::now();
+    let url = format!(
+        "{}/api/2.0/mlflow/experiments/search?max_results=1",
+        direct.base_url
+    );
+    while started.elapsed() < Duration::from_secs(600) {
+        let asked = Instant::now();
+        let answered = client
+            .get(&url)
+            .timeout(Duration::from_secs(30))
+            .send()
+            .await
+            .is_ok_and(|r| r.status().is_success());
+        if answered && asked.elapsed() < Duration::from_secs(1) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    }
+    started.elapsed()
 }
 
 fn histogram() -> Histogram<u64> {
@@ -430,7 +487,9 @@ fn schedule(args: &FleetArgs, ranks: &[Rank]) -> Vec<Event> {
     let mut events = Vec::new();
     for (index, rank) in ranks.iter().enumerate() {
         let offset = match args.scenario {
-            Scenario::Steady => interval.mul_f64(index as f64 / ranks.len() as f64),
+            Scenario::Steady | Scenario::MlflowRestart => {
+                interval.mul_f64(index as f64 / ranks.len() as f64)
+            }
             Scenario::Burst => Duration::ZERO,
         };
         let mut periodic = |op: Op, period: Duration| {
@@ -677,7 +736,16 @@ async fn count(
             let slots = slots.clone();
             reads.spawn(async move {
                 let _slot = slots.acquire_owned().await;
-                let stored = history(&client, &base, &run_id, &key).await;
+                // MLflow may still be working through requests whose clients gave up: a read
+                // that times out is tried again, with pauses, before the count fails.
+                let mut stored = history(&client, &base, &run_id, &key).await;
+                for pause in [5, 10, 20, 40] {
+                    if stored.is_ok() {
+                        break;
+                    }
+                    tokio::time::sleep(Duration::from_secs(pause)).await;
+                    stored = history(&client, &base, &run_id, &key).await;
+                }
                 (key, expected, stored)
             });
         }

@@ -61,15 +61,22 @@ pub(crate) fn render(
         scenario = match args.scenario {
             crate::cli::Scenario::Steady => "steady (ranks spread over one interval)",
             crate::cli::Scenario::Burst => "burst (every rank at the same instant)",
+            crate::cli::Scenario::MlflowRestart => {
+                "steady, with MLflow killed halfway through and started again (same port and backend) 2 s later,"
+            }
         },
         duration = humantime::format_duration(args.duration),
         retries = args.retries,
         bound = humantime::format_duration(args.p99_bound),
         version = mlflow_version.unwrap_or("(version not reported)"),
-        backend = if args.stack.mlflow_backend.is_some() {
-            "as given by --mlflow-backend"
-        } else {
-            "SQLite"
+        backend = match args.stack.mlflow_backend.as_deref() {
+            None => "SQLite (a file in the stack's directory)".to_owned(),
+            Some(uri) if uri.starts_with("postgresql") => {
+                // The URI without credentials: scheme, host and database.
+                let host = uri.rsplit('@').next().unwrap_or(uri);
+                format!("PostgreSQL ({host})")
+            }
+            Some(uri) => uri.split(':').next().unwrap_or(uri).to_owned(),
         },
         cpus = std::thread::available_parallelism().map_or(0, |n| n.get()),
     );
@@ -162,6 +169,50 @@ pub(crate) fn render(
         }
     }
 
+    let after: Vec<String> = outcomes
+        .iter()
+        .filter(|o| o.count_error.is_some() || o.drained.as_secs() >= 5)
+        .map(|o| {
+            let mut line = format!(
+                "- {} at {} ranks: MLflow answered promptly again {:.0} s after the load",
+                o.target.label(),
+                o.nodes * o.ranks_per_node,
+                o.drained.as_secs_f64()
+            );
+            if let Some(error) = &o.count_error {
+                let shown: String = error.chars().take(200).collect();
+                let _ = write!(line, "; the samples could not be counted: {shown}");
+            }
+            line
+        })
+        .collect();
+    if !after.is_empty() {
+        let _ = writeln!(out, "\nAfter the load:\n");
+        for line in &after {
+            let _ = writeln!(out, "{line}");
+        }
+    }
+
+    let restarts: Vec<String> = outcomes
+        .iter()
+        .filter_map(|o| {
+            o.mlflow_down.map(|d| {
+                format!(
+                    "- {} at {} ranks: MLflow gone for {:.1} s (kill to ready again)",
+                    o.target.label(),
+                    o.nodes * o.ranks_per_node,
+                    d.as_secs_f64()
+                )
+            })
+        })
+        .collect();
+    if !restarts.is_empty() {
+        let _ = writeln!(out, "\nMLflow restarts:\n");
+        for line in &restarts {
+            let _ = writeln!(out, "{line}");
+        }
+    }
+
     let largest = largest_sustained(outcomes);
     let _ = writeln!(out, "\nLargest fleet sustained (simulated ranks):\n");
     let direct = largest.get(&TargetKind::Direct).copied().flatten();
@@ -245,6 +296,8 @@ pub(crate) fn json(args: &FleetArgs, mlflow_version: Option<&str>, outcomes: &[O
                 "p99_ms": o.p99_micros().map(|p| p as f64 / 1e3),
                 "latency": per_op,
                 "sustained": o.sustained(),
+                "drained_s": o.drained.as_secs_f64(),
+                "count_error": o.count_error,
             })
         })
         .collect();

@@ -291,3 +291,62 @@ async fn a_client_that_goes_away_loses_nothing_of_the_others() {
         assert_eq!(stored[&format!("client{c}")].len(), 1, "{stored:?}");
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_full_queue_answers_503_with_retry_after_and_keeps_what_it_queued() {
+    let stack = TestStack::shared();
+    let proxy = spawn_proxy(
+        &stack.mlflow.url,
+        &[
+            "--coalesce-window",
+            "20ms",
+            "--coalesce-in-flight-per-run",
+            "1",
+            "--coalesce-max-pending-per-run",
+            "1000",
+        ],
+        stack.dir.path(),
+    )
+    .expect("starting a coalescing proxy");
+    let run_id = create_run(&stack.mlflow.url, "coalesce-full").await;
+    let batch = |name: &str| {
+        let metrics: Vec<Value> = (0..600)
+            .map(|i| json!({"key": format!("{name}/{}", i % 10), "value": i, "timestamp": 1 + i, "step": i}))
+            .collect();
+        json!({"run_id": run_id, "metrics": metrics})
+    };
+    let send = |body: Value| {
+        let url = format!("{}/api/2.0/mlflow/runs/log-batch", proxy.url);
+        async move {
+            after_the_opener().await;
+            http().post(url).json(&body).send().await.unwrap()
+        }
+    };
+    // Behind the opener, the first 600 metrics fit the run's queue of 1000; the next 600 do not.
+    let (opened, first, second) = tokio::join!(
+        open_with_a_full_batch(&proxy.url, &run_id),
+        send(batch("queued")),
+        async {
+            tokio::time::sleep(std::time::Duration::from_millis(30)).await;
+            send(batch("refused")).await
+        }
+    );
+    assert_eq!(opened, (200, "{}".to_owned()));
+    assert_eq!(first.status(), 200);
+    assert_eq!(second.status(), 503);
+    assert_eq!(second.headers()["retry-after"], "1");
+    let error: Value = second.json().await.unwrap();
+    assert_eq!(error["error_code"], "TEMPORARILY_UNAVAILABLE");
+    let stored = histories(&stack.mlflow.url, &run_id).await;
+    assert_eq!(stored["queued/0"].len(), 60);
+    assert!(!stored.contains_key("refused/0"), "{:?}", stored.keys());
+    let metrics = scrape(&proxy.admin_url).await;
+    assert_eq!(
+        counter(
+            &metrics,
+            "mlscope_coalesce_rejected_total{reason=\"pending_per_run\"}"
+        ),
+        1.0,
+        "{metrics}"
+    );
+}
