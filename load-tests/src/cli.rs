@@ -167,9 +167,10 @@ pub struct FleetArgs {
     /// Time after which one attempt counts as failed.
     #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
     pub request_timeout: Duration,
-    /// Requests outstanding per target at most; later ones wait, and their wait counts. Also
-    /// bounds the backlog an overloaded MLflow is left with.
-    #[arg(long, default_value_t = 256)]
+    /// Requests outstanding per target at most; later ones wait, and their wait counts. Keep it
+    /// below MLflow's 15 database connections: with hundreds outstanding MLflow 3.17 stops
+    /// answering for minutes (BENCHMARKS.md), and the run measures that instead of capacity.
+    #[arg(long, default_value_t = 12)]
     pub max_in_flight: usize,
     /// Also write the summary as JSON to this file.
     #[arg(long, value_name = "PATH")]
