@@ -242,11 +242,12 @@ impl BenchStack {
             .as_ref()
             .map_or_else(|| self.stack.mlflow.process.pid(), |m| m.process.pid());
         let gone = std::time::Instant::now();
+        // `--`: without it kill(1) may read the negative process group id as an option.
         let killed = std::process::Command::new("kill")
-            .args(["-KILL", &format!("-{pgid}")])
+            .args(["-KILL", "--", &format!("-{pgid}")])
             .status()
             .context("running kill")?;
-        anyhow::ensure!(killed.success(), "kill -KILL -{pgid} failed: {killed}");
+        anyhow::ensure!(killed.success(), "kill -KILL -- -{pgid} failed: {killed}");
         std::thread::sleep(down);
         let port: u16 = self
             .stack
