@@ -48,7 +48,7 @@ use tokio::sync::{oneshot, OwnedSemaphorePermit, Semaphore};
 use crate::authz::credential_fingerprint;
 use crate::error::mlflow_error;
 use crate::proxy::{request_id, Forwarder};
-use crate::rewrite::{NODE_HEADER, RANK_HEADER};
+use crate::rewrite::{is_json, NODE_HEADER, RANK_HEADER};
 use crate::telemetry::Metrics;
 
 /// MLflow's limit on metrics per `log-batch`.
@@ -191,10 +191,6 @@ impl Coalescer {
                 runs: Mutex::new(HashMap::new()),
             }),
         }
-    }
-
-    pub fn config(&self) -> CoalesceConfig {
-        self.inner.config
     }
 
     /// Answers a prepared metrics request: through a batch when it can be merged, else forwarded
@@ -442,11 +438,7 @@ fn merge_fingerprint(headers: &HeaderMap) -> [u8; 32] {
 /// Whether the head allows a merge: a JSON body of known length within MLflow's limit.
 fn mergeable_head(request: &Request) -> bool {
     let headers = request.headers();
-    let json = headers
-        .get(header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.split(';').next())
-        .is_some_and(|mime| mime.trim().eq_ignore_ascii_case("application/json"));
+    let json = is_json(headers);
     let length = headers
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())

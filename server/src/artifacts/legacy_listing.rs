@@ -155,11 +155,7 @@ fn listed_path(uri: &Uri) -> Option<String> {
 
 fn is_plain_json_ok(response: &Response) -> bool {
     let headers = response.headers();
-    let is_json = headers
-        .get(header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.split(';').next())
-        .is_some_and(|essence| essence.trim().eq_ignore_ascii_case("application/json"));
+    let is_json = crate::rewrite::is_json(headers);
     let encoded = headers
         .get(header::CONTENT_ENCODING)
         .is_some_and(|v| !v.as_bytes().eq_ignore_ascii_case(b"identity"));

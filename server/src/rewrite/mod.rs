@@ -496,7 +496,8 @@ impl MetricsRewriter {
     }
 }
 
-fn is_json(headers: &HeaderMap) -> bool {
+/// Whether a message's content type is JSON (`application/json`, any parameters).
+pub(crate) fn is_json(headers: &HeaderMap) -> bool {
     headers
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
