@@ -79,6 +79,19 @@ pub enum Scenario {
     /// Steady, with MLflow killed (SIGKILL) halfway through and started again 2 s later on the
     /// same port and backend store.
     MlflowRestart,
+    /// Steady, against `mlscope-replicas` only: replica 0 killed (SIGKILL) halfway through and
+    /// started again 2 s later on the same ports; nginx sends its share to the others meanwhile.
+    ReplicaKill,
+}
+
+/// What sends each rank's system metrics.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum SystemFrom {
+    /// MLflow's system-metrics monitor: its keys under `system/<node>/rank-<r>/`.
+    Monitor,
+    /// mlscope-collector beside each rank: the scope contract's keys, with the
+    /// `X-Mlscope-Node`/`X-Mlscope-Rank` headers.
+    Collector,
 }
 
 /// Which ranks log training metrics.
@@ -103,6 +116,9 @@ pub enum FleetTarget {
     MlscopeCoalesce,
     /// mlscope-proxy as configured by default: coalescing and deduplication.
     Mlscope,
+    /// nginx in front of `--replicas` mlscope-proxy replicas (configured as `mlscope`) that
+    /// share their state in a PostgreSQL database of their own on `--replica-postgres`.
+    MlscopeReplicas,
 }
 
 #[derive(Debug, Args)]
@@ -127,6 +143,9 @@ pub struct FleetArgs {
     /// Load time per target and fleet size (real time).
     #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
     pub duration: Duration,
+    /// What sends each rank's system metrics, one sample per interval.
+    #[arg(long, value_enum, default_value = "monitor")]
+    pub system_from: SystemFrom,
     /// GPUs in each rank's monitor publishes (each adds 5 metrics to the 8 of CPU, memory, disk
     /// and network).
     #[arg(long, default_value_t = 1)]
@@ -172,6 +191,17 @@ pub struct FleetArgs {
     /// answering for minutes (BENCHMARKS.md), and the run measures that instead of capacity.
     #[arg(long, default_value_t = 12)]
     pub max_in_flight: usize,
+    /// Replicas behind nginx for the `mlscope-replicas` target.
+    #[arg(long, default_value_t = 2)]
+    pub replicas: usize,
+    /// PostgreSQL server (a URL allowed to create databases) where the replicas get a state
+    /// database of their own, dropped afterwards.
+    #[arg(
+        long,
+        value_name = "URL",
+        default_value = "postgres://postgres@127.0.0.1:5432/postgres"
+    )]
+    pub replica_postgres: String,
     /// Also write the summary as JSON to this file.
     #[arg(long, value_name = "PATH")]
     pub json: Option<std::path::PathBuf>,
@@ -191,11 +221,12 @@ impl FleetArgs {
                 FleetTarget::MlscopePlain => TargetKind::ProxyCoalesceOff,
                 FleetTarget::MlscopeCoalesce => TargetKind::ProxyDedupOff,
                 FleetTarget::Mlscope => TargetKind::Proxy,
+                FleetTarget::MlscopeReplicas => TargetKind::ProxyReplicas,
             })
             .collect()
     }
 
-    fn validate(&self) -> Result<(), String> {
+    pub(crate) fn validate(&self) -> Result<(), String> {
         if self.nodes == 0 || self.runs == 0 || self.runs > self.nodes {
             return Err(
                 "--nodes and --runs must be at least 1, with no more runs than nodes".into(),
@@ -224,6 +255,20 @@ impl FleetArgs {
         }
         if self.targets.is_empty() {
             return Err("--targets needs at least one target".into());
+        }
+        if !(1..=16).contains(&self.replicas) {
+            return Err("--replicas must be within 1..=16".into());
+        }
+        if self.scenario == Scenario::ReplicaKill && self.targets != [FleetTarget::MlscopeReplicas]
+        {
+            return Err(
+                "--scenario replica-kill kills a replica of mlscope-replicas: use it with \
+                 --targets mlscope-replicas alone"
+                    .into(),
+            );
+        }
+        if self.scenario == Scenario::ReplicaKill && self.replicas < 2 {
+            return Err("--scenario replica-kill needs --replicas 2 or more".into());
         }
         if self.stack.stub_upstream {
             return Err(

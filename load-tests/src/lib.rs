@@ -18,6 +18,7 @@ mod mlflow;
 mod monitor;
 mod passthrough;
 mod progress;
+mod prometheus;
 mod rewrite;
 mod slowloris;
 mod stack;
@@ -33,7 +34,7 @@ pub use units::ByteSize;
 
 use anyhow::Context as _;
 
-use stack::{BenchStack, StackPlan, TargetKind};
+use stack::{BenchStack, ReplicaPlan, StackPlan, TargetKind};
 
 /// A finished benchmark: the markdown for stdout, and what made it a failure (empty when nothing).
 pub struct Report {
@@ -56,7 +57,7 @@ pub fn run(cli: &Cli, command_line: &str) -> anyhow::Result<Report> {
                 } else {
                     Vec::new()
                 },
-                artifact_gateway: false,
+                ..StackPlan::default()
             },
         ),
         Command::Artifact(args) => (&args.stack, StackPlan::default()),
@@ -85,6 +86,12 @@ pub fn run(cli: &Cli, command_line: &str) -> anyhow::Result<Report> {
                         .filter(|k| kinds.contains(k))
                         .collect(),
                     artifact_gateway: false,
+                    replicas: kinds
+                        .contains(&TargetKind::ProxyReplicas)
+                        .then(|| ReplicaPlan {
+                            count: args.replicas,
+                            postgres_admin_url: args.replica_postgres.clone(),
+                        }),
                 },
             )
         }
@@ -93,7 +100,7 @@ pub fn run(cli: &Cli, command_line: &str) -> anyhow::Result<Report> {
             StackPlan {
                 nginx: false,
                 extra_proxies: vec![TargetKind::ProxyDedupOff],
-                artifact_gateway: false,
+                ..StackPlan::default()
             },
         ),
     };

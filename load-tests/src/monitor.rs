@@ -140,6 +140,85 @@ impl MonitoredRank {
     }
 }
 
+/// The collector's names of one sample (`mlscope-collector`), GPUs left out: node-wide first,
+/// then the rank's container and pod.
+pub(crate) const COLLECTOR_NAMES: [&str; 16] = [
+    "node_cpu_utilization_percentage",
+    "node_memory_usage_megabytes",
+    "node_memory_usage_percentage",
+    "rootfs_usage_megabytes",
+    "rootfs_usage_percentage",
+    "rootfs_available_megabytes",
+    "container_cpu_utilization_percentage",
+    "container_cpu_limit_cores",
+    "container_cpu_throttled_percentage",
+    "container_memory_working_set_megabytes",
+    "container_memory_working_set_percentage",
+    "container_memory_limit_megabytes",
+    "container_memory_peak_megabytes",
+    "container_oom_kill_count",
+    "network_receive_megabytes",
+    "network_transmit_megabytes",
+];
+
+impl MonitoredRank {
+    /// Sample number `publish` of `mlscope-collector` beside this rank: the collector's names
+    /// under the keys the scope contract gives them (`system/<node>/node_*`,
+    /// `system/rank-<r>/container_*`, ...), with `gpus` GPUs. The monitor's values where the
+    /// names measure the same (node CPU, memory, disk; network; GPUs), the container's own
+    /// for the rest.
+    pub(crate) fn collector_publish(&self, publish: u64, gpus: u32) -> Vec<(String, f64)> {
+        let monitor: std::collections::HashMap<String, f64> = self
+            .publish(publish, gpus)
+            .into_iter()
+            .map(|(key, value)| (key.trim_start_matches(&self.key_prefix()).to_owned(), value))
+            .collect();
+        let from_monitor = |name: &str| monitor.get(name).copied().unwrap_or_default();
+        let rank_noise = unit(mix(hash_str(&self.node)
+            ^ (u64::from(self.rank) << 20)
+            ^ publish));
+        let limit_megabytes = 65_536.0;
+        let working_set = limit_megabytes * (0.4 + 0.3 * rank_noise);
+        let values = [
+            from_monitor("cpu_utilization_percentage"),
+            from_monitor("system_memory_usage_megabytes"),
+            from_monitor("system_memory_usage_percentage"),
+            from_monitor("disk_usage_megabytes"),
+            from_monitor("disk_usage_percentage"),
+            from_monitor("disk_available_megabytes"),
+            round(60.0 + 35.0 * rank_noise, 1),
+            8.0,
+            round(5.0 * rank_noise, 1),
+            round(working_set, 3),
+            round(100.0 * working_set / limit_megabytes, 1),
+            limit_megabytes,
+            round(working_set * 1.1, 3),
+            0.0,
+            from_monitor("network_receive_megabytes"),
+            from_monitor("network_transmit_megabytes"),
+        ];
+        let identity = mlscope_scopes::Identity {
+            node: Some(self.node.clone()),
+            rank: Some(self.rank),
+        };
+        let gpu_names = (0..gpus).flat_map(|gpu| {
+            GPU_SUFFIXES
+                .iter()
+                .map(move |suffix| format!("gpu_{gpu}_{suffix}"))
+        });
+        COLLECTOR_NAMES
+            .iter()
+            .map(|name| (*name).to_owned())
+            .zip(values)
+            .chain(gpu_names.map(|name| {
+                let value = from_monitor(&name);
+                (name, value)
+            }))
+            .map(|(name, value)| (mlscope_scopes::collector_key(&name, &identity), value))
+            .collect()
+    }
+}
+
 // === impl SeriesKind ===
 
 impl SeriesKind {
@@ -210,6 +289,24 @@ mod tests {
             );
         }
         assert!(publish.iter().all(|(_, v)| v.is_finite() && *v >= 0.0));
+    }
+
+    #[test]
+    fn a_collector_sample_carries_the_contracts_keys_for_its_node_and_rank() {
+        let sample = MonitoredRank::new("node-a", 3).collector_publish(2, 1);
+        let keys: Vec<&str> = sample.iter().map(|(k, _)| k.as_str()).collect();
+        assert_eq!(keys.len(), COLLECTOR_NAMES.len() + GPU_SUFFIXES.len());
+        assert_eq!(keys[0], "system/node-a/node_cpu_utilization_percentage");
+        assert!(keys.contains(&"system/node-a/rootfs_available_megabytes"));
+        assert!(keys.contains(&"system/rank-3/container_memory_working_set_megabytes"));
+        assert!(keys.contains(&"system/rank-3/network_receive_megabytes"));
+        assert!(keys.contains(&"system/rank-3/gpu_0_utilization_percentage"));
+        let node_wide = keys
+            .iter()
+            .filter(|k| SeriesKind::of_key(k) == SeriesKind::NodeWide)
+            .count();
+        assert_eq!(node_wide, 6);
+        assert!(sample.iter().all(|(_, v)| v.is_finite() && *v >= 0.0));
     }
 
     #[test]

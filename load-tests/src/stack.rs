@@ -9,7 +9,7 @@
 use std::fmt;
 
 use anyhow::Context as _;
-use mlscope_tests::{MlflowServer, Nginx, ProxyProcess, StackOptions, TestStack};
+use mlscope_tests::{MlflowServer, Nginx, PostgresDatabase, ProxyProcess, StackOptions, TestStack};
 
 use crate::cli::StackArgs;
 
@@ -31,6 +31,9 @@ pub(crate) enum TargetKind {
     /// mlscope-proxy in front of MLflow, as configured by `--proxy-arg` (scoping and dedup on
     /// by default).
     Proxy,
+    /// nginx in front of several mlscope-proxy replicas (configured as [`TargetKind::Proxy`])
+    /// that share their state in one PostgreSQL database: the production shape.
+    ProxyReplicas,
 }
 
 /// One target and its base URL (`http://127.0.0.1:<port>`, no trailing slash).
@@ -49,6 +52,29 @@ pub(crate) struct StackPlan {
     /// Start the main proxy as an artifact gateway: `--artifacts-destination` MLflow's own
     /// (`s3://mlflow/artifacts`), `--s3-endpoint-url` the stack's store, `--s3-quirks seaweedfs`.
     pub(crate) artifact_gateway: bool,
+    /// Start [`TargetKind::ProxyReplicas`].
+    pub(crate) replicas: Option<ReplicaPlan>,
+}
+
+/// Replicas of mlscope-proxy behind nginx, sharing one PostgreSQL database.
+#[derive(Debug, Clone)]
+pub(crate) struct ReplicaPlan {
+    pub(crate) count: usize,
+    /// A PostgreSQL URL allowed to create databases; the bench creates one of its own there
+    /// and drops it afterwards.
+    pub(crate) postgres_admin_url: String,
+}
+
+/// The running replicas, their gateway and their database.
+struct Replicas {
+    // Field order is drop order: the gateway, the replicas, then the database they use.
+    gateway: Nginx,
+    /// Each replica with the ports it listens on, to start it again on the same ones.
+    processes: std::sync::Mutex<Vec<(ProxyProcess, u16, u16)>>,
+    args: Vec<String>,
+    upstream: String,
+    dir: std::path::PathBuf,
+    _database: PostgresDatabase,
 }
 
 /// The running stack; dropping it stops nginx, the proxies, MLflow and the store.
@@ -56,6 +82,7 @@ pub(crate) struct BenchStack {
     // Field order is drop order: nginx and the extra proxies go before the MLflow server they
     // forward to.
     nginx: Option<Nginx>,
+    replicas: Option<Replicas>,
     extra_proxies: Vec<(TargetKind, ProxyProcess)>,
     /// The main proxy when the bench starts it itself: in front of the stub instead of MLflow,
     /// or as an artifact gateway (the harness knows the store's address only once it runs).
@@ -78,6 +105,7 @@ impl TargetKind {
             TargetKind::ProxyCoalesceOff => "mlscope-proxy (coalescing and dedup off)",
             TargetKind::ProxyDedupOff => "mlscope-proxy (dedup off)",
             TargetKind::Proxy => "mlscope-proxy",
+            TargetKind::ProxyReplicas => "nginx → mlscope-proxy replicas (PostgreSQL state)",
         }
     }
 
@@ -90,6 +118,7 @@ impl TargetKind {
             TargetKind::ProxyCoalesceOff => "mlscope-proxy-coalescing-off",
             TargetKind::ProxyDedupOff => "mlscope-proxy-dedup-off",
             TargetKind::Proxy => "mlscope-proxy",
+            TargetKind::ProxyReplicas => "mlscope-proxy-replicas",
         }
     }
 
@@ -102,7 +131,10 @@ impl TargetKind {
             }
             TargetKind::ProxyCoalesceOff => Some(&["--coalesce-window", "0s", "--dedup", "false"]),
             TargetKind::ProxyDedupOff => Some(&["--dedup", "false"]),
-            TargetKind::Direct | TargetKind::Nginx | TargetKind::Proxy => None,
+            TargetKind::Direct
+            | TargetKind::Nginx
+            | TargetKind::Proxy
+            | TargetKind::ProxyReplicas => None,
         }
     }
 }
@@ -125,6 +157,11 @@ impl StackPlan {
         };
         let mut parts = vec!["S3 store", "MLflow", main_proxy];
         parts.extend(self.extra_proxies.iter().map(|kind| kind.label()));
+        let replicas;
+        if let Some(plan) = &self.replicas {
+            replicas = format!("{} mlscope-proxy replicas behind nginx", plan.count);
+            parts.push(&replicas);
+        }
         if self.nginx {
             parts.push("nginx");
         }
@@ -192,8 +229,18 @@ impl BenchStack {
         } else {
             None
         };
+        let replicas = match &plan.replicas {
+            Some(replicas) => Some(Replicas::start(
+                args,
+                replicas,
+                &upstream_url,
+                stack.dir.path(),
+            )?),
+            None => None,
+        };
         Ok(BenchStack {
             nginx,
+            replicas,
             extra_proxies,
             own_proxy,
             upstream_url,
@@ -222,6 +269,12 @@ impl BenchStack {
             kind: TargetKind::Proxy,
             base_url: trim_url(&self.proxy().url),
         });
+        if let Some(replicas) = &self.replicas {
+            targets.push(Target {
+                kind: TargetKind::ProxyReplicas,
+                base_url: trim_url(&replicas.gateway.url),
+            });
+        }
         targets.sort_by_key(|t| t.kind);
         targets
     }
@@ -268,6 +321,21 @@ impl BenchStack {
         Ok(gone.elapsed())
     }
 
+    /// Kills replica `index` of [`TargetKind::ProxyReplicas`] (SIGKILL, as a crashed or evicted
+    /// pod), waits `down`, and starts it again on the same ports and database; returns how long
+    /// it was gone. Blocking.
+    pub(crate) fn kill_replica(
+        &self,
+        index: usize,
+        down: std::time::Duration,
+    ) -> anyhow::Result<std::time::Duration> {
+        let replicas = self
+            .replicas
+            .as_ref()
+            .context("the stack was started without replicas")?;
+        replicas.kill(index, down)
+    }
+
     /// Process id of mlscope-proxy, for reading its memory use from `/proc`.
     pub(crate) fn proxy_pid(&self) -> u32 {
         self.proxy().process.pid()
@@ -291,6 +359,7 @@ impl BenchStack {
             TargetKind::Direct => (!self.upstream_is_stub()).then(|| self.mlflow_pid()),
             TargetKind::Nginx => self.nginx.as_ref().map(|n| n.process.pid()),
             TargetKind::Proxy => Some(self.proxy_pid()),
+            TargetKind::ProxyReplicas => self.replicas.as_ref().map(|r| r.gateway.process.pid()),
             other => self
                 .extra_proxies
                 .iter()
@@ -314,6 +383,21 @@ impl BenchStack {
         (trim_url(&self.stack.s3.url), &self.stack.s3.bucket)
     }
 
+    /// Admin URLs (`/metrics`) of every mlscope-proxy behind `kind`: one for a proxy, each
+    /// replica's for [`TargetKind::ProxyReplicas`], none for other targets.
+    pub(crate) fn admin_urls(&self, kind: TargetKind) -> Vec<String> {
+        match (kind, &self.replicas) {
+            (TargetKind::ProxyReplicas, Some(replicas)) => replicas
+                .processes
+                .lock()
+                .expect("replicas lock")
+                .iter()
+                .map(|(p, _, _)| trim_url(&p.admin_url))
+                .collect(),
+            _ => self.admin_url(kind).into_iter().collect(),
+        }
+    }
+
     /// Admin URL (`/metrics`) of the mlscope-proxy behind `kind`; `None` for other targets.
     pub(crate) fn admin_url(&self, kind: TargetKind) -> Option<String> {
         let proxy = if kind == TargetKind::Proxy {
@@ -333,6 +417,67 @@ impl BenchStack {
             .or(self.stack.proxy.as_ref())
             .expect("the benchmark stack always starts the proxy")
     }
+}
+
+// === impl Replicas ===
+
+impl Replicas {
+    fn start(
+        args: &StackArgs,
+        plan: &ReplicaPlan,
+        upstream: &str,
+        dir: &std::path::Path,
+    ) -> anyhow::Result<Replicas> {
+        let database = PostgresDatabase::create(&plan.postgres_admin_url, "mlscope_bench")
+            .context("creating the replicas' state database")?;
+        let mut proxy_args = args.proxy_args.clone();
+        proxy_args.extend(["--database-url".to_owned(), database.url.clone()]);
+        let mut processes = Vec::with_capacity(plan.count);
+        for index in 0..plan.count {
+            let (port, admin) = (mlscope_tests::free_port(), mlscope_tests::free_port());
+            let proxy = spawn_replica(upstream, &proxy_args, dir, port, admin)
+                .with_context(|| format!("starting mlscope-proxy replica {index}"))?;
+            processes.push((proxy, port, admin));
+        }
+        let urls: Vec<&str> = processes.iter().map(|(p, _, _)| p.url.as_str()).collect();
+        let gateway_dir = dir.join("nginx-replicas");
+        std::fs::create_dir_all(&gateway_dir)
+            .with_context(|| format!("creating {}", gateway_dir.display()))?;
+        let gateway = Nginx::start_balancing(&urls, &gateway_dir)
+            .context("starting nginx in front of the replicas")?;
+        Ok(Replicas {
+            gateway,
+            processes: std::sync::Mutex::new(processes),
+            args: proxy_args,
+            upstream: upstream.to_owned(),
+            dir: dir.to_owned(),
+            _database: database,
+        })
+    }
+
+    fn kill(&self, index: usize, down: std::time::Duration) -> anyhow::Result<std::time::Duration> {
+        let mut processes = self.processes.lock().expect("replicas lock");
+        let (proxy, port, admin) = processes
+            .get_mut(index)
+            .with_context(|| format!("there is no replica {index}"))?;
+        let gone = std::time::Instant::now();
+        proxy.process.kill();
+        std::thread::sleep(down);
+        *proxy = spawn_replica(&self.upstream, &self.args, &self.dir, *port, *admin)
+            .with_context(|| format!("starting replica {index} again"))?;
+        Ok(gone.elapsed())
+    }
+}
+
+fn spawn_replica(
+    upstream: &str,
+    args: &[String],
+    dir: &std::path::Path,
+    port: u16,
+    admin: u16,
+) -> anyhow::Result<ProxyProcess> {
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    mlscope_tests::spawn_proxy_on(upstream, &args, dir, port, admin)
 }
 
 fn trim_url(url: &str) -> String {
@@ -362,6 +507,7 @@ mod tests {
             nginx: true,
             extra_proxies: vec![TargetKind::ProxyScopingOff],
             artifact_gateway: false,
+            replicas: None,
         };
         assert_eq!(
             plan.describe(),

@@ -871,7 +871,8 @@ pub struct Nginx {
 impl Nginx {
     /// Used when the repository has no `deploy/nginx/mlscope-bench.conf.tmpl`. Placeholders
     /// (also in the template): `@PREFIX@` (a directory for pid, logs and temporary files),
-    /// `@LISTEN@` (`127.0.0.1:<port>`) and `@UPSTREAM@` (`host:port`).
+    /// `@LISTEN@` (`127.0.0.1:<port>`) and `@SERVERS@` (one `server host:port ...;` line per
+    /// upstream server).
     const DEFAULT_CONFIG: &'static str = r#"daemon off;
 master_process on;
 worker_processes auto;
@@ -888,7 +889,7 @@ http {
     uwsgi_temp_path @PREFIX@/uwsgi;
     scgi_temp_path @PREFIX@/scgi;
     upstream mlflow {
-        server @UPSTREAM@;
+        @SERVERS@
         keepalive 32;
     }
     server {
@@ -910,6 +911,15 @@ http {
 
     /// Starts `/usr/sbin/nginx` on a free port in front of `upstream` (`http://host:port`).
     pub fn start(upstream: &str, dir: &Path) -> Result<Nginx> {
+        Self::start_balancing(&[upstream], dir)
+    }
+
+    /// Starts `/usr/sbin/nginx` on a free port in front of several equal upstream servers (e.g.
+    /// proxy replicas), as a gateway balances them: a server that refuses connections is marked
+    /// down for a few seconds and the request goes to the next; a request already sent is not
+    /// retried elsewhere unless it is idempotent (nginx's default `proxy_next_upstream`).
+    pub fn start_balancing(upstreams: &[&str], dir: &Path) -> Result<Nginx> {
+        anyhow::ensure!(!upstreams.is_empty(), "nginx needs at least one upstream");
         let port = free_port();
         let listen = format!("127.0.0.1:{port}");
         let prefix = dir.join(format!("nginx-{port}"));
@@ -922,10 +932,18 @@ http {
                 return Err(e).with_context(|| format!("reading {}", template_path.display()))
             }
         };
+        let servers = upstreams
+            .iter()
+            .map(|upstream| {
+                // One server is never marked down by nginx; the parameters matter for several.
+                authority(upstream).map(|a| format!("server {a} max_fails=1 fail_timeout=3s;"))
+            })
+            .collect::<Result<Vec<_>>>()?
+            .join("\n        ");
         let config = template
             .replace("@PREFIX@", &prefix.display().to_string())
             .replace("@LISTEN@", &listen)
-            .replace("@UPSTREAM@", authority(upstream)?);
+            .replace("@SERVERS@", &servers);
         let config_path = prefix.join("nginx.conf");
         fs::write(&config_path, config)
             .with_context(|| format!("writing {}", config_path.display()))?;
@@ -945,6 +963,57 @@ http {
             url: format!("http://{listen}"),
             process,
         })
+    }
+}
+
+// === impl PostgresDatabase ===
+
+/// An empty database of its own on a running PostgreSQL server, dropped (with its connections)
+/// when the guard is dropped.
+#[derive(Debug)]
+pub struct PostgresDatabase {
+    admin: String,
+    name: String,
+    /// `postgres://user@host:port/<name>`
+    pub url: String,
+}
+
+impl PostgresDatabase {
+    /// Creates `<prefix>_<random>` through `admin_url` (a database URL with the right to create
+    /// databases, e.g. `postgres://postgres@127.0.0.1:5432/postgres`) with `psql`.
+    pub fn create(admin_url: &str, prefix: &str) -> Result<PostgresDatabase> {
+        let name = format!("{prefix}_{}", uuid::Uuid::new_v4().simple());
+        let output = Command::new("psql")
+            .args([admin_url, "-qc", &format!("CREATE DATABASE {name}")])
+            .output()
+            .context("running psql (Debian package postgresql-client)")?;
+        anyhow::ensure!(
+            output.status.success(),
+            "creating a database at {admin_url} failed (is PostgreSQL running there?): {}",
+            String::from_utf8_lossy(&output.stderr).trim()
+        );
+        let base = admin_url
+            .rsplit_once('/')
+            .map_or(admin_url, |(base, _)| base);
+        Ok(PostgresDatabase {
+            admin: admin_url.to_owned(),
+            url: format!("{base}/{name}"),
+            name,
+        })
+    }
+}
+
+impl Drop for PostgresDatabase {
+    fn drop(&mut self) {
+        let _ = Command::new("psql")
+            .args([
+                &self.admin,
+                "-qc",
+                &format!("DROP DATABASE IF EXISTS {} WITH (FORCE)", self.name),
+            ])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status();
     }
 }
 

@@ -24,7 +24,7 @@ use crate::mlflow::{self, unix_millis};
 use crate::monitor::{MonitoredRank, SeriesKind, SAMPLING_INTERVAL_MILLIS};
 use crate::progress;
 use crate::stack::{BenchStack, Target, TargetKind};
-use crate::{http, Report};
+use crate::{http, prometheus, Report};
 
 /// Requests outstanding per target at most: the ranks of a publish are sent at once, up to this.
 /// MLflow's SQLAlchemy pool holds 15 connections (5 + 10 overflow); 16 concurrent log-batch
@@ -282,28 +282,13 @@ async fn count_rows(
 /// mlscope-proxy's node-sample and election counters from its admin `/metrics`; `None` when the
 /// page cannot be read.
 async fn proxy_counters(client: &reqwest::Client, admin_url: &str) -> Option<ProxyCounters> {
-    let text = client
-        .get(format!("{admin_url}/metrics"))
-        .timeout(Duration::from_secs(10))
-        .send()
-        .await
-        .ok()?
-        .text()
-        .await
-        .ok()?;
-    Some(parse_counters(&text))
+    Some(parse_counters(
+        &prometheus::scrape(client, admin_url).await?,
+    ))
 }
 
 fn parse_counters(exposition: &str) -> ProxyCounters {
-    let value = |series: &str| -> u64 {
-        exposition
-            .lines()
-            .filter(|line| line.starts_with(series))
-            .filter_map(|line| line.rsplit_once(' '))
-            .filter_map(|(_, v)| v.parse::<f64>().ok())
-            .map(|v| v as u64)
-            .sum()
-    };
+    let value = |series: &str| prometheus::sum(exposition, series) as u64;
     ProxyCounters {
         kept: value(r#"mlscope_node_samples_total{reason="kept"}"#),
         dropped: value(r#"mlscope_node_samples_total{reason="dropped"}"#),

@@ -34,7 +34,7 @@ use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
-use crate::cli::{FleetArgs, Scenario, TrainingFrom};
+use crate::cli::{FleetArgs, Scenario, SystemFrom, TrainingFrom};
 use crate::mlflow::{self, unix_millis};
 use crate::monitor::{MonitoredRank, SeriesKind};
 use crate::progress;
@@ -113,12 +113,98 @@ pub(crate) struct Outcome {
     pub(crate) all_latency: Histogram<u64>,
     pub(crate) counts: Counts,
     pub(crate) p99_bound: Duration,
-    /// How long MLflow was gone, in the restart scenario.
-    pub(crate) mlflow_down: Option<Duration>,
+    /// What was killed in the middle (MLflow, a proxy replica) and how long it was gone.
+    pub(crate) outage: Option<Outage>,
     /// How long MLflow took after the load to answer promptly again.
     pub(crate) drained: Duration,
     /// Why the samples could not be counted.
     pub(crate) count_error: Option<String>,
+    /// What the proxies' coalescers sent MLflow during the phase; `None` for targets without a
+    /// proxy.
+    pub(crate) batches: Option<Batches>,
+}
+
+/// Batches the coalescer(s) of a target sent MLflow, from the proxies' `/metrics` before and
+/// after a phase.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub(crate) struct Batches {
+    /// Batches of several requests, stored as one.
+    pub(crate) merged: u64,
+    /// Requests sent as they came (nothing to merge with).
+    pub(crate) single: u64,
+    /// Merged batches MLflow refused or that failed, sent again as their requests.
+    pub(crate) split: u64,
+    /// Client requests and metric samples over all batches sent.
+    pub(crate) requests: u64,
+    pub(crate) samples: u64,
+}
+
+impl Batches {
+    fn read(exposition: &str) -> Batches {
+        let value = |series: &str| crate::prometheus::sum(exposition, series) as u64;
+        Batches {
+            merged: value(r#"mlscope_coalesce_batches_total{outcome="merged"}"#),
+            single: value(r#"mlscope_coalesce_batches_total{outcome="single"}"#),
+            split: value(r#"mlscope_coalesce_batches_total{outcome="split"}"#),
+            requests: value("mlscope_coalesce_requests_per_batch_sum"),
+            samples: value("mlscope_coalesce_samples_per_batch_sum"),
+        }
+    }
+
+    /// `after - before` field by field; a counter that went down belongs to a proxy that was
+    /// started again, and counts from zero.
+    fn since(after: &Batches, before: &Batches) -> Batches {
+        let d = |a: u64, b: u64| if a >= b { a - b } else { a };
+        Batches {
+            merged: d(after.merged, before.merged),
+            single: d(after.single, before.single),
+            split: d(after.split, before.split),
+            requests: d(after.requests, before.requests),
+            samples: d(after.samples, before.samples),
+        }
+    }
+
+    fn add(&mut self, other: &Batches) {
+        self.merged += other.merged;
+        self.single += other.single;
+        self.split += other.split;
+        self.requests += other.requests;
+        self.samples += other.samples;
+    }
+
+    /// Batches sent to MLflow in all.
+    pub(crate) fn sent(&self) -> u64 {
+        self.merged + self.single
+    }
+
+    pub(crate) fn requests_per_batch(&self) -> Option<f64> {
+        (self.sent() > 0).then(|| self.requests as f64 / self.sent() as f64)
+    }
+
+    pub(crate) fn samples_per_batch(&self) -> Option<f64> {
+        (self.sent() > 0).then(|| self.samples as f64 / self.sent() as f64)
+    }
+}
+
+/// Each proxy's coalescer counters behind `admin_urls`, in order (`None` where unreadable).
+async fn scrape_batches(client: &reqwest::Client, admin_urls: &[String]) -> Vec<Option<Batches>> {
+    let mut all = Vec::with_capacity(admin_urls.len());
+    for url in admin_urls {
+        all.push(
+            crate::prometheus::scrape(client, url)
+                .await
+                .map(|text| Batches::read(&text)),
+        );
+    }
+    all
+}
+
+/// A process killed in the middle of a load phase and started again.
+#[derive(Debug, Clone)]
+pub(crate) struct Outage {
+    pub(crate) what: &'static str,
+    /// From the kill until it answered again.
+    pub(crate) gone: Duration,
 }
 
 /// Samples, counted after the load.
@@ -181,7 +267,7 @@ impl KeyMapping {
             kind,
             TargetKind::Direct | TargetKind::Nginx | TargetKind::ProxyScopingOff
         );
-        let deduplicated = matches!(kind, TargetKind::Proxy);
+        let deduplicated = matches!(kind, TargetKind::Proxy | TargetKind::ProxyReplicas);
         KeyMapping {
             scoped,
             deduplicated,
@@ -295,6 +381,7 @@ async fn run_one(
         run_ids: run_ids.clone(),
         ranks,
         args: RequestSettings {
+            collector: args.system_from == SystemFrom::Collector,
             gpus: args.gpus,
             training_metrics: args.training_metrics,
             training_per_rank: args.training_from == TrainingFrom::All,
@@ -315,16 +402,31 @@ async fn run_one(
     ));
     let slots = Arc::new(Semaphore::new(args.max_in_flight));
     let start = Instant::now() + START_LEAD;
-    // The restart scenario: MLflow killed halfway through, back 2 s later (plus its start-up).
-    let restart = (args.scenario == Scenario::MlflowRestart).then(|| {
+    // The outage scenarios: MLflow or one proxy replica killed halfway through, back 2 s later
+    // (plus its start-up).
+    let victim = match args.scenario {
+        Scenario::MlflowRestart => Some("MLflow"),
+        Scenario::ReplicaKill => Some("mlscope-proxy replica 0"),
+        Scenario::Steady | Scenario::Burst => None,
+    };
+    let outage = victim.map(|what| {
         let stack = stack.clone();
+        let scenario = args.scenario;
         let at = start + args.duration / 2;
-        tokio::spawn(async move {
+        let task = tokio::spawn(async move {
             tokio::time::sleep_until(at).await;
-            tokio::task::spawn_blocking(move || stack.restart_mlflow(Duration::from_secs(2)))
-                .await
-                .context("the restart task panicked")?
-        })
+            tokio::task::spawn_blocking(move || {
+                let down = Duration::from_secs(2);
+                if scenario == Scenario::ReplicaKill {
+                    stack.kill_replica(0, down)
+                } else {
+                    stack.restart_mlflow(down)
+                }
+            })
+            .await
+            .context("the outage task panicked")?
+        });
+        (what, task)
     });
     let deadline = start + args.duration + args.request_timeout;
     let mut tasks = JoinSet::new();
@@ -343,10 +445,13 @@ async fn run_one(
         all_latency: histogram(),
         counts: Counts::default(),
         p99_bound: args.p99_bound,
-        mlflow_down: None,
+        outage: None,
         drained: Duration::ZERO,
         count_error: None,
+        batches: None,
     };
+    let admin_urls = stack.admin_urls(target.kind);
+    let batches_before = scrape_batches(&client, &admin_urls).await;
     for (index, event) in events.iter().enumerate() {
         let scheduled = start + event.at;
         tokio::time::sleep_until(scheduled).await;
@@ -374,15 +479,25 @@ async fn run_one(
         bar.inc(1);
     }
     bar.finish_and_clear();
-    if let Some(restart) = restart {
-        let gone = restart.await.context("the restart task panicked")??;
-        outcome.mlflow_down = Some(gone);
+    if let Some((what, task)) = outage {
+        let gone = task.await.context("the outage task panicked")??;
+        outcome.outage = Some(Outage { what, gone });
     }
 
     let counting = progress::spinner(format!("{}: counting what MLflow stored", target.kind));
     // An overloaded MLflow still works through requests whose clients gave up; the count waits
     // until it answers promptly again, so the next phase starts from an idle MLflow too.
     outcome.drained = wait_until_idle(&client, direct).await;
+    if !admin_urls.is_empty() {
+        let after = scrape_batches(&client, &admin_urls).await;
+        let mut total = Batches::default();
+        for (after, before) in after.iter().zip(&batches_before) {
+            if let (Some(after), Some(before)) = (after, before) {
+                total.add(&Batches::since(after, before));
+            }
+        }
+        outcome.batches = Some(total);
+    }
     let ledger = std::mem::take(&mut *ledger.lock().expect("ledger lock"));
     match count(&client, direct, &run_ids, ledger).await {
         Ok(counts) => outcome.counts = counts,
@@ -487,7 +602,7 @@ fn schedule(args: &FleetArgs, ranks: &[Rank]) -> Vec<Event> {
     let mut events = Vec::new();
     for (index, rank) in ranks.iter().enumerate() {
         let offset = match args.scenario {
-            Scenario::Steady | Scenario::MlflowRestart => {
+            Scenario::Steady | Scenario::MlflowRestart | Scenario::ReplicaKill => {
                 interval.mul_f64(index as f64 / ranks.len() as f64)
             }
             Scenario::Burst => Duration::ZERO,
@@ -539,6 +654,8 @@ struct Shared {
 }
 
 struct RequestSettings {
+    /// System metrics as mlscope-collector sends them, not MLflow's monitor.
+    collector: bool,
     gpus: u32,
     training_metrics: u32,
     training_per_rank: bool,
@@ -562,7 +679,11 @@ impl Shared {
         let (method, path, body, samples): (_, String, Vec<u8>, Vec<(String, f64)>) = match event.op
         {
             Op::System => {
-                let samples = rank.monitor.publish(event.seq, self.args.gpus);
+                let samples = if self.args.collector {
+                    rank.monitor.collector_publish(event.seq, self.args.gpus)
+                } else {
+                    rank.monitor.publish(event.seq, self.args.gpus)
+                };
                 let body = batch_body(run_id, &samples, timestamp, event.seq, &[], &[]);
                 (
                     reqwest::Method::POST,
@@ -629,9 +750,16 @@ impl Shared {
         let mut attempts = 0;
         let result = loop {
             attempts += 1;
-            let request = self
+            let mut request = self
                 .client
-                .request(method.clone(), format!("{}{path}", self.base))
+                .request(method.clone(), format!("{}{path}", self.base));
+            if event.op == Op::System && self.args.collector {
+                // The collector's identity headers, which the proxy deduplicates by.
+                request = request
+                    .header("X-Mlscope-Node", &rank.monitor.node)
+                    .header("X-Mlscope-Rank", rank.monitor.rank.to_string());
+            }
+            let request = request
                 .header(
                     reqwest::header::CONTENT_TYPE,
                     if event.op == Op::Checkpoint {
@@ -881,6 +1009,69 @@ mod tests {
     }
 
     #[test]
+    fn batches_are_the_difference_of_two_scrapes_and_a_restarted_proxy_counts_from_zero() {
+        let page = |merged: u64, single: u64, requests: u64, samples: u64| {
+            format!(
+                "mlscope_coalesce_batches_total{{outcome=\"merged\"}} {merged}\n\
+                 mlscope_coalesce_batches_total{{outcome=\"single\"}} {single}\n\
+                 mlscope_coalesce_requests_per_batch_sum {requests}\n\
+                 mlscope_coalesce_requests_per_batch_count {}\n\
+                 mlscope_coalesce_samples_per_batch_sum {samples}\n",
+                merged + single
+            )
+        };
+        let before = Batches::read(&page(2, 3, 13, 1000));
+        let after = Batches::read(&page(12, 5, 65, 9000));
+        let phase = Batches::since(&after, &before);
+        assert_eq!(
+            phase,
+            Batches {
+                merged: 10,
+                single: 2,
+                split: 0,
+                requests: 52,
+                samples: 8000,
+            }
+        );
+        assert_eq!(phase.requests_per_batch(), Some(52.0 / 12.0));
+        // Killed and started again: its counters restarted below the first scrape.
+        let restarted = Batches::since(&Batches::read(&page(1, 1, 4, 30)), &before);
+        assert_eq!((restarted.merged, restarted.samples), (1, 30));
+        assert_eq!(Batches::default().samples_per_batch(), None);
+    }
+
+    #[test]
+    fn the_replica_kill_scenario_runs_against_the_replicas_alone() {
+        let only = args(&[
+            "--scenario",
+            "replica-kill",
+            "--targets",
+            "mlscope-replicas",
+        ]);
+        assert!(only.validate().is_ok());
+        assert_eq!(only.target_kinds(), [TargetKind::ProxyReplicas]);
+        let mixed = args(&[
+            "--scenario",
+            "replica-kill",
+            "--targets",
+            "direct,mlscope-replicas",
+        ]);
+        assert!(mixed
+            .validate()
+            .unwrap_err()
+            .contains("mlscope-replicas alone"));
+        let single = args(&[
+            "--scenario",
+            "replica-kill",
+            "--targets",
+            "mlscope-replicas",
+            "--replicas",
+            "1",
+        ]);
+        assert!(single.validate().is_err());
+    }
+
+    #[test]
     fn keys_are_counted_where_each_target_stores_them() {
         let plain = KeyMapping::of(TargetKind::Direct);
         let key = "system/node-1/rank-3/cpu_utilization_percentage";
@@ -896,5 +1087,28 @@ mod tests {
         let dedup = KeyMapping::of(TargetKind::Proxy);
         assert!(dedup.stored(key).1, "node-wide under dedup: by step");
         assert!(!dedup.stored("train/metric_0").1);
+        assert!(KeyMapping::of(TargetKind::ProxyReplicas).stored(key).1);
+    }
+
+    #[test]
+    fn the_collectors_keys_are_stored_as_sent_by_every_target() {
+        let sample = MonitoredRank::new("node-1", 3).collector_publish(0, 1);
+        for kind in [
+            TargetKind::Direct,
+            TargetKind::ProxyCoalesceOff,
+            TargetKind::Proxy,
+        ] {
+            let mapping = KeyMapping::of(kind);
+            for (key, _) in &sample {
+                let (stored, by_step) = mapping.stored(key);
+                assert_eq!(&stored, key, "{kind}");
+                let node_wide = SeriesKind::of_key(key) == SeriesKind::NodeWide;
+                assert_eq!(
+                    by_step,
+                    node_wide && kind == TargetKind::Proxy,
+                    "{kind} {key}"
+                );
+            }
+        }
     }
 }

@@ -23,7 +23,7 @@ pub(crate) fn render(
     out.push_str(&command_block(command_line));
     let _ = writeln!(
         out,
-        "\n{nodes} nodes in {runs} run(s), one system-metrics publish ({per} metrics, {gpus} GPU(s)) per rank every {interval} \
+        "\n{nodes} nodes in {runs} run(s), one system-metrics publish of {source} ({per} metrics, {gpus} GPU(s)) per rank every {interval} \
          simulated, time compressed {scale}× (each rank stands for {scale}); {training}; {start}; {checkpoints}; {scenario} start; \
          {duration} of load per target and fleet size; open loop (latency from each request's scheduled instant to its final \
          answer, up to {retries} retries on 429/5xx/transport errors as the MLflow client does); sustained = no failed or \
@@ -31,7 +31,14 @@ pub(crate) fn render(
          backend store {backend}; {cpus} logical CPUs shared by the load generator, MLflow, nginx and mlscope-proxy.\n",
         nodes = args.nodes,
         runs = args.runs,
-        per = 8 + 5 * args.gpus,
+        source = match args.system_from {
+            crate::cli::SystemFrom::Monitor => "MLflow's monitor",
+            crate::cli::SystemFrom::Collector => "mlscope-collector",
+        },
+        per = match args.system_from {
+            crate::cli::SystemFrom::Monitor => 8,
+            crate::cli::SystemFrom::Collector => crate::monitor::COLLECTOR_NAMES.len() as u32,
+        } + 5 * args.gpus,
         gpus = args.gpus,
         interval = humantime::format_duration(args.interval),
         scale = args.time_scale,
@@ -63,6 +70,9 @@ pub(crate) fn render(
             crate::cli::Scenario::Burst => "burst (every rank at the same instant)",
             crate::cli::Scenario::MlflowRestart => {
                 "steady, with MLflow killed halfway through and started again (same port and backend) 2 s later,"
+            }
+            crate::cli::Scenario::ReplicaKill => {
+                "steady, with replica 0 killed (SIGKILL) halfway through and started again (same ports and database) 2 s later,"
             }
         },
         duration = humantime::format_duration(args.duration),
@@ -150,6 +160,40 @@ pub(crate) fn render(
     let _ = writeln!(out, "\nAcknowledgement latency per operation:\n");
     out.push_str(&per_op.render());
 
+    let with_batches: Vec<&Outcome> = outcomes.iter().filter(|o| o.batches.is_some()).collect();
+    if !with_batches.is_empty() {
+        let mut batches = Table::new(&[
+            ("target", Align::Left),
+            ("ranks", Align::Right),
+            ("batches to MLflow", Align::Right),
+            ("merged", Align::Right),
+            ("single", Align::Right),
+            ("split", Align::Right),
+            ("requests per batch", Align::Right),
+            ("samples per batch", Align::Right),
+        ]);
+        for o in with_batches {
+            let b = o.batches.clone().unwrap_or_default();
+            let mean = |v: Option<f64>| v.map_or_else(|| "—".into(), |v| format!("{v:.1}"));
+            batches.row(vec![
+                o.target.label().to_owned(),
+                (o.nodes * o.ranks_per_node).to_string(),
+                b.sent().to_string(),
+                b.merged.to_string(),
+                b.single.to_string(),
+                b.split.to_string(),
+                mean(b.requests_per_batch()),
+                mean(b.samples_per_batch()),
+            ]);
+        }
+        let _ = writeln!(
+            out,
+            "\nMetric batches the proxies' coalescers sent MLflow (from their `/metrics`, \
+             `mlscope_coalesce_*`; a replica killed in the phase counts only from its restart):\n"
+        );
+        out.push_str(&batches.render());
+    }
+
     let failures: Vec<String> = outcomes
         .iter()
         .flat_map(|o| {
@@ -196,18 +240,19 @@ pub(crate) fn render(
     let restarts: Vec<String> = outcomes
         .iter()
         .filter_map(|o| {
-            o.mlflow_down.map(|d| {
+            o.outage.as_ref().map(|outage| {
                 format!(
-                    "- {} at {} ranks: MLflow gone for {:.1} s (kill to ready again)",
+                    "- {} at {} ranks: {} gone for {:.1} s (kill to ready again)",
                     o.target.label(),
                     o.nodes * o.ranks_per_node,
-                    d.as_secs_f64()
+                    outage.what,
+                    outage.gone.as_secs_f64()
                 )
             })
         })
         .collect();
     if !restarts.is_empty() {
-        let _ = writeln!(out, "\nMLflow restarts:\n");
+        let _ = writeln!(out, "\nKilled and started again:\n");
         for line in &restarts {
             let _ = writeln!(out, "{line}");
         }
@@ -297,6 +342,18 @@ pub(crate) fn json(args: &FleetArgs, mlflow_version: Option<&str>, outcomes: &[O
                 "latency": per_op,
                 "sustained": o.sustained(),
                 "drained_s": o.drained.as_secs_f64(),
+                "outage": o.outage.as_ref().map(|outage| json!({
+                    "what": outage.what,
+                    "gone_s": outage.gone.as_secs_f64(),
+                })),
+                "batches": o.batches.as_ref().map(|b| json!({
+                    "sent": b.sent(),
+                    "merged": b.merged,
+                    "single": b.single,
+                    "split": b.split,
+                    "requests_per_batch": b.requests_per_batch(),
+                    "samples_per_batch": b.samples_per_batch(),
+                })),
                 "count_error": o.count_error,
             })
         })

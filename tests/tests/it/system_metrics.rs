@@ -11,7 +11,7 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use mlscope_tests::{repo_root, spawn_proxy, venv, ProxyProcess, TestStack};
+use mlscope_tests::{repo_root, spawn_proxy, venv, PostgresDatabase, ProxyProcess, TestStack};
 use serde_json::{json, Value};
 
 use crate::mlflow::{create_run, history, http, metric_keys, now_ms, NODE_WIDE_NAMES};
@@ -291,38 +291,12 @@ impl SimRank {
     }
 }
 
-/// An empty PostgreSQL database for one test, dropped with the guard.
-struct PostgresDatabase {
-    admin: String,
-    name: String,
-    url: String,
-}
-
-impl PostgresDatabase {
-    fn create() -> Self {
-        let admin = std::env::var("MLSCOPE_TEST_POSTGRES_URL")
-            .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into());
-        let name = format!("mlscope_it_{}", uuid::Uuid::new_v4().simple());
-        let status = Command::new("psql")
-            .args([&admin, "-qc", &format!("CREATE DATABASE {name}")])
-            .status()
-            .expect("psql");
-        assert!(status.success(), "PostgreSQL must be running at {admin}");
-        let url = format!("{}/{name}", admin.rsplit_once('/').unwrap().0);
-        Self { admin, name, url }
-    }
-}
-
-impl Drop for PostgresDatabase {
-    fn drop(&mut self) {
-        let _ = Command::new("psql")
-            .args([
-                &self.admin,
-                "-qc",
-                &format!("DROP DATABASE IF EXISTS {} WITH (FORCE)", self.name),
-            ])
-            .status();
-    }
+/// An empty PostgreSQL database for one test on the server at `MLSCOPE_TEST_POSTGRES_URL`
+/// (default: the machine's, 127.0.0.1:5432), dropped with the guard.
+fn postgres_database() -> PostgresDatabase {
+    let admin = std::env::var("MLSCOPE_TEST_POSTGRES_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into());
+    PostgresDatabase::create(&admin, "mlscope_it").expect("PostgreSQL must be running")
 }
 
 async fn node_series_and_rank_counts(
@@ -349,7 +323,7 @@ async fn node_series_and_rank_counts(
 async fn two_replicas_sharing_postgres_keep_one_reporter_through_a_failover() {
     let stack = TestStack::shared();
     let dir = tempfile::tempdir().unwrap();
-    let database = PostgresDatabase::create();
+    let database = postgres_database();
     let args = [
         "--database-url",
         database.url.as_str(),
@@ -465,7 +439,7 @@ async fn leases_survive_a_proxy_restart_on_sqlite() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn leases_survive_a_proxy_restart_on_postgres() {
-    let database = PostgresDatabase::create();
+    let database = postgres_database();
     leases_survive_a_proxy_restart(Some(&database)).await;
 }
 
