@@ -21,6 +21,7 @@ pub fn router(state: AppState) -> Router {
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
         .route("/runs/{run_id}/scopes", get(run_scopes))
+        .route("/runs/{run_id}/health", get(run_health))
         .with_state(state)
 }
 
@@ -136,4 +137,31 @@ async fn metrics(State(state): State<AppState>) -> Response {
         state.metrics.render(),
     )
         .into_response()
+}
+
+/// Heartbeats, placement, GPU idleness and the sweep's verdict for one run.
+async fn run_health(State(state): State<AppState>, Path(run_id): Path<String>) -> Response {
+    if !state.health.config().enabled {
+        return mlflow_error(
+            StatusCode::NOT_FOUND,
+            "RESOURCE_DOES_NOT_EXIST",
+            "run health is off on this proxy (--run-health false)",
+        );
+    }
+    let now = crate::store::unix_millis(std::time::SystemTime::now());
+    match state.health.view(&run_id, now).await {
+        Ok(Some(view)) => Json(view).into_response(),
+        Ok(None) => mlflow_error(
+            StatusCode::NOT_FOUND,
+            "RESOURCE_DOES_NOT_EXIST",
+            &format!(
+                "no heartbeat of run {run_id} is known: no system metrics of it passed through this proxy's replicas (or they are older than --state-retention)"
+            ),
+        ),
+        Err(error) => mlflow_error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "TEMPORARILY_UNAVAILABLE",
+            &format!("the state store could not be read: {error}"),
+        ),
+    }
 }

@@ -130,6 +130,7 @@ pub async fn run(
     let heartbeat = tokio::spawn(heartbeat(state.clone()));
     let sweeper = tokio::spawn(sweep(state.clone(), config.state_retention));
     let auth_detector = state.authorizer.as_ref().map(Authorizer::spawn_detector);
+    let health = config.health.enabled.then(|| state.health.spawn());
 
     tokio::select! {
         result = &mut main => {
@@ -156,6 +157,11 @@ pub async fn run(
     let _ = stop_tx.send(true);
     heartbeat.abort();
     sweeper.abort();
+    if let Some(health) = health {
+        health.abort();
+        // What was heard since the last flush goes to the store before the process ends.
+        state.health.flush().await;
+    }
     if let Some(detector) = auth_detector {
         detector.abort();
     }
@@ -191,6 +197,8 @@ async fn sweep(state: AppState, retention: Duration) {
                     leases = swept.leases,
                     upload_failures = swept.upload_failures,
                     replicas = swept.replicas,
+                    run_ranks = swept.run_ranks,
+                    verdicts = swept.verdicts,
                     "expired state swept"
                 );
             }

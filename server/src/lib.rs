@@ -8,6 +8,7 @@
 //! - [`authz`] asks MLflow, with the client's credentials, whether what the proxy does itself is
 //!   allowed;
 //! - [`coalesce`] merges concurrent metric writes to one run into MLflow batches;
+//! - [`health`] records every rank's heartbeats and judges runs whose ranks all went silent;
 //! - [`relocate`] is a tool (not on the request path) that copies stray objects into a run.
 
 pub mod admin;
@@ -18,6 +19,7 @@ pub mod coalesce;
 pub mod config;
 pub mod dedup;
 pub mod error;
+pub mod health;
 pub mod layers;
 pub mod proxy;
 pub mod relocate;

@@ -12,6 +12,7 @@ use crate::authz::Authorizer;
 use crate::coalesce::Coalescer;
 use crate::config::Config;
 use crate::dedup::{Deduplicator, SystemClock};
+use crate::health::Health;
 use crate::proxy::Forwarder;
 use crate::rewrite::{MetricsRewriter, SharedRewriter};
 use crate::store::{Replica, Store};
@@ -33,6 +34,8 @@ pub struct AppState {
     /// Asks MLflow whether a client may do what the proxy does for it itself (serve artifacts,
     /// change deduplication state); `None` when the proxy does neither.
     pub authorizer: Option<Authorizer>,
+    /// Heartbeats, the stale-run sweep and the run health view (records nothing when off).
+    pub health: Health,
     /// Set on shutdown so `/readyz` turns away new traffic while requests drain.
     pub draining: Arc<AtomicBool>,
 }
@@ -63,6 +66,16 @@ impl AppState {
         if let Some(authz) = &authorizer {
             rewriter = rewriter.with_authorizer(authz.clone());
         }
+        if config.health.enabled {
+            rewriter = rewriter.with_beats();
+        }
+        let health = Health::new(
+            config.health.clone(),
+            store.clone(),
+            forwarder.clone(),
+            metrics.clone(),
+            replica.id.clone(),
+        );
         let rewriter = Arc::new(rewriter);
         let coalescer = Coalescer::new(config.coalesce, forwarder.clone(), metrics.clone());
         let artifacts = match &authorizer {
@@ -87,6 +100,7 @@ impl AppState {
             store,
             metrics,
             replica: Arc::new(replica),
+            health,
             draining: Arc::new(AtomicBool::new(false)),
         })
     }
@@ -107,6 +121,12 @@ impl FromRef<AppState> for SharedRewriter {
 impl FromRef<AppState> for Coalescer {
     fn from_ref(state: &AppState) -> Self {
         state.coalescer.clone()
+    }
+}
+
+impl FromRef<AppState> for Health {
+    fn from_ref(state: &AppState) -> Self {
+        state.health.clone()
     }
 }
 

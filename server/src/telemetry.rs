@@ -111,6 +111,31 @@ pub struct Metrics {
     bodies_passed_through: Family<ReasonLabels, Counter>,
     bodies_rejected: Family<ReasonLabels, Counter>,
     coalesce: CoalesceMetrics,
+    health: HealthMetrics,
+}
+
+/// Run health: live runs, their GPUs, and what the stale-run sweep did.
+#[derive(Clone)]
+struct HealthMetrics {
+    gpus_allocated: Family<RunLabels, Gauge>,
+    gpus_idle: Family<RunLabels, Gauge>,
+    live_runs: Gauge,
+    judged: Family<JudgedLabels, Counter>,
+    heartbeats_dropped: Counter,
+    sweep_errors: Family<ReasonLabels, Counter>,
+}
+
+/// One live run. Only runs heard from within `--run-stale-after`, at most
+/// [`crate::health::MAX_GAUGE_RUNS`], carry this label.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RunLabels {
+    pub run_id: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct JudgedLabels {
+    pub outcome: &'static str,
+    pub action: &'static str,
 }
 
 /// Write coalescing: what was merged, how much, after how long, and what was turned away.
@@ -261,9 +286,48 @@ impl Metrics {
             "Metric requests answered 503 because the coalescer's queue was full, by limit",
             coalesce.rejected.clone(),
         );
+        let health = HealthMetrics {
+            gpus_allocated: Family::default(),
+            gpus_idle: Family::default(),
+            live_runs: Gauge::default(),
+            judged: Family::default(),
+            heartbeats_dropped: Counter::default(),
+            sweep_errors: Family::default(),
+        };
+        registry.register(
+            "run_gpus_allocated",
+            "GPUs the ranks of a live run report (runs heard from within --run-stale-after)",
+            health.gpus_allocated.clone(),
+        );
+        registry.register(
+            "run_gpus_idle",
+            "GPUs of a live run idle for longer than --gpu-idle-after, as the collector measures them",
+            health.gpus_idle.clone(),
+        );
+        registry.register(
+            "runs_live",
+            "Runs with a heartbeat within --run-stale-after and no verdict",
+            health.live_runs.clone(),
+        );
+        registry.register(
+            "runs_judged",
+            "Runs the stale-run sweep judged, by outcome and by what it did (end, tag, none when the client had ended the run)",
+            health.judged.clone(),
+        );
+        registry.register(
+            "health_heartbeats_dropped",
+            "Heartbeats not recorded because this replica's buffer of unflushed ranks was full",
+            health.heartbeats_dropped.clone(),
+        );
+        registry.register(
+            "health_sweep_errors",
+            "Failures of the run-health work, by step (store, mlflow, refused)",
+            health.sweep_errors.clone(),
+        );
         Self {
             registry: Arc::new(registry),
             coalesce,
+            health,
             requests,
             latency,
             artifact_requests,
@@ -332,6 +396,42 @@ impl Metrics {
     pub fn coalesce_rejected(&self, reason: &'static str) {
         self.coalesce
             .rejected
+            .get_or_create(&ReasonLabels { reason })
+            .inc();
+    }
+
+    /// Replaces the per-run GPU gauges and the live-run count with `runs`: (run id, GPUs
+    /// allocated, GPUs idle).
+    pub fn set_live_runs(&self, runs: &[(String, i64, i64)]) {
+        self.health.gpus_allocated.clear();
+        self.health.gpus_idle.clear();
+        for (run_id, allocated, idle) in runs {
+            let labels = RunLabels {
+                run_id: run_id.clone(),
+            };
+            self.health
+                .gpus_allocated
+                .get_or_create(&labels)
+                .set(*allocated);
+            self.health.gpus_idle.get_or_create(&labels).set(*idle);
+        }
+        self.health.live_runs.set(runs.len() as i64);
+    }
+
+    pub fn run_judged(&self, outcome: &'static str, action: &'static str) {
+        self.health
+            .judged
+            .get_or_create(&JudgedLabels { outcome, action })
+            .inc();
+    }
+
+    pub fn heartbeat_dropped(&self) {
+        self.health.heartbeats_dropped.inc();
+    }
+
+    pub fn health_error(&self, reason: &'static str) {
+        self.health
+            .sweep_errors
             .get_or_create(&ReasonLabels { reason })
             .inc();
     }

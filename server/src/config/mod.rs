@@ -12,6 +12,7 @@ use serde::Deserialize;
 
 use crate::artifacts::{ArtifactsConfig, Destination, Quirks, WritePolicy};
 use crate::coalesce::CoalesceConfig;
+use crate::health::{HealthConfig, ServiceCredential, StaleAction};
 use crate::rewrite::ScopeConfig;
 
 mod relocate;
@@ -171,6 +172,8 @@ pub struct Config {
     pub artifacts: ArtifactsConfig,
     /// Write coalescing of metric requests per run.
     pub coalesce: CoalesceConfig,
+    /// Heartbeats, the stale-run sweep and GPU idleness.
+    pub health: HealthConfig,
 }
 
 impl Default for Config {
@@ -196,6 +199,7 @@ impl Default for Config {
             scopes: ScopeConfig::default(),
             artifacts: ArtifactsConfig::default(),
             coalesce: CoalesceConfig::default(),
+            health: HealthConfig::default(),
         }
     }
 }
@@ -374,6 +378,48 @@ struct Cli {
     /// Validity of presigned multipart part URLs [default: 1h].
     #[arg(long, env = "MLSCOPE_ARTIFACT_PRESIGN_EXPIRY", value_parser = parse_duration, value_name = "DURATION")]
     artifact_presign_expiry: Option<Duration>,
+    /// Run health: record heartbeats of every rank, judge runs whose ranks all went silent or
+    /// failed, and export live runs' idle GPUs [default: true].
+    #[arg(long, env = "MLSCOPE_RUN_HEALTH", value_name = "BOOL", action = ArgAction::Set)]
+    run_health: Option<bool>,
+    /// Silence of every rank after which a run still RUNNING in MLflow is judged lost [default: 5m].
+    #[arg(long, env = "MLSCOPE_RUN_STALE_AFTER", value_parser = parse_duration, value_name = "DURATION")]
+    run_stale_after: Option<Duration>,
+    /// What happens to a dead run: `end` tags it and ends it FAILED at its last heartbeat,
+    /// `tag` only tags it [default: end].
+    #[arg(long, env = "MLSCOPE_STALE_RUN_ACTION", value_enum)]
+    stale_run_action: Option<StaleAction>,
+    /// A GPU idle (utilisation and memory activity under the collector's threshold) this long
+    /// counts as idle in /metrics and /runs/{id}/health [default: 30m].
+    #[arg(long, env = "MLSCOPE_GPU_IDLE_AFTER", value_parser = parse_duration, value_name = "DURATION")]
+    gpu_idle_after: Option<Duration>,
+    /// How often the stale-run sweep runs (on one replica at a time) and the run gauges are
+    /// refreshed [default: 30s].
+    #[arg(long, env = "MLSCOPE_HEALTH_SWEEP_INTERVAL", value_parser = parse_duration, value_name = "DURATION")]
+    health_sweep_interval: Option<Duration>,
+    /// How often heartbeats gathered in memory are written to the state store [default: 2s].
+    #[arg(long, env = "MLSCOPE_HEALTH_FLUSH_INTERVAL", value_parser = parse_duration, value_name = "DURATION")]
+    health_flush_interval: Option<Duration>,
+    /// Bearer token the stale-run sweep uses with an MLflow that authenticates (needs EDIT on
+    /// every run it may end).
+    #[arg(
+        long,
+        env = "MLSCOPE_MLFLOW_SERVICE_TOKEN",
+        hide_env_values = true,
+        value_name = "TOKEN"
+    )]
+    mlflow_service_token: Option<Secret>,
+    /// User name the stale-run sweep uses with MLflow's basic authentication.
+    #[arg(long, env = "MLSCOPE_MLFLOW_SERVICE_USERNAME", value_name = "USER")]
+    mlflow_service_username: Option<String>,
+    /// Password for --mlflow-service-username.
+    #[arg(
+        long,
+        env = "MLSCOPE_MLFLOW_SERVICE_PASSWORD",
+        hide_env_values = true,
+        value_name = "PASSWORD"
+    )]
+    mlflow_service_password: Option<Secret>,
     #[command(subcommand)]
     command: Option<Command>,
 }
@@ -460,6 +506,17 @@ struct FileConfig {
     artifact_authz_cache_ttl: Option<Duration>,
     #[serde(default, with = "humantime_serde")]
     artifact_presign_expiry: Option<Duration>,
+    run_health: Option<bool>,
+    #[serde(default, with = "humantime_serde")]
+    run_stale_after: Option<Duration>,
+    stale_run_action: Option<StaleAction>,
+    #[serde(default, with = "humantime_serde")]
+    gpu_idle_after: Option<Duration>,
+    #[serde(default, with = "humantime_serde")]
+    health_sweep_interval: Option<Duration>,
+    #[serde(default, with = "humantime_serde")]
+    health_flush_interval: Option<Duration>,
+    // Credentials come from the environment or flags only, never from the file.
 }
 
 fn size_from_toml<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<usize>, D::Error> {
@@ -599,7 +656,27 @@ impl Config {
             artifact_owner_cache_ttl => config.artifacts.owner_cache_ttl,
             artifact_authz_cache_ttl => config.artifacts.authz_cache_ttl,
             artifact_presign_expiry => config.artifacts.presign_expiry,
+            run_health => config.health.enabled,
+            run_stale_after => config.health.stale_after,
+            stale_run_action => config.health.action,
+            gpu_idle_after => config.health.gpu_idle_after,
+            health_sweep_interval => config.health.sweep_interval,
+            health_flush_interval => config.health.flush_interval,
         }
+        config.health.credential = match (
+            cli.mlflow_service_token,
+            cli.mlflow_service_username,
+            cli.mlflow_service_password,
+        ) {
+            (Some(token), None, None) => ServiceCredential::Token(token),
+            (None, Some(username), Some(password)) => ServiceCredential::Basic { username, password },
+            (None, None, None) => ServiceCredential::None,
+            _ => {
+                return Err(ConfigError::Invalid(
+                    "give the stale-run sweep either --mlflow-service-token, or both --mlflow-service-username and --mlflow-service-password".into(),
+                ))
+            }
+        };
         if let Some(uri) = cli.artifacts_destination.or(file.artifacts_destination) {
             config.artifacts.destination =
                 Some(Destination::parse(&uri).map_err(ConfigError::Invalid)?);
@@ -698,6 +775,17 @@ impl Config {
         }
         if coalesce.max_pending_bytes < 1 << 20 {
             return invalid("coalesce-max-pending must be at least 1MiB (one full batch)".into());
+        }
+        let health = &self.health;
+        if health.stale_after < Duration::from_secs(1) {
+            return invalid("run-stale-after must be at least 1s".into());
+        }
+        if health.sweep_interval < Duration::from_millis(100)
+            || health.flush_interval < Duration::from_millis(100)
+        {
+            return invalid(
+                "health-sweep-interval and health-flush-interval must be at least 100ms".into(),
+            );
         }
         self.artifacts.validate().map_err(ConfigError::Invalid)?;
         crate::store::StoreUrl::parse(&self.database_url)

@@ -132,6 +132,12 @@ fn decode_step(raw: &RawValue) -> Result<(i64, bool), BodyError> {
 }
 
 impl<'a> Metric<'a> {
+    /// The value as a number, when it is one (a JSON number, or a numeric string).
+    pub fn value(&self) -> Option<f64> {
+        let raw = self.value?.trim();
+        raw.trim_matches('"').parse().ok()
+    }
+
     fn read(
         text: &'a str,
         fields: MetricFields<'a>,

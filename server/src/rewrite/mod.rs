@@ -24,6 +24,7 @@ use crate::authz::{self, Authorizer};
 use crate::coalesce::Coalescer;
 use crate::dedup::{Decision, DedupConfig, Deduplicator, Event};
 use crate::error::mlflow_error;
+use crate::health::{Beat, Health};
 use crate::proxy::X_REQUEST_ID;
 use crate::telemetry::Metrics;
 use body::{BodyError, Edit, Endpoint, MetricsBody};
@@ -78,6 +79,8 @@ pub struct MetricsRewriter {
     authz: Option<Authorizer>,
     metrics: Metrics,
     pub stats: RunStats,
+    /// Attach a [`Beat`] to every metrics request that names ranks (run health is on).
+    beats: bool,
 }
 
 /// Per-node summary of one batch's node-wide samples.
@@ -131,7 +134,15 @@ impl MetricsRewriter {
             authz: None,
             metrics,
             stats: RunStats::default(),
+            beats: false,
         }
+    }
+
+    /// Attaches to each request what it says about its run's ranks (a [`Beat`] in its
+    /// extensions), for run health to record once MLflow accepted it.
+    pub fn with_beats(mut self) -> Self {
+        self.beats = true;
+        self
     }
 
     /// Lets node-wide samples change deduplication state only for clients MLflow allows to log
@@ -225,12 +236,18 @@ impl MetricsRewriter {
 
         let identity = identity_from_headers(&parts.headers);
         let mut plans = Vec::new();
-        let edits = self.plan(&parsed, &identity, &parts, &mut plans).await?;
+        let (edits, beat) = self.plan(&parsed, &identity, &parts, &mut plans).await?;
+        let mut parts = parts;
+        if let Some(mut beat) = beat {
+            observe_rank_tags(&mut beat, &identity, &bytes);
+            if !beat.ranks.is_empty() {
+                parts.extensions.insert(beat);
+            }
+        }
         if edits.iter().all(|e| *e == Edit::Keep) {
             return Ok(Request::from_parts(parts, Body::from(bytes)));
         }
         let (target, rendered) = parsed.render(&edits);
-        let mut parts = parts;
         if target != endpoint {
             let path = parts
                 .uri
@@ -275,7 +292,7 @@ impl MetricsRewriter {
         request_identity: &Identity,
         request: &http::request::Parts,
         plans: &'k mut Vec<KeyPlan>,
-    ) -> Result<Vec<Edit<'k>>, Response> {
+    ) -> Result<(Vec<Edit<'k>>, Option<Beat>), Response> {
         let keep_original = self
             .config
             .keep_original_until
@@ -298,6 +315,10 @@ impl MetricsRewriter {
             metric_plans.push(index);
         }
         let plans: &'k [KeyPlan] = plans;
+        let beat = self
+            .beats
+            .then(|| beat_of(body, plans, &metric_plans))
+            .flatten();
         for plan in plans {
             self.account(run_id, plan);
         }
@@ -423,7 +444,7 @@ impl MetricsRewriter {
                 }
             })
             .collect();
-        Ok(edits)
+        Ok((edits, beat))
     }
 
     /// Whether the client that sent `request` may log to `run_id` in MLflow, so that its
@@ -496,6 +517,61 @@ impl MetricsRewriter {
     }
 }
 
+/// What a metrics body says about the ranks of its run: who sent system samples (each one a
+/// heartbeat), with their GPUs and limits. `metric_plans` is each metric's index in `plans`.
+/// `None` without a run id.
+fn beat_of(body: &MetricsBody<'_>, plans: &[KeyPlan], metric_plans: &[usize]) -> Option<Beat> {
+    let mut beat = Beat {
+        run_id: body.run_id.clone()?,
+        ranks: Vec::new(),
+    };
+    for (metric, &index) in body.metrics.iter().zip(metric_plans) {
+        let plan = &plans[index];
+        if matches!(
+            plan.scoped.outcome,
+            KeyOutcome::Untouched | KeyOutcome::Invalid { .. }
+        ) {
+            continue;
+        }
+        let Some(name) = mlscope_scopes::SystemKey::parse(&metric.key).map(|k| k.name) else {
+            continue;
+        };
+        let identity = &plan.scoped.identity;
+        beat.observe_metric(
+            identity.node.as_deref().unwrap_or_default(),
+            identity.rank.map_or(-1, i64::from),
+            name,
+            metric.value().unwrap_or(f64::NAN),
+        );
+    }
+    Some(beat)
+}
+
+/// Adds the collector's `mlscope/rank-<r>/...` tags (how a rank ended, where it ran) of a body
+/// to `beat`; the body is read again only when it holds such a tag.
+fn observe_rank_tags(beat: &mut Beat, request: &Identity, bytes: &[u8]) {
+    const PREFIX: &[u8] = b"mlscope/rank-";
+    if !bytes.windows(PREFIX.len()).any(|w| w == PREFIX) {
+        return;
+    }
+    #[derive(serde::Deserialize)]
+    struct Tags {
+        #[serde(default)]
+        tags: Vec<Tag>,
+    }
+    #[derive(serde::Deserialize)]
+    struct Tag {
+        key: String,
+        #[serde(default)]
+        value: String,
+    }
+    if let Ok(tags) = serde_json::from_slice::<Tags>(bytes) {
+        for tag in tags.tags.iter().take(MAX_ITEMS) {
+            beat.observe_tag(request.node.as_deref(), &tag.key, &tag.value);
+        }
+    }
+}
+
 /// Whether a message's content type is JSON (`application/json`, any parameters).
 pub(crate) fn is_json(headers: &HeaderMap) -> bool {
     headers
@@ -536,24 +612,41 @@ pub type SharedRewriter = Arc<MetricsRewriter>;
 pub async fn log_batch(
     State(rewriter): State<SharedRewriter>,
     State(coalescer): State<Coalescer>,
+    State(health): State<Health>,
     ConnectInfo(peer): ConnectInfo<SocketAddr>,
     request: Request,
 ) -> Response {
     match rewriter.prepare(request, Endpoint::LogBatch).await {
-        Ok(request) => coalescer.submit(request, peer).await,
+        Ok(request) => submit(&coalescer, &health, request, peer).await,
         Err(answer) => answer,
     }
+}
+
+/// Sends a prepared request on, and records its heartbeats once MLflow stored them.
+async fn submit(
+    coalescer: &Coalescer,
+    health: &Health,
+    mut request: Request,
+    peer: SocketAddr,
+) -> Response {
+    let beat = request.extensions_mut().remove::<Beat>();
+    let response = coalescer.submit(request, peer).await;
+    if let Some(beat) = beat.filter(|_| response.status().is_success()) {
+        health.record(beat, crate::store::unix_millis(SystemTime::now()));
+    }
+    response
 }
 
 /// `POST runs/log-metric`: as [`log_batch`]; a renamed sample may go on as a log-batch.
 pub async fn log_metric(
     State(rewriter): State<SharedRewriter>,
     State(coalescer): State<Coalescer>,
+    State(health): State<Health>,
     ConnectInfo(peer): ConnectInfo<SocketAddr>,
     request: Request,
 ) -> Response {
     match rewriter.prepare(request, Endpoint::LogMetric).await {
-        Ok(request) => coalescer.submit(request, peer).await,
+        Ok(request) => submit(&coalescer, &health, request, peer).await,
         Err(answer) => answer,
     }
 }

@@ -14,9 +14,11 @@ macro_rules! on_backend {
 }
 
 mod failures;
+mod health;
 mod leases;
 mod retention;
 
+pub use health::{RankRow, RankUpdate, VerdictRow};
 pub use leases::NodeLease;
 pub use retention::Swept;
 

@@ -12,6 +12,9 @@ pub struct Swept {
     pub leases: u64,
     pub upload_failures: u64,
     pub replicas: u64,
+    /// Heartbeat rows of runs not heard from, and verdicts about runs judged, that long ago.
+    pub run_ranks: u64,
+    pub verdicts: u64,
 }
 
 impl Store {
@@ -32,6 +35,8 @@ impl Store {
             upload_failures: delete("DELETE FROM artifact_upload_failures WHERE updated_at < $1")
                 .await?,
             replicas: delete("DELETE FROM proxy_replicas WHERE last_seen_at < $1").await?,
+            run_ranks: delete("DELETE FROM run_ranks WHERE last_heard_ms < $1").await?,
+            verdicts: delete("DELETE FROM run_verdicts WHERE claimed_ms < $1").await?,
         })
     }
 }
@@ -70,6 +75,15 @@ mod tests {
             .await
             .unwrap();
         store.heartbeat(&Replica::new()).await.unwrap();
+        store
+            .record_ranks(&[crate::store::RankUpdate {
+                run_id: "old-run".into(),
+                first_heard_ms: old,
+                last_heard_ms: old,
+                ..Default::default()
+            }])
+            .await
+            .unwrap();
 
         let swept = store.sweep(14 * day, now).await.unwrap();
         assert_eq!(
@@ -77,7 +91,9 @@ mod tests {
             Swept {
                 leases: 1,
                 upload_failures: 0,
-                replicas: 0
+                replicas: 0,
+                run_ranks: 1,
+                verdicts: 0,
             }
         );
         assert!(store.lease("old-run", "n1").await.unwrap().is_none());
@@ -89,7 +105,9 @@ mod tests {
             Swept {
                 leases: 1,
                 upload_failures: 1,
-                replicas: 1
+                replicas: 1,
+                run_ranks: 0,
+                verdicts: 0,
             }
         );
         assert_eq!(

@@ -1,0 +1,858 @@
+//! Run health: every system-metrics sample MLflow accepted is a heartbeat of its (run, node,
+//! rank); the collector's wrapper reports how a rank ended; the collector reports placement and
+//! GPU idleness. Heartbeats gather in memory and go to the store in batches; a sweep, one
+//! replica at a time, finds runs still `RUNNING` in MLflow whose ranks all went silent or failed,
+//! and tags (and by default ends) them. `GET /runs/{run_id}/health` on the admin listener and
+//! Prometheus gauges show live runs and their idle GPUs.
+
+pub mod judge;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
+
+use http::{HeaderMap, HeaderValue, Method, StatusCode};
+use serde::Serialize;
+use serde_json::{json, Value};
+
+use crate::config::Secret;
+use crate::proxy::Forwarder;
+use crate::store::{unix_millis, RankRow, RankUpdate, Store, VerdictRow};
+use crate::telemetry::Metrics;
+
+pub use judge::{judge, Judgement, Outcome};
+
+/// Ranks with unflushed heartbeats a replica holds before new ones are dropped (and counted).
+const MAX_PENDING_RANKS: usize = 100_000;
+/// Runs examined per sweep.
+const MAX_SWEPT_RUNS: i64 = 5_000;
+/// Live runs that get per-run gauges; beyond it only the count is exported.
+pub const MAX_GAUGE_RUNS: usize = 1_000;
+/// Tags per `runs/log-batch` (MLflow's limit is 100).
+const TAGS_PER_BATCH: usize = 100;
+/// MLflow's longest tag value is 8000 characters (5000 in older versions); stay under both.
+const MAX_TAG_VALUE: usize = 5_000;
+/// The lease name of the stale-run sweep.
+const SWEEP_LEASE: &str = "stale-run-sweep";
+/// GPU indexes read from keys (`gpu_<i>_...`): beyond this an index is not a real device.
+const MAX_GPUS_PER_RANK: i64 = 64;
+
+/// What the sweep does with a dead run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum StaleAction {
+    /// Only tags: `mlscope.outcome` and the rest; the run stays `RUNNING`.
+    Tag,
+    /// Tags, then the run ends `FAILED` with `end_time` = its last heartbeat.
+    End,
+}
+
+impl StaleAction {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            StaleAction::Tag => "tag",
+            StaleAction::End => "end",
+        }
+    }
+}
+
+/// The credential the sweep uses for MLflow when MLflow requires one.
+#[derive(Debug, Clone)]
+pub enum ServiceCredential {
+    None,
+    Token(Secret),
+    Basic { username: String, password: Secret },
+}
+
+#[derive(Debug, Clone)]
+pub struct HealthConfig {
+    pub enabled: bool,
+    pub stale_after: Duration,
+    pub action: StaleAction,
+    pub gpu_idle_after: Duration,
+    pub sweep_interval: Duration,
+    pub flush_interval: Duration,
+    pub credential: ServiceCredential,
+}
+
+impl Default for HealthConfig {
+    fn default() -> Self {
+        HealthConfig {
+            enabled: true,
+            stale_after: Duration::from_secs(300),
+            action: StaleAction::End,
+            gpu_idle_after: Duration::from_secs(1800),
+            sweep_interval: Duration::from_secs(30),
+            flush_interval: Duration::from_secs(2),
+            credential: ServiceCredential::None,
+        }
+    }
+}
+
+/// What one accepted metrics request said about the ranks of its run.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Beat {
+    pub run_id: String,
+    pub ranks: Vec<RankBeat>,
+}
+
+/// One (node, rank) of a [`Beat`]: `node` is `""` and `rank` `-1` where the sender named none.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct RankBeat {
+    pub node: String,
+    pub rank: i64,
+    /// GPUs its samples name (highest `gpu_<i>_` index + 1).
+    pub gpus: i64,
+    /// Seconds each GPU has been idle, by index, when the collector reports it.
+    pub gpu_idle: Vec<Option<f64>>,
+    pub memory_limit_mb: Option<f64>,
+    pub cpu_limit_cores: Option<f64>,
+    /// From the collector's tags `mlscope/rank-<r>/<fact>`.
+    pub outcome: Option<String>,
+    pub exit_code: Option<i64>,
+    pub pod: Option<String>,
+    pub gpu_model: Option<String>,
+}
+
+impl Beat {
+    /// The entry for `(node, rank)`, added when new.
+    pub fn rank_mut(&mut self, node: &str, rank: i64) -> &mut RankBeat {
+        let index = match self
+            .ranks
+            .iter()
+            .position(|r| r.node == node && r.rank == rank)
+        {
+            Some(i) => i,
+            None => {
+                self.ranks.push(RankBeat {
+                    node: node.to_owned(),
+                    rank,
+                    ..RankBeat::default()
+                });
+                self.ranks.len() - 1
+            }
+        };
+        &mut self.ranks[index]
+    }
+
+    /// Reads one system metric of a rank: GPU count and idleness, container limits.
+    pub fn observe_metric(&mut self, node: &str, rank: i64, name: &str, value: f64) {
+        let entry = self.rank_mut(node, rank);
+        if let Some((index, suffix)) = gpu_name(name) {
+            entry.gpus = entry.gpus.max(index + 1);
+            if suffix == "idle_seconds" && value.is_finite() && value >= 0.0 {
+                let index = index as usize;
+                if entry.gpu_idle.len() <= index {
+                    entry.gpu_idle.resize(index + 1, None);
+                }
+                entry.gpu_idle[index] = Some(value);
+            }
+        } else if value.is_finite() && value > 0.0 {
+            match name {
+                "container_memory_limit_megabytes" => entry.memory_limit_mb = Some(value),
+                "container_cpu_limit_cores" => entry.cpu_limit_cores = Some(value),
+                _ => {}
+            }
+        }
+    }
+
+    /// Reads one run tag: the collector's `mlscope/rank-<r>/<fact>`; other tags are ignored.
+    pub fn observe_tag(&mut self, header_node: Option<&str>, key: &str, value: &str) {
+        let Some(rest) = key.strip_prefix("mlscope/rank-") else {
+            return;
+        };
+        let Some((rank, fact)) = rest.split_once('/') else {
+            return;
+        };
+        let Ok(rank) = rank.parse::<u32>() else {
+            return;
+        };
+        let value: String = value.chars().take(256).collect();
+        // The node a rank reports itself on; the request's header otherwise.
+        let node = header_node.unwrap_or_default().to_owned();
+        let entry = self.rank_mut(&node, i64::from(rank));
+        match fact {
+            "outcome" => entry.outcome = Some(value),
+            "exit_code" => entry.exit_code = value.parse().ok(),
+            "pod" => entry.pod = Some(value),
+            "gpu_model" => entry.gpu_model = Some(value),
+            _ => {}
+        }
+    }
+}
+
+/// `gpu_<i>_<suffix>` → `(i, suffix)`.
+fn gpu_name(name: &str) -> Option<(i64, &str)> {
+    let rest = name.strip_prefix("gpu_")?;
+    let (index, suffix) = rest.split_once('_')?;
+    let index: i64 = index.parse().ok()?;
+    (index < MAX_GPUS_PER_RANK).then_some((index, suffix))
+}
+
+/// Run health, shared by the handlers (heartbeats), the admin view and the sweep.
+#[derive(Clone)]
+pub struct Health {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    config: HealthConfig,
+    store: Store,
+    forwarder: Forwarder,
+    metrics: Metrics,
+    replica_id: String,
+    pending: Mutex<HashMap<(String, String, i64), RankUpdate>>,
+}
+
+impl Health {
+    pub fn new(
+        config: HealthConfig,
+        store: Store,
+        forwarder: Forwarder,
+        metrics: Metrics,
+        replica_id: String,
+    ) -> Self {
+        Health {
+            inner: Arc::new(Inner {
+                config,
+                store,
+                forwarder,
+                metrics,
+                replica_id,
+                pending: Mutex::new(HashMap::new()),
+            }),
+        }
+    }
+
+    pub fn config(&self) -> &HealthConfig {
+        &self.inner.config
+    }
+
+    /// Records what an accepted request said, as heard at `now_ms`. Cheap: memory only.
+    pub fn record(&self, beat: Beat, now_ms: i64) {
+        let mut pending = self.inner.pending.lock().expect("health lock");
+        for rank in beat.ranks {
+            let key = (beat.run_id.clone(), rank.node.clone(), rank.rank);
+            if !pending.contains_key(&key) && pending.len() >= MAX_PENDING_RANKS {
+                self.inner.metrics.heartbeat_dropped();
+                continue;
+            }
+            let entry = pending.entry(key).or_insert_with(|| RankUpdate {
+                run_id: beat.run_id.clone(),
+                node: rank.node.clone(),
+                rank: rank.rank,
+                first_heard_ms: now_ms,
+                last_heard_ms: now_ms,
+                ..RankUpdate::default()
+            });
+            if now_ms > entry.last_heard_ms {
+                entry.interval_ms = Some(now_ms - entry.last_heard_ms);
+                entry.last_heard_ms = now_ms;
+            }
+            if rank.outcome.is_some() {
+                entry.outcome = rank.outcome;
+                entry.ended_ms = Some(now_ms);
+            }
+            entry.exit_code = rank.exit_code.or(entry.exit_code);
+            entry.pod = rank.pod.or(entry.pod.take());
+            entry.gpu_model = rank.gpu_model.or(entry.gpu_model.take());
+            entry.memory_limit_mb = rank.memory_limit_mb.or(entry.memory_limit_mb);
+            entry.cpu_limit_cores = rank.cpu_limit_cores.or(entry.cpu_limit_cores);
+            entry.gpus = entry.gpus.max(rank.gpus);
+            if rank.gpu_idle.iter().any(Option::is_some) {
+                let idle: Vec<Value> = rank
+                    .gpu_idle
+                    .iter()
+                    .map(|v| v.map_or(Value::Null, |s| json!(s)))
+                    .collect();
+                entry.gpu_idle = Some(Value::Array(idle).to_string());
+                entry.gpu_idle_ms = Some(now_ms);
+            }
+        }
+    }
+
+    /// Writes the buffered heartbeats to the store; on failure they stay buffered.
+    pub async fn flush(&self) {
+        let batch: Vec<RankUpdate> = {
+            let mut pending = self.inner.pending.lock().expect("health lock");
+            if pending.is_empty() {
+                return;
+            }
+            pending.drain().map(|(_, update)| update).collect()
+        };
+        if let Err(error) = self.inner.store.record_ranks(&batch).await {
+            tracing::warn!(%error, ranks = batch.len(), "recording heartbeats failed; kept for the next flush");
+            self.inner.metrics.health_error("store");
+            let mut pending = self.inner.pending.lock().expect("health lock");
+            for update in batch {
+                let key = (update.run_id.clone(), update.node.clone(), update.rank);
+                // Newer heartbeats gathered meanwhile win; the failed batch fills the rest.
+                if pending.len() < MAX_PENDING_RANKS || pending.contains_key(&key) {
+                    pending.entry(key).or_insert(update);
+                }
+            }
+        }
+    }
+
+    /// Flushes every `flush_interval` and sweeps every `sweep_interval`, until aborted.
+    pub fn spawn(&self) -> tokio::task::JoinHandle<()> {
+        let health = self.clone();
+        tokio::spawn(async move {
+            let mut flush = tokio::time::interval(health.inner.config.flush_interval);
+            let mut sweep = tokio::time::interval(health.inner.config.sweep_interval);
+            flush.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            sweep.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tokio::select! {
+                    _ = flush.tick() => health.flush().await,
+                    _ = sweep.tick() => {
+                        health.flush().await;
+                        health.sweep(unix_millis(SystemTime::now())).await;
+                    }
+                }
+            }
+        })
+    }
+
+    /// Refreshes the gauges and, on the replica holding the sweep lease, judges open runs.
+    pub async fn sweep(&self, now_ms: i64) {
+        let config = &self.inner.config;
+        let stale_ms = config.stale_after.as_millis() as i64;
+        match self
+            .inner
+            .store
+            .ranks_of_open_runs(now_ms - stale_ms, MAX_GAUGE_RUNS as i64)
+            .await
+        {
+            Ok(rows) => self
+                .inner
+                .metrics
+                .set_live_runs(&self.gauges(&rows, now_ms)),
+            Err(error) => {
+                tracing::warn!(%error, "reading live runs failed");
+                self.inner.metrics.health_error("store");
+            }
+        }
+        let lease_until = now_ms + 3 * config.sweep_interval.as_millis() as i64;
+        match self
+            .inner
+            .store
+            .hold_lease(SWEEP_LEASE, &self.inner.replica_id, now_ms, lease_until)
+            .await
+        {
+            Ok(true) => {}
+            Ok(false) => return,
+            Err(error) => {
+                tracing::warn!(%error, "taking the stale-run sweep lease failed");
+                self.inner.metrics.health_error("store");
+                return;
+            }
+        }
+        // Every open run the store still keeps (retention drops older rows).
+        let rows = match self.inner.store.ranks_of_open_runs(0, MAX_SWEPT_RUNS).await {
+            Ok(rows) => rows,
+            Err(error) => {
+                tracing::warn!(%error, "reading runs to judge failed");
+                self.inner.metrics.health_error("store");
+                return;
+            }
+        };
+        for ranks in by_run(&rows) {
+            if let Some(judgement) = judge(ranks, now_ms, config.stale_after) {
+                self.carry_out(&ranks[0].run_id, ranks, &judgement, now_ms)
+                    .await;
+            }
+        }
+    }
+
+    /// Per live run: GPUs allocated and GPUs idle past `--gpu-idle-after`.
+    fn gauges(&self, rows: &[RankRow], now_ms: i64) -> Vec<(String, i64, i64)> {
+        let idle_after = self.inner.config.gpu_idle_after.as_secs_f64();
+        by_run(rows)
+            .map(|ranks| {
+                let live = ranks.iter().filter(|r| r.outcome.is_none());
+                let (mut allocated, mut idle) = (0, 0);
+                for rank in live {
+                    let gpus = gpu_idle_of(rank, now_ms);
+                    allocated += rank.gpus.max(gpus.len() as i64);
+                    idle += gpus
+                        .iter()
+                        .filter(|s| s.is_some_and(|s| s >= idle_after))
+                        .count() as i64;
+                }
+                (ranks[0].run_id.clone(), allocated, idle)
+            })
+            .collect()
+    }
+
+    /// Claims the run, asks MLflow whether it still runs, and tags and ends it.
+    async fn carry_out(&self, run_id: &str, ranks: &[RankRow], judgement: &Judgement, now_ms: i64) {
+        let config = &self.inner.config;
+        let claim = VerdictRow {
+            run_id: run_id.to_owned(),
+            outcome: judgement.outcome.as_str().to_owned(),
+            action: config.action.as_str().to_owned(),
+            detail: judgement.detail.clone(),
+            replica: self.inner.replica_id.clone(),
+            claimed_ms: now_ms,
+            done: 0,
+        };
+        // A claim older than a few sweeps was abandoned by a replica that died mid-way.
+        let abandoned_before = now_ms - 4 * config.sweep_interval.as_millis() as i64;
+        match self
+            .inner
+            .store
+            .claim_verdict(&claim, abandoned_before)
+            .await
+        {
+            Ok(true) => {}
+            Ok(false) => return,
+            Err(error) => {
+                tracing::warn!(%error, run_id, "claiming a stale run failed");
+                self.inner.metrics.health_error("store");
+                return;
+            }
+        }
+        let finished = match self.act(run_id, ranks, judgement).await {
+            Ok(Acted::Done) => (judgement.outcome.as_str(), config.action.as_str()),
+            Ok(Acted::EndedByClient(status)) => {
+                tracing::info!(
+                    run_id,
+                    status,
+                    "run judged dead was ended by its client meanwhile; left as it is"
+                );
+                ("ended_by_client", "none")
+            }
+            Err((reason, error)) => {
+                tracing::warn!(
+                    run_id,
+                    error,
+                    "acting on a dead run failed; retried in a later sweep"
+                );
+                self.inner.metrics.health_error(reason);
+                return;
+            }
+        };
+        self.inner.metrics.run_judged(finished.0, finished.1);
+        tracing::info!(
+            run_id,
+            outcome = finished.0,
+            action = finished.1,
+            detail = judgement.detail,
+            "stale run judged"
+        );
+        if let Err(error) = self
+            .inner
+            .store
+            .finish_verdict(
+                run_id,
+                &self.inner.replica_id,
+                finished.0,
+                finished.1,
+                &judgement.detail,
+            )
+            .await
+        {
+            tracing::warn!(%error, run_id, "recording a verdict failed");
+            self.inner.metrics.health_error("store");
+        }
+    }
+
+    async fn act(
+        &self,
+        run_id: &str,
+        ranks: &[RankRow],
+        judgement: &Judgement,
+    ) -> Result<Acted, (&'static str, String)> {
+        let headers = self.service_headers();
+        let query = format!("/api/2.0/mlflow/runs/get?run_id={}", percent_encode(run_id));
+        let run = self.call(Method::GET, &query, &headers, None).await?;
+        let status = run["run"]["info"]["status"].as_str().unwrap_or_default();
+        if status != "RUNNING" {
+            return Ok(Acted::EndedByClient(status.to_owned()));
+        }
+        let note = run["run"]["data"]["tags"]
+            .as_array()
+            .and_then(|tags| {
+                tags.iter()
+                    .find(|t| t["key"] == "mlflow.note.content")
+                    .and_then(|t| t["value"].as_str())
+            })
+            .unwrap_or_default();
+        let tags = self.tags(ranks, judgement, note);
+        for chunk in tags.chunks(TAGS_PER_BATCH) {
+            let tags: Vec<Value> = chunk
+                .iter()
+                .map(|(key, value)| json!({"key": key, "value": value}))
+                .collect();
+            self.call(
+                Method::POST,
+                "/api/2.0/mlflow/runs/log-batch",
+                &headers,
+                Some(json!({"run_id": run_id, "tags": tags})),
+            )
+            .await?;
+        }
+        if self.inner.config.action == StaleAction::End {
+            self.call(
+                Method::POST,
+                "/api/2.0/mlflow/runs/update",
+                &headers,
+                Some(json!({
+                    "run_id": run_id,
+                    "run_uuid": run_id,
+                    "status": "FAILED",
+                    "end_time": judgement.end_time_ms,
+                })),
+            )
+            .await?;
+        }
+        Ok(Acted::Done)
+    }
+
+    /// The tags a judged run gets: the outcome where the UI shows it (the description), and the
+    /// facts behind it.
+    fn tags(&self, ranks: &[RankRow], judgement: &Judgement, note: &str) -> Vec<(String, String)> {
+        let outcome = judgement.outcome.as_str();
+        let action = match self.inner.config.action {
+            StaleAction::End => "ended the run as FAILED",
+            StaleAction::Tag => "left the run RUNNING (--stale-run-action tag)",
+        };
+        let mut last_heard: Vec<String> = ranks
+            .iter()
+            .map(|r| {
+                let mut text = format!(
+                    "{}: {}",
+                    judge::rank_label(&r.node, r.rank),
+                    judge::timestamp(r.last_heard_ms)
+                );
+                if let Some(outcome) = &r.outcome {
+                    text.push_str(&format!(" ({outcome})"));
+                }
+                text
+            })
+            .collect();
+        last_heard.sort();
+        let summary = format!(
+            "**mlscope: run {outcome}.** {}. mlscope-proxy {action} at {}.",
+            judgement.detail,
+            judge::timestamp(judgement.end_time_ms)
+        );
+        let description = if note.is_empty() {
+            summary.clone()
+        } else {
+            format!("{note}\n\n{summary}")
+        };
+        let mut tags = vec![
+            ("mlscope.outcome".to_owned(), outcome.to_owned()),
+            (
+                "mlscope.outcome_detail".to_owned(),
+                truncate(&judgement.detail),
+            ),
+            (
+                "mlscope.last_heard".to_owned(),
+                truncate(&last_heard.join("; ")),
+            ),
+            (
+                "mlscope.silent_nodes".to_owned(),
+                truncate(&judgement.silent_nodes.join(",")),
+            ),
+            (
+                "mlscope.judged_by".to_owned(),
+                format!("mlscope-proxy {}", self.inner.replica_id),
+            ),
+            ("mlflow.note.content".to_owned(), truncate(&description)),
+        ];
+        for r in ranks.iter().filter(|r| r.rank >= 0) {
+            tags.push((
+                format!("mlscope/rank-{}/last_heard", r.rank),
+                judge::timestamp(r.last_heard_ms),
+            ));
+        }
+        tags
+    }
+
+    async fn call(
+        &self,
+        method: Method,
+        path: &str,
+        headers: &HeaderMap,
+        body: Option<Value>,
+    ) -> Result<Value, (&'static str, String)> {
+        let (status, bytes) = self
+            .inner
+            .forwarder
+            .call(method, path, headers, body)
+            .await
+            .map_err(|e| ("mlflow", e))?;
+        if status == StatusCode::UNAUTHORIZED || status == StatusCode::FORBIDDEN {
+            return Err((
+                "refused",
+                format!(
+                    "MLflow answered {status} to {path}: give the proxy a service credential that may edit runs (--mlflow-service-token, or --mlflow-service-username and --mlflow-service-password)"
+                ),
+            ));
+        }
+        if !status.is_success() {
+            let shown: String = String::from_utf8_lossy(&bytes).chars().take(300).collect();
+            return Err((
+                "mlflow",
+                format!("MLflow answered {status} to {path}: {shown}"),
+            ));
+        }
+        Ok(serde_json::from_slice(&bytes).unwrap_or(Value::Null))
+    }
+
+    fn service_headers(&self) -> HeaderMap {
+        let mut headers = HeaderMap::new();
+        let value = match &self.inner.config.credential {
+            ServiceCredential::None => None,
+            ServiceCredential::Token(token) => Some(format!("Bearer {}", token.expose())),
+            ServiceCredential::Basic { username, password } => {
+                use base64::Engine as _;
+                let pair = format!("{username}:{}", password.expose());
+                Some(format!(
+                    "Basic {}",
+                    base64::engine::general_purpose::STANDARD.encode(pair)
+                ))
+            }
+        };
+        if let Some(value) = value.and_then(|v| HeaderValue::from_str(&v).ok()) {
+            headers.insert(http::header::AUTHORIZATION, value);
+        }
+        headers
+    }
+
+    /// The admin view of one run; `None` when no heartbeat of it is known.
+    pub async fn view(&self, run_id: &str, now_ms: i64) -> Result<Option<RunHealth>, String> {
+        let ranks = self
+            .inner
+            .store
+            .ranks_of_run(run_id)
+            .await
+            .map_err(|e| e.to_string())?;
+        if ranks.is_empty() {
+            return Ok(None);
+        }
+        let verdict = self
+            .inner
+            .store
+            .verdict(run_id)
+            .await
+            .map_err(|e| e.to_string())?;
+        let config = &self.inner.config;
+        let idle_after = config.gpu_idle_after.as_secs_f64();
+        let judgement = judge(&ranks, now_ms, config.stale_after);
+        let state = match (&verdict, &judgement) {
+            (Some(v), _) if v.done == 1 => "judged",
+            (Some(_), _) => "being_judged",
+            (None, Some(_)) => "dead",
+            (None, None) if ranks.iter().all(|r| r.outcome.is_some()) => "ended",
+            (None, None) => "live",
+        };
+        let mut gpus_allocated = 0;
+        let mut gpus_idle = 0;
+        let rank_views: Vec<RankHealth> = ranks
+            .iter()
+            .map(|r| {
+                let idle = gpu_idle_of(r, now_ms);
+                let gpus: Vec<GpuHealth> = (0..r.gpus.max(idle.len() as i64))
+                    .map(|index| {
+                        let idle_seconds = idle.get(index as usize).copied().flatten();
+                        GpuHealth {
+                            index,
+                            idle_seconds,
+                            idle: idle_seconds.is_some_and(|s| s >= idle_after),
+                        }
+                    })
+                    .collect();
+                if r.outcome.is_none() {
+                    gpus_allocated += gpus.len();
+                    gpus_idle += gpus.iter().filter(|g| g.idle).count();
+                }
+                RankHealth {
+                    node: r.node.clone(),
+                    rank: r.rank,
+                    pod: r.pod.clone(),
+                    first_heard: judge::timestamp(r.first_heard_ms),
+                    last_heard: judge::timestamp(r.last_heard_ms),
+                    silent_for_seconds: ((now_ms - r.last_heard_ms).max(0) as f64) / 1e3,
+                    interval_seconds: r.interval_ms.map(|ms| ms as f64 / 1e3),
+                    outcome: r.outcome.clone(),
+                    exit_code: r.exit_code,
+                    memory_limit_megabytes: r.memory_limit_mb,
+                    cpu_limit_cores: r.cpu_limit_cores,
+                    gpu_model: r.gpu_model.clone(),
+                    gpus,
+                }
+            })
+            .collect();
+        Ok(Some(RunHealth {
+            run_id: run_id.to_owned(),
+            state,
+            outcome: verdict
+                .as_ref()
+                .map(|v| v.outcome.clone())
+                .or_else(|| judgement.as_ref().map(|j| j.outcome.as_str().to_owned())),
+            detail: verdict
+                .as_ref()
+                .map(|v| v.detail.clone())
+                .or_else(|| judgement.as_ref().map(|j| j.detail.clone())),
+            action: verdict.as_ref().map(|v| v.action.clone()),
+            stale_after_seconds: config.stale_after.as_secs_f64(),
+            gpu_idle_after_seconds: idle_after,
+            gpus_allocated,
+            gpus_idle,
+            ranks: rank_views,
+        }))
+    }
+}
+
+enum Acted {
+    Done,
+    EndedByClient(String),
+}
+
+/// `GET /runs/{run_id}/health`.
+#[derive(Debug, Serialize)]
+pub struct RunHealth {
+    pub run_id: String,
+    /// `live`, `ended` (every rank reported its end), `dead` (judged by the next sweep),
+    /// `being_judged`, `judged`.
+    pub state: &'static str,
+    pub outcome: Option<String>,
+    pub detail: Option<String>,
+    /// What the sweep did: `end`, `tag`, or `none` (the client had ended the run).
+    pub action: Option<String>,
+    pub stale_after_seconds: f64,
+    pub gpu_idle_after_seconds: f64,
+    /// GPUs of ranks that have not ended, and how many of those are idle.
+    pub gpus_allocated: usize,
+    pub gpus_idle: usize,
+    pub ranks: Vec<RankHealth>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct RankHealth {
+    pub node: String,
+    pub rank: i64,
+    pub pod: Option<String>,
+    pub first_heard: String,
+    pub last_heard: String,
+    pub silent_for_seconds: f64,
+    pub interval_seconds: Option<f64>,
+    pub outcome: Option<String>,
+    pub exit_code: Option<i64>,
+    pub memory_limit_megabytes: Option<f64>,
+    pub cpu_limit_cores: Option<f64>,
+    pub gpu_model: Option<String>,
+    pub gpus: Vec<GpuHealth>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct GpuHealth {
+    pub index: i64,
+    /// Seconds idle as of now (the collector's last report plus the time since).
+    pub idle_seconds: Option<f64>,
+    pub idle: bool,
+}
+
+/// The rank's GPU idle seconds as of `now_ms`: a GPU idle at the last report has stayed idle
+/// since, as far as anyone knows.
+fn gpu_idle_of(rank: &RankRow, now_ms: i64) -> Vec<Option<f64>> {
+    let Some(text) = &rank.gpu_idle else {
+        return Vec::new();
+    };
+    let since = ((now_ms - rank.gpu_idle_ms.unwrap_or(now_ms)).max(0) as f64) / 1e3;
+    serde_json::from_str::<Vec<Option<f64>>>(text)
+        .unwrap_or_default()
+        .into_iter()
+        .map(|idle| idle.map(|s| if s > 0.0 { s + since } else { s }))
+        .collect()
+}
+
+/// Consecutive rows of one run (rows come ordered by run).
+fn by_run(rows: &[RankRow]) -> impl Iterator<Item = &[RankRow]> {
+    rows.chunk_by(|a, b| a.run_id == b.run_id)
+}
+
+fn truncate(text: &str) -> String {
+    text.chars().take(MAX_TAG_VALUE).collect()
+}
+
+fn percent_encode(text: &str) -> String {
+    text.bytes()
+        .map(|b| {
+            if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'~') {
+                (b as char).to_string()
+            } else {
+                format!("%{b:02X}")
+            }
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_beat_reads_gpus_limits_and_the_wrappers_tags() {
+        let mut beat = Beat {
+            run_id: "r".into(),
+            ranks: Vec::new(),
+        };
+        beat.observe_metric("n", 3, "gpu_1_utilization_percentage", 0.0);
+        beat.observe_metric("n", 3, "gpu_1_idle_seconds", 120.0);
+        beat.observe_metric("n", 3, "container_memory_limit_megabytes", 65536.0);
+        beat.observe_metric("n", 3, "container_cpu_limit_cores", 8.0);
+        beat.observe_metric("n", 3, "gpu_99_idle_seconds", 1.0);
+        beat.observe_tag(Some("n"), "mlscope/rank-3/outcome", "oom_killed");
+        beat.observe_tag(Some("n"), "mlscope/rank-3/exit_code", "137");
+        beat.observe_tag(Some("n"), "mlscope/rank-3/pod", "train-3");
+        beat.observe_tag(Some("n"), "mlflow.user", "x");
+        beat.observe_tag(Some("n"), "mlscope/rank-x/outcome", "killed");
+        assert_eq!(beat.ranks.len(), 1);
+        let rank = &beat.ranks[0];
+        assert_eq!(rank.gpus, 2);
+        assert_eq!(rank.gpu_idle, [None, Some(120.0)]);
+        assert_eq!(
+            (rank.memory_limit_mb, rank.cpu_limit_cores),
+            (Some(65536.0), Some(8.0))
+        );
+        assert_eq!(rank.outcome.as_deref(), Some("oom_killed"));
+        assert_eq!(
+            (rank.exit_code, rank.pod.as_deref()),
+            (Some(137), Some("train-3"))
+        );
+    }
+
+    #[test]
+    fn idle_seconds_grow_with_the_time_since_the_report() {
+        let row = RankRow {
+            run_id: "r".into(),
+            node: "n".into(),
+            rank: 0,
+            first_heard_ms: 0,
+            last_heard_ms: 0,
+            interval_ms: None,
+            outcome: None,
+            exit_code: None,
+            ended_ms: None,
+            pod: None,
+            memory_limit_mb: None,
+            cpu_limit_cores: None,
+            gpu_model: None,
+            gpus: 2,
+            gpu_idle: Some("[0,100.5]".into()),
+            gpu_idle_ms: Some(10_000),
+        };
+        assert_eq!(gpu_idle_of(&row, 12_000), [Some(0.0), Some(102.5)]);
+    }
+
+    #[test]
+    fn run_ids_are_percent_encoded_in_queries() {
+        assert_eq!(percent_encode("abc-1_2"), "abc-1_2");
+        assert_eq!(percent_encode("a b&c"), "a%20b%26c");
+    }
+}

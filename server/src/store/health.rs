@@ -1,0 +1,343 @@
+//! Run health in the store: heartbeats per (run, node, rank), the stale-run sweep's verdicts and
+//! the lease that lets one replica sweep at a time. Every write is one statement, correct when
+//! several replicas share one PostgreSQL.
+
+use super::{Store, StoreError};
+
+/// What one replica heard of one (run, node, rank) since its last flush.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct RankUpdate {
+    pub run_id: String,
+    pub node: String,
+    pub rank: i64,
+    pub first_heard_ms: i64,
+    pub last_heard_ms: i64,
+    /// Gap between the last two heartbeats this replica saw, when it saw two.
+    pub interval_ms: Option<i64>,
+    pub outcome: Option<String>,
+    pub exit_code: Option<i64>,
+    pub ended_ms: Option<i64>,
+    pub pod: Option<String>,
+    pub memory_limit_mb: Option<f64>,
+    pub cpu_limit_cores: Option<f64>,
+    pub gpu_model: Option<String>,
+    pub gpus: i64,
+    /// JSON array of seconds each GPU had been idle, as of `gpu_idle_ms`.
+    pub gpu_idle: Option<String>,
+    pub gpu_idle_ms: Option<i64>,
+}
+
+/// A `run_ranks` row.
+#[derive(Debug, Clone, PartialEq, sqlx::FromRow)]
+pub struct RankRow {
+    pub run_id: String,
+    pub node: String,
+    pub rank: i64,
+    pub first_heard_ms: i64,
+    pub last_heard_ms: i64,
+    pub interval_ms: Option<i64>,
+    pub outcome: Option<String>,
+    pub exit_code: Option<i64>,
+    pub ended_ms: Option<i64>,
+    pub pod: Option<String>,
+    pub memory_limit_mb: Option<f64>,
+    pub cpu_limit_cores: Option<f64>,
+    pub gpu_model: Option<String>,
+    pub gpus: i64,
+    pub gpu_idle: Option<String>,
+    pub gpu_idle_ms: Option<i64>,
+}
+
+const RANK_COLUMNS: &str = "run_id, node, rank, first_heard_ms, last_heard_ms, interval_ms, \
+     outcome, exit_code, ended_ms, pod, memory_limit_mb, cpu_limit_cores, gpu_model, gpus, \
+     gpu_idle, gpu_idle_ms";
+
+/// A `run_verdicts` row.
+#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
+pub struct VerdictRow {
+    pub run_id: String,
+    pub outcome: String,
+    pub action: String,
+    pub detail: String,
+    pub replica: String,
+    pub claimed_ms: i64,
+    pub done: i64,
+}
+
+const VERDICT_COLUMNS: &str = "run_id, outcome, action, detail, replica, claimed_ms, done";
+
+impl Store {
+    /// Merges one replica's heartbeats into the shared rows: the latest heartbeat wins, the
+    /// earliest first heartbeat stays, and facts (outcome, placement, GPUs) fill in or update.
+    pub async fn record_ranks(&self, updates: &[RankUpdate]) -> Result<(), StoreError> {
+        let sql = format!(
+            "INSERT INTO run_ranks ({RANK_COLUMNS}) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16) \
+             ON CONFLICT (run_id, node, rank) DO UPDATE SET \
+               first_heard_ms = CASE WHEN excluded.first_heard_ms < run_ranks.first_heard_ms \
+                 THEN excluded.first_heard_ms ELSE run_ranks.first_heard_ms END, \
+               interval_ms = COALESCE(excluded.interval_ms, \
+                 CASE WHEN excluded.last_heard_ms > run_ranks.last_heard_ms \
+                   THEN excluded.last_heard_ms - run_ranks.last_heard_ms \
+                   ELSE run_ranks.interval_ms END), \
+               last_heard_ms = CASE WHEN excluded.last_heard_ms > run_ranks.last_heard_ms \
+                 THEN excluded.last_heard_ms ELSE run_ranks.last_heard_ms END, \
+               outcome = COALESCE(excluded.outcome, run_ranks.outcome), \
+               exit_code = COALESCE(excluded.exit_code, run_ranks.exit_code), \
+               ended_ms = COALESCE(excluded.ended_ms, run_ranks.ended_ms), \
+               pod = COALESCE(excluded.pod, run_ranks.pod), \
+               memory_limit_mb = COALESCE(excluded.memory_limit_mb, run_ranks.memory_limit_mb), \
+               cpu_limit_cores = COALESCE(excluded.cpu_limit_cores, run_ranks.cpu_limit_cores), \
+               gpu_model = COALESCE(excluded.gpu_model, run_ranks.gpu_model), \
+               gpus = CASE WHEN excluded.gpus > run_ranks.gpus \
+                 THEN excluded.gpus ELSE run_ranks.gpus END, \
+               gpu_idle = CASE WHEN excluded.gpu_idle_ms IS NOT NULL \
+                 AND (run_ranks.gpu_idle_ms IS NULL OR excluded.gpu_idle_ms >= run_ranks.gpu_idle_ms) \
+                 THEN excluded.gpu_idle ELSE run_ranks.gpu_idle END, \
+               gpu_idle_ms = CASE WHEN excluded.gpu_idle_ms IS NOT NULL \
+                 AND (run_ranks.gpu_idle_ms IS NULL OR excluded.gpu_idle_ms >= run_ranks.gpu_idle_ms) \
+                 THEN excluded.gpu_idle_ms ELSE run_ranks.gpu_idle_ms END"
+        );
+        on_backend!(self, |pool| {
+            let mut tx = pool.begin().await?;
+            for u in updates {
+                sqlx::query(&sql)
+                    .bind(&u.run_id)
+                    .bind(&u.node)
+                    .bind(u.rank)
+                    .bind(u.first_heard_ms)
+                    .bind(u.last_heard_ms)
+                    .bind(u.interval_ms)
+                    .bind(&u.outcome)
+                    .bind(u.exit_code)
+                    .bind(u.ended_ms)
+                    .bind(&u.pod)
+                    .bind(u.memory_limit_mb)
+                    .bind(u.cpu_limit_cores)
+                    .bind(&u.gpu_model)
+                    .bind(u.gpus)
+                    .bind(&u.gpu_idle)
+                    .bind(u.gpu_idle_ms)
+                    .execute(&mut *tx)
+                    .await?;
+            }
+            tx.commit().await?;
+        });
+        Ok(())
+    }
+
+    pub async fn ranks_of_run(&self, run_id: &str) -> Result<Vec<RankRow>, StoreError> {
+        let sql =
+            format!("SELECT {RANK_COLUMNS} FROM run_ranks WHERE run_id = $1 ORDER BY rank, node");
+        Ok(on_backend!(self, |pool| sqlx::query_as(&sql)
+            .bind(run_id)
+            .fetch_all(pool)
+            .await?))
+    }
+
+    /// Every rank of up to `limit` runs that have no finished verdict, heard from since
+    /// `heard_since`, ordered by run.
+    pub async fn ranks_of_open_runs(
+        &self,
+        heard_since: i64,
+        limit: i64,
+    ) -> Result<Vec<RankRow>, StoreError> {
+        let sql = format!(
+            "SELECT {RANK_COLUMNS} FROM run_ranks WHERE run_id IN ( \
+               SELECT DISTINCT r.run_id FROM run_ranks r \
+               WHERE r.last_heard_ms >= $1 AND NOT EXISTS ( \
+                 SELECT 1 FROM run_verdicts v WHERE v.run_id = r.run_id AND v.done = 1) \
+               ORDER BY r.run_id LIMIT $2) \
+             ORDER BY run_id, rank, node"
+        );
+        Ok(on_backend!(self, |pool| sqlx::query_as(&sql)
+            .bind(heard_since)
+            .bind(limit)
+            .fetch_all(pool)
+            .await?))
+    }
+
+    pub async fn verdict(&self, run_id: &str) -> Result<Option<VerdictRow>, StoreError> {
+        let sql = format!("SELECT {VERDICT_COLUMNS} FROM run_verdicts WHERE run_id = $1");
+        Ok(on_backend!(self, |pool| sqlx::query_as(&sql)
+            .bind(run_id)
+            .fetch_optional(pool)
+            .await?))
+    }
+
+    /// Claims `run_id` for carrying out a verdict: true when this replica may act. A run is
+    /// claimed once; a claim that was never finished may be taken over after `abandoned_before`.
+    pub async fn claim_verdict(
+        &self,
+        verdict: &VerdictRow,
+        abandoned_before: i64,
+    ) -> Result<bool, StoreError> {
+        let sql = format!(
+            "INSERT INTO run_verdicts ({VERDICT_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, 0) \
+             ON CONFLICT (run_id) DO UPDATE SET outcome = excluded.outcome, \
+               action = excluded.action, detail = excluded.detail, replica = excluded.replica, \
+               claimed_ms = excluded.claimed_ms \
+             WHERE run_verdicts.done = 0 AND run_verdicts.claimed_ms < $7 \
+             RETURNING run_id"
+        );
+        let claimed: Option<String> = on_backend!(self, |pool| sqlx::query_scalar(&sql)
+            .bind(&verdict.run_id)
+            .bind(&verdict.outcome)
+            .bind(&verdict.action)
+            .bind(&verdict.detail)
+            .bind(&verdict.replica)
+            .bind(verdict.claimed_ms)
+            .bind(abandoned_before)
+            .fetch_optional(pool)
+            .await?);
+        Ok(claimed.is_some())
+    }
+
+    /// Marks a claimed verdict done, with what was finally decided (e.g. the client had ended
+    /// the run meanwhile).
+    pub async fn finish_verdict(
+        &self,
+        run_id: &str,
+        replica: &str,
+        outcome: &str,
+        action: &str,
+        detail: &str,
+    ) -> Result<(), StoreError> {
+        let sql = "UPDATE run_verdicts SET done = 1, outcome = $3, action = $4, detail = $5 \
+                   WHERE run_id = $1 AND replica = $2";
+        on_backend!(self, |pool| sqlx::query(sql)
+            .bind(run_id)
+            .bind(replica)
+            .bind(outcome)
+            .bind(action)
+            .bind(detail)
+            .execute(pool)
+            .await?
+            .rows_affected());
+        Ok(())
+    }
+
+    /// Takes or extends the named lease until `expires_ms`: true when `holder` holds it.
+    pub async fn hold_lease(
+        &self,
+        name: &str,
+        holder: &str,
+        now: i64,
+        expires_ms: i64,
+    ) -> Result<bool, StoreError> {
+        let sql = "INSERT INTO work_leases (name, holder, expires_ms) VALUES ($1, $2, $3) \
+                   ON CONFLICT (name) DO UPDATE SET holder = excluded.holder, \
+                     expires_ms = excluded.expires_ms \
+                   WHERE work_leases.holder = excluded.holder OR work_leases.expires_ms < $4 \
+                   RETURNING holder";
+        let held: Option<String> = on_backend!(self, |pool| sqlx::query_scalar(sql)
+            .bind(name)
+            .bind(holder)
+            .bind(expires_ms)
+            .bind(now)
+            .fetch_optional(pool)
+            .await?);
+        Ok(held.is_some())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    async fn store(dir: &tempfile::TempDir) -> Store {
+        Store::open(&format!("sqlite://{}/s.db", dir.path().display()))
+            .await
+            .unwrap()
+    }
+
+    fn beat(run: &str, rank: i64, first: i64, last: i64) -> RankUpdate {
+        RankUpdate {
+            run_id: run.into(),
+            node: "n1".into(),
+            rank,
+            first_heard_ms: first,
+            last_heard_ms: last,
+            ..RankUpdate::default()
+        }
+    }
+
+    #[tokio::test]
+    async fn heartbeats_from_two_replicas_merge_into_one_row_per_rank() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = store(&dir).await;
+        store
+            .record_ranks(&[beat("r", 0, 1_000, 5_000)])
+            .await
+            .unwrap();
+        // Another replica flushes an older heartbeat later, with the rank's pod.
+        let mut older = beat("r", 0, 500, 4_000);
+        older.pod = Some("train-0".into());
+        older.gpus = 2;
+        store.record_ranks(&[older]).await.unwrap();
+        // A newer one: the interval is the gap to the stored heartbeat.
+        store
+            .record_ranks(&[beat("r", 0, 6_000, 6_000)])
+            .await
+            .unwrap();
+        let rows = store.ranks_of_run("r").await.unwrap();
+        assert_eq!(rows.len(), 1);
+        let row = &rows[0];
+        assert_eq!(
+            (row.first_heard_ms, row.last_heard_ms, row.interval_ms),
+            (500, 6_000, Some(1_000))
+        );
+        assert_eq!((row.pod.as_deref(), row.gpus), (Some("train-0"), 2));
+    }
+
+    #[tokio::test]
+    async fn a_verdict_is_claimed_once_and_an_abandoned_claim_is_taken_over() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = store(&dir).await;
+        let verdict = |replica: &str, at: i64| VerdictRow {
+            run_id: "r".into(),
+            outcome: "lost".into(),
+            action: "end".into(),
+            detail: String::new(),
+            replica: replica.into(),
+            claimed_ms: at,
+            done: 0,
+        };
+        assert!(store.claim_verdict(&verdict("a", 1_000), 0).await.unwrap());
+        assert!(!store.claim_verdict(&verdict("b", 1_100), 0).await.unwrap());
+        // a never finished: b may take over once the claim is old enough.
+        assert!(store
+            .claim_verdict(&verdict("b", 70_000), 10_000)
+            .await
+            .unwrap());
+        store
+            .finish_verdict("r", "b", "lost", "end", "done")
+            .await
+            .unwrap();
+        assert!(!store
+            .claim_verdict(&verdict("a", 900_000), 800_000)
+            .await
+            .unwrap());
+        let row = store.verdict("r").await.unwrap().unwrap();
+        assert_eq!((row.replica.as_str(), row.done), ("b", 1));
+        // A run with a finished verdict is not open any more.
+        store.record_ranks(&[beat("r", 0, 1, 2)]).await.unwrap();
+        store.record_ranks(&[beat("s", 0, 1, 2)]).await.unwrap();
+        let open = store.ranks_of_open_runs(0, 100).await.unwrap();
+        assert_eq!(
+            open.iter().map(|r| r.run_id.as_str()).collect::<Vec<_>>(),
+            ["s"]
+        );
+    }
+
+    #[tokio::test]
+    async fn one_holder_at_a_time_until_the_lease_expires() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = store(&dir).await;
+        assert!(store.hold_lease("sweep", "a", 0, 100).await.unwrap());
+        assert!(!store.hold_lease("sweep", "b", 50, 150).await.unwrap());
+        assert!(store.hold_lease("sweep", "a", 60, 160).await.unwrap());
+        assert!(store.hold_lease("sweep", "b", 161, 261).await.unwrap());
+        assert!(!store.hold_lease("sweep", "a", 200, 300).await.unwrap());
+    }
+}
