@@ -151,6 +151,9 @@ pub struct Config {
     pub http: Option<HttpSettings>,
     pub node: String,
     pub rank: u32,
+    /// The pod (`POD_NAME` from the downward API, else the host name, which Kubernetes sets to
+    /// the pod name), for the run's placement tags.
+    pub pod: String,
     /// Where the node name and rank came from, for the start-up log line.
     pub node_source: String,
     pub rank_source: String,
@@ -223,13 +226,22 @@ impl Config {
             Some(rank) => (rank, "--rank / MLSCOPE_RANK".to_owned()),
             None => rank_from_launcher(env),
         };
+        let host = hostname().unwrap_or_default();
         let (node, node_source) = match args.node.as_deref().filter(|n| !n.trim().is_empty()) {
             Some(node) => (sanitize_node(node), "--node / NODE_NAME".to_owned()),
             None => (
-                sanitize_node(&hostname().unwrap_or_default()),
+                sanitize_node(&host),
                 "the host name (NODE_NAME is not set)".to_owned(),
             ),
         };
+        let pod: String = env
+            .get("POD_NAME")
+            .map(|p| p.trim())
+            .filter(|p| !p.is_empty())
+            .unwrap_or(host.trim())
+            .chars()
+            .take(253)
+            .collect();
         let wrapper = !args.command.is_empty();
         let http = match (
             args.tracking_uri.filter(|u| !u.is_empty()),
@@ -275,6 +287,7 @@ impl Config {
             http,
             node,
             rank,
+            pod,
             node_source,
             rank_source,
             interval: args.interval,

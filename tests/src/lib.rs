@@ -5,7 +5,9 @@
 //! Shared by the integration tests in this crate, the load tests and the `mlscope-stack` binary
 //! behind the README's quick start, so that all of them run exactly the same stack.
 
+mod cgroup;
 pub mod s3shim;
 mod stack;
 
+pub use cgroup::MemoryCgroup;
 pub use stack::*;

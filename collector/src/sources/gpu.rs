@@ -5,6 +5,7 @@
 
 use std::borrow::Cow;
 use std::ffi::OsStr;
+use std::time::Instant;
 
 use nvml_wrapper::Nvml;
 
@@ -15,6 +16,8 @@ use super::{round1, Named};
 pub struct GpuReading {
     /// `nvmlDeviceGetUtilizationRates().gpu`, percent.
     pub utilization: Option<u32>,
+    /// `nvmlDeviceGetUtilizationRates().memory`: time the memory controller was busy, percent.
+    pub memory_activity: Option<u32>,
     /// `(total, free)` frame buffer bytes.
     pub memory: Option<(u64, u64)>,
     /// `nvmlDeviceGetPowerUsage`, milliwatts.
@@ -53,6 +56,38 @@ pub fn gpu_metrics(index: u32, reading: &GpuReading, out: &mut Vec<Named>) {
     }
 }
 
+/// Utilisation and memory activity at or under this count as idle, in percent: a process that
+/// holds a GPU but only waits (a stalled loader, a notebook between cells) stays at 0-2 %.
+pub const IDLE_THRESHOLD_PERCENT: u32 = 5;
+
+/// How long each GPU has been idle: both NVML utilisation rates at or under
+/// [`IDLE_THRESHOLD_PERCENT`] since the first idle reading, 0 while busy.
+#[derive(Debug, Default)]
+pub struct IdleClock {
+    since: Vec<Option<Instant>>,
+}
+
+impl IdleClock {
+    /// Seconds device `index` has been idle as of `now`; `None` when NVML did not report both
+    /// rates (then the series is left out and the clock restarts).
+    pub fn observe(&mut self, index: u32, reading: &GpuReading, now: Instant) -> Option<f64> {
+        let index = index as usize;
+        if self.since.len() <= index {
+            self.since.resize(index + 1, None);
+        }
+        let (Some(gpu), Some(memory)) = (reading.utilization, reading.memory_activity) else {
+            self.since[index] = None;
+            return None;
+        };
+        if gpu > IDLE_THRESHOLD_PERCENT || memory > IDLE_THRESHOLD_PERCENT {
+            self.since[index] = None;
+            return Some(0.0);
+        }
+        let since = *self.since[index].get_or_insert(now);
+        Some(round1(now.saturating_duration_since(since).as_secs_f64()))
+    }
+}
+
 /// The library names tried in order: the versioned one the NVIDIA container runtime injects,
 /// then the development symlink.
 const LIBRARIES: [&str; 2] = ["libnvidia-ml.so.1", "libnvidia-ml.so"];
@@ -60,6 +95,7 @@ const LIBRARIES: [&str; 2] = ["libnvidia-ml.so.1", "libnvidia-ml.so"];
 pub struct GpuSource {
     nvml: Nvml,
     devices: u32,
+    idle: IdleClock,
 }
 
 impl std::fmt::Debug for GpuSource {
@@ -83,7 +119,11 @@ impl GpuSource {
                         return None;
                     }
                     tracing::info!(devices, "measuring GPUs through NVML");
-                    return Some(GpuSource { nvml, devices });
+                    return Some(GpuSource {
+                        nvml,
+                        devices,
+                        idle: IdleClock::default(),
+                    });
                 }
                 Err(error) => last_error = Some(error),
             }
@@ -98,14 +138,30 @@ impl GpuSource {
             let Ok(device) = self.nvml.device_by_index(index) else {
                 continue;
             };
+            let rates = device.utilization_rates().ok();
             let reading = GpuReading {
-                utilization: device.utilization_rates().ok().map(|u| u.gpu),
+                utilization: rates.as_ref().map(|u| u.gpu),
+                memory_activity: rates.as_ref().map(|u| u.memory),
                 memory: device.memory_info().ok().map(|m| (m.total, m.free)),
                 power_milliwatts: device.power_usage().ok(),
                 power_limit_milliwatts: device.enforced_power_limit().ok(),
             };
             gpu_metrics(index, &reading, out);
+            if let Some(idle) = self.idle.observe(index, &reading, Instant::now()) {
+                out.push((Cow::Owned(format!("gpu_{index}_idle_seconds")), idle));
+            }
         }
+    }
+
+    /// The model of the first GPU (NVML's name, e.g. "NVIDIA H100 80GB HBM3") and how many the
+    /// container has, for the run's placement tags.
+    pub fn inventory(&self) -> (Option<String>, u32) {
+        let model = self
+            .nvml
+            .device_by_index(0)
+            .ok()
+            .and_then(|d| d.name().ok());
+        (model, self.devices)
     }
 }
 
@@ -121,6 +177,7 @@ mod tests {
     fn nvml_units_become_mlflows_names_and_units() {
         let reading = GpuReading {
             utilization: Some(87),
+            memory_activity: Some(40),
             memory: Some((80_000_000_000, 20_000_000_000)),
             power_milliwatts: Some(350_000),
             power_limit_milliwatts: Some(700_000),
@@ -152,12 +209,42 @@ mod tests {
     }
 
     #[test]
+    fn a_gpu_counts_as_idle_from_its_first_quiet_reading_until_either_rate_rises() {
+        let start = Instant::now();
+        let at = |s: u64| start + std::time::Duration::from_secs(s);
+        let reading = |gpu: u32, memory: u32| GpuReading {
+            utilization: Some(gpu),
+            memory_activity: Some(memory),
+            ..Default::default()
+        };
+        let mut clock = IdleClock::default();
+        assert_eq!(clock.observe(1, &reading(97, 60), at(0)), Some(0.0));
+        assert_eq!(clock.observe(1, &reading(0, 0), at(10)), Some(0.0));
+        assert_eq!(clock.observe(1, &reading(3, 5), at(70)), Some(60.0));
+        // Memory traffic alone (e.g. a copy) is work.
+        assert_eq!(clock.observe(1, &reading(0, 30), at(80)), Some(0.0));
+        assert_eq!(clock.observe(1, &reading(0, 0), at(90)), Some(0.0));
+        assert_eq!(clock.observe(1, &reading(0, 0), at(100)), Some(10.0));
+        // A failed query: no series, and idleness counts anew.
+        let unknown = GpuReading::default();
+        assert_eq!(clock.observe(1, &unknown, at(110)), None);
+        assert_eq!(clock.observe(1, &reading(0, 0), at(120)), Some(0.0));
+        // Device 0 has its own clock.
+        assert_eq!(clock.observe(0, &reading(0, 0), at(120)), Some(0.0));
+        assert_eq!(
+            mlscope_scopes::rule_for("gpu_1_idle_seconds").map(|r| r.scope),
+            Some(mlscope_scopes::Scope::Device)
+        );
+    }
+
+    #[test]
     fn every_gpu_name_is_a_device_series_in_the_scope_table() {
         let mut out = Vec::new();
         gpu_metrics(
             12,
             &GpuReading {
                 utilization: Some(1),
+                memory_activity: Some(1),
                 memory: Some((2, 1)),
                 power_milliwatts: Some(1),
                 power_limit_milliwatts: Some(2),

@@ -81,6 +81,11 @@ impl Sampler {
         self.container.as_ref()
     }
 
+    /// GPU model and count, when NVML sees GPUs.
+    pub fn gpu_inventory(&self) -> Option<(Option<String>, u32)> {
+        self.gpu.as_ref().map(GpuSource::inventory)
+    }
+
     /// One sample of everything, at the next step.
     pub fn sample(&mut self) -> Sample {
         let timestamp_ms = crate::sample::now_ms();

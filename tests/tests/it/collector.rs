@@ -41,13 +41,27 @@ async fn wait_for_points(mlflow: &str, run_id: &str, key: &str, count: usize, ti
 // === the collector ===
 
 /// `mlscope-collector` as a pod would run it: MLflow's variables, the node from `NODE_NAME`, the
-/// rank from `RANK`; one sample a second, retries at most 2 s apart.
-fn start_collector(
+/// pod from `POD_NAME` (`pod-<node>-<rank>`), the rank from `RANK`; one sample a second,
+/// retries at most 2 s apart.
+pub(crate) fn start_collector(
     dir: &Path,
     proxy_url: &str,
     run_id: &str,
     node: &str,
     rank: u32,
+    wrapped: &[&str],
+) -> Process {
+    start_collector_with(dir, proxy_url, run_id, node, rank, &[], wrapped)
+}
+
+/// As [`start_collector`], with more collector flags (e.g. `--cgroup-path`).
+pub(crate) fn start_collector_with(
+    dir: &Path,
+    proxy_url: &str,
+    run_id: &str,
+    node: &str,
+    rank: u32,
+    flags: &[&str],
     wrapped: &[&str],
 ) -> Process {
     let mut command = Command::new(collector_binary());
@@ -56,8 +70,10 @@ fn start_collector(
         .env("MLFLOW_RUN_ID", run_id)
         .env("NODE_NAME", node)
         .env("RANK", rank.to_string())
+        .env("POD_NAME", format!("pod-{node}-{rank}"))
         .env("MLSCOPE_LOG_FORMAT", "json")
-        .args(["--interval", "1", "--max-backoff", "2s"]);
+        .args(["--interval", "1", "--max-backoff", "2s"])
+        .args(flags);
     if !wrapped.is_empty() {
         command.arg("--").args(wrapped);
     }

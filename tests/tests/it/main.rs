@@ -13,6 +13,7 @@ mod collector;
 mod compat;
 mod faults;
 mod forwarding;
+mod health;
 mod hostile;
 mod legacy_listing;
 mod mlflow;

@@ -1,0 +1,456 @@
+//! Run health end to end: real collectors (wrapper mode) posting through mlscope-proxy into the
+//! real MLflow, real signals and a real memory cgroup. A run whose rank was killed ends FAILED
+//! with outcome `killed` as soon as its other rank is done; an OOM kill gives `oom_killed`; a pod
+//! that vanished leaves its run `lost` after the stale timeout, while a live run and a run its
+//! client finished are left alone, by two replicas sharing PostgreSQL that judge each run once.
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use mlscope_tests::{
+    spawn_proxy, MemoryCgroup, PostgresDatabase, Process, ProxyProcess, TestStack,
+};
+use serde_json::{json, Value};
+
+use crate::collector::{start_collector, start_collector_with};
+use crate::mlflow::{create_run, get_run, http, now_ms, post, run_tags, scrape};
+
+/// A proxy judging quickly: heartbeats flushed every 200 ms, a sweep every 300 ms.
+fn health_proxy(dir: &Path, mlflow: &str, stale_after: &str, extra: &[&str]) -> ProxyProcess {
+    let mut args = vec![
+        "--run-stale-after",
+        stale_after,
+        "--health-sweep-interval",
+        "300ms",
+        "--health-flush-interval",
+        "200ms",
+    ];
+    args.extend_from_slice(extra);
+    spawn_proxy(mlflow, &args, dir).unwrap()
+}
+
+fn status(run: &Value) -> String {
+    run["run"]["info"]["status"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned()
+}
+
+/// Polls the run until its status is `wanted`; panics with the run after `timeout`.
+async fn wait_for_status(mlflow: &str, run_id: &str, wanted: &str, timeout: Duration) -> Value {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let run = get_run(mlflow, run_id).await;
+        if status(&run) == wanted {
+            return run;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "run {run_id} not {wanted} after {timeout:?}: {run}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+async fn health_view(proxy: &ProxyProcess, run_id: &str) -> (u16, Value) {
+    let response = http()
+        .get(format!("{}/runs/{run_id}/health", proxy.admin_url))
+        .send()
+        .await
+        .unwrap();
+    let status = response.status().as_u16();
+    (status, response.json().await.unwrap_or(Value::Null))
+}
+
+/// Waits for a wrapper to exit, off the async runtime.
+async fn wait_exit(mut collector: Process) -> Option<i32> {
+    tokio::task::spawn_blocking(move || {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            if let Some(status) = collector.try_status() {
+                return status.code();
+            }
+            assert!(Instant::now() < deadline, "the wrapper did not exit");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    })
+    .await
+    .unwrap()
+}
+
+/// The sum of a counter's samples over the proxies' `/metrics`.
+async fn counter(proxies: &[&ProxyProcess], series: &str) -> f64 {
+    let mut total = 0.0;
+    for proxy in proxies {
+        total += scrape(&proxy.admin_url)
+            .await
+            .lines()
+            .filter(|l| l.starts_with(series))
+            .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
+            .sum::<f64>();
+    }
+    total
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_killed_rank_fails_the_run_once_its_other_rank_exited_without_waiting_for_the_timeout() {
+    let stack = TestStack::shared();
+    let mlflow = stack.mlflow.url.as_str();
+    let dir = tempfile::tempdir().unwrap();
+    // A stale timeout far beyond the test: only the wrapper's report can end the run in time.
+    let proxy = health_proxy(dir.path(), mlflow, "10m", &[]);
+    let run_id = create_run(mlflow, "health-killed").await;
+    let pid_file = dir.path().join("rank-1.pid");
+    let normal = start_collector(
+        dir.path(),
+        &proxy.url,
+        &run_id,
+        "node-h",
+        0,
+        &["sh", "-c", "sleep 4"],
+    );
+    let script = format!("echo $$ > '{}'; exec sleep 300", pid_file.display());
+    let victim = start_collector(
+        dir.path(),
+        &proxy.url,
+        &run_id,
+        "node-h",
+        1,
+        &["sh", "-c", &script],
+    );
+
+    // Samples of both ranks arrive; the run is alive.
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    assert_eq!(status(&get_run(mlflow, &run_id).await), "RUNNING");
+    let (code, view) = health_view(&proxy, &run_id).await;
+    assert_eq!(
+        (code, view["state"].as_str()),
+        (200, Some("live")),
+        "{view}"
+    );
+    assert_eq!(view["ranks"].as_array().unwrap().len(), 2, "{view}");
+    // Placement, on the run page from the first sample on.
+    let tags = run_tags(mlflow, &run_id).await;
+    for (key, value) in [
+        ("mlscope/rank-0/node", "node-h"),
+        ("mlscope/rank-0/pod", "pod-node-h-0"),
+        ("mlscope/rank-1/pod", "pod-node-h-1"),
+    ] {
+        assert_eq!(
+            tags.get(key).map(String::as_str),
+            Some(value),
+            "{key}: {tags:?}"
+        );
+    }
+    assert!(
+        tags.contains_key("mlscope/rank-1/memory_limit_megabytes"),
+        "{tags:?}"
+    );
+    assert!(
+        tags.contains_key("mlscope/rank-1/cpu_limit_cores"),
+        "{tags:?}"
+    );
+
+    // Rank 1's training process is SIGKILLed; rank 0 exits normally.
+    let pid = std::fs::read_to_string(&pid_file).unwrap();
+    let killed = std::process::Command::new("kill")
+        .args(["-KILL", pid.trim()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    assert_eq!(wait_exit(victim).await, Some(137));
+    assert_eq!(wait_exit(normal).await, Some(0));
+
+    let run = wait_for_status(mlflow, &run_id, "FAILED", Duration::from_secs(30)).await;
+    let tags = run_tags(mlflow, &run_id).await;
+    assert_eq!(
+        tags.get("mlscope.outcome").map(String::as_str),
+        Some("killed"),
+        "{tags:?}"
+    );
+    assert!(
+        tags["mlscope.outcome_detail"]
+            .starts_with("rank 1 on node-h was killed by a signal (exit 137)"),
+        "{tags:?}"
+    );
+    assert!(
+        tags["mlflow.note.content"].contains("mlscope: run killed."),
+        "{tags:?}"
+    );
+    assert!(
+        tags["mlscope.last_heard"].contains("rank 1 on node-h"),
+        "{tags:?}"
+    );
+    let end_time = run["run"]["info"]["end_time"].as_i64().unwrap();
+    assert!(
+        end_time <= now_ms() && end_time > now_ms() - 60_000,
+        "{run}"
+    );
+
+    let (code, view) = health_view(&proxy, &run_id).await;
+    assert_eq!(code, 200);
+    assert_eq!(view["state"], "judged", "{view}");
+    assert_eq!(view["outcome"], "killed", "{view}");
+    assert_eq!(view["action"], "end", "{view}");
+    let outcomes: Vec<(i64, String, String)> = view["ranks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            (
+                r["rank"].as_i64().unwrap(),
+                r["outcome"].as_str().unwrap_or("-").to_owned(),
+                r["pod"].as_str().unwrap_or("-").to_owned(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        outcomes,
+        [
+            (0, "exited".into(), "pod-node-h-0".into()),
+            (1, "killed".into(), "pod-node-h-1".into())
+        ]
+    );
+    assert_eq!(
+        counter(
+            &[&proxy],
+            r#"mlscope_runs_judged_total{outcome="killed",action="end"}"#
+        )
+        .await,
+        1.0
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_rank_oom_killed_in_a_real_memory_cgroup_fails_the_run_as_oom_killed() {
+    let stack = TestStack::shared();
+    let mlflow = stack.mlflow.url.as_str();
+    let dir = tempfile::tempdir().unwrap();
+    let proxy = health_proxy(dir.path(), mlflow, "10m", &[]);
+    let run_id = create_run(mlflow, "health-oom").await;
+    let cgroup = MemoryCgroup::create("mlscope-health-oom", 64 << 20)
+        .expect("needs root and a cgroup v1 memory controller (this project's machines have both)");
+    let python = mlscope_tests::venv().join("bin/python");
+    let command = cgroup.run_inside(&[
+        python.to_str().unwrap(),
+        "-c",
+        "import time; time.sleep(2); b = b'x' * (256 << 20)",
+    ]);
+    let cgroup_dir = cgroup.dir.to_str().unwrap().to_owned();
+    let wrapped: Vec<&str> = command.iter().map(String::as_str).collect();
+    let collector = start_collector_with(
+        dir.path(),
+        &proxy.url,
+        &run_id,
+        "node-o",
+        0,
+        &["--cgroup-path", &cgroup_dir],
+        &wrapped,
+    );
+    assert_eq!(wait_exit(collector).await, Some(137));
+
+    wait_for_status(mlflow, &run_id, "FAILED", Duration::from_secs(30)).await;
+    let tags = run_tags(mlflow, &run_id).await;
+    assert_eq!(
+        tags.get("mlscope.outcome").map(String::as_str),
+        Some("oom_killed"),
+        "{tags:?}"
+    );
+    assert!(
+        tags["mlscope.outcome_detail"].contains("was OOM-killed"),
+        "{tags:?}"
+    );
+    // The limit of the cgroup the rank ran in, on the run page.
+    assert_eq!(
+        tags.get("mlscope/rank-0/memory_limit_megabytes")
+            .map(String::as_str),
+        Some(format!("{}", (64u64 << 20) as f64 / 1e6).as_str()),
+        "{tags:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_vanished_pod_is_lost_after_the_timeout_and_two_replicas_judge_it_once_leaving_live_and_finished_runs_alone(
+) {
+    let stack = TestStack::shared();
+    let mlflow = stack.mlflow.url.as_str();
+    let dir = tempfile::tempdir().unwrap();
+    let admin = std::env::var("MLSCOPE_TEST_POSTGRES_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into());
+    let database = PostgresDatabase::create(&admin, "mlscope_it").unwrap();
+    let shared = ["--database-url", database.url.as_str()];
+    let replicas = [
+        health_proxy(dir.path(), mlflow, "4s", &shared),
+        health_proxy(dir.path(), mlflow, "4s", &shared),
+    ];
+    let lost = create_run(mlflow, "health-lost").await;
+    let live = create_run(mlflow, "health-live").await;
+    let finished = create_run(mlflow, "health-finished").await;
+    let mut vanishing = start_collector(
+        dir.path(),
+        &replicas[0].url,
+        &lost,
+        "node-l",
+        0,
+        &["sleep", "300"],
+    );
+    let alive = start_collector(
+        dir.path(),
+        &replicas[1].url,
+        &live,
+        "node-a",
+        0,
+        &["sleep", "300"],
+    );
+    let mut done = start_collector(
+        dir.path(),
+        &replicas[0].url,
+        &finished,
+        "node-f",
+        0,
+        &["sleep", "300"],
+    );
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    // The pod vanishes: collector and training process killed at once, no word from either.
+    let killed_at = now_ms();
+    vanishing.kill();
+    // The client of the third run finishes it, then its pod goes the same way.
+    post(
+        mlflow,
+        "runs/update",
+        json!({"run_id": finished, "status": "FINISHED", "end_time": now_ms()}),
+    )
+    .await;
+    done.kill();
+
+    let run = wait_for_status(mlflow, &lost, "FAILED", Duration::from_secs(40)).await;
+    let tags = run_tags(mlflow, &lost).await;
+    assert_eq!(
+        tags.get("mlscope.outcome").map(String::as_str),
+        Some("lost"),
+        "{tags:?}"
+    );
+    assert_eq!(
+        tags.get("mlscope.silent_nodes").map(String::as_str),
+        Some("node-l")
+    );
+    assert!(
+        tags["mlscope.last_heard"].starts_with("rank 0 on node-l: "),
+        "{tags:?}"
+    );
+    assert!(tags.contains_key("mlscope/rank-0/last_heard"), "{tags:?}");
+    // Ended at its last heartbeat: before the kill, within a sampling interval or two of it.
+    let end_time = run["run"]["info"]["end_time"].as_i64().unwrap();
+    assert!(
+        end_time <= killed_at && end_time >= killed_at - 3_000,
+        "end_time {end_time}, killed at {killed_at}"
+    );
+
+    // Several sweeps later: the live run and the finished run are as their clients left them.
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    let live_run = get_run(mlflow, &live).await;
+    assert_eq!(status(&live_run), "RUNNING", "{live_run}");
+    assert!(!run_tags(mlflow, &live)
+        .await
+        .contains_key("mlscope.outcome"));
+    let finished_run = get_run(mlflow, &finished).await;
+    assert_eq!(status(&finished_run), "FINISHED", "{finished_run}");
+    assert!(!run_tags(mlflow, &finished)
+        .await
+        .contains_key("mlscope.outcome"));
+    let (_, view) = health_view(&replicas[1], &finished).await;
+    assert_eq!(
+        (
+            view["state"].as_str(),
+            view["outcome"].as_str(),
+            view["action"].as_str()
+        ),
+        (Some("judged"), Some("ended_by_client"), Some("none")),
+        "{view}"
+    );
+
+    // Each dead run was judged by one replica, once.
+    let both = [&replicas[0], &replicas[1]];
+    assert_eq!(
+        counter(
+            &both,
+            r#"mlscope_runs_judged_total{outcome="lost",action="end"}"#
+        )
+        .await,
+        1.0
+    );
+    assert_eq!(
+        counter(
+            &both,
+            r#"mlscope_runs_judged_total{outcome="ended_by_client",action="none"}"#
+        )
+        .await,
+        1.0
+    );
+    let (_, view) = health_view(&replicas[0], &live).await;
+    assert_eq!(view["state"], "live", "{view}");
+    drop(alive);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn idle_gpus_of_a_live_run_are_gauged_per_run_and_shown_in_its_health() {
+    let stack = TestStack::shared();
+    let mlflow = stack.mlflow.url.as_str();
+    let dir = tempfile::tempdir().unwrap();
+    let proxy = health_proxy(dir.path(), mlflow, "10m", &["--gpu-idle-after", "30m"]);
+    let run_id = create_run(mlflow, "health-gpus").await;
+    // What the collector of a rank with two GPUs sends: GPU 0 busy, GPU 1 idle for an hour.
+    let body = json!({
+        "run_id": run_id,
+        "metrics": [
+            {"key": "system/rank-0/gpu_0_utilization_percentage", "value": 97, "timestamp": now_ms(), "step": 0},
+            {"key": "system/rank-0/gpu_0_idle_seconds", "value": 0, "timestamp": now_ms(), "step": 0},
+            {"key": "system/rank-0/gpu_1_utilization_percentage", "value": 0, "timestamp": now_ms(), "step": 0},
+            {"key": "system/rank-0/gpu_1_idle_seconds", "value": 3600, "timestamp": now_ms(), "step": 0},
+        ],
+    });
+    let response = http()
+        .post(format!("{}/api/2.0/mlflow/runs/log-batch", proxy.url))
+        .header("X-Mlscope-Node", "node-g")
+        .header("X-Mlscope-Rank", "0")
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let (allocated, idle) = (
+        format!(r#"mlscope_run_gpus_allocated{{run_id="{run_id}"}} 2"#),
+        format!(r#"mlscope_run_gpus_idle{{run_id="{run_id}"}} 1"#),
+    );
+    loop {
+        let metrics = scrape(&proxy.admin_url).await;
+        if metrics.contains(&allocated) && metrics.contains(&idle) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no GPU gauges for {run_id}:\n{metrics}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let (code, view) = health_view(&proxy, &run_id).await;
+    assert_eq!(code, 200);
+    assert_eq!(
+        (view["gpus_allocated"].as_i64(), view["gpus_idle"].as_i64()),
+        (Some(2), Some(1))
+    );
+    let gpus = &view["ranks"][0]["gpus"];
+    assert_eq!(gpus[0]["idle"], false, "{view}");
+    assert_eq!(gpus[1]["idle"], true, "{view}");
+    assert!(
+        gpus[1]["idle_seconds"].as_f64().unwrap() >= 3600.0,
+        "{view}"
+    );
+
+    // A run nobody sent anything for: a clear MLflow-style 404.
+    let (code, view) = health_view(&proxy, "0123456789abcdef").await;
+    assert_eq!(code, 404);
+    assert_eq!(view["error_code"], "RESOURCE_DOES_NOT_EXIST");
+}
