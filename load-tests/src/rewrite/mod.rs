@@ -20,8 +20,11 @@ use axum::http::header::{CONTENT_LENGTH, CONTENT_TYPE};
 use bytes::Bytes;
 use hdrhistogram::Histogram;
 use http_body_util::BodyExt as _;
+use mlscope_proxy::health::{Beat, Health};
+use mlscope_proxy::proxy::Forwarder;
 use mlscope_proxy::rewrite::body::Endpoint;
 use mlscope_proxy::rewrite::{MetricsRewriter, ScopeConfig};
+use mlscope_proxy::store::Store;
 use mlscope_proxy::telemetry::Metrics;
 use serde_json::Value;
 use tokio::time::Instant;
@@ -43,13 +46,30 @@ const MAX_TRACKABLE_NANOS: u64 = 60_000_000_000;
 pub(crate) enum Path {
     /// `MetricsRewriter::prepare` (dedup off) and collecting the rewritten body.
     Rewrite,
+    /// The same with run health on: the request's heartbeats read from the body and recorded
+    /// (in memory, as the handler does after MLflow's answer).
+    RewriteHeartbeats,
     /// `serde_json::from_slice::<Value>` and `serde_json::to_vec`.
     SerdeValue,
     /// Copying the bytes into a fresh buffer.
     Copy,
 }
 
-const PATHS: [Path; 3] = [Path::Rewrite, Path::SerdeValue, Path::Copy];
+const PATHS: [Path; 4] = [
+    Path::Rewrite,
+    Path::RewriteHeartbeats,
+    Path::SerdeValue,
+    Path::Copy,
+];
+
+/// The rewriters the paths use: without and with heartbeats.
+struct Engines {
+    plain: MetricsRewriter,
+    beating: MetricsRewriter,
+    health: Health,
+    /// Holds the health store's SQLite file.
+    _dir: tempfile::TempDir,
+}
 
 /// Per-body times of one path, accumulated over rounds.
 #[derive(Debug, Clone)]
@@ -78,15 +98,12 @@ pub(crate) fn run(args: &RewriteArgs, command_line: &str) -> anyhow::Result<Repo
 
 async fn measure(args: &RewriteArgs, command_line: &str) -> anyhow::Result<Report> {
     let batch = batch::mlflow_log_batch(args.metrics);
-    let rewriter = MetricsRewriter::new(
-        ScopeConfig {
-            dedup: false,
-            ..Default::default()
-        },
-        None,
-        Metrics::new(),
-    );
-    let verified = verify(&rewriter, &batch).await?;
+    let engines = Engines::new().await?;
+    let rewriter = &engines;
+    let verified = verify(&engines.plain, &batch).await?;
+    let beats = verify(&engines.beating, &batch).await?;
+    let mut verified = verified;
+    verified.problems.extend(beats.problems);
 
     let rounds = (args.duration.as_secs_f64() / ROUND.as_secs_f64())
         .ceil()
@@ -104,7 +121,7 @@ async fn measure(args: &RewriteArgs, command_line: &str) -> anyhow::Result<Repor
             let mut discarded = Tally::new();
             run_slice(
                 path,
-                &rewriter,
+                rewriter,
                 &batch.body,
                 args.warmup,
                 u64::MAX,
@@ -129,7 +146,7 @@ async fn measure(args: &RewriteArgs, command_line: &str) -> anyhow::Result<Repor
             };
             run_slice(
                 path,
-                &rewriter,
+                rewriter,
                 &batch.body,
                 slice,
                 quota,
@@ -158,7 +175,7 @@ async fn measure(args: &RewriteArgs, command_line: &str) -> anyhow::Result<Repor
 /// done, adding each body's time to `into`.
 async fn run_slice(
     path: Path,
-    rewriter: &MetricsRewriter,
+    rewriter: &Engines,
     body: &Bytes,
     slice: Duration,
     quota: u64,
@@ -176,20 +193,26 @@ async fn run_slice(
 
 /// Processes one body and returns the time it took, including freeing what the path allocated
 /// (a proxy pays for that too).
-async fn one_body(
-    path: Path,
-    rewriter: &MetricsRewriter,
-    body: &Bytes,
-) -> anyhow::Result<Duration> {
+async fn one_body(path: Path, engines: &Engines, body: &Bytes) -> anyhow::Result<Duration> {
     match path {
-        Path::Rewrite => {
+        Path::Rewrite | Path::RewriteHeartbeats => {
+            let rewriter = if path == Path::Rewrite {
+                &engines.plain
+            } else {
+                &engines.beating
+            };
             // Building the request is the server's work, not the rewriter's: outside the clock.
             let request = json_request(body.clone());
             let start = Instant::now();
-            let rewritten = rewriter
+            let mut rewritten = rewriter
                 .prepare(request, Endpoint::LogBatch)
                 .await
                 .map_err(|answer| anyhow!("the rewriter answered {} itself", answer.status()))?;
+            if let Some(beat) = rewritten.extensions_mut().remove::<Beat>() {
+                engines.health.record(beat, 1_800_000_000_000);
+            } else if path == Path::RewriteHeartbeats {
+                bail!("the rewriter with heartbeats attached no heartbeat");
+            }
             let bytes = rewritten
                 .into_body()
                 .collect()
@@ -290,12 +313,42 @@ async fn verify(rewriter: &MetricsRewriter, batch: &Batch) -> anyhow::Result<Ver
     })
 }
 
+// === impl Engines ===
+
+impl Engines {
+    async fn new() -> anyhow::Result<Engines> {
+        let scopes = ScopeConfig {
+            dedup: false,
+            ..Default::default()
+        };
+        let dir = tempfile::tempdir().context("creating a directory for the health store")?;
+        let store = Store::open(&format!("sqlite://{}/health.db", dir.path().display()))
+            .await
+            .context("opening the health store")?;
+        let config = mlscope_proxy::Config::default();
+        let metrics = Metrics::new();
+        Ok(Engines {
+            plain: MetricsRewriter::new(scopes.clone(), None, Metrics::new()),
+            beating: MetricsRewriter::new(scopes, None, metrics.clone()).with_beats(),
+            health: Health::new(
+                config.health.clone(),
+                store,
+                Forwarder::new(&config, metrics.clone()),
+                metrics,
+                "bench".into(),
+            ),
+            _dir: dir,
+        })
+    }
+}
+
 // === impl Path ===
 
 impl Path {
     pub(crate) fn label(self) -> &'static str {
         match self {
             Path::Rewrite => "mlscope-proxy rewrite",
+            Path::RewriteHeartbeats => "mlscope-proxy rewrite + heartbeats",
             Path::SerdeValue => "serde_json::Value round trip",
             Path::Copy => "pass-through (byte copy)",
         }
@@ -307,6 +360,11 @@ impl Path {
             Path::Rewrite => {
                 "`MetricsRewriter::prepare` (scoping on, dedup off) on a `POST runs/log-batch` \
                  request, then collecting the rewritten body"
+            }
+            Path::RewriteHeartbeats => {
+                "the same with run health on (`with_beats`): the body's ranks, GPUs and limits \
+                 read into a heartbeat, which is then recorded in memory as the handler does \
+                 after MLflow's answer"
             }
             Path::SerdeValue => "`serde_json::from_slice::<Value>` then `serde_json::to_vec`",
             Path::Copy => "`body.to_vec()`",
@@ -394,12 +452,12 @@ mod tests {
     #[tokio::test]
     async fn every_path_processes_a_body_and_the_quota_bounds_a_slice() {
         let batch = batch::mlflow_log_batch(50);
-        let rewriter = rewriter();
+        let engines = Engines::new().await.unwrap();
         for path in PATHS {
             let mut tally = Tally::new();
             run_slice(
                 path,
-                &rewriter,
+                &engines,
                 &batch.body,
                 Duration::from_secs(60),
                 3,
