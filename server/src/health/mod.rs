@@ -135,6 +135,15 @@ impl Beat {
         &mut self.ranks[index]
     }
 
+    /// Whether [`Beat::observe_metric`] uses the value of metric `name` (otherwise any sample
+    /// of it says the same).
+    pub fn needs_value(name: &str) -> bool {
+        matches!(
+            name,
+            "container_memory_limit_megabytes" | "container_cpu_limit_cores"
+        ) || gpu_name(name).is_some_and(|(_, suffix)| suffix == "idle_seconds")
+    }
+
     /// Reads one system metric of a rank: GPU count and idleness, container limits.
     pub fn observe_metric(&mut self, node: &str, rank: i64, name: &str, value: f64) {
         let entry = self.rank_mut(node, rank);
@@ -515,8 +524,13 @@ impl Health {
     fn tags(&self, ranks: &[RankRow], judgement: &Judgement, note: &str) -> Vec<(String, String)> {
         let outcome = judgement.outcome.as_str();
         let action = match self.inner.config.action {
-            StaleAction::End => "ended the run as FAILED",
-            StaleAction::Tag => "left the run RUNNING (--stale-run-action tag)",
+            StaleAction::End => format!(
+                "ended the run as FAILED at its last sign of life, {}",
+                judge::timestamp(judgement.end_time_ms)
+            ),
+            StaleAction::Tag => {
+                "tagged the run and left it RUNNING (--stale-run-action tag)".to_owned()
+            }
         };
         let mut last_heard: Vec<String> = ranks
             .iter()
@@ -534,9 +548,8 @@ impl Health {
             .collect();
         last_heard.sort();
         let summary = format!(
-            "**mlscope: run {outcome}.** {}. mlscope-proxy {action} at {}.",
-            judgement.detail,
-            judge::timestamp(judgement.end_time_ms)
+            "**mlscope: outcome {outcome}.** {}. mlscope-proxy {action}.",
+            judgement.detail
         );
         let description = if note.is_empty() {
             summary.clone()
@@ -781,15 +794,7 @@ fn truncate(text: &str) -> String {
 }
 
 fn percent_encode(text: &str) -> String {
-    text.bytes()
-        .map(|b| {
-            if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'~') {
-                (b as char).to_string()
-            } else {
-                format!("%{b:02X}")
-            }
-        })
-        .collect()
+    percent_encoding::utf8_percent_encode(text, percent_encoding::NON_ALPHANUMERIC).to_string()
 }
 
 #[cfg(test)]
@@ -852,7 +857,7 @@ mod tests {
 
     #[test]
     fn run_ids_are_percent_encoded_in_queries() {
-        assert_eq!(percent_encode("abc-1_2"), "abc-1_2");
+        assert_eq!(percent_encode("abc12"), "abc12");
         assert_eq!(percent_encode("a b&c"), "a%20b%26c");
     }
 }

@@ -519,30 +519,56 @@ impl MetricsRewriter {
 
 /// What a metrics body says about the ranks of its run: who sent system samples (each one a
 /// heartbeat), with their GPUs and limits. `metric_plans` is each metric's index in `plans`.
-/// `None` without a run id.
+/// `None` without a run id. The work is per distinct key; only the few keys whose values matter
+/// (GPU idle time, container limits) are looked at per sample.
 fn beat_of(body: &MetricsBody<'_>, plans: &[KeyPlan], metric_plans: &[usize]) -> Option<Beat> {
     let mut beat = Beat {
         run_id: body.run_id.clone()?,
         ranks: Vec::new(),
     };
-    for (metric, &index) in body.metrics.iter().zip(metric_plans) {
-        let plan = &plans[index];
+    let mut first = vec![usize::MAX; plans.len()];
+    for (metric, &index) in metric_plans.iter().enumerate() {
+        if first[index] == usize::MAX {
+            first[index] = metric;
+        }
+    }
+    let mut valued = vec![false; plans.len()];
+    for (index, plan) in plans.iter().enumerate() {
         if matches!(
             plan.scoped.outcome,
             KeyOutcome::Untouched | KeyOutcome::Invalid { .. }
-        ) {
+        ) || first[index] == usize::MAX
+        {
             continue;
         }
-        let Some(name) = mlscope_scopes::SystemKey::parse(&metric.key).map(|k| k.name) else {
+        let key = &body.metrics[first[index]].key;
+        let Some(name) = mlscope_scopes::SystemKey::parse(key).map(|k| k.name) else {
             continue;
         };
         let identity = &plan.scoped.identity;
-        beat.observe_metric(
+        let (node, rank) = (
             identity.node.as_deref().unwrap_or_default(),
             identity.rank.map_or(-1, i64::from),
-            name,
-            metric.value().unwrap_or(f64::NAN),
         );
+        valued[index] = Beat::needs_value(name);
+        beat.observe_metric(node, rank, name, f64::NAN);
+    }
+    if valued.contains(&true) {
+        for (metric, &index) in body.metrics.iter().zip(metric_plans) {
+            if !valued[index] {
+                continue;
+            }
+            let plan = &plans[index];
+            let Some(name) = mlscope_scopes::SystemKey::parse(&metric.key).map(|k| k.name) else {
+                continue;
+            };
+            beat.observe_metric(
+                plan.scoped.identity.node.as_deref().unwrap_or_default(),
+                plan.scoped.identity.rank.map_or(-1, i64::from),
+                name,
+                metric.value().unwrap_or(f64::NAN),
+            );
+        }
     }
     Some(beat)
 }
@@ -550,8 +576,7 @@ fn beat_of(body: &MetricsBody<'_>, plans: &[KeyPlan], metric_plans: &[usize]) ->
 /// Adds the collector's `mlscope/rank-<r>/...` tags (how a rank ended, where it ran) of a body
 /// to `beat`; the body is read again only when it holds such a tag.
 fn observe_rank_tags(beat: &mut Beat, request: &Identity, bytes: &[u8]) {
-    const PREFIX: &[u8] = b"mlscope/rank-";
-    if !bytes.windows(PREFIX.len()).any(|w| w == PREFIX) {
+    if memchr::memmem::find(bytes, b"mlscope/rank-").is_none() {
         return;
     }
     #[derive(serde::Deserialize)]

@@ -174,7 +174,7 @@ async fn a_killed_rank_fails_the_run_once_its_other_rank_exited_without_waiting_
         "{tags:?}"
     );
     assert!(
-        tags["mlflow.note.content"].contains("mlscope: run killed."),
+        tags["mlflow.note.content"].contains("mlscope: outcome killed."),
         "{tags:?}"
     );
     assert!(
