@@ -83,6 +83,10 @@ struct Args {
     /// `tracing` filter, e.g. `mlscope_collector=debug`.
     #[arg(long = "log-level", env = "MLSCOPE_LOG", default_value = "info")]
     log_level: String,
+    /// Check the configuration (flags and environment) and exit: 0 when it is accepted, 64 with
+    /// the reason when not. Nothing is measured, sent or run.
+    #[arg(long)]
+    check_config: bool,
     /// Wrapper mode: the training command and its arguments, after `--`.
     #[arg(last = true, value_name = "COMMAND")]
     command: Vec<OsString>,
@@ -168,6 +172,8 @@ pub struct Config {
     pub log_level: String,
     /// Wrapper mode when not empty.
     pub command: Vec<OsString>,
+    /// `--check-config`: report the configuration and exit.
+    pub check_only: bool,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -299,6 +305,7 @@ impl Config {
             log_format: args.log_format,
             log_level: args.log_level,
             command: args.command,
+            check_only: args.check_config,
         })
     }
 }

@@ -36,6 +36,25 @@ fn main() -> ExitCode {
             return ExitCode::from(EXIT_CONFIG);
         }
     };
+    if config.check_only {
+        println!(
+            "mlscope-collector: configuration ok (node {}, rank {}, pod {}, {}{})",
+            config.node,
+            config.rank,
+            config.pod,
+            if config.command.is_empty() {
+                "sidecar mode"
+            } else {
+                "wrapper mode"
+            },
+            if config.http.is_some() {
+                ""
+            } else {
+                ", MLflow variables missing: the command would run unmeasured"
+            }
+        );
+        return ExitCode::SUCCESS;
+    }
     mlscope_collector::telemetry::init_logging(config.log_format, &config.log_level);
     ExitCode::from(mlscope_collector::run(config, signals))
 }

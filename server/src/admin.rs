@@ -49,6 +49,7 @@ async fn readyz(State(state): State<AppState>) -> Response {
         Ok(()) => json!({ "ok": true, "url": state.forwarder.upstream().url() }),
         Err(e) => json!({ "ok": false, "url": state.forwarder.upstream().url(), "error": e }),
     };
+    state.metrics.store_reachable(store.is_ok());
     let store_json = match &store {
         Ok(()) => json!({ "ok": true, "backend": state.store.backend() }),
         Err(e) => json!({ "ok": false, "backend": state.store.backend(), "error": e.to_string() }),

@@ -175,7 +175,9 @@ async fn heartbeat(state: AppState) {
     let mut tick = tokio::time::interval(Duration::from_secs(15));
     loop {
         tick.tick().await;
-        if let Err(e) = state.store.heartbeat(&state.replica).await {
+        let written = state.store.heartbeat(&state.replica).await;
+        state.metrics.store_reachable(written.is_ok());
+        if let Err(e) = written {
             tracing::warn!(error = %e, "state store heartbeat failed");
         }
     }

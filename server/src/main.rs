@@ -33,6 +33,16 @@ fn main() -> ExitCode {
     let runtime = tokio::runtime::Runtime::new().expect("tokio runtime");
     let config = match invocation {
         Invocation::Serve(config) => config,
+        Invocation::Check(config) => {
+            println!(
+                "mlscope-proxy: configuration ok (listen {}, admin {}, upstream {}, state store {})",
+                config.listen,
+                config.admin_listen,
+                config.upstream.url(),
+                config.database_url.split(':').next().unwrap_or_default()
+            );
+            return ExitCode::SUCCESS;
+        }
         Invocation::Relocate(config, args) => {
             mlscope_proxy::telemetry::init_logging(config.log_format, "warn");
             return match runtime.block_on(mlscope_proxy::relocate::run(&config, &args)) {

@@ -112,6 +112,7 @@ pub struct Metrics {
     bodies_rejected: Family<ReasonLabels, Counter>,
     coalesce: CoalesceMetrics,
     health: HealthMetrics,
+    store_up: Gauge,
 }
 
 /// Run health: live runs, their GPUs, and what the stale-run sweep did.
@@ -324,10 +325,17 @@ impl Metrics {
             "Failures of the run-health work, by step (store, mlflow, refused)",
             health.sweep_errors.clone(),
         );
+        let store_up = Gauge::default();
+        registry.register(
+            "state_store_up",
+            "1 while the state store took this replica's last write (every 15 s and at each /readyz), 0 when it failed",
+            store_up.clone(),
+        );
         Self {
             registry: Arc::new(registry),
             coalesce,
             health,
+            store_up,
             requests,
             latency,
             artifact_requests,
@@ -423,6 +431,10 @@ impl Metrics {
             .judged
             .get_or_create(&JudgedLabels { outcome, action })
             .inc();
+    }
+
+    pub fn store_reachable(&self, up: bool) {
+        self.store_up.set(i64::from(up));
     }
 
     pub fn heartbeat_dropped(&self) {

@@ -420,6 +420,10 @@ struct Cli {
         value_name = "PASSWORD"
     )]
     mlflow_service_password: Option<Secret>,
+    /// Check the configuration (file, environment, flags) and exit: 0 when it is accepted, 64
+    /// with the reason when not. Nothing is started or connected to.
+    #[arg(long)]
+    check_config: bool,
     #[command(subcommand)]
     command: Option<Command>,
 }
@@ -438,6 +442,8 @@ pub enum Invocation {
     Serve(Config),
     /// `relocate`: repair history with server-side copies, using the S3 and upstream settings.
     Relocate(Config, RelocateArgs),
+    /// `--check-config`: the configuration was accepted; nothing is started.
+    Check(Config),
 }
 
 /// The TOML file: the same settings as the flags.
@@ -583,7 +589,7 @@ impl Config {
     {
         match Self::invocation(args)? {
             Invocation::Serve(config) => Ok(config),
-            Invocation::Relocate(..) => Err(ConfigError::Invalid(
+            Invocation::Relocate(..) | Invocation::Check(_) => Err(ConfigError::Invalid(
                 "a subcommand was given where serving was expected".into(),
             )),
         }
@@ -698,6 +704,7 @@ impl Config {
         config.artifacts.s3.stall_grace = config.timeouts.body_idle;
         config.validate()?;
         Ok(match command {
+            None if cli.check_config => Invocation::Check(config),
             None => Invocation::Serve(config),
             Some(Command::Relocate(args)) => Invocation::Relocate(config, args),
         })
@@ -984,8 +991,39 @@ mod tests {
                 assert_eq!(config.artifacts.s3.quirks.name, "minio");
                 assert_eq!(args.run_id, "abc");
             }
-            Invocation::Serve(_) => panic!("relocate was not recognised"),
+            Invocation::Serve(_) | Invocation::Check(_) => panic!("relocate was not recognised"),
         }
+    }
+
+    #[test]
+    fn check_config_parses_everything_and_starts_nothing() {
+        let invocation = Config::invocation([
+            "mlscope-proxy",
+            "--check-config",
+            "--upstream",
+            "http://mlflow:5000",
+            "--run-stale-after",
+            "10m",
+        ])
+        .unwrap();
+        match invocation {
+            Invocation::Check(config) => {
+                assert_eq!(config.health.stale_after, Duration::from_secs(600))
+            }
+            _ => panic!("--check-config was not recognised"),
+        }
+        // A refused setting is refused with --check-config as without it.
+        assert!(
+            Config::invocation(["mlscope-proxy", "--check-config", "--run-stale-after", "0s"])
+                .is_err()
+        );
+        assert!(Config::invocation([
+            "mlscope-proxy",
+            "--check-config",
+            "--mlflow-service-username",
+            "svc"
+        ])
+        .is_err());
     }
 
     #[test]

@@ -11,6 +11,7 @@ mod binary;
 mod coalesce;
 mod collector;
 mod compat;
+mod deploy;
 mod faults;
 mod forwarding;
 mod health;
