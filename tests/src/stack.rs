@@ -866,6 +866,8 @@ pub struct Nginx {
     /// `http://127.0.0.1:<port>`.
     pub url: String,
     pub process: Process,
+    /// The instance's own directory: pid, logs and temporary files.
+    pub prefix: PathBuf,
 }
 
 impl Nginx {
@@ -962,8 +964,115 @@ http {
         Ok(Nginx {
             url: format!("http://{listen}"),
             process,
+            prefix,
         })
     }
+
+    /// Starts `/usr/sbin/nginx` with the production gateway configuration,
+    /// `deploy/nginx/mlscope-gateway.conf`, in front of `upstreams` (proxy replicas): the file as
+    /// it ships, with only what ties it to a host replaced (see [`gateway_config`]).
+    pub fn start_gateway(upstreams: &[&str], dir: &Path) -> Result<Nginx> {
+        let port = free_port();
+        let listen = format!("127.0.0.1:{port}");
+        let prefix = dir.join(format!("nginx-gateway-{port}"));
+        fs::create_dir_all(&prefix).with_context(|| format!("creating {}", prefix.display()))?;
+        let path = repo_root().join("deploy/nginx/mlscope-gateway.conf");
+        let shipped =
+            fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+        let servers = upstreams
+            .iter()
+            .map(|u| authority(u).map(str::to_owned))
+            .collect::<Result<Vec<_>>>()?;
+        let config = gateway_config(&shipped, &listen, &prefix, &servers)?;
+        let config_path = prefix.join("nginx.conf");
+        fs::write(&config_path, config)
+            .with_context(|| format!("writing {}", config_path.display()))?;
+        let mut command = Command::new("/usr/sbin/nginx");
+        command
+            .arg("-p")
+            .arg(&prefix)
+            .arg("-c")
+            .arg(&config_path)
+            .arg("-e")
+            .arg(prefix.join("error.log"));
+        let mut process = Process::spawn("nginx", &command, &prefix.join("stderr.log"))?;
+        process.wait_until("accepting connections", PROXY_READY_TIMEOUT, || {
+            accepts_connections(&listen)
+        })?;
+        Ok(Nginx {
+            url: format!("http://{listen}"),
+            process,
+            prefix,
+        })
+    }
+}
+
+/// `deploy/nginx/mlscope-gateway.conf` made runnable on this machine, changing only what names
+/// the host it was written for: the listen address, the upstream servers, the pid and log paths,
+/// and the temporary paths (under `prefix`, so a test can see whether nginx wrote a body there);
+/// and `user root root`, since the prefix is private to the test's user. Fails when one of the
+/// lines it replaces is no longer in the file, so the test cannot drift from the shipped config.
+pub fn gateway_config(
+    shipped: &str,
+    listen: &str,
+    prefix: &Path,
+    servers: &[String],
+) -> Result<String> {
+    let p = prefix.display();
+    let mut config = String::new();
+    let mut replaced = BTreeSet::new();
+    let mut servers_written = false;
+    for line in shipped.lines() {
+        let trimmed = line.trim_start();
+        let indent = &line[..line.len() - trimmed.len()];
+        let new = if trimmed.starts_with("pid ") {
+            replaced.insert("pid");
+            format!("user root root;\npid {p}/nginx.pid;")
+        } else if trimmed.starts_with("error_log ") {
+            replaced.insert("error_log");
+            format!("error_log {p}/error.log warn;")
+        } else if trimmed.starts_with("access_log /") {
+            replaced.insert("access_log");
+            format!("{indent}access_log {p}/access.log gateway;")
+        } else if trimmed.starts_with("server ") && trimmed.contains("mlscope-proxy-") {
+            replaced.insert("upstream servers");
+            if servers_written {
+                continue;
+            }
+            servers_written = true;
+            servers
+                .iter()
+                .map(|s| format!("{indent}server {s} max_fails=3 fail_timeout=10s;"))
+                .collect::<Vec<_>>()
+                .join("\n")
+        } else if trimmed.starts_with("listen 80;") {
+            replaced.insert("listen");
+            format!("{indent}listen {listen};")
+        } else if trimmed.starts_with("http {") {
+            replaced.insert("http");
+            format!(
+                "http {{\n    client_body_temp_path {p}/client_body_temp;\n    proxy_temp_path {p}/proxy_temp;\n    fastcgi_temp_path {p}/fastcgi_temp;\n    uwsgi_temp_path {p}/uwsgi_temp;\n    scgi_temp_path {p}/scgi_temp;"
+            )
+        } else {
+            line.to_owned()
+        };
+        config.push_str(&new);
+        config.push('\n');
+    }
+    for wanted in [
+        "pid",
+        "error_log",
+        "access_log",
+        "upstream servers",
+        "listen",
+        "http",
+    ] {
+        anyhow::ensure!(
+            replaced.contains(wanted),
+            "deploy/nginx/mlscope-gateway.conf has no {wanted} line where the test expects one"
+        );
+    }
+    Ok(config)
 }
 
 // === impl PostgresDatabase ===

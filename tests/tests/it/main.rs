@@ -18,6 +18,7 @@ mod health;
 mod hostile;
 mod legacy_listing;
 mod mlflow;
+mod nginx_gateway;
 mod objects;
 mod path_differential;
 mod python_client;
