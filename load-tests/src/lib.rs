@@ -91,6 +91,8 @@ pub fn run(cli: &Cli, command_line: &str) -> anyhow::Result<Report> {
                         .then(|| ReplicaPlan {
                             count: args.replicas,
                             postgres_admin_url: args.replica_postgres.clone(),
+                            // Checkpoints go through the replicas' artifact gateway to the store.
+                            artifact_gateway: !args.checkpoint_every.is_zero(),
                         }),
                 },
             )
@@ -104,6 +106,8 @@ pub fn run(cli: &Cli, command_line: &str) -> anyhow::Result<Report> {
             },
         ),
     };
+    // A missing environment or binary is one line that says what to run, before anything starts.
+    mlscope_tests::preflight(plan.nginx || plan.replicas.is_some())?;
     let starting = progress::spinner(plan.describe());
     let stack = BenchStack::start(stack_args, &plan);
     starting.finish_and_clear();

@@ -31,8 +31,9 @@ pub(crate) enum TargetKind {
     /// mlscope-proxy in front of MLflow, as configured by `--proxy-arg` (scoping and dedup on
     /// by default).
     Proxy,
-    /// nginx in front of several mlscope-proxy replicas (configured as [`TargetKind::Proxy`])
-    /// that share their state in one PostgreSQL database: the production shape.
+    /// nginx with the shipped gateway configuration (`deploy/nginx/mlscope-gateway.conf`) in front
+    /// of several mlscope-proxy replicas (configured as [`TargetKind::Proxy`]) that share their
+    /// state in one PostgreSQL database: the production shape.
     ProxyReplicas,
 }
 
@@ -63,6 +64,8 @@ pub(crate) struct ReplicaPlan {
     /// A PostgreSQL URL allowed to create databases; the bench creates one of its own there
     /// and drops it afterwards.
     pub(crate) postgres_admin_url: String,
+    /// Serve the artifact API from the stack's store (as [`StackPlan::artifact_gateway`]).
+    pub(crate) artifact_gateway: bool,
 }
 
 /// The running replicas, their gateway and their database.
@@ -105,7 +108,9 @@ impl TargetKind {
             TargetKind::ProxyCoalesceOff => "mlscope-proxy (coalescing and dedup off)",
             TargetKind::ProxyDedupOff => "mlscope-proxy (dedup off)",
             TargetKind::Proxy => "mlscope-proxy",
-            TargetKind::ProxyReplicas => "nginx → mlscope-proxy replicas (PostgreSQL state)",
+            TargetKind::ProxyReplicas => {
+                "nginx gateway → mlscope-proxy replicas (PostgreSQL state)"
+            }
         }
     }
 
@@ -230,12 +235,19 @@ impl BenchStack {
             None
         };
         let replicas = match &plan.replicas {
-            Some(replicas) => Some(Replicas::start(
-                args,
-                replicas,
-                &upstream_url,
-                stack.dir.path(),
-            )?),
+            Some(replicas) => {
+                let gateway_args = replicas
+                    .artifact_gateway
+                    .then(|| stack.s3.gateway_args(&stack.s3.url))
+                    .unwrap_or_default();
+                Some(Replicas::start(
+                    args,
+                    replicas,
+                    &gateway_args,
+                    &upstream_url,
+                    stack.dir.path(),
+                )?)
+            }
             None => None,
         };
         Ok(BenchStack {
@@ -425,12 +437,14 @@ impl Replicas {
     fn start(
         args: &StackArgs,
         plan: &ReplicaPlan,
+        gateway_args: &[String],
         upstream: &str,
         dir: &std::path::Path,
     ) -> anyhow::Result<Replicas> {
         let database = PostgresDatabase::create(&plan.postgres_admin_url, "mlscope_bench")
             .context("creating the replicas' state database")?;
-        let mut proxy_args = args.proxy_args.clone();
+        let mut proxy_args = gateway_args.to_vec();
+        proxy_args.extend(args.proxy_args.iter().cloned());
         proxy_args.extend(["--database-url".to_owned(), database.url.clone()]);
         let mut processes = Vec::with_capacity(plan.count);
         for index in 0..plan.count {
@@ -443,8 +457,9 @@ impl Replicas {
         let gateway_dir = dir.join("nginx-replicas");
         std::fs::create_dir_all(&gateway_dir)
             .with_context(|| format!("creating {}", gateway_dir.display()))?;
-        let gateway = Nginx::start_balancing(&urls, &gateway_dir)
-            .context("starting nginx in front of the replicas")?;
+        let gateway = Nginx::start_gateway(&urls, &gateway_dir).context(
+            "starting nginx (deploy/nginx/mlscope-gateway.conf) in front of the replicas",
+        )?;
         Ok(Replicas {
             gateway,
             processes: std::sync::Mutex::new(processes),

@@ -6,6 +6,7 @@
 //! behind the README's quick start, so that all of them run exactly the same stack.
 
 mod cgroup;
+pub mod compat;
 pub mod s3shim;
 mod stack;
 

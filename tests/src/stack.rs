@@ -32,30 +32,63 @@ const DROP_GRACE: Duration = Duration::from_secs(5);
 
 // === paths ===
 
-/// The repository root (the workspace this crate was built in).
+/// The repository root: `MLSCOPE_ROOT`; else the workspace this crate was built in, while it is
+/// still there; else the current directory or the nearest of its parents that holds the
+/// repository (`scripts/setup` and `deploy/`), so binaries keep working when the checkout moved.
 pub fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
+    if let Some(root) = std::env::var_os("MLSCOPE_ROOT") {
+        return PathBuf::from(root);
+    }
+    let is_repo = |dir: &Path| dir.join("scripts/setup").is_file() && dir.join("deploy").is_dir();
+    let built_in = Path::new(env!("CARGO_MANIFEST_DIR"))
         .parent()
         .expect("the tests crate lives one level below the repository root")
-        .to_path_buf()
+        .to_path_buf();
+    if is_repo(&built_in) {
+        return built_in;
+    }
+    std::env::current_dir()
+        .ok()
+        .and_then(|cwd| {
+            cwd.ancestors()
+                .find(|dir| is_repo(dir))
+                .map(Path::to_path_buf)
+        })
+        .unwrap_or(built_in)
 }
 
 /// The Python virtual environment with MLflow, SeaweedFS (`bin/weed`) and boto3:
 /// `MLSCOPE_VENV`, or `<repo>/.venv`.
 pub fn venv() -> PathBuf {
+    find_venv().unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// As [`venv`], with an error instead of a panic when it is missing.
+pub fn find_venv() -> Result<PathBuf> {
     let venv = std::env::var_os("MLSCOPE_VENV")
         .map(PathBuf::from)
         .unwrap_or_else(|| repo_root().join(".venv"));
     for tool in ["python", "mlflow", "weed"] {
         if !venv.join("bin").join(tool).exists() {
-            panic!(
+            bail!(
                 "{} has no bin/{tool}: run scripts/setup first (it installs MLflow, SeaweedFS and \
                  boto3 there; set MLSCOPE_VENV to use another environment)",
                 venv.display()
             );
         }
     }
-    venv
+    Ok(venv)
+}
+
+/// What a tool that starts the stack needs before it starts anything, as one error that says
+/// what to run: the virtual environment, the mlscope-proxy binary, and nginx when `nginx`.
+pub fn preflight(nginx: bool) -> Result<()> {
+    find_venv()?;
+    workspace_binary("mlscope-proxy", "MLSCOPE_PROXY_BIN")?;
+    if nginx && !Path::new("/usr/sbin/nginx").is_file() {
+        bail!("/usr/sbin/nginx is missing: run scripts/setup first (it installs Debian's nginx)");
+    }
+    Ok(())
 }
 
 /// The virtual environment with MLflow 3.15.2, the last release that lists zero-byte `key/`
@@ -873,8 +906,7 @@ pub struct Nginx {
 impl Nginx {
     /// Used when the repository has no `deploy/nginx/mlscope-bench.conf.tmpl`. Placeholders
     /// (also in the template): `@PREFIX@` (a directory for pid, logs and temporary files),
-    /// `@LISTEN@` (`127.0.0.1:<port>`) and `@SERVERS@` (one `server host:port ...;` line per
-    /// upstream server).
+    /// `@LISTEN@` (`127.0.0.1:<port>`) and `@UPSTREAM@` (`host:port`).
     const DEFAULT_CONFIG: &'static str = r#"daemon off;
 master_process on;
 worker_processes auto;
@@ -891,7 +923,7 @@ http {
     uwsgi_temp_path @PREFIX@/uwsgi;
     scgi_temp_path @PREFIX@/scgi;
     upstream mlflow {
-        @SERVERS@
+        server @UPSTREAM@;
         keepalive 32;
     }
     server {
@@ -913,15 +945,6 @@ http {
 
     /// Starts `/usr/sbin/nginx` on a free port in front of `upstream` (`http://host:port`).
     pub fn start(upstream: &str, dir: &Path) -> Result<Nginx> {
-        Self::start_balancing(&[upstream], dir)
-    }
-
-    /// Starts `/usr/sbin/nginx` on a free port in front of several equal upstream servers (e.g.
-    /// proxy replicas), as a gateway balances them: a server that refuses connections is marked
-    /// down for a few seconds and the request goes to the next; a request already sent is not
-    /// retried elsewhere unless it is idempotent (nginx's default `proxy_next_upstream`).
-    pub fn start_balancing(upstreams: &[&str], dir: &Path) -> Result<Nginx> {
-        anyhow::ensure!(!upstreams.is_empty(), "nginx needs at least one upstream");
         let port = free_port();
         let listen = format!("127.0.0.1:{port}");
         let prefix = dir.join(format!("nginx-{port}"));
@@ -934,18 +957,10 @@ http {
                 return Err(e).with_context(|| format!("reading {}", template_path.display()))
             }
         };
-        let servers = upstreams
-            .iter()
-            .map(|upstream| {
-                // One server is never marked down by nginx; the parameters matter for several.
-                authority(upstream).map(|a| format!("server {a} max_fails=1 fail_timeout=3s;"))
-            })
-            .collect::<Result<Vec<_>>>()?
-            .join("\n        ");
         let config = template
             .replace("@PREFIX@", &prefix.display().to_string())
             .replace("@LISTEN@", &listen)
-            .replace("@SERVERS@", &servers);
+            .replace("@UPSTREAM@", authority(upstream)?);
         let config_path = prefix.join("nginx.conf");
         fs::write(&config_path, config)
             .with_context(|| format!("writing {}", config_path.display()))?;

@@ -217,6 +217,9 @@ pub(crate) struct Counts {
     pub(crate) missing: u64,
     /// Stored more than once.
     pub(crate) duplicated: u64,
+    /// Checkpoint uploads acknowledged, and those read back whole from MLflow afterwards.
+    pub(crate) objects_acknowledged: u64,
+    pub(crate) objects_stored: u64,
 }
 
 impl Outcome {
@@ -231,6 +234,7 @@ impl Outcome {
             && self.count_error.is_none()
             && self.counts.missing == 0
             && self.counts.duplicated == 0
+            && self.counts.objects_stored == self.counts.objects_acknowledged
             && self
                 .p99_micros()
                 .is_some_and(|p99| p99 <= self.p99_bound.as_micros() as u64)
@@ -245,6 +249,8 @@ struct Ledger {
     runs: Vec<HashMap<String, Expected>>,
     sent: u64,
     acknowledged: u64,
+    /// Artifact paths (under the artifact API) of acknowledged checkpoint uploads.
+    objects: Vec<String>,
 }
 
 #[derive(Default)]
@@ -499,7 +505,7 @@ async fn run_one(
         outcome.batches = Some(total);
     }
     let ledger = std::mem::take(&mut *ledger.lock().expect("ledger lock"));
-    match count(&client, direct, &run_ids, ledger).await {
+    match count(&client, direct, &run_ids, ledger, args.checkpoint_size.0).await {
         Ok(counts) => outcome.counts = counts,
         Err(e) => outcome.count_error = Some(format!("{e:#}")),
     }
@@ -799,6 +805,13 @@ impl Shared {
             let backoff = Duration::from_millis(500 * (1 << (attempts - 1).min(4)));
             tokio::time::sleep(backoff).await;
         };
+        if result.is_ok() && event.op == Op::Checkpoint {
+            self.ledger
+                .lock()
+                .expect("ledger lock")
+                .objects
+                .push(path.clone());
+        }
         if result.is_ok() && !samples.is_empty() {
             let mut ledger = self.ledger.lock().expect("ledger lock");
             ledger.acknowledged += samples.len() as u64;
@@ -848,12 +861,31 @@ async fn count(
     direct: &Target,
     run_ids: &[String],
     ledger: Ledger,
+    checkpoint_bytes: u64,
 ) -> anyhow::Result<Counts> {
     let mut counts = Counts {
         sent: ledger.sent,
         acknowledged: ledger.acknowledged,
+        objects_acknowledged: ledger.objects.len() as u64,
         ..Counts::default()
     };
+    // Every acknowledged checkpoint, read back from MLflow itself, whole.
+    for path in &ledger.objects {
+        let url = format!("{}{path}", direct.base_url);
+        let read = client
+            .get(&url)
+            .timeout(Duration::from_secs(120))
+            .send()
+            .await;
+        if let Ok(response) = read {
+            if response.status().is_success() {
+                let length = response.bytes().await.map_or(0, |b| b.len() as u64);
+                if length == checkpoint_bytes {
+                    counts.objects_stored += 1;
+                }
+            }
+        }
+    }
     let slots = Arc::new(Semaphore::new(VERIFY_CONCURRENCY));
     let mut reads = JoinSet::new();
     for (run_id, expected) in run_ids.iter().zip(ledger.runs) {

@@ -194,6 +194,32 @@ pub(crate) fn render(
         out.push_str(&batches.render());
     }
 
+    if !args.checkpoint_every.is_zero() {
+        let _ = writeln!(
+            out,
+            "\nCheckpoint uploads acknowledged, and read back whole from MLflow afterwards:\n"
+        );
+        let mut objects = Table::new(&[
+            ("target", Align::Left),
+            ("ranks", Align::Right),
+            ("uploads acked", Align::Right),
+            ("read back whole", Align::Right),
+            ("missing", Align::Right),
+        ]);
+        for o in outcomes {
+            objects.row(vec![
+                o.target.label().to_owned(),
+                (o.nodes * o.ranks_per_node).to_string(),
+                o.counts.objects_acknowledged.to_string(),
+                o.counts.objects_stored.to_string(),
+                (o.counts.objects_acknowledged
+                    - o.counts.objects_stored.min(o.counts.objects_acknowledged))
+                .to_string(),
+            ]);
+        }
+        out.push_str(&objects.render());
+    }
+
     let failures: Vec<String> = outcomes
         .iter()
         .flat_map(|o| {
@@ -337,6 +363,10 @@ pub(crate) fn json(args: &FleetArgs, mlflow_version: Option<&str>, outcomes: &[O
                     "stored": o.counts.stored,
                     "missing": o.counts.missing,
                     "duplicated": o.counts.duplicated,
+                },
+                "objects": {
+                    "acknowledged": o.counts.objects_acknowledged,
+                    "read_back": o.counts.objects_stored,
                 },
                 "p99_ms": o.p99_micros().map(|p| p as f64 / 1e3),
                 "latency": per_op,

@@ -28,6 +28,9 @@ use crate::telemetry::{ErrorLabels, Metrics};
 
 type UpstreamBody = StreamingBody<Body>;
 
+/// How long an idle pooled connection to MLflow is kept: below uvicorn's 5 s keep-alive timeout.
+const UPSTREAM_IDLE_TIMEOUT: Duration = Duration::from_secs(4);
+
 /// The upstream MLflow server and the pooled client that reaches it.
 #[derive(Clone)]
 pub struct Forwarder {
@@ -44,8 +47,11 @@ impl Forwarder {
         connector.set_connect_timeout(Some(config.timeouts.connect));
         connector.set_nodelay(true);
         connector.set_keepalive(Some(Duration::from_secs(60)));
+        // Idle connections are dropped before MLflow's server closes them (uvicorn's keep-alive
+        // timeout is 5 s): reusing one the server is closing fails the request with "connection
+        // closed before message completed".
         let client = Client::builder(TokioExecutor::new())
-            .pool_idle_timeout(Duration::from_secs(60))
+            .pool_idle_timeout(UPSTREAM_IDLE_TIMEOUT)
             .pool_max_idle_per_host(config.upstream_max_idle)
             .build(connector);
         Self {
@@ -152,8 +158,33 @@ impl Forwarder {
     }
 
     /// Sends a request of the proxy's own with exactly `headers` and a small body, and reads the
-    /// whole answer (at most 16 MiB) within the response timeout.
+    /// whole answer (at most 16 MiB) within the response timeout. The proxy's own requests change
+    /// nothing or the same thing twice (lookups, authorization probes, tags, a run's end), so one
+    /// that met a connection MLflow was closing is sent once more on a fresh one.
     pub async fn ask(
+        &self,
+        method: http::Method,
+        path_and_query: &str,
+        headers: http::HeaderMap,
+        body: bytes::Bytes,
+    ) -> Result<http::Response<bytes::Bytes>, String> {
+        match self
+            .ask_once(
+                method.clone(),
+                path_and_query,
+                headers.clone(),
+                body.clone(),
+            )
+            .await
+        {
+            Err(e) if e.contains("connection closed before message completed") => {
+                self.ask_once(method, path_and_query, headers, body).await
+            }
+            other => other,
+        }
+    }
+
+    async fn ask_once(
         &self,
         method: http::Method,
         path_and_query: &str,

@@ -59,6 +59,8 @@ fn main() -> ExitCode {
 }
 
 fn run(args: Args) -> Result<()> {
+    // A missing environment or binary is one line that says what to run, before anything starts.
+    mlscope_tests::preflight(false)?;
     let ports = StackPorts {
         s3: preferred_or_free(args.s3_port),
         mlflow: preferred_or_free(args.mlflow_port),

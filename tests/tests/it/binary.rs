@@ -98,3 +98,29 @@ async fn credentials_never_reach_the_logs_and_sigterm_exits_0() {
         serde_json::from_str::<serde_json::Value>(line).unwrap_or_else(|e| panic!("{e}: {line}"));
     }
 }
+
+/// The tools a newcomer runs first answer a missing environment with one line that says what to
+/// run, not a panic.
+#[test]
+fn stack_and_bench_name_what_to_run_when_the_environment_is_missing() {
+    let tools = proxy_binary();
+    for (tool, args) in [
+        ("mlscope-stack", vec!["--no-demo"]),
+        ("mlscope-bench", vec!["passthrough", "--duration", "1s"]),
+    ] {
+        let output = Command::new(tools.with_file_name(tool))
+            .args(&args)
+            .env("MLSCOPE_VENV", "/nonexistent/mlscope-venv")
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(!output.status.success(), "{tool}: {stderr}");
+        assert!(!stderr.contains("panicked"), "{tool}: {stderr}");
+        let lines: Vec<&str> = stderr.lines().filter(|l| !l.trim().is_empty()).collect();
+        assert_eq!(lines.len(), 1, "{tool}: {stderr}");
+        assert!(
+            lines[0].starts_with(&format!("{tool}: ")) && lines[0].contains("run scripts/setup"),
+            "{tool}: {stderr}"
+        );
+    }
+}

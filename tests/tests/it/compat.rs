@@ -1,27 +1,13 @@
-//! The differential compatibility suite: every operation runs once straight against MLflow and
-//! once through the proxy (the same MLflow server behind it), and both answers must be the same
-//! after normalising what legitimately differs: ids, timestamps and each side's name suffix.
-//!
-//! Each side works on its own experiments, runs and models (names carry the side's suffix, and
-//! searches filter on it), so the two sides never see each other's objects.
+//! The differential compatibility suite (`mlscope_tests::compat`, the code `mlscope-compat`
+//! ships) against the stack the tests start: every operation answers the same directly and
+//! through the proxy, and through plain nginx, which keeps the normalisation honest. The tool
+//! itself: equal answers exit 0, a server that is not the same MLflow exits 1 with the
+//! differences.
 
-use std::collections::BTreeSet;
-use std::future::Future;
-use std::pin::Pin;
-use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::process::Command;
 
-use anyhow::{anyhow, Context, Result};
+use mlscope_tests::compat::{compare_deployments, Credentials};
 use mlscope_tests::{Nginx, TestStack};
-use reqwest::{Client, Method, RequestBuilder};
-use serde_json::{json, Value};
-use sha2::{Digest, Sha256};
-
-const API: &str = "/api/2.0/mlflow";
-const AJAX: &str = "/ajax-api/2.0/mlflow";
-const ARTIFACTS: &str = "/api/2.0/mlflow-artifacts/artifacts";
-/// A run id that exists on neither side.
-const UNKNOWN_RUN: &str = "0123456789abcdef0123456789abcdef";
 
 #[tokio::test]
 async fn every_mlflow_operation_answers_the_same_through_the_proxy() {
@@ -41,984 +27,124 @@ async fn every_mlflow_operation_answers_the_same_through_plain_nginx() {
 
 /// Runs every operation on MLflow at `direct` and at `through`, and fails with every difference.
 async fn assert_same_answers(direct: &str, through: &str, what: &str) {
-    let direct = Side::new("direct", direct);
-    let proxied = Side::new("proxy", through);
-    let ops = operations();
-    let mut mismatches = Vec::new();
-    for op in &ops {
-        let expected = direct.observe(op).await;
-        let actual = proxied.observe(op).await;
-        if let Some(report) = compare(&expected, &actual) {
-            mismatches.push(format!("{}:\n{report}", op.name));
-        }
-    }
+    let comparison = compare_deployments(direct, through, &Credentials::none(), |_| {}).await;
+    let mismatches: Vec<String> = comparison
+        .differences()
+        .map(|r| {
+            format!(
+                "{}:\n{}",
+                r.name,
+                r.difference.as_deref().unwrap_or_default()
+            )
+        })
+        .collect();
     assert!(
         mismatches.is_empty(),
         "{} of {} operations answered differently through {what}:\n\n{}",
         mismatches.len(),
-        ops.len(),
+        comparison.results.len(),
         mismatches.join("\n\n")
+    );
+    assert!(
+        comparison.results.len() > 50,
+        "{}",
+        comparison.results.len()
+    );
+    assert!(
+        comparison.cleanup_problems.is_empty(),
+        "{:?}",
+        comparison.cleanup_problems
     );
 }
 
-// === operations ===
-
-type Observation = Result<Value>;
-
-/// One row of the table: a name and what to do on a side, returning what was observed.
-struct Op {
-    name: &'static str,
-    run: fn(Side) -> Pin<Box<dyn Future<Output = Observation> + Send>>,
+fn compat_binary() -> std::path::PathBuf {
+    mlscope_tests::proxy_binary().with_file_name("mlscope-compat")
 }
 
-/// `op!("name", |side| { ...; Ok(observation) })`
-macro_rules! op {
-    ($name:literal, |$side:ident| $body:block) => {
-        Op {
-            name: $name,
-            run: |$side: Side| Box::pin(async move { $body }),
-        }
-    };
-}
-
-/// MLflow's metric values as JSON strings, extreme floats written in a form a re-serialising proxy
-/// would change, and int64 steps beyond 2^53 (9007199254740993 is not an f64).
-const LOG_BATCH_EXTREMES: &str = r#"{"run_id": "@RUN@",
- "metrics": [
-  {"key": "extreme", "value": "NaN", "timestamp": 1700000000001, "step": 9007199254740993},
-  {"key": "extreme", "value": "Infinity", "timestamp": 1700000000002, "step": 9223372036854775807},
-  {"key": "extreme", "value": "-Infinity", "timestamp": 1700000000003, "step": -9223372036854775808},
-  {"key": "extreme", "value": 1.5e300, "timestamp": 1700000000004, "step": 4},
-  {"key": "extreme", "value": -0.0, "timestamp": 1700000000005, "step": 5},
-  {"key": "extreme", "value": 0.1, "timestamp": 1700000000006, "step": 6}],
- "params": [{"key": "batch_param", "value": "0.001"}],
- "tags": [{"key": "batch.tag", "value": "from log-batch"}]}"#;
-
-/// The query the MLflow UI sends for a run page (`GetRun`), trimmed to the fields a run here has.
-const GRAPHQL_GET_RUN: &str = r#"query GetRun($data: MlflowGetRunInput!) @component(name: "MLflow.ExperimentRunTracking") {
-  mlflowGetRun(input: $data) {
-    apiError { helpUrl code message }
-    run {
-      info { runName status runUuid experimentId artifactUri endTime lifecycleStage startTime userId }
-      experiment { experimentId name tags { key value } artifactLocation lifecycleStage lastUpdateTime }
-      modelVersions { status version name source }
-      data { metrics { key value step timestamp } params { key value } tags { key value } }
-      inputs { modelInputs { modelId } }
-      outputs { modelOutputs { modelId step } }
-    }
-  }
-}"#;
-
-fn operations() -> Vec<Op> {
-    vec![
-        // --- server ---
-        op!("GET /health", |s| {
-            Ok(s.get("/health", &[]).await?.observed())
-        }),
-        op!("GET /version", |s| {
-            Ok(s.get("/version", &[]).await?.observed())
-        }),
-        op!("GET /api/3.0/mlflow/server-info", |s| {
-            Ok(s.get("/api/3.0/mlflow/server-info", &[]).await?.observed())
-        }),
-        op!("GET / (UI index)", |s| {
-            let index = s.get("/", &[]).await?;
-            let script = index
-                .text()
-                .split('"')
-                .find(|part| part.starts_with("static-files/static/js/"))
-                .map(str::to_owned)
-                .ok_or_else(|| anyhow!("the UI index names no static-files/static/js/ script"))?;
-            s.set("ui_script", script);
-            Ok(index.observed_bytes())
-        }),
-        op!("GET /static-files/... (UI script)", |s| {
-            Ok(s.get(&format!("/{}", s.var("ui_script")?), &[])
-                .await?
-                .observed_bytes())
-        }),
-        // --- experiments ---
-        op!("experiments/create", |s| {
-            let reply = s
-                .post(
-                    &format!("{API}/experiments/create"),
-                    json!({"name": s.name("exp")}),
-                )
-                .await?;
-            s.set("exp", reply.string_at("/experiment_id")?);
-            Ok(reply.observed())
-        }),
-        op!("experiments/get", |s| {
-            Ok(s.get(
-                &format!("{API}/experiments/get"),
-                &[("experiment_id", &s.var("exp")?)],
-            )
-            .await?
-            .observed())
-        }),
-        op!("experiments/get-by-name", |s| {
-            Ok(s.get(
-                &format!("{API}/experiments/get-by-name"),
-                &[("experiment_name", &s.name("exp"))],
-            )
-            .await?
-            .observed())
-        }),
-        op!("experiments/set-experiment-tag", |s| {
-            let body = json!({"experiment_id": s.var("exp")?, "key": "team", "value": "mlscope"});
-            Ok(
-                s.post(&format!("{API}/experiments/set-experiment-tag"), body)
-                    .await?
-                    .observed(),
-            )
-        }),
-        op!("experiments/update (rename) and get", |s| {
-            let exp = s.var("exp")?;
-            let body = json!({"experiment_id": exp, "new_name": s.name("exp-renamed")});
-            let update = s.post(&format!("{API}/experiments/update"), body).await?;
-            let get = s
-                .get(
-                    &format!("{API}/experiments/get"),
-                    &[("experiment_id", &exp)],
-                )
-                .await?;
-            Ok(json!([update.observed(), get.observed()]))
-        }),
-        op!("experiments/create a second experiment", |s| {
-            let reply = s
-                .post(
-                    &format!("{API}/experiments/create"),
-                    json!({"name": s.name("exp-doomed")}),
-                )
-                .await?;
-            s.set("exp2", reply.string_at("/experiment_id")?);
-            Ok(reply.observed())
-        }),
-        op!("experiments/delete and get", |s| {
-            let exp = s.var("exp2")?;
-            let delete = s
-                .post(
-                    &format!("{API}/experiments/delete"),
-                    json!({"experiment_id": exp}),
-                )
-                .await?;
-            let get = s
-                .get(
-                    &format!("{API}/experiments/get"),
-                    &[("experiment_id", &exp)],
-                )
-                .await?;
-            Ok(json!([delete.observed(), get.observed()]))
-        }),
-        op!("experiments/search without deleted ones", |s| {
-            Ok(s.post(
-                &format!("{API}/experiments/search"),
-                s.experiment_filter(10),
-            )
-            .await?
-            .observed())
-        }),
-        op!("experiments/restore and get", |s| {
-            let exp = s.var("exp2")?;
-            let restore = s
-                .post(
-                    &format!("{API}/experiments/restore"),
-                    json!({"experiment_id": exp}),
-                )
-                .await?;
-            let get = s
-                .get(
-                    &format!("{API}/experiments/get"),
-                    &[("experiment_id", &exp)],
-                )
-                .await?;
-            Ok(json!([restore.observed(), get.observed()]))
-        }),
-        op!("experiments/search (GET) two pages", |s| {
-            let path = format!("{API}/experiments/search");
-            let filter = format!("name LIKE '%{}'", s.suffix);
-            let query = [
-                ("filter", filter.as_str()),
-                ("max_results", "1"),
-                ("order_by", "name ASC"),
-            ];
-            let first = s.get(&path, &query).await?;
-            let token = first.string_at("/next_page_token")?;
-            let second = s
-                .get(
-                    &path,
-                    &[query.as_slice(), &[("page_token", token.as_str())]].concat(),
-                )
-                .await?;
-            Ok(json!([first.observed(), second.observed()]))
-        }),
-        // --- runs ---
-        op!("runs/create", |s| {
-            let body = json!({
-                "experiment_id": s.var("exp")?, "run_name": "main", "start_time": 1700000000000_i64,
-                "tags": [{"key": "phase", "value": "compat"}],
-            });
-            let reply = s.post(&format!("{API}/runs/create"), body).await?;
-            s.set("run", reply.string_at("/run/info/run_id")?);
-            Ok(reply.observed())
-        }),
-        op!("runs/get", |s| { Ok(s.get_run(API).await?.observed()) }),
-        op!("runs/update (rename)", |s| {
-            let body = json!({"run_id": s.var("run")?, "run_name": "main-renamed"});
-            Ok(s.post(&format!("{API}/runs/update"), body)
-                .await?
-                .observed())
-        }),
-        op!("runs/set-tag", |s| {
-            let body =
-                json!({"run_id": s.var("run")?, "key": "doomed.tag", "value": "to be deleted"});
-            Ok(s.post(&format!("{API}/runs/set-tag"), body)
-                .await?
-                .observed())
-        }),
-        op!("runs/delete-tag", |s| {
-            let body = json!({"run_id": s.var("run")?, "key": "doomed.tag"});
-            Ok(s.post(&format!("{API}/runs/delete-tag"), body)
-                .await?
-                .observed())
-        }),
-        op!("runs/log-parameter", |s| {
-            let body = json!({"run_id": s.var("run")?, "key": "learning_rate", "value": "3e-4"});
-            Ok(s.post(&format!("{API}/runs/log-parameter"), body)
-                .await?
-                .observed())
-        }),
-        op!("runs/log-metric", |s| {
-            let run = s.var("run")?;
-            let body = json!({
-                "run_id": run, "run_uuid": run, "key": "loss", "value": 0.25,
-                "timestamp": 1700000000000_i64, "step": 1,
-            });
-            Ok(s.post(&format!("{API}/runs/log-metric"), body)
-                .await?
-                .observed())
-        }),
-        op!("runs/log-metric given only run_uuid", |s| {
-            let body = json!({"run_uuid": s.var("run")?, "key": "loss", "value": 0.125, "timestamp": 1700000000001_i64, "step": 2});
-            Ok(s.post(&format!("{API}/runs/log-metric"), body)
-                .await?
-                .observed())
-        }),
-        op!("runs/log-batch with NaN, ±Infinity and int64 steps", |s| {
-            let body = LOG_BATCH_EXTREMES.replace("@RUN@", &s.var("run")?);
-            Ok(s.post_raw(&format!("{API}/runs/log-batch"), body)
-                .await?
-                .observed())
-        }),
-        op!("metrics/get-history two pages, raw numbers included", |s| {
-            let path = format!("{API}/metrics/get-history");
-            let run = s.var("run")?;
-            let query = [
-                ("run_id", run.as_str()),
-                ("metric_key", "extreme"),
-                ("max_results", "4"),
-            ];
-            let first = s.get(&path, &query).await?;
-            let token = first.string_at("/next_page_token")?;
-            let second = s
-                .get(
-                    &path,
-                    &[query.as_slice(), &[("page_token", token.as_str())]].concat(),
-                )
-                .await?;
-            Ok(json!([
-                first.observed_with_raw_numbers(),
-                second.observed_with_raw_numbers()
-            ]))
-        }),
-        op!("runs/log-batch with 1001 metrics is refused", |s| {
-            let metric =
-                json!({"key": "too_many", "value": 1.0, "timestamp": 1700000000000_i64, "step": 0});
-            let body = json!({"run_id": s.var("run")?, "metrics": vec![metric; 1001]});
-            Ok(s.post(&format!("{API}/runs/log-batch"), body)
-                .await?
-                .observed())
-        }),
-        op!("runs/log-metric with an invalid key is refused", |s| {
-            let body = json!({"run_id": s.var("run")?, "key": "../escape", "value": 1.0, "timestamp": 1700000000000_i64});
-            Ok(s.post(&format!("{API}/runs/log-metric"), body)
-                .await?
-                .observed())
-        }),
-        op!("runs/create three more runs", |s| {
-            let mut replies = Vec::new();
-            for (name, start) in [("sibling-b", 2), ("sibling-a", 3), ("sibling-c", 4)] {
-                let body =
-                    json!({"experiment_id": s.var("exp")?, "run_name": name, "start_time": start});
-                let reply = s.post(&format!("{API}/runs/create"), body).await?;
-                s.set(name, reply.string_at("/run/info/run_id")?);
-                replies.push(reply.observed());
-            }
-            Ok(Value::Array(replies))
-        }),
-        op!("runs/delete and get", |s| {
-            let run = s.var("sibling-c")?;
-            let delete = s
-                .post(&format!("{API}/runs/delete"), json!({"run_id": run}))
-                .await?;
-            let get = s
-                .get(&format!("{API}/runs/get"), &[("run_id", &run)])
-                .await?;
-            Ok(json!([delete.observed(), get.observed()]))
-        }),
-        op!("runs/search two pages without the deleted run", |s| {
-            let path = format!("{API}/runs/search");
-            let search = |token: Option<String>| {
-                let mut body = json!({
-                    "experiment_ids": [s.var("exp")?], "max_results": 2,
-                    "order_by": ["attributes.run_name ASC"],
-                });
-                if let Some(token) = token {
-                    body["page_token"] = json!(token);
-                }
-                Ok::<_, anyhow::Error>(body)
-            };
-            let first = s.post(&path, search(None)?).await?;
-            let token = first.string_at("/next_page_token")?;
-            let second = s.post(&path, search(Some(token))?).await?;
-            Ok(json!([first.observed(), second.observed()]))
-        }),
-        op!("runs/restore and get", |s| {
-            let run = s.var("sibling-c")?;
-            let restore = s
-                .post(&format!("{API}/runs/restore"), json!({"run_id": run}))
-                .await?;
-            let get = s
-                .get(&format!("{API}/runs/get"), &[("run_id", &run)])
-                .await?;
-            Ok(json!([restore.observed(), get.observed()]))
-        }),
-        op!("runs/search with a filter (deleted runs included)", |s| {
-            let body = json!({
-                "experiment_ids": [s.var("exp")?], "filter": "attributes.run_name LIKE 'sibling-%'",
-                "run_view_type": "ALL", "order_by": ["attributes.run_name DESC"],
-            });
-            Ok(s.post(&format!("{API}/runs/search"), body)
-                .await?
-                .observed())
-        }),
-        // --- artifacts ---
-        op!("mlflow-artifacts upload (PUT)", |s| {
-            let path = format!("{}/notes/hello.txt", s.run_artifacts()?);
-            Ok(s.put(&path, b"hello from the compat suite\n".to_vec())
-                .await?
-                .observed())
-        }),
-        op!("mlflow-artifacts upload of 2 MiB (PUT)", |s| {
-            let path = format!("{}/data/blob.bin", s.run_artifacts()?);
-            Ok(s.put(&path, pattern_bytes(2 << 20)).await?.observed())
-        }),
-        op!("mlflow-artifacts download (GET)", |s| {
-            let path = format!("{}/notes/hello.txt", s.run_artifacts()?);
-            Ok(s.get(&path, &[]).await?.observed_bytes())
-        }),
-        op!("mlflow-artifacts download of 2 MiB (GET)", |s| {
-            let path = format!("{}/data/blob.bin", s.run_artifacts()?);
-            Ok(s.get(&path, &[]).await?.observed_bytes())
-        }),
-        op!("mlflow-artifacts list (?path=)", |s| {
-            let run_root = format!("{}/{}/artifacts", s.var("exp")?, s.var("run")?);
-            let root = s.get(ARTIFACTS, &[("path", &run_root)]).await?;
-            let notes = s
-                .get(ARTIFACTS, &[("path", &format!("{run_root}/notes"))])
-                .await?;
-            Ok(json!([root.observed(), notes.observed()]))
-        }),
-        op!("artifacts/list (tracking API)", |s| {
-            let run = s.var("run")?;
-            let root = s
-                .get(&format!("{API}/artifacts/list"), &[("run_id", &run)])
-                .await?;
-            let data = s
-                .get(
-                    &format!("{API}/artifacts/list"),
-                    &[("run_id", &run), ("path", "data")],
-                )
-                .await?;
-            Ok(json!([root.observed(), data.observed()]))
-        }),
-        op!("GET /get-artifact (UI download)", |s| {
-            let run = s.var("run")?;
-            let query = [("run_uuid", run.as_str()), ("path", "notes/hello.txt")];
-            Ok(s.get("/get-artifact", &query).await?.observed_bytes())
-        }),
-        op!("mlflow-artifacts delete and list", |s| {
-            let run_root = format!("{}/{}/artifacts", s.var("exp")?, s.var("run")?);
-            let delete = s
-                .request(
-                    Method::DELETE,
-                    &format!("{ARTIFACTS}/{run_root}/data/blob.bin"),
-                )
-                .await?;
-            let list = s
-                .get(ARTIFACTS, &[("path", &format!("{run_root}/data"))])
-                .await?;
-            Ok(json!([delete.observed(), list.observed()]))
-        }),
-        op!("mlflow-artifacts with a .. path is refused", |s| {
-            // Encoded twice: the URL parser would resolve a plain `%2e%2e` segment before sending.
-            let download = s
-                .get(&format!("{ARTIFACTS}/%252e%252e/etc/passwd"), &[])
-                .await?;
-            let list = s.get(ARTIFACTS, &[("path", "../secrets")]).await?;
-            let upload = s
-                .put(&format!("{ARTIFACTS}/a/..%2fescape.txt"), b"nope".to_vec())
-                .await?;
-            Ok(json!([
-                download.observed(),
-                list.observed(),
-                upload.observed()
-            ]))
-        }),
-        // --- logged models ---
-        op!("logged-models create", |s| {
-            let body = json!({
-                "experiment_id": s.var("exp")?, "name": "compat-model", "source_run_id": s.var("run")?,
-                "model_type": "agent", "params": [{"key": "depth", "value": "3"}],
-                "tags": [{"key": "stage", "value": "draft"}],
-            });
-            let reply = s.post(&format!("{API}/logged-models"), body).await?;
-            s.set("model", reply.string_at("/model/info/model_id")?);
-            Ok(reply.observed())
-        }),
-        op!("logged-models finalize and get", |s| {
-            let model = s.var("model")?;
-            let path = format!("{API}/logged-models/{model}");
-            let body = json!({"model_id": model, "status": "LOGGED_MODEL_READY"});
-            let finalize = s.send(Method::PATCH, &path, |r| r.json(&body)).await?;
-            let get = s.get(&path, &[]).await?;
-            Ok(json!([finalize.observed(), get.observed()]))
-        }),
-        op!("logged-models search", |s| {
-            let body = json!({"experiment_ids": [s.var("exp")?], "max_results": 10});
-            Ok(s.post(&format!("{API}/logged-models/search"), body)
-                .await?
-                .observed())
-        }),
-        // --- model registry ---
-        op!("registered-models/create", |s| {
-            let body = json!({"name": s.name("model"), "tags": [{"key": "owner", "value": "compat"}], "description": "compat suite"});
-            Ok(s.post(&format!("{API}/registered-models/create"), body)
-                .await?
-                .observed())
-        }),
-        op!("registered-models/get", |s| {
-            Ok(s.get(
-                &format!("{API}/registered-models/get"),
-                &[("name", &s.name("model"))],
-            )
-            .await?
-            .observed())
-        }),
-        op!("model-versions/create and get", |s| {
-            let body = json!({
-                "name": s.name("model"), "run_id": s.var("run")?,
-                "source": format!("mlflow-artifacts:/{}/{}/artifacts/model", s.var("exp")?, s.var("run")?),
-            });
-            let create = s
-                .post(&format!("{API}/model-versions/create"), body)
-                .await?;
-            let get = s
-                .get(
-                    &format!("{API}/model-versions/get"),
-                    &[("name", &s.name("model")), ("version", "1")],
-                )
-                .await?;
-            Ok(json!([create.observed(), get.observed()]))
-        }),
-        op!("registered-models/rename", |s| {
-            let body = json!({"name": s.name("model"), "new_name": s.name("model-renamed")});
-            Ok(s.post(&format!("{API}/registered-models/rename"), body)
-                .await?
-                .observed())
-        }),
-        op!("registered-models/search", |s| {
-            let filter = format!("name LIKE '%{}'", s.suffix);
-            Ok(s.get(
-                &format!("{API}/registered-models/search"),
-                &[("filter", &filter)],
-            )
-            .await?
-            .observed())
-        }),
-        op!("registered-models/delete and get", |s| {
-            let name = s.name("model-renamed");
-            let delete = s
-                .send(
-                    Method::DELETE,
-                    &format!("{API}/registered-models/delete"),
-                    |r| r.json(&json!({"name": name})),
-                )
-                .await?;
-            let get = s
-                .get(&format!("{API}/registered-models/get"), &[("name", &name)])
-                .await?;
-            Ok(json!([delete.observed(), get.observed()]))
-        }),
-        // --- what the UI calls ---
-        op!("POST /graphql (the UI's GetRun)", |s| {
-            let body = json!({"operationName": "GetRun", "query": GRAPHQL_GET_RUN, "variables": {"data": {"runId": s.var("run")?}}});
-            Ok(s.post("/graphql", body).await?.observed())
-        }),
-        op!("ajax-api runs/get", |s| {
-            Ok(s.get_run(AJAX).await?.observed())
-        }),
-        op!("ajax-api experiments/search", |s| {
-            Ok(s.post(
-                &format!("{AJAX}/experiments/search"),
-                s.experiment_filter(10),
-            )
-            .await?
-            .observed())
-        }),
-        op!("ajax-api metrics/get-history", |s| {
-            let run = s.var("run")?;
-            let query = [("run_id", run.as_str()), ("metric_key", "loss")];
-            Ok(s.get(&format!("{AJAX}/metrics/get-history"), &query)
-                .await?
-                .observed_with_raw_numbers())
-        }),
-        // --- errors ---
-        op!("runs/get of an unknown run", |s| {
-            Ok(
-                s.get(&format!("{API}/runs/get"), &[("run_id", UNKNOWN_RUN)])
-                    .await?
-                    .observed(),
-            )
-        }),
-        op!("experiments/get of an unknown experiment", |s| {
-            Ok(s.get(
-                &format!("{API}/experiments/get"),
-                &[("experiment_id", "987654321")],
-            )
-            .await?
-            .observed())
-        }),
-        op!("runs/log-metric to an unknown run", |s| {
-            let body = json!({"run_id": UNKNOWN_RUN, "key": "loss", "value": 1.0, "timestamp": 1700000000000_i64});
-            Ok(s.post(&format!("{API}/runs/log-metric"), body)
-                .await?
-                .observed())
-        }),
-        op!("malformed JSON", |s| {
-            Ok(
-                s.post_raw(&format!("{API}/experiments/create"), "{not json".to_owned())
-                    .await?
-                    .observed(),
-            )
-        }),
-        op!("POST without a JSON content type", |s| {
-            let body = json!({"name": s.name("never")}).to_string();
-            Ok(
-                s.send(Method::POST, &format!("{API}/experiments/create"), |r| {
-                    r.body(body)
-                })
-                .await?
-                .observed(),
-            )
-        }),
-        op!("unknown endpoint", |s| {
-            Ok(s.get(&format!("{API}/does-not-exist"), &[])
-                .await?
-                .observed())
-        }),
-        // --- final state ---
-        op!("runs/update to FINISHED and the run's final state", |s| {
-            let body = json!({"run_id": s.var("run")?, "status": "FINISHED", "end_time": 1700000009999_i64});
-            let update = s.post(&format!("{API}/runs/update"), body).await?;
-            Ok(json!([
-                update.observed(),
-                s.get_run(API).await?.observed_with_raw_numbers()
-            ]))
-        }),
-    ]
-}
-
-// === impl Side ===
-
-/// One side of the comparison: a base URL, the side's name suffix, what its operations learned
-/// (ids to use in later operations) and the ids seen so far, in order of first appearance.
-#[derive(Clone)]
-struct Side {
-    label: &'static str,
-    base: String,
-    suffix: String,
-    client: Client,
-    vars: Arc<Mutex<Vec<(String, String)>>>,
-    ids: Arc<Mutex<Vec<String>>>,
-}
-
-impl Side {
-    fn new(label: &'static str, base: &str) -> Side {
-        let client = Client::builder()
-            .timeout(Duration::from_secs(60))
-            .no_proxy()
-            .build()
-            .expect("building the HTTP client");
-        Side {
-            label,
-            base: base.trim_end_matches('/').to_owned(),
-            suffix: uuid::Uuid::new_v4().simple().to_string()[..12].to_owned(),
-            client,
-            vars: Arc::default(),
-            ids: Arc::default(),
-        }
-    }
-
-    /// A name unique to this side.
-    fn name(&self, what: &str) -> String {
-        format!("compat-{what}-{}", self.suffix)
-    }
-
-    fn set(&self, key: &str, value: String) {
-        let mut vars = self.vars.lock().unwrap();
-        vars.retain(|(k, _)| k != key);
-        vars.push((key.to_owned(), value));
-    }
-
-    fn var(&self, key: &str) -> Result<String> {
-        let vars = self.vars.lock().unwrap();
-        let found = vars.iter().find(|(k, _)| k == key).map(|(_, v)| v.clone());
-        found.ok_or_else(|| anyhow!("no {key:?} yet: an earlier operation that creates it failed"))
-    }
-
-    /// The artifact proxy path of the main run's artifact root.
-    fn run_artifacts(&self) -> Result<String> {
-        Ok(format!(
-            "{ARTIFACTS}/{}/{}/artifacts",
-            self.var("exp")?,
-            self.var("run")?
-        ))
-    }
-
-    /// An experiments/search body that finds only this side's experiments.
-    fn experiment_filter(&self, max_results: u32) -> Value {
-        json!({"filter": format!("name LIKE '%{}'", self.suffix), "max_results": max_results, "order_by": ["name ASC"]})
-    }
-
-    async fn get_run(&self, prefix: &str) -> Result<Reply> {
-        self.get(
-            &format!("{prefix}/runs/get"),
-            &[("run_id", &self.var("run")?)],
+#[tokio::test(flavor = "multi_thread")]
+async fn mlscope_compat_exits_0_on_equal_answers_and_1_with_the_differences_and_cleans_up() {
+    let stack = TestStack::shared();
+    let same = Command::new(compat_binary())
+        .args([
+            "--quiet",
+            "--direct",
+            &stack.mlflow.url,
+            "--through",
+            stack.proxy_url(),
+        ])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&same.stdout);
+    assert_eq!(
+        same.status.code(),
+        Some(0),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&same.stderr)
+    );
+    assert!(
+        stdout.contains("operations answered the same directly and through"),
+        "{stdout}"
+    );
+    assert!(!stdout.contains("DIFFERENT"), "{stdout}");
+    // Nothing of the comparison is left active: the experiments of both its sides are deleted.
+    let cleaned = stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("cleaned up: experiments compat-*-"))
+        .expect("the clean-up line");
+    let direct_suffix = cleaned.split_whitespace().next().unwrap();
+    let through_suffix = cleaned
+        .split("compat-*-")
+        .nth(1)
+        .and_then(|rest| rest.split_whitespace().next())
+        .unwrap();
+    for suffix in [direct_suffix, through_suffix] {
+        let filter = format!("name LIKE '%{suffix}'");
+        let active = crate::mlflow::post(
+            &stack.mlflow.url,
+            "experiments/search",
+            serde_json::json!({"filter": filter, "max_results": 100}),
         )
-        .await
-    }
-
-    async fn get(&self, path: &str, query: &[(&str, &str)]) -> Result<Reply> {
-        self.send(Method::GET, path, |r| r.query(query)).await
-    }
-
-    async fn post(&self, path: &str, body: Value) -> Result<Reply> {
-        self.send(Method::POST, path, |r| r.json(&body)).await
-    }
-
-    /// POSTs `body` byte for byte as JSON, for bodies that serde_json could not produce.
-    async fn post_raw(&self, path: &str, body: String) -> Result<Reply> {
-        self.send(Method::POST, path, |r| {
-            r.header("content-type", "application/json").body(body)
-        })
-        .await
-    }
-
-    async fn put(&self, path: &str, body: Vec<u8>) -> Result<Reply> {
-        self.send(Method::PUT, path, |r| r.body(body)).await
-    }
-
-    async fn request(&self, method: Method, path: &str) -> Result<Reply> {
-        self.send(method, path, |r| r).await
-    }
-
-    async fn send(
-        &self,
-        method: Method,
-        path: &str,
-        build: impl FnOnce(RequestBuilder) -> RequestBuilder,
-    ) -> Result<Reply> {
-        let request = build(
-            self.client
-                .request(method.clone(), format!("{}{path}", self.base)),
+        .await;
+        assert!(
+            active["experiments"].as_array().map_or(true, Vec::is_empty),
+            "left behind: {active}"
         );
-        let response = request
-            .send()
-            .await
-            .with_context(|| format!("{method} {path} on the {} side", self.label))?;
-        let header = |name: &str| {
-            response
-                .headers()
-                .get(name)
-                .and_then(|v| v.to_str().ok())
-                .map(str::to_owned)
-        };
-        let content_type = header("content-type");
-        let disposition = header("content-disposition");
-        let status = response.status().as_u16();
-        let body = response
-            .bytes()
-            .await
-            .with_context(|| format!("reading {method} {path}"))?
-            .to_vec();
-        Ok(Reply {
-            status,
-            content_type,
-            disposition,
-            body,
-        })
+        let deleted = crate::mlflow::post(
+            &stack.mlflow.url,
+            "experiments/search",
+            serde_json::json!({"filter": filter, "max_results": 100, "view_type": "DELETED_ONLY"}),
+        )
+        .await;
+        assert!(
+            deleted["experiments"]
+                .as_array()
+                .is_some_and(|e| !e.is_empty()),
+            "{suffix}: the comparison created no experiment? {deleted}"
+        );
     }
 
-    /// Runs `op` and normalises what it observed.
-    async fn observe(&self, op: &Op) -> Observation {
-        let observed = (op.run)(self.clone()).await?;
-        let mut ids = self.ids.lock().unwrap();
-        collect_ids(&observed, &mut ids);
-        Ok(normalise(observed, None, &self.suffix, &ids))
-    }
-}
+    // The S3 store is not MLflow: every answer differs, and the tool says so.
+    let different = Command::new(compat_binary())
+        .args([
+            "--quiet",
+            "--direct",
+            &stack.mlflow.url,
+            "--through",
+            &stack.s3.url,
+        ])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&different.stdout);
+    assert_eq!(different.status.code(), Some(1), "{stdout}");
+    assert!(stdout.contains("DIFFERENT"), "{stdout}");
+    assert!(stdout.contains("differences:"), "{stdout}");
 
-// === impl Reply ===
-
-struct Reply {
-    status: u16,
-    content_type: Option<String>,
-    disposition: Option<String>,
-    body: Vec<u8>,
-}
-
-impl Reply {
-    fn text(&self) -> String {
-        String::from_utf8_lossy(&self.body).into_owned()
-    }
-
-    /// The body as JSON, or as a string when it is not JSON (HTML error pages, `OK`).
-    fn json(&self) -> Value {
-        serde_json::from_slice(&self.body).unwrap_or_else(|_| Value::String(self.text()))
-    }
-
-    fn string_at(&self, pointer: &str) -> Result<String> {
-        self.json()
-            .pointer(pointer)
-            .and_then(Value::as_str)
-            .map(str::to_owned)
-            .ok_or_else(|| {
-                anyhow!(
-                    "no string at {pointer} in the answer ({}): {}",
-                    self.status,
-                    self.text()
-                )
-            })
-    }
-
-    /// Status, content type and JSON body.
-    fn observed(&self) -> Value {
-        json!({"status": self.status, "content_type": self.content_type, "body": self.json()})
-    }
-
-    /// As [`Reply::observed`], plus the text of every number after `"value":` and `"step":` as
-    /// sent, which parsing would hide (`1.5e+300` and `1.5e300` parse alike; 2^53 + 1 as f64
-    /// does not survive at all).
-    fn observed_with_raw_numbers(&self) -> Value {
-        let mut observed = self.observed();
-        let text = self.text();
-        let raw: Vec<String> = ["\"value\":", "\"step\":"]
-            .iter()
-            .flat_map(|field| {
-                text.match_indices(field)
-                    .map(|(at, field)| (at, at + field.len()))
-            })
-            .map(|(_, end)| raw_token(text[end..].trim_start()).to_owned())
-            .collect();
-        observed["raw_numbers"] = json!(raw);
-        observed
-    }
-
-    /// Status, content headers, size and SHA-256 of the body (UI files, artifacts).
-    fn observed_bytes(&self) -> Value {
-        json!({
-            "status": self.status,
-            "content_type": self.content_type,
-            "content_disposition": self.disposition,
-            "size": self.body.len(),
-            "sha256": hex(&Sha256::digest(&self.body)),
-        })
-    }
-}
-
-// === normalisation and comparison ===
-
-/// Keys whose string values are ids: `experiment_id`, `run_uuid`, `model_id`, GraphQL's
-/// `runUuid`, `experimentId`...
-fn is_id_key(key: &str) -> bool {
-    let key = key.to_ascii_lowercase().replace('_', "");
-    key.ends_with("id") || key.ends_with("uuid")
-}
-
-fn is_time_key(key: &str) -> bool {
-    key.to_ascii_lowercase().contains("time")
-}
-
-fn collect_ids(value: &Value, ids: &mut Vec<String>) {
-    match value {
-        Value::Object(map) => {
-            for (key, value) in map {
-                if let Value::String(id) = value {
-                    if is_id_key(key) && !id.is_empty() && !ids.contains(id) {
-                        ids.push(id.clone());
-                    }
-                }
-                collect_ids(value, ids);
-            }
-        }
-        Value::Array(values) => values.iter().for_each(|value| collect_ids(value, ids)),
-        _ => {}
-    }
-}
-
-/// Replaces ids by `<id N>` (N in order of first appearance), the side's suffix by `<suffix>`,
-/// and zeroes times.
-fn normalise(value: Value, key: Option<&str>, suffix: &str, ids: &[String]) -> Value {
-    let is_time = key.is_some_and(is_time_key);
-    match value {
-        Value::Number(_) if is_time => json!(0),
-        Value::String(text) if is_time && text.parse::<i64>().is_ok() => json!("0"),
-        Value::String(text) => Value::String(normalise_text(
-            &text,
-            key.is_some_and(is_id_key),
-            suffix,
-            ids,
-        )),
-        Value::Array(values) => values
-            .into_iter()
-            .map(|v| normalise(v, key, suffix, ids))
-            .collect(),
-        Value::Object(map) => Value::Object(
-            map.into_iter()
-                .map(|(k, v)| {
-                    let v = normalise(v, Some(&k), suffix, ids);
-                    (k, v)
-                })
-                .collect(),
-        ),
-        other => other,
-    }
-}
-
-/// Long ids (run and model ids) are replaced anywhere in a string. Short ones (experiment ids
-/// such as `7`) could as well be a parameter's value, so they are replaced only in an id field
-/// or as a segment of a path or URI.
-fn normalise_text(text: &str, is_id_field: bool, suffix: &str, ids: &[String]) -> String {
-    const LONG_ID: usize = 8;
-    let placeholder = |n: usize| format!("<id {}>", n + 1);
-    let short_id = |segment: &str| ids.iter().position(|id| id == segment).map(placeholder);
-    if is_id_field {
-        if let Some(replaced) = short_id(text) {
-            return replaced;
-        }
-    }
-    let mut text = text.replace(suffix, "<suffix>");
-    for (n, id) in ids.iter().enumerate().filter(|(_, id)| id.len() >= LONG_ID) {
-        text = text.replace(id.as_str(), &placeholder(n));
-    }
-    if !text.contains('/') {
-        return text;
-    }
-    text.split('/')
-        .map(|segment| short_id(segment).unwrap_or_else(|| segment.to_owned()))
-        .collect::<Vec<_>>()
-        .join("/")
-}
-
-/// `None` when both sides observed the same; else a line per differing JSON path.
-fn compare(direct: &Observation, proxied: &Observation) -> Option<String> {
-    match (direct, proxied) {
-        (Ok(direct), Ok(proxied)) => {
-            let mut lines = Vec::new();
-            differences("", direct, proxied, &mut lines);
-            (!lines.is_empty()).then(|| lines.join("\n"))
-        }
-        (direct, proxied) => {
-            let describe = |side: &Observation| match side {
-                Ok(value) => format!("ok: {}", brief(value)),
-                Err(error) => format!("FAILED: {error:#}"),
-            };
-            Some(format!(
-                "  direct: {}\n  proxy:  {}",
-                describe(direct),
-                describe(proxied)
-            ))
-        }
-    }
-}
-
-fn differences(path: &str, direct: &Value, proxied: &Value, lines: &mut Vec<String>) {
-    match (direct, proxied) {
-        (Value::Object(a), Value::Object(b)) => {
-            let keys: BTreeSet<&String> = a.keys().chain(b.keys()).collect();
-            for key in keys {
-                let path = format!("{path}/{key}");
-                match (a.get(key), b.get(key)) {
-                    (Some(x), Some(y)) => differences(&path, x, y, lines),
-                    (x, y) => lines.push(format!(
-                        "  {path}: direct {} | proxy {}",
-                        present(x),
-                        present(y)
-                    )),
-                }
-            }
-        }
-        (Value::Array(a), Value::Array(b)) if a.len() == b.len() => {
-            for (i, (x, y)) in a.iter().zip(b).enumerate() {
-                differences(&format!("{path}/{i}"), x, y, lines);
-            }
-        }
-        (a, b) if a != b => lines.push(format!(
-            "  {}: direct {} | proxy {}",
-            if path.is_empty() { "/" } else { path },
-            brief(a),
-            brief(b)
-        )),
-        _ => {}
-    }
-}
-
-fn present(value: Option<&Value>) -> String {
-    value.map_or_else(|| "(absent)".to_owned(), brief)
-}
-
-/// Compact JSON, cut to a readable length.
-fn brief(value: &Value) -> String {
-    const MAX: usize = 400;
-    let text = value.to_string();
-    match text.char_indices().nth(MAX) {
-        Some((at, _)) => format!("{}…", &text[..at]),
-        None => text,
-    }
-}
-
-/// The JSON token at the start of `text`: a string with its quotes, or a bare number or literal.
-fn raw_token(text: &str) -> &str {
-    let end = match text.strip_prefix('"') {
-        Some(rest) => rest.find('"').map_or(text.len(), |at| at + 2),
-        None => text.find([',', '}', ']', ' ', '\n']).unwrap_or(text.len()),
-    };
-    &text[..end]
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
-/// Deterministic, incompressible bytes: both sides must upload the same content.
-fn pattern_bytes(len: usize) -> Vec<u8> {
-    let mut bytes = Vec::with_capacity(len + 32);
-    let mut block = Sha256::digest(b"mlscope compat");
-    while bytes.len() < len {
-        bytes.extend_from_slice(&block);
-        block = Sha256::digest(block);
-    }
-    bytes.truncate(len);
-    bytes
+    // A user mistake is one line and exit 2.
+    let unusable = Command::new(compat_binary())
+        .args(["--direct", "mlflow:5000", "--through", "http://127.0.0.1:1"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&unusable.stderr);
+    assert_eq!(unusable.status.code(), Some(2), "{stderr}");
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
 }

@@ -23,6 +23,7 @@ mod objects;
 mod path_differential;
 mod python_client;
 mod relocate;
+mod replicas;
 mod s3_quirks;
 mod stack;
 mod system_metrics;
