@@ -24,12 +24,24 @@ pub const HANDLED: [Signal; 5] = [
 pub struct SignalMask(SigSet);
 
 /// Blocks [`HANDLED`] in the calling thread and every thread it spawns from now on.
+///
+/// A signal ignored when the collector starts (a shell starts background jobs with SIGINT and
+/// SIGQUIT ignored) would never reach the signalfd, and a wrapped command would inherit the
+/// ignore and could not even trap it: each handled signal is first set back to its default
+/// action, so the collector receives it and the command starts with the default, as it would as
+/// a container's first process.
+#[allow(unsafe_code)]
 pub fn block() -> nix::Result<SignalMask> {
     let mut set = SigSet::empty();
     for signal in HANDLED {
         set.add(signal);
     }
     set.thread_block()?;
+    for signal in HANDLED {
+        // SAFETY: setting the default action installs no handler; the signal is blocked, so
+        // nothing is delivered between this and the signalfd read.
+        unsafe { nix::sys::signal::signal(signal, nix::sys::signal::SigHandler::SigDfl) }?;
+    }
     Ok(SignalMask(set))
 }
 

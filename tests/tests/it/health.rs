@@ -454,3 +454,145 @@ async fn idle_gpus_of_a_live_run_are_gauged_per_run_and_shown_in_its_health() {
     assert_eq!(code, 404);
     assert_eq!(view["error_code"], "RESOURCE_DOES_NOT_EXIST");
 }
+
+/// Under MLflow's basic-auth app: the sweep ends a dead run with its service credential; without
+/// one, MLflow's refusal is counted and the run left alone; and heartbeats MLflow refused (an
+/// anonymous client) never make a run judgeable.
+#[tokio::test(flavor = "multi_thread")]
+async fn with_mlflow_authentication_the_sweep_acts_only_with_its_service_credential() {
+    use mlscope_tests::{MlflowServer, S3Store, MLFLOW_ADMIN_PASSWORD};
+    let dir = tempfile::tempdir().unwrap();
+    let s3 = S3Store::start(dir.path()).unwrap();
+    let mlflow = MlflowServer::start_with_basic_auth(dir.path(), &s3).unwrap();
+    let with_credential = health_proxy(
+        dir.path(),
+        &mlflow.url,
+        "3s",
+        &[
+            "--mlflow-service-username",
+            "admin",
+            "--mlflow-service-password",
+            MLFLOW_ADMIN_PASSWORD,
+        ],
+    );
+    let without = health_proxy(dir.path(), &mlflow.url, "3s", &[]);
+    let admin =
+        |request: reqwest::RequestBuilder| request.basic_auth("admin", Some(MLFLOW_ADMIN_PASSWORD));
+    let create = |name: &'static str| {
+        let mlflow = mlflow.url.clone();
+        async move {
+            let experiment: Value =
+                admin(http().post(format!("{mlflow}/api/2.0/mlflow/experiments/create")))
+                    .json(&json!({"name": format!("{name}-{}", uuid::Uuid::new_v4().simple())}))
+                    .send()
+                    .await
+                    .unwrap()
+                    .json()
+                    .await
+                    .unwrap();
+            let run: Value = admin(http().post(format!("{mlflow}/api/2.0/mlflow/runs/create")))
+                .json(
+                    &json!({"experiment_id": experiment["experiment_id"], "start_time": now_ms()}),
+                )
+                .send()
+                .await
+                .unwrap()
+                .json()
+                .await
+                .unwrap();
+            run["run"]["info"]["run_id"].as_str().unwrap().to_owned()
+        }
+    };
+    let heartbeat = |proxy: &ProxyProcess, run_id: &str, authenticated: bool| {
+        let request = http()
+            .post(format!("{}/api/2.0/mlflow/runs/log-batch", proxy.url))
+            .header("X-Mlscope-Node", "node-s")
+            .header("X-Mlscope-Rank", "0")
+            .json(&json!({"run_id": run_id, "metrics": [
+                {"key": "system/rank-0/network_receive_megabytes", "value": 1.0, "timestamp": now_ms(), "step": 0}]}));
+        if authenticated {
+            admin(request)
+        } else {
+            request
+        }
+    };
+    let ended = create("health-auth-ended").await;
+    let refused = create("health-auth-refused").await;
+    let intruded = create("health-auth-intruded").await;
+    let status_of = |run_id: String| {
+        let mlflow = mlflow.url.clone();
+        async move {
+            let run: Value =
+                admin(http().get(format!("{mlflow}/api/2.0/mlflow/runs/get?run_id={run_id}")))
+                    .send()
+                    .await
+                    .unwrap()
+                    .json()
+                    .await
+                    .unwrap();
+            run
+        }
+    };
+    assert_eq!(
+        heartbeat(&with_credential, &ended, true)
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        200
+    );
+    assert_eq!(
+        heartbeat(&without, &refused, true)
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        200
+    );
+    // MLflow refuses the anonymous client: 401, and nothing is recorded for the run.
+    assert_eq!(
+        heartbeat(&with_credential, &intruded, false)
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        401
+    );
+
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let run = status_of(ended.clone()).await;
+        if status(&run) == "FAILED" {
+            let tags = run["run"]["data"]["tags"].to_string();
+            assert!(
+                tags.contains("mlscope.outcome") && tags.contains("lost"),
+                "{run}"
+            );
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "not ended with the service credential: {run}"
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    // Several sweeps later: the proxy without a credential was refused and changed nothing.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while counter(
+        &[&without],
+        r#"mlscope_health_sweep_errors_total{reason="refused"}"#,
+    )
+    .await
+        < 1.0
+    {
+        assert!(Instant::now() < deadline, "no refusal counted");
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    let run = status_of(refused.clone()).await;
+    assert_eq!(status(&run), "RUNNING", "{run}");
+    assert!(!run.to_string().contains("mlscope.outcome"), "{run}");
+    let run = status_of(intruded.clone()).await;
+    assert_eq!(status(&run), "RUNNING", "{run}");
+    let (code, _) = health_view(&with_credential, &intruded).await;
+    assert_eq!(code, 404, "a refused heartbeat was recorded");
+}
