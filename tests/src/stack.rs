@@ -961,26 +961,7 @@ http {
             .replace("@PREFIX@", &prefix.display().to_string())
             .replace("@LISTEN@", &listen)
             .replace("@UPSTREAM@", authority(upstream)?);
-        let config_path = prefix.join("nginx.conf");
-        fs::write(&config_path, config)
-            .with_context(|| format!("writing {}", config_path.display()))?;
-        let mut command = Command::new("/usr/sbin/nginx");
-        command
-            .arg("-p")
-            .arg(&prefix)
-            .arg("-c")
-            .arg(&config_path)
-            .arg("-e")
-            .arg(prefix.join("error.log"));
-        let mut process = Process::spawn("nginx", &command, &prefix.join("stderr.log"))?;
-        process.wait_until("accepting connections", PROXY_READY_TIMEOUT, || {
-            accepts_connections(&listen)
-        })?;
-        Ok(Nginx {
-            url: format!("http://{listen}"),
-            process,
-            prefix,
-        })
+        Self::launch(prefix, &listen, &config)
     }
 
     /// Starts `/usr/sbin/nginx` with the production gateway configuration,
@@ -999,6 +980,12 @@ http {
             .map(|u| authority(u).map(str::to_owned))
             .collect::<Result<Vec<_>>>()?;
         let config = gateway_config(&shipped, &listen, &prefix, &servers)?;
+        Self::launch(prefix, &listen, &config)
+    }
+
+    /// Writes `config` into `prefix`, runs nginx with it and waits until it accepts connections
+    /// on `listen`.
+    fn launch(prefix: PathBuf, listen: &str, config: &str) -> Result<Nginx> {
         let config_path = prefix.join("nginx.conf");
         fs::write(&config_path, config)
             .with_context(|| format!("writing {}", config_path.display()))?;
@@ -1012,7 +999,7 @@ http {
             .arg(prefix.join("error.log"));
         let mut process = Process::spawn("nginx", &command, &prefix.join("stderr.log"))?;
         process.wait_until("accepting connections", PROXY_READY_TIMEOUT, || {
-            accepts_connections(&listen)
+            accepts_connections(listen)
         })?;
         Ok(Nginx {
             url: format!("http://{listen}"),

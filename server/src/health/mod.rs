@@ -17,7 +17,7 @@ use serde_json::{json, Value};
 
 use crate::config::Secret;
 use crate::proxy::Forwarder;
-use crate::store::{unix_millis, RankRow, RankUpdate, Store, VerdictRow};
+use crate::store::{unix_millis, RankRow, Store, VerdictRow};
 use crate::telemetry::Metrics;
 
 pub use judge::{judge, Judgement, Outcome};
@@ -210,7 +210,7 @@ struct Inner {
     forwarder: Forwarder,
     metrics: Metrics,
     replica_id: String,
-    pending: Mutex<HashMap<(String, String, i64), RankUpdate>>,
+    pending: Mutex<HashMap<(String, String, i64), RankRow>>,
 }
 
 impl Health {
@@ -246,13 +246,13 @@ impl Health {
                 self.inner.metrics.heartbeat_dropped();
                 continue;
             }
-            let entry = pending.entry(key).or_insert_with(|| RankUpdate {
+            let entry = pending.entry(key).or_insert_with(|| RankRow {
                 run_id: beat.run_id.clone(),
                 node: rank.node.clone(),
                 rank: rank.rank,
                 first_heard_ms: now_ms,
                 last_heard_ms: now_ms,
-                ..RankUpdate::default()
+                ..RankRow::default()
             });
             if now_ms > entry.last_heard_ms {
                 entry.interval_ms = Some(now_ms - entry.last_heard_ms);
@@ -282,7 +282,7 @@ impl Health {
 
     /// Writes the buffered heartbeats to the store; on failure they stay buffered.
     pub async fn flush(&self) {
-        let batch: Vec<RankUpdate> = {
+        let batch: Vec<RankRow> = {
             let mut pending = self.inner.pending.lock().expect("health lock");
             if pending.is_empty() {
                 return;

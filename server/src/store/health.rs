@@ -4,31 +4,9 @@
 
 use super::{Store, StoreError};
 
-/// What one replica heard of one (run, node, rank) since its last flush.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct RankUpdate {
-    pub run_id: String,
-    pub node: String,
-    pub rank: i64,
-    pub first_heard_ms: i64,
-    pub last_heard_ms: i64,
-    /// Gap between the last two heartbeats this replica saw, when it saw two.
-    pub interval_ms: Option<i64>,
-    pub outcome: Option<String>,
-    pub exit_code: Option<i64>,
-    pub ended_ms: Option<i64>,
-    pub pod: Option<String>,
-    pub memory_limit_mb: Option<f64>,
-    pub cpu_limit_cores: Option<f64>,
-    pub gpu_model: Option<String>,
-    pub gpus: i64,
-    /// JSON array of seconds each GPU had been idle, as of `gpu_idle_ms`.
-    pub gpu_idle: Option<String>,
-    pub gpu_idle_ms: Option<i64>,
-}
-
-/// A `run_ranks` row.
-#[derive(Debug, Clone, PartialEq, sqlx::FromRow)]
+/// A `run_ranks` row, and what one replica heard of one (run, node, rank) since its last flush
+/// (`interval_ms` then: the gap between the last two heartbeats it saw, when it saw two).
+#[derive(Debug, Clone, Default, PartialEq, sqlx::FromRow)]
 pub struct RankRow {
     pub run_id: String,
     pub node: String,
@@ -69,7 +47,7 @@ const VERDICT_COLUMNS: &str = "run_id, outcome, action, detail, replica, claimed
 impl Store {
     /// Merges one replica's heartbeats into the shared rows: the latest heartbeat wins, the
     /// earliest first heartbeat stays, and facts (outcome, placement, GPUs) fill in or update.
-    pub async fn record_ranks(&self, updates: &[RankUpdate]) -> Result<(), StoreError> {
+    pub async fn record_ranks(&self, updates: &[RankRow]) -> Result<(), StoreError> {
         let sql = format!(
             "INSERT INTO run_ranks ({RANK_COLUMNS}) \
              VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16) \
@@ -251,14 +229,14 @@ mod tests {
             .unwrap()
     }
 
-    fn beat(run: &str, rank: i64, first: i64, last: i64) -> RankUpdate {
-        RankUpdate {
+    fn beat(run: &str, rank: i64, first: i64, last: i64) -> RankRow {
+        RankRow {
             run_id: run.into(),
             node: "n1".into(),
             rank,
             first_heard_ms: first,
             last_heard_ms: last,
-            ..RankUpdate::default()
+            ..RankRow::default()
         }
     }
 

@@ -76,7 +76,7 @@ mod tests {
             .unwrap();
         store.heartbeat(&Replica::new()).await.unwrap();
         store
-            .record_ranks(&[crate::store::RankUpdate {
+            .record_ranks(&[crate::store::RankRow {
                 run_id: "old-run".into(),
                 first_heard_ms: old,
                 last_heard_ms: old,
