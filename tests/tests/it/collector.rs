@@ -84,6 +84,22 @@ pub(crate) fn start_collector_with(
     Process::spawn("mlscope-collector", &command, &log).unwrap()
 }
 
+/// Waits (up to a minute, off the async runtime) for a wrapper to exit; its exit code.
+pub(crate) async fn wait_exit(mut collector: Process) -> Option<i32> {
+    tokio::task::spawn_blocking(move || {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            if let Some(status) = collector.try_status() {
+                return status.code();
+            }
+            assert!(Instant::now() < deadline, "the wrapper did not exit");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    })
+    .await
+    .unwrap()
+}
+
 /// SIGTERM, then the collector's exit status and its last log line (the sender's summary).
 fn stop_collector(mut collector: Process) -> (ExitStatus, Value) {
     let status = collector.terminate();
@@ -304,7 +320,7 @@ async fn wrapper_mode_records_how_the_rank_ended_on_the_run() {
     let mlflow = stack.mlflow.url.as_str();
     let dir = tempfile::tempdir().unwrap();
     let run_id = create_run(mlflow, "collector").await;
-    let mut collector = start_collector(
+    let collector = start_collector(
         dir.path(),
         stack.proxy_url(),
         &run_id,
@@ -312,19 +328,8 @@ async fn wrapper_mode_records_how_the_rank_ended_on_the_run() {
         4,
         &["sh", "-c", "sleep 1; exit 3"],
     );
-    let status = tokio::task::spawn_blocking(move || {
-        let deadline = Instant::now() + Duration::from_secs(60);
-        loop {
-            if let Some(status) = collector.try_status() {
-                return status;
-            }
-            assert!(Instant::now() < deadline, "the wrapper did not exit");
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    })
-    .await
-    .unwrap();
-    assert_eq!(status.code(), Some(3));
+    let code = wait_exit(collector).await;
+    assert_eq!(code, Some(3));
     let tags = run_tags(mlflow, &run_id).await;
     for (key, value) in [
         ("mlscope/rank-4/outcome", "exited"),

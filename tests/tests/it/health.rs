@@ -7,12 +7,10 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use mlscope_tests::{
-    spawn_proxy, MemoryCgroup, PostgresDatabase, Process, ProxyProcess, TestStack,
-};
+use mlscope_tests::{spawn_proxy, MemoryCgroup, PostgresDatabase, ProxyProcess, TestStack};
 use serde_json::{json, Value};
 
-use crate::collector::{start_collector, start_collector_with};
+use crate::collector::{start_collector, start_collector_with, wait_exit};
 use crate::mlflow::{create_run, get_run, http, now_ms, post, run_tags, scrape};
 
 /// A proxy judging quickly: heartbeats flushed every 200 ms, a sweep every 300 ms.
@@ -60,22 +58,6 @@ async fn health_view(proxy: &ProxyProcess, run_id: &str) -> (u16, Value) {
         .unwrap();
     let status = response.status().as_u16();
     (status, response.json().await.unwrap_or(Value::Null))
-}
-
-/// Waits for a wrapper to exit, off the async runtime.
-async fn wait_exit(mut collector: Process) -> Option<i32> {
-    tokio::task::spawn_blocking(move || {
-        let deadline = Instant::now() + Duration::from_secs(60);
-        loop {
-            if let Some(status) = collector.try_status() {
-                return status.code();
-            }
-            assert!(Instant::now() < deadline, "the wrapper did not exit");
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    })
-    .await
-    .unwrap()
 }
 
 /// The sum of a counter's samples over the proxies' `/metrics`.
@@ -476,88 +458,55 @@ async fn with_mlflow_authentication_the_sweep_acts_only_with_its_service_credent
         ],
     );
     let without = health_proxy(dir.path(), &mlflow.url, "3s", &[]);
-    let admin =
-        |request: reqwest::RequestBuilder| request.basic_auth("admin", Some(MLFLOW_ADMIN_PASSWORD));
-    let create = |name: &'static str| {
-        let mlflow = mlflow.url.clone();
-        async move {
-            let experiment: Value =
-                admin(http().post(format!("{mlflow}/api/2.0/mlflow/experiments/create")))
-                    .json(&json!({"name": format!("{name}-{}", uuid::Uuid::new_v4().simple())}))
-                    .send()
-                    .await
-                    .unwrap()
-                    .json()
-                    .await
-                    .unwrap();
-            let run: Value = admin(http().post(format!("{mlflow}/api/2.0/mlflow/runs/create")))
-                .json(
-                    &json!({"experiment_id": experiment["experiment_id"], "start_time": now_ms()}),
-                )
-                .send()
-                .await
-                .unwrap()
-                .json()
-                .await
-                .unwrap();
-            run["run"]["info"]["run_id"].as_str().unwrap().to_owned()
+    let admin = |method: reqwest::Method, path: &str, body: Option<Value>| {
+        let mut request = http()
+            .request(method, format!("{}/api/2.0/mlflow/{path}", mlflow.url))
+            .basic_auth("admin", Some(MLFLOW_ADMIN_PASSWORD));
+        if let Some(body) = body {
+            request = request.json(&body);
         }
+        async move { request.send().await.unwrap().json::<Value>().await.unwrap() }
     };
+    let create = |name: &'static str| async move {
+        let name = format!("{name}-{}", uuid::Uuid::new_v4().simple());
+        let experiment = admin(
+            reqwest::Method::POST,
+            "experiments/create",
+            Some(json!({"name": name})),
+        )
+        .await;
+        let body = json!({"experiment_id": experiment["experiment_id"], "start_time": now_ms()});
+        let run = admin(reqwest::Method::POST, "runs/create", Some(body)).await;
+        run["run"]["info"]["run_id"].as_str().unwrap().to_owned()
+    };
+    let status_of = |run_id: String| async move {
+        admin(
+            reqwest::Method::GET,
+            &format!("runs/get?run_id={run_id}"),
+            None,
+        )
+        .await
+    };
+    // One pod-scope sample of rank 0 on node-s, with the admin's credential or none; the status.
     let heartbeat = |proxy: &ProxyProcess, run_id: &str, authenticated: bool| {
-        let request = http()
+        let mut request = http()
             .post(format!("{}/api/2.0/mlflow/runs/log-batch", proxy.url))
             .header("X-Mlscope-Node", "node-s")
             .header("X-Mlscope-Rank", "0")
             .json(&json!({"run_id": run_id, "metrics": [
                 {"key": "system/rank-0/network_receive_megabytes", "value": 1.0, "timestamp": now_ms(), "step": 0}]}));
         if authenticated {
-            admin(request)
-        } else {
-            request
+            request = request.basic_auth("admin", Some(MLFLOW_ADMIN_PASSWORD));
         }
+        async move { request.send().await.unwrap().status().as_u16() }
     };
     let ended = create("health-auth-ended").await;
     let refused = create("health-auth-refused").await;
     let intruded = create("health-auth-intruded").await;
-    let status_of = |run_id: String| {
-        let mlflow = mlflow.url.clone();
-        async move {
-            let run: Value =
-                admin(http().get(format!("{mlflow}/api/2.0/mlflow/runs/get?run_id={run_id}")))
-                    .send()
-                    .await
-                    .unwrap()
-                    .json()
-                    .await
-                    .unwrap();
-            run
-        }
-    };
-    assert_eq!(
-        heartbeat(&with_credential, &ended, true)
-            .send()
-            .await
-            .unwrap()
-            .status(),
-        200
-    );
-    assert_eq!(
-        heartbeat(&without, &refused, true)
-            .send()
-            .await
-            .unwrap()
-            .status(),
-        200
-    );
+    assert_eq!(heartbeat(&with_credential, &ended, true).await, 200);
+    assert_eq!(heartbeat(&without, &refused, true).await, 200);
     // MLflow refuses the anonymous client: 401, and nothing is recorded for the run.
-    assert_eq!(
-        heartbeat(&with_credential, &intruded, false)
-            .send()
-            .await
-            .unwrap()
-            .status(),
-        401
-    );
+    assert_eq!(heartbeat(&with_credential, &intruded, false).await, 401);
 
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
