@@ -17,6 +17,7 @@ use tokio::net::TcpListener;
 
 use crate::artifacts::{self, legacy_listing};
 use crate::authz::{AuthMode, Authorizer};
+use crate::coalesce;
 use crate::config::Config;
 use crate::layers::{self, ConcurrencyLimit};
 use crate::proxy;
@@ -40,7 +41,10 @@ pub fn app(state: AppState, max_in_flight: usize) -> Router {
             .route(
                 &format!("{prefix}/runs/log-metric"),
                 post(rewrite::log_metric),
-            );
+            )
+            // Write coalescing: params and tags join their run's queue.
+            .route(&format!("{prefix}/runs/log-param"), post(coalesce::write))
+            .route(&format!("{prefix}/runs/set-tag"), post(coalesce::write));
     }
     match &state.artifacts {
         // The artifact API, answered from the store.

@@ -146,7 +146,7 @@ struct CoalesceMetrics {
     requests_per_batch: Histogram,
     samples_per_batch: Histogram,
     wait: Histogram,
-    skipped: Counter,
+    skipped: Family<ReasonLabels, Counter>,
     rejected: Family<ReasonLabels, Counter>,
 }
 
@@ -254,7 +254,7 @@ impl Metrics {
             requests_per_batch: Histogram::new(exponential_buckets(1.0, 2.0, 12)),
             samples_per_batch: Histogram::new(exponential_buckets(1.0, 2.0, 11)),
             wait: Histogram::new(exponential_buckets(0.0005, 2.0, 16)),
-            skipped: Counter::default(),
+            skipped: Family::default(),
             rejected: Family::default(),
         };
         registry.register(
@@ -279,7 +279,7 @@ impl Metrics {
         );
         registry.register(
             "coalesce_skipped",
-            "Metric requests forwarded without coalescing (params or tags, unknown fields, over MLflow's limits)",
+            "Write requests sent to MLflow alone, as they came, by reason: shape (not a write shape the coalescer knows), element (an element MLflow would not parse as written), limits (over a log-batch limit), repeated_param (one param key twice)",
             coalesce.skipped.clone(),
         );
         registry.register(
@@ -397,8 +397,11 @@ impl Metrics {
         self.coalesce.wait.observe(waited.as_secs_f64());
     }
 
-    pub fn coalesce_skipped(&self) {
-        self.coalesce.skipped.inc();
+    pub fn coalesce_skipped(&self, reason: &'static str) {
+        self.coalesce
+            .skipped
+            .get_or_create(&ReasonLabels { reason })
+            .inc();
     }
 
     pub fn coalesce_rejected(&self, reason: &'static str) {

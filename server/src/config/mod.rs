@@ -302,10 +302,12 @@ struct Cli {
     /// sends at once); 0s turns coalescing off [default: 5ms].
     #[arg(long, env = "MLSCOPE_COALESCE_WINDOW", value_parser = parse_duration, value_name = "DURATION")]
     coalesce_window: Option<Duration>,
-    /// Merged batches of one run at MLflow at once; requests gather while they are [default: 2].
+    /// Batches of metrics alone of one run at MLflow at once (batches with params or tags always
+    /// go one at a time); requests gather while they are. More than 1 deadlocks MLflow before
+    /// 3.16 on PostgreSQL [default: 1].
     #[arg(long, env = "MLSCOPE_COALESCE_IN_FLIGHT_PER_RUN", value_name = "N")]
     coalesce_in_flight_per_run: Option<usize>,
-    /// Metrics queued per run before new requests for it get 503 [default: 50000].
+    /// Items (metrics, params, tags) queued per run before new requests for it get 503 [default: 50000].
     #[arg(long, env = "MLSCOPE_COALESCE_MAX_PENDING_PER_RUN", value_name = "N")]
     coalesce_max_pending_per_run: Option<usize>,
     /// Bytes of metric bodies queued over all runs before new requests get 503 [default: 64MiB].

@@ -187,9 +187,10 @@ async fn an_invalid_metric_fails_only_its_sender_with_mlflows_own_answer() {
     let stack = TestStack::shared();
     let proxy = coalescing_proxy(stack, "20ms");
     let run_id = create_run(&stack.mlflow.url, "coalesce-invalid").await;
+    // Parsed by MLflow as written, so it may join a batch, and refused by its validation.
     let bad = json!({"run_id": run_id, "metrics": [
         {"key": "loss", "value": 1.0, "timestamp": 5, "step": 1},
-        {"key": "loss", "value": 2.0, "step": 2},
+        {"key": "loss!", "value": 2.0, "timestamp": 5, "step": 2},
     ]});
     let direct = http()
         .post(format!(

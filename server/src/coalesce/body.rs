@@ -1,0 +1,520 @@
+//! Which write requests may share a batch, read strictly.
+//!
+//! MLflow reads a request with protobuf's `ParseDict`, and when that fails part way it keeps the
+//! partly filled message and carries on (3.17.2 `_get_request_message`): a `log-batch` element
+//! whose value is `"abc"`, whose step is `1.5` or whose timestamp is `"soon"` is stored as zeros,
+//! every later element of the batch is dropped, and the answer is 200. Sent alone that hurts only
+//! its sender; merged, it would silently cost every request queued behind it its samples. So a
+//! request joins a merged batch only when every one of its elements is one MLflow's parser takes
+//! exactly as written:
+//!
+//! - a metric is an object of known fields only: `key` (string), `value` (a finite JSON number, or
+//!   exactly `"NaN"`, `"Infinity"`, `"-Infinity"`), `timestamp` and `step` (JSON integers within
+//!   int64), and the optional strings `model_id`, `dataset_name`, `dataset_digest`, `run_id`;
+//! - a param or tag is an object of exactly `key` and `value`, both strings;
+//! - the envelope holds only the fields its endpoint defines, each once, in the types above.
+//!
+//! Anything else (quoted integers, `1.0` as a step, booleans, nulls, camelCase spellings, fields
+//! this module does not know) is sent to MLflow alone, as the client sent it, and gets MLflow's own
+//! answer. Being stricter than MLflow costs only a merge; being looser would cost samples.
+
+use std::borrow::Cow;
+use std::collections::HashSet;
+
+use bytes::Bytes;
+use serde::Deserialize;
+use serde_json::value::RawValue;
+
+/// MLflow's limits on one `log-batch` (`mlflow/utils/validation.py`).
+pub const MAX_BATCH_METRICS: usize = 1000;
+pub(crate) const MAX_BATCH_PARAMS: usize = 100;
+pub(crate) const MAX_BATCH_TAGS: usize = 100;
+pub(crate) const MAX_BATCH_ITEMS: usize = 1000;
+
+/// The endpoints whose writes the coalescer takes, by the path suffix MLflow serves them at.
+const LOG_BATCH: &str = "/runs/log-batch";
+const LOG_METRIC: &str = "/runs/log-metric";
+const LOG_PARAM: &str = "/runs/log-param";
+const SET_TAG: &str = "/runs/set-tag";
+
+/// A param or tag: its decoded key and value (what MLflow compares) and its JSON as sent.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Pair {
+    pub(crate) key: Box<str>,
+    pub(crate) value: Box<str>,
+    pub(crate) raw: Bytes,
+}
+
+/// The writes of one request, each element as the JSON a batch carries.
+#[derive(Debug, Default)]
+pub(crate) struct Writes {
+    pub(crate) metrics: Vec<Bytes>,
+    pub(crate) params: Vec<Pair>,
+    pub(crate) tags: Vec<Pair>,
+}
+
+impl Writes {
+    pub(crate) fn items(&self) -> usize {
+        self.metrics.len() + self.params.len() + self.tags.len()
+    }
+
+    /// Bytes the elements take in a batch body (with their separators).
+    pub(crate) fn bytes(&self) -> usize {
+        let pairs = |p: &[Pair]| p.iter().map(|p| p.raw.len() + 1).sum::<usize>();
+        self.metrics.iter().map(|m| m.len() + 1).sum::<usize>()
+            + pairs(&self.params)
+            + pairs(&self.tags)
+    }
+
+    /// Whether the order of this request against others of the run is visible in MLflow:
+    /// a tag's last writer wins, a param's first writer does.
+    pub(crate) fn is_ordered(&self) -> bool {
+        !self.params.is_empty() || !self.tags.is_empty()
+    }
+}
+
+/// A request the coalescer can merge: where its batch goes, the run, and its writes.
+#[derive(Debug)]
+pub(crate) struct Mergeable {
+    pub(crate) batch_path: String,
+    pub(crate) run_id: String,
+    pub(crate) writes: Writes,
+}
+
+/// Why a request goes to MLflow alone; the label of `mlscope_coalesce_skipped_total`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Alone {
+    /// Not a write shape the coalescer knows: not JSON, unknown or repeated fields, another
+    /// spelling of the run, no run id, nothing to write.
+    Shape,
+    /// An element MLflow's parser would not take exactly as written.
+    Element,
+    /// Over one of MLflow's batch limits on its own.
+    Limits,
+    /// One param key twice in the request, which MLflow refuses in a batch.
+    RepeatedParam,
+}
+
+impl Alone {
+    pub(crate) fn reason(self) -> &'static str {
+        match self {
+            Alone::Shape => "shape",
+            Alone::Element => "element",
+            Alone::Limits => "limits",
+            Alone::RepeatedParam => "repeated_param",
+        }
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct BatchEnvelope<'a> {
+    #[serde(borrow)]
+    run_id: Cow<'a, str>,
+    #[serde(default, borrow)]
+    metrics: Option<Vec<&'a RawValue>>,
+    #[serde(default, borrow)]
+    params: Option<Vec<&'a RawValue>>,
+    #[serde(default, borrow)]
+    tags: Option<Vec<&'a RawValue>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct MetricElement<'a> {
+    #[serde(borrow)]
+    key: &'a RawValue,
+    #[serde(borrow)]
+    value: &'a RawValue,
+    #[serde(borrow)]
+    timestamp: &'a RawValue,
+    #[serde(default, borrow)]
+    step: Option<&'a RawValue>,
+    #[serde(default, borrow)]
+    model_id: Option<&'a RawValue>,
+    #[serde(default, borrow)]
+    dataset_name: Option<&'a RawValue>,
+    #[serde(default, borrow)]
+    dataset_digest: Option<&'a RawValue>,
+    #[serde(default, borrow)]
+    run_id: Option<&'a RawValue>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PairElement<'a> {
+    #[serde(borrow)]
+    key: &'a RawValue,
+    #[serde(borrow)]
+    value: &'a RawValue,
+}
+
+/// `log-metric`, `log-param` and `set-tag`: the run (once or in both spellings, equal) and one
+/// element's fields at the top level.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SingleEnvelope<'a> {
+    #[serde(borrow)]
+    run_id: Cow<'a, str>,
+    #[serde(default, borrow)]
+    run_uuid: Option<Cow<'a, str>>,
+    #[serde(borrow)]
+    key: &'a RawValue,
+    #[serde(borrow)]
+    value: &'a RawValue,
+    #[serde(default, borrow)]
+    timestamp: Option<&'a RawValue>,
+    #[serde(default, borrow)]
+    step: Option<&'a RawValue>,
+    #[serde(default, borrow)]
+    model_id: Option<&'a RawValue>,
+    #[serde(default, borrow)]
+    dataset_name: Option<&'a RawValue>,
+    #[serde(default, borrow)]
+    dataset_digest: Option<&'a RawValue>,
+}
+
+/// A JSON string's decoded text; `None` for anything else (null included).
+fn string(raw: &RawValue) -> Option<Cow<'_, str>> {
+    if !raw.get().starts_with('"') {
+        return None;
+    }
+    serde_json::from_str::<Cow<'_, str>>(raw.get()).ok()
+}
+
+/// A double as protobuf's JSON parser takes it: a finite JSON number or one of its three names.
+fn is_double(raw: &RawValue) -> bool {
+    let text = raw.get();
+    matches!(text, "\"NaN\"" | "\"Infinity\"" | "\"-Infinity\"") || is_finite_number(text)
+}
+
+/// A JSON number literal that is a finite double (not `1e999`).
+fn is_finite_number(text: &str) -> bool {
+    text.starts_with(|c: char| c == '-' || c.is_ascii_digit())
+        && text.parse::<f64>().is_ok_and(f64::is_finite)
+}
+
+/// A JSON integer literal within int64 (no fraction, no exponent, not quoted).
+fn is_int64(raw: &RawValue) -> bool {
+    let text = raw.get();
+    text.starts_with(|c: char| c == '-' || c.is_ascii_digit()) && text.parse::<i64>().is_ok()
+}
+
+fn optional_strings(fields: &[Option<&RawValue>]) -> bool {
+    fields.iter().flatten().all(|raw| string(raw).is_some())
+}
+
+fn metric_element(raw: &RawValue) -> Result<(), Alone> {
+    let m: MetricElement = serde_json::from_str(raw.get()).map_err(|_| Alone::Element)?;
+    let ok = string(m.key).is_some()
+        && is_double(m.value)
+        && is_int64(m.timestamp)
+        && m.step.is_none_or(is_int64)
+        && optional_strings(&[m.model_id, m.dataset_name, m.dataset_digest, m.run_id]);
+    ok.then_some(()).ok_or(Alone::Element)
+}
+
+fn pair_element(body: &Bytes, raw: &RawValue) -> Result<Pair, Alone> {
+    let p: PairElement = serde_json::from_str(raw.get()).map_err(|_| Alone::Element)?;
+    let (Some(key), Some(value)) = (string(p.key), string(p.value)) else {
+        return Err(Alone::Element);
+    };
+    Ok(Pair {
+        key: key.into(),
+        value: value.into(),
+        raw: body.slice_ref(raw.get().as_bytes()),
+    })
+}
+
+/// Reads a write request; `Err` says why it goes to MLflow alone.
+pub(crate) fn parse(path: &str, body: &Bytes) -> Result<Mergeable, Alone> {
+    let text = std::str::from_utf8(body).map_err(|_| Alone::Shape)?;
+    if let Some(prefix) = path.strip_suffix(LOG_BATCH) {
+        return parse_batch(prefix, body, text);
+    }
+    let (prefix, kind) = [LOG_METRIC, LOG_PARAM, SET_TAG]
+        .into_iter()
+        .find_map(|suffix| path.strip_suffix(suffix).map(|prefix| (prefix, suffix)))
+        .ok_or(Alone::Shape)?;
+    let single: SingleEnvelope = serde_json::from_str(text).map_err(|_| Alone::Shape)?;
+    // MLflow acts on `run_id or run_uuid`; merging needs both to name the same run.
+    if single.run_id.is_empty()
+        || single
+            .run_uuid
+            .as_ref()
+            .is_some_and(|u| *u != single.run_id)
+    {
+        return Err(Alone::Shape);
+    }
+    let mut writes = Writes::default();
+    if kind == LOG_METRIC {
+        writes.metrics.push(metric_of(&single)?);
+    } else {
+        if single.timestamp.is_some()
+            || single.step.is_some()
+            || single.model_id.is_some()
+            || single.dataset_name.is_some()
+            || single.dataset_digest.is_some()
+        {
+            return Err(Alone::Shape);
+        }
+        let (Some(key), Some(value)) = (string(single.key), string(single.value)) else {
+            return Err(Alone::Element);
+        };
+        let mut raw = serde_json::json!({ "key": key, "value": value }).to_string();
+        raw.shrink_to_fit();
+        let pair = Pair {
+            key: key.into(),
+            value: value.into(),
+            raw: Bytes::from(raw),
+        };
+        if kind == LOG_PARAM {
+            writes.params.push(pair);
+        } else {
+            writes.tags.push(pair);
+        }
+    }
+    Ok(Mergeable {
+        batch_path: format!("{prefix}{LOG_BATCH}"),
+        run_id: single.run_id.into_owned(),
+        writes,
+    })
+}
+
+/// `log-metric` as the batch element MLflow builds from it: the same fields, with the request's
+/// run id on the element as `_log_metric` puts it on the `Metric` (it reaches logged-model
+/// metrics). Only a finite JSON number is taken as the value: `log-metric` checks its value
+/// itself, and the element must mean the same in a batch.
+fn metric_of(single: &SingleEnvelope) -> Result<Bytes, Alone> {
+    let key = string(single.key).ok_or(Alone::Element)?;
+    let timestamp = single.timestamp.ok_or(Alone::Element)?;
+    let value = single.value.get();
+    if !is_finite_number(value)
+        || !is_int64(timestamp)
+        || !single.step.is_none_or(is_int64)
+        || !optional_strings(&[single.model_id, single.dataset_name, single.dataset_digest])
+    {
+        return Err(Alone::Element);
+    }
+    let mut out = String::with_capacity(96 + key.len() + single.run_id.len());
+    out.push_str("{\"key\":");
+    out.push_str(&serde_json::to_string(&key).expect("a string serializes"));
+    out.push_str(",\"value\":");
+    out.push_str(value);
+    out.push_str(",\"timestamp\":");
+    out.push_str(timestamp.get());
+    if let Some(step) = single.step {
+        out.push_str(",\"step\":");
+        out.push_str(step.get());
+    }
+    for (name, raw) in [
+        ("model_id", single.model_id),
+        ("dataset_name", single.dataset_name),
+        ("dataset_digest", single.dataset_digest),
+    ] {
+        if let Some(raw) = raw {
+            out.push_str(",\"");
+            out.push_str(name);
+            out.push_str("\":");
+            out.push_str(raw.get());
+        }
+    }
+    out.push_str(",\"run_id\":");
+    out.push_str(&serde_json::to_string(&single.run_id).expect("a string serializes"));
+    out.push('}');
+    Ok(Bytes::from(out))
+}
+
+fn parse_batch(prefix: &str, body: &Bytes, text: &str) -> Result<Mergeable, Alone> {
+    let envelope: BatchEnvelope = serde_json::from_str(text).map_err(|_| Alone::Shape)?;
+    let metrics = envelope.metrics.unwrap_or_default();
+    let params = envelope.params.unwrap_or_default();
+    let tags = envelope.tags.unwrap_or_default();
+    if envelope.run_id.is_empty() || metrics.len() + params.len() + tags.len() == 0 {
+        return Err(Alone::Shape);
+    }
+    if metrics.len() > MAX_BATCH_METRICS
+        || params.len() > MAX_BATCH_PARAMS
+        || tags.len() > MAX_BATCH_TAGS
+        || metrics.len() + params.len() + tags.len() > MAX_BATCH_ITEMS
+    {
+        return Err(Alone::Limits);
+    }
+    let mut writes = Writes::default();
+    for raw in metrics {
+        metric_element(raw)?;
+        writes.metrics.push(body.slice_ref(raw.get().as_bytes()));
+    }
+    for raw in params {
+        writes.params.push(pair_element(body, raw)?);
+    }
+    for raw in tags {
+        writes.tags.push(pair_element(body, raw)?);
+    }
+    let mut keys = HashSet::new();
+    if !writes.params.iter().all(|p| keys.insert(&p.key)) {
+        return Err(Alone::RepeatedParam);
+    }
+    Ok(Mergeable {
+        batch_path: format!("{prefix}{LOG_BATCH}"),
+        run_id: envelope.run_id.into_owned(),
+        writes,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn batch(body: &str) -> Result<Mergeable, Alone> {
+        parse(
+            "/api/2.0/mlflow/runs/log-batch",
+            &Bytes::from(body.to_owned()),
+        )
+    }
+
+    #[test]
+    fn metric_params_and_tags_batches_merge_with_their_elements_as_sent() {
+        let parsed = batch(
+            r#"{"run_id": "r1", "metrics": [{"key": "a", "value": "NaN", "timestamp": 5, "step": 0}],
+                "params": [{"key": "lr", "value": "0.1"}], "tags": [{"key": "t", "value": "v"}]}"#,
+        )
+        .unwrap();
+        assert_eq!(parsed.batch_path, "/api/2.0/mlflow/runs/log-batch");
+        assert_eq!(parsed.run_id, "r1");
+        assert_eq!(
+            parsed.writes.metrics,
+            [Bytes::from_static(
+                br#"{"key": "a", "value": "NaN", "timestamp": 5, "step": 0}"#
+            )]
+        );
+        assert_eq!(&*parsed.writes.params[0].key, "lr");
+        assert_eq!(&*parsed.writes.tags[0].value, "v");
+        assert!(parsed.writes.is_ordered());
+    }
+
+    #[test]
+    fn elements_mlflow_would_store_as_zeros_go_alone() {
+        for element in [
+            r#"{"key": "a", "value": "abc", "timestamp": 5, "step": 0}"#,
+            r#"{"key": "a", "value": 1, "timestamp": 5, "step": 1.5}"#,
+            r#"{"key": "a", "value": 1, "timestamp": "soon", "step": 0}"#,
+            r#"{"key": "a", "value": 1, "timestamp": "5", "step": 0}"#,
+            r#"{"key": "a", "value": 1e999, "timestamp": 5}"#,
+            r#"{"key": "a", "value": "nan", "timestamp": 5}"#,
+            r#"{"key": "a", "value": true, "timestamp": 5}"#,
+            r#"{"key": "a", "value": null, "timestamp": 5}"#,
+            r#"{"key": "a", "value": 1, "timestamp": 99999999999999999999}"#,
+            r#"{"key": 7, "value": 1, "timestamp": 5}"#,
+            r#"{"key": "a", "value": 1}"#,
+            r#"{"key": "a", "value": 1, "timestamp": 5, "datasetName": "d"}"#,
+            r#"{"key": "a", "value": 1, "timestamp": 5, "value": "abc"}"#,
+            r#"{"key": "a", "value": 1, "timestamp": 5, "model_id": 3}"#,
+            r#"[1]"#,
+        ] {
+            let body = format!(
+                r#"{{"run_id": "r", "metrics": [{{"key": "ok", "value": 1, "timestamp": 1}}, {element}]}}"#
+            );
+            assert_eq!(batch(&body).unwrap_err(), Alone::Element, "{element}");
+        }
+        for pair in [
+            r#"{"key": "p", "value": 5}"#,
+            r#"{"key": "p", "value": null}"#,
+            r#"{"key": "p"}"#,
+            r#"{"key": "p", "value": "v", "extra": 1}"#,
+        ] {
+            assert_eq!(
+                batch(&format!(r#"{{"run_id": "r", "params": [{pair}]}}"#)).unwrap_err(),
+                Alone::Element,
+                "{pair}"
+            );
+            assert_eq!(
+                batch(&format!(r#"{{"run_id": "r", "tags": [{pair}]}}"#)).unwrap_err(),
+                Alone::Element,
+                "{pair}"
+            );
+        }
+    }
+
+    #[test]
+    fn envelopes_the_coalescer_does_not_know_go_alone() {
+        for (body, why) in [
+            (r#"{"run_uuid": "r1", "metrics": []}"#, Alone::Shape),
+            (
+                r#"{"run_id": "r1", "runId": "r2", "metrics": [{"key": "a", "value": 1, "timestamp": 1}]}"#,
+                Alone::Shape,
+            ),
+            (r#"{"run_id": "r1"}"#, Alone::Shape),
+            (
+                r#"{"run_id": "", "tags": [{"key": "t", "value": "v"}]}"#,
+                Alone::Shape,
+            ),
+            (r#"{"run_id": 7, "tags": []}"#, Alone::Shape),
+            (
+                r#"{"run_id": "r1", "run_id": "r2", "tags": [{"key": "t", "value": "v"}]}"#,
+                Alone::Shape,
+            ),
+            ("not json", Alone::Shape),
+            (
+                r#"{"run_id": "r1", "params": [{"key": "p", "value": "1"}, {"key": "p", "value": "1"}]}"#,
+                Alone::RepeatedParam,
+            ),
+        ] {
+            assert_eq!(batch(body).unwrap_err(), why, "{body}");
+        }
+        let over: Vec<String> = (0..=MAX_BATCH_PARAMS)
+            .map(|i| format!(r#"{{"key": "p{i}", "value": "v"}}"#))
+            .collect();
+        let over = format!(r#"{{"run_id": "r", "params": [{}]}}"#, over.join(","));
+        assert_eq!(batch(&over).unwrap_err(), Alone::Limits);
+    }
+
+    #[test]
+    fn the_mlflow_clients_log_metric_becomes_the_element_mlflow_builds() {
+        let body = Bytes::from_static(
+            br#"{"run_id": "r1", "run_uuid": "r1", "key": "loss", "value": 0.1000000000000000055511151231257827, "timestamp": 7, "step": 3, "model_id": "m-1"}"#,
+        );
+        let parsed = parse("/ajax-api/2.0/mlflow/runs/log-metric", &body).unwrap();
+        assert_eq!(parsed.batch_path, "/ajax-api/2.0/mlflow/runs/log-batch");
+        let text = std::str::from_utf8(&parsed.writes.metrics[0]).unwrap();
+        assert_eq!(
+            text,
+            r#"{"key":"loss","value":0.1000000000000000055511151231257827,"timestamp":7,"step":3,"model_id":"m-1","run_id":"r1"}"#
+        );
+        for refused in [
+            r#"{"run_id": "r1", "run_uuid": "r2", "key": "loss", "value": 1, "timestamp": 7}"#,
+            r#"{"run_uuid": "r1", "key": "loss", "value": 1, "timestamp": 7}"#,
+            r#"{"run_id": "r1", "key": "loss", "value": "NaN", "timestamp": 7}"#,
+            r#"{"run_id": "r1", "key": "loss", "value": 1, "timestamp": 7.5}"#,
+            r#"{"run_id": "r1", "key": "loss", "value": 1, "timestamp": "7"}"#,
+            r#"{"run_id": "r1", "key": "loss", "value": 1}"#,
+            r#"{"run_id": "r1", "key": "loss", "value": 1, "timestamp": 7, "extra": 1}"#,
+        ] {
+            assert!(
+                parse("/api/2.0/mlflow/runs/log-metric", &Bytes::from(refused)).is_err(),
+                "{refused}"
+            );
+        }
+    }
+
+    #[test]
+    fn log_param_and_set_tag_become_batch_pairs() {
+        let param = parse(
+            "/api/2.0/mlflow/runs/log-param",
+            &Bytes::from_static(br#"{"run_id":"r","run_uuid":"r","key":"lr","value":"0.1"}"#),
+        )
+        .unwrap();
+        assert_eq!(param.writes.params[0].raw, r#"{"key":"lr","value":"0.1"}"#);
+        let tag = parse(
+            "/api/2.0/mlflow/runs/set-tag",
+            &Bytes::from_static(br#"{"run_id":"r","key":"t","value":"x\"y"}"#),
+        )
+        .unwrap();
+        assert_eq!(&*tag.writes.tags[0].value, "x\"y");
+        assert!(parse(
+            "/api/2.0/mlflow/runs/set-tag",
+            &Bytes::from_static(br#"{"run_id":"r","key":"t","value":1}"#),
+        )
+        .is_err());
+    }
+}
