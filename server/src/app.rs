@@ -43,7 +43,10 @@ pub fn app(state: AppState, max_in_flight: usize) -> Router {
                 post(rewrite::log_metric),
             )
             // Write coalescing: params and tags join their run's queue.
-            .route(&format!("{prefix}/runs/log-param"), post(coalesce::write))
+            .route(
+                &format!("{prefix}/runs/log-parameter"),
+                post(coalesce::write),
+            )
             .route(&format!("{prefix}/runs/set-tag"), post(coalesce::write));
     }
     match &state.artifacts {

@@ -34,7 +34,7 @@ pub(crate) const MAX_BATCH_ITEMS: usize = 1000;
 /// The endpoints whose writes the coalescer takes, by the path suffix MLflow serves them at.
 const LOG_BATCH: &str = "/runs/log-batch";
 const LOG_METRIC: &str = "/runs/log-metric";
-const LOG_PARAM: &str = "/runs/log-param";
+const LOG_PARAM: &str = "/runs/log-parameter";
 const SET_TAG: &str = "/runs/set-tag";
 
 /// A param or tag: its decoded key and value (what MLflow compares) and its JSON as sent.
@@ -500,7 +500,7 @@ mod tests {
     #[test]
     fn log_param_and_set_tag_become_batch_pairs() {
         let param = parse(
-            "/api/2.0/mlflow/runs/log-param",
+            "/api/2.0/mlflow/runs/log-parameter",
             &Bytes::from_static(br#"{"run_id":"r","run_uuid":"r","key":"lr","value":"0.1"}"#),
         )
         .unwrap();

@@ -1,5 +1,5 @@
 //! Write coalescing: the writes of one run (`runs/log-batch`, `runs/log-metric`,
-//! `runs/log-param`, `runs/set-tag`) that arrive close together are sent to MLflow as one batch.
+//! `runs/log-parameter`, `runs/set-tag`) that arrive close together are sent to MLflow as one batch.
 //!
 //! MLflow spends most of a `log-batch` on the request itself, not on its samples (about 14 ms per
 //! request against 0.35 ms per sample on SQLite), and in distributed training every rank writes

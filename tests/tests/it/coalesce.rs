@@ -11,7 +11,10 @@ use serde_json::{json, Value};
 use crate::mlflow::{create_run, http, response_json, scrape};
 
 /// Every point of every series of a run: key -> sorted `(step, timestamp, value)`.
-async fn histories(mlflow: &str, run_id: &str) -> BTreeMap<String, Vec<(i64, i64, String)>> {
+pub(crate) async fn histories(
+    mlflow: &str,
+    run_id: &str,
+) -> BTreeMap<String, Vec<(i64, i64, String)>> {
     let run = response_json(
         http()
             .get(format!("{mlflow}/api/2.0/mlflow/runs/get"))
@@ -101,7 +104,7 @@ async fn send_fleet(proxy: &str, run_id: &str) {
     }
 }
 
-fn coalescing_proxy(stack: &TestStack, window: &str) -> ProxyProcess {
+pub(crate) fn coalescing_proxy(stack: &TestStack, window: &str) -> ProxyProcess {
     spawn_proxy(
         &stack.mlflow.url,
         &[
@@ -131,11 +134,11 @@ async fn open_with_a_full_batch(proxy: &str, run_id: &str) -> (u16, String) {
 }
 
 /// Sleeps long enough for the opener to be at MLflow.
-async fn after_the_opener() {
+pub(crate) async fn after_the_opener() {
     tokio::time::sleep(std::time::Duration::from_millis(50)).await;
 }
 
-fn counter(metrics: &str, line_start: &str) -> f64 {
+pub(crate) fn counter(metrics: &str, line_start: &str) -> f64 {
     metrics
         .lines()
         .find(|l| l.starts_with(line_start))

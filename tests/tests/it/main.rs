@@ -27,6 +27,7 @@ mod replicas;
 mod s3_quirks;
 mod stack;
 mod system_metrics;
+mod write_path;
 
 /// SeaweedFS and MLflow without a proxy, for the tests of one module that start their own proxies
 /// or talk to the store directly: started by the first test that asks `cell`. A stack that did not
