@@ -67,6 +67,69 @@ pub enum Command {
     /// tags, checkpoints) against direct MLflow, nginx and mlscope-proxy with and without write
     /// coalescing; every sample counted back; the largest fleet each sustains.
     Fleet(FleetArgs),
+    /// MLflow's own log-batch benchmark workload (k6, every virtual user writing into one run),
+    /// straight to MLflow and through mlscope-proxy in alternating rounds; every acknowledged
+    /// sample counted back.
+    K6LogBatch(K6LogBatchArgs),
+}
+
+/// A batch shape, `tags/params/metrics`.
+fn parse_shape(text: &str) -> Result<(u32, u32, u32), String> {
+    let parts: Vec<u32> = text
+        .split('/')
+        .map(|p| p.trim().parse::<u32>())
+        .collect::<Result<_, _>>()
+        .map_err(|_| format!("{text:?} is not tags/params/metrics, e.g. 5/3/10"))?;
+    match parts[..] {
+        [tags, params, metrics] => Ok((tags, params, metrics)),
+        _ => Err(format!("{text:?} is not tags/params/metrics, e.g. 5/3/10")),
+    }
+}
+
+#[derive(Debug, Args)]
+pub struct K6LogBatchArgs {
+    #[command(flatten)]
+    pub stack: StackArgs,
+    /// Virtual users, each posting log-batch into the one run back to back (MLflow's script: 20).
+    #[arg(long, default_value_t = 20)]
+    pub vus: u32,
+    /// Time per k6 run (MLflow's script: 30s).
+    #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
+    pub duration: Duration,
+    /// Batch shapes as tags/params/metrics, comma-separated (MLflow's script: 5/3/10, with
+    /// 50/50/300 and 100/100/800 commented in).
+    #[arg(long, value_delimiter = ',', default_value = "5/3/10", value_parser = parse_shape)]
+    pub shapes: Vec<(u32, u32, u32)>,
+    /// Rounds per shape; each round runs every target once, the order alternating.
+    #[arg(long, default_value_t = 2)]
+    pub rounds: u32,
+    /// The k6 binary (default: the one scripts/setup installs in the virtual environment).
+    #[arg(long)]
+    pub k6: Option<std::path::PathBuf>,
+}
+
+impl K6LogBatchArgs {
+    fn validate(&self) -> Result<(), String> {
+        if !(1..=200).contains(&self.vus) {
+            return Err("--vus must be between 1 and 200".into());
+        }
+        if self.duration.is_zero() || self.duration > MAX_DURATION {
+            return Err(format!(
+                "--duration must be between 1s and {MAX_DURATION:?}"
+            ));
+        }
+        if !(1..=10).contains(&self.rounds) {
+            return Err("--rounds must be between 1 and 10".into());
+        }
+        for &(tags, params, metrics) in &self.shapes {
+            if tags > 100 || params > 100 || metrics > 1000 || tags + params + metrics > 1000 {
+                return Err(format!(
+                    "shape {tags}/{params}/{metrics} is over MLflow's log-batch limits (100 tags, 100 params, 1000 metrics, 1000 in all)"
+                ));
+            }
+        }
+        Ok(())
+    }
 }
 
 /// Where the fleet's ranks start within the sampling interval.
@@ -462,6 +525,7 @@ impl Cli {
             Command::DedupRows(args) => args.validate(),
             Command::Slowloris(args) => args.validate(),
             Command::Fleet(args) => args.validate(),
+            Command::K6LogBatch(args) => args.validate(),
         }
     }
 }

@@ -13,6 +13,7 @@ mod dedup_rows;
 mod fleet;
 mod gateway;
 mod http;
+mod k6;
 mod markdown;
 mod mlflow;
 mod monitor;
@@ -27,7 +28,7 @@ mod units;
 
 pub use cli::{
     ArtifactArgs, Cli, Command, DedupRowsArgs, Endpoint, FleetArgs, FleetTarget, GatewayArgs,
-    PassthroughArgs, RewriteArgs, SlowlorisArgs, StackArgs,
+    K6LogBatchArgs, PassthroughArgs, RewriteArgs, SlowlorisArgs, StackArgs,
 };
 pub use markdown::shell_words;
 pub use units::ByteSize;
@@ -61,6 +62,7 @@ pub fn run(cli: &Cli, command_line: &str) -> anyhow::Result<Report> {
             },
         ),
         Command::Artifact(args) => (&args.stack, StackPlan::default()),
+        Command::K6LogBatch(args) => (&args.stack, StackPlan::default()),
         Command::Slowloris(args) => (
             &args.stack,
             StackPlan {
@@ -127,6 +129,7 @@ pub fn run(cli: &Cli, command_line: &str) -> anyhow::Result<Report> {
             Command::DedupRows(args) => dedup_rows::run(args, &stack, command_line).await,
             Command::Slowloris(args) => slowloris::run(args, &stack, command_line).await,
             Command::Fleet(args) => fleet::run(args, stack.clone(), command_line).await,
+            Command::K6LogBatch(args) => k6::run(args, &stack, command_line).await,
             Command::Rewrite(_) => unreachable!("rewrite returned above"),
         }
     })
