@@ -71,6 +71,43 @@ pub enum Command {
     /// straight to MLflow and through mlscope-proxy in alternating rounds; every acknowledged
     /// sample counted back.
     K6LogBatch(K6LogBatchArgs),
+    /// The MLflow Python client's own `log_metric` from many rank threads into one run, straight
+    /// to MLflow and through mlscope-proxy in alternating rounds; every acknowledged sample
+    /// counted back.
+    ClientFleet(ClientFleetArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct ClientFleetArgs {
+    #[command(flatten)]
+    pub stack: StackArgs,
+    /// Rank threads calling `log_metric` back to back, one client process; several values
+    /// (e.g. 8,32) run one after the other.
+    #[arg(long, value_delimiter = ',', default_value = "32")]
+    pub threads: Vec<u32>,
+    /// Time per run.
+    #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
+    pub duration: Duration,
+    /// Rounds per thread count; each round runs every target once, the order alternating.
+    #[arg(long, default_value_t = 2)]
+    pub rounds: u32,
+}
+
+impl ClientFleetArgs {
+    fn validate(&self) -> Result<(), String> {
+        if self.threads.iter().any(|t| !(1..=256).contains(t)) {
+            return Err("--threads must be between 1 and 256".into());
+        }
+        if self.duration.is_zero() || self.duration > MAX_DURATION {
+            return Err(format!(
+                "--duration must be between 1s and {MAX_DURATION:?}"
+            ));
+        }
+        if !(1..=10).contains(&self.rounds) {
+            return Err("--rounds must be between 1 and 10".into());
+        }
+        Ok(())
+    }
 }
 
 /// A batch shape, `tags/params/metrics`.
@@ -268,6 +305,10 @@ pub struct FleetArgs {
     /// Also write the summary as JSON to this file.
     #[arg(long, value_name = "PATH")]
     pub json: Option<std::path::PathBuf>,
+    /// Sample the proxies' resident memory, open descriptors, queued and in-flight requests and
+    /// (replicas) state rows this often during the load, and report start, peak and end: a soak.
+    #[arg(long, value_parser = humantime::parse_duration, value_name = "DURATION")]
+    pub sample_every: Option<Duration>,
     #[command(flatten)]
     pub stack: StackArgs,
 }
@@ -526,6 +567,7 @@ impl Cli {
             Command::Slowloris(args) => args.validate(),
             Command::Fleet(args) => args.validate(),
             Command::K6LogBatch(args) => args.validate(),
+            Command::ClientFleet(args) => args.validate(),
         }
     }
 }

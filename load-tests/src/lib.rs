@@ -13,7 +13,6 @@ mod dedup_rows;
 mod fleet;
 mod gateway;
 mod http;
-mod k6;
 mod markdown;
 mod mlflow;
 mod monitor;
@@ -25,10 +24,11 @@ mod slowloris;
 mod stack;
 mod stub;
 mod units;
+mod workload;
 
 pub use cli::{
-    ArtifactArgs, Cli, Command, DedupRowsArgs, Endpoint, FleetArgs, FleetTarget, GatewayArgs,
-    K6LogBatchArgs, PassthroughArgs, RewriteArgs, SlowlorisArgs, StackArgs,
+    ArtifactArgs, Cli, ClientFleetArgs, Command, DedupRowsArgs, Endpoint, FleetArgs, FleetTarget,
+    GatewayArgs, K6LogBatchArgs, PassthroughArgs, RewriteArgs, SlowlorisArgs, StackArgs,
 };
 pub use markdown::shell_words;
 pub use units::ByteSize;
@@ -63,6 +63,7 @@ pub fn run(cli: &Cli, command_line: &str) -> anyhow::Result<Report> {
         ),
         Command::Artifact(args) => (&args.stack, StackPlan::default()),
         Command::K6LogBatch(args) => (&args.stack, StackPlan::default()),
+        Command::ClientFleet(args) => (&args.stack, StackPlan::default()),
         Command::Slowloris(args) => (
             &args.stack,
             StackPlan {
@@ -129,7 +130,8 @@ pub fn run(cli: &Cli, command_line: &str) -> anyhow::Result<Report> {
             Command::DedupRows(args) => dedup_rows::run(args, &stack, command_line).await,
             Command::Slowloris(args) => slowloris::run(args, &stack, command_line).await,
             Command::Fleet(args) => fleet::run(args, stack.clone(), command_line).await,
-            Command::K6LogBatch(args) => k6::run(args, &stack, command_line).await,
+            Command::K6LogBatch(args) => workload::k6::run(args, &stack, command_line).await,
+            Command::ClientFleet(args) => workload::client::run(args, &stack, command_line).await,
             Command::Rewrite(_) => unreachable!("rewrite returned above"),
         }
     })

@@ -77,7 +77,7 @@ struct Replicas {
     args: Vec<String>,
     upstream: String,
     dir: std::path::PathBuf,
-    _database: PostgresDatabase,
+    database: PostgresDatabase,
 }
 
 /// The running stack; dropping it stops nginx, the proxies, MLflow and the store.
@@ -423,6 +423,27 @@ impl BenchStack {
         proxy.map(|p| trim_url(&p.admin_url))
     }
 
+    /// Process ids of every mlscope-proxy behind `kind` (each replica's for
+    /// [`TargetKind::ProxyReplicas`]), for reading their memory and descriptors from `/proc`.
+    pub(crate) fn proxy_pids(&self, kind: TargetKind) -> Vec<u32> {
+        match (kind, &self.replicas) {
+            (TargetKind::ProxyReplicas, Some(replicas)) => replicas
+                .processes
+                .lock()
+                .expect("replicas lock")
+                .iter()
+                .map(|(p, _, _)| p.process.pid())
+                .collect(),
+            (TargetKind::Direct | TargetKind::Nginx, _) => Vec::new(),
+            (kind, _) => self.pgid(kind).into_iter().collect(),
+        }
+    }
+
+    /// The replicas' shared state database (`postgres://…`), when the stack has replicas.
+    pub(crate) fn state_database_url(&self) -> Option<String> {
+        self.replicas.as_ref().map(|r| r.database.url.clone())
+    }
+
     fn proxy(&self) -> &ProxyProcess {
         self.own_proxy
             .as_ref()
@@ -466,7 +487,7 @@ impl Replicas {
             args: proxy_args,
             upstream: upstream.to_owned(),
             dir: dir.to_owned(),
-            _database: database,
+            database: database,
         })
     }
 

@@ -148,6 +148,8 @@ struct CoalesceMetrics {
     wait: Histogram,
     skipped: Family<ReasonLabels, Counter>,
     rejected: Family<ReasonLabels, Counter>,
+    queued: Gauge,
+    runs: Gauge,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -256,7 +258,19 @@ impl Metrics {
             wait: Histogram::new(exponential_buckets(0.0005, 2.0, 16)),
             skipped: Family::default(),
             rejected: Family::default(),
+            queued: Gauge::default(),
+            runs: Gauge::default(),
         };
+        registry.register(
+            "coalesce_queued_requests",
+            "Write requests waiting in the coalescer for their batch",
+            coalesce.queued.clone(),
+        );
+        registry.register(
+            "coalesce_runs",
+            "Runs the coalescer holds a queue for (writes waiting or a batch at MLflow)",
+            coalesce.runs.clone(),
+        );
         registry.register(
             "coalesce_batches",
             "Metric batches sent to MLflow by the coalescer: merged (several requests, stored), single (one request, sent as it came), split (merged batch refused or failed, its requests sent one by one)",
@@ -402,6 +416,16 @@ impl Metrics {
             .skipped
             .get_or_create(&ReasonLabels { reason })
             .inc();
+    }
+
+    /// Requests entered (`delta` > 0) or left (`delta` < 0) the coalescer's queues.
+    pub fn coalesce_queued(&self, delta: i64) {
+        self.coalesce.queued.inc_by(delta);
+    }
+
+    /// A run's queue was created (`delta` 1) or removed (`delta` -1).
+    pub fn coalesce_runs(&self, delta: i64) {
+        self.coalesce.runs.inc_by(delta);
     }
 
     pub fn coalesce_rejected(&self, reason: &'static str) {

@@ -21,6 +21,7 @@
 //! `--ranks-per-node` values the fleet steps up per target until a size is not sustained.
 
 mod report;
+mod soak;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
@@ -122,6 +123,8 @@ pub(crate) struct Outcome {
     /// What the proxies' coalescers sent MLflow during the phase; `None` for targets without a
     /// proxy.
     pub(crate) batches: Option<Batches>,
+    /// The proxies' resources sampled during the load (`--sample-every`); empty when not asked.
+    pub(crate) resources: Vec<soak::Sample>,
 }
 
 /// Batches the coalescer(s) of a target sent MLflow, from the proxies' `/metrics` before and
@@ -455,9 +458,21 @@ async fn run_one(
         drained: Duration::ZERO,
         count_error: None,
         batches: None,
+        resources: Vec::new(),
     };
     let admin_urls = stack.admin_urls(target.kind);
     let batches_before = scrape_batches(&client, &admin_urls).await;
+    let sampler = args.sample_every.map(|every| {
+        soak::Sampler::start(
+            every,
+            client.clone(),
+            stack.proxy_pids(target.kind),
+            admin_urls.clone(),
+            stack
+                .state_database_url()
+                .filter(|_| target.kind == TargetKind::ProxyReplicas),
+        )
+    });
     for (index, event) in events.iter().enumerate() {
         let scheduled = start + event.at;
         tokio::time::sleep_until(scheduled).await;
@@ -485,6 +500,9 @@ async fn run_one(
         bar.inc(1);
     }
     bar.finish_and_clear();
+    if let Some(sampler) = sampler {
+        outcome.resources = sampler.finish().await;
+    }
     if let Some((what, task)) = outage {
         let gone = task.await.context("the outage task panicked")??;
         outcome.outage = Some(Outage { what, gone });

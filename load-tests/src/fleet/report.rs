@@ -284,6 +284,16 @@ pub(crate) fn render(
         }
     }
 
+    for o in outcomes.iter().filter(|o| !o.resources.is_empty()) {
+        let _ = writeln!(
+            out,
+            "\n{} at {} ranks. {}",
+            o.target.label(),
+            o.nodes * o.ranks_per_node,
+            super::soak::table(&o.resources)
+        );
+    }
+
     let largest = largest_sustained(outcomes);
     let _ = writeln!(out, "\nLargest fleet sustained (simulated ranks):\n");
     let direct = largest.get(&TargetKind::Direct).copied().flatten();

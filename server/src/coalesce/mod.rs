@@ -263,13 +263,17 @@ impl Inner {
     fn enqueue(this: &Arc<Inner>, run_id: Arc<str>, member: Member) -> Result<(), Box<Member>> {
         {
             let mut runs = this.runs.lock().expect("coalescer lock");
-            let run = runs.entry(run_id.clone()).or_default();
+            let run = runs.entry(run_id.clone()).or_insert_with(|| {
+                this.metrics.coalesce_runs(1);
+                RunQueue::default()
+            });
             let items = member.writes.items();
             if run.items + items > this.config.max_pending_per_run && !run.queue.is_empty() {
                 return Err(Box::new(member));
             }
             run.items += items;
             run.queue.push_back(member);
+            this.metrics.coalesce_queued(1);
         }
         Inner::pump(this, &run_id);
         Ok(())
@@ -285,6 +289,7 @@ impl Inner {
             let Some(oldest) = run.queue.front().map(|m| m.enqueued) else {
                 if run.in_flight == 0 && !run.timer {
                     runs.remove(run_id);
+                    this.metrics.coalesce_runs(-1);
                 }
                 return;
             };
@@ -323,6 +328,7 @@ impl Inner {
             }
             let batch: Vec<Member> = run.queue.drain(..members).collect();
             run.items -= batch.iter().map(|m| m.writes.items()).sum::<usize>();
+            this.metrics.coalesce_queued(-(batch.len() as i64));
             run.in_flight += 1;
             run.ordered_in_flight = ordered;
             drop(runs);

@@ -221,13 +221,13 @@ fn mixed_request(rng: &mut Rng, c: u64, r: u64) -> Write {
     }
 }
 
-/// 50 concurrent clients, 12 requests each, through the proxy; then each request alone, in each
+/// 50 concurrent clients, 30 requests each, through the proxy; then each request alone, in each
 /// client's order, straight to MLflow.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn concurrent_clients_with_malformed_and_refused_neighbours_get_what_mlflow_gives_each_alone()
 {
     const CLIENTS: u64 = 50;
-    const REQUESTS: u64 = 12;
+    const REQUESTS: u64 = 30;
     let seed = 0x5eed_2026_u64;
     let stack = TestStack::shared();
     let proxy = coalescing_proxy(stack, "20ms");
@@ -272,9 +272,19 @@ async fn concurrent_clients_with_malformed_and_refused_neighbours_get_what_mlflo
     }
     assert!(differences.is_empty(), "seed {seed:#x}: {differences:#?}");
     assert_same_data(mlflow, &through, &direct).await;
+    let samples: usize = histories(mlflow, &through)
+        .await
+        .values()
+        .map(Vec::len)
+        .sum();
+    eprintln!(
+        "write mix: {} requests from {CLIENTS} clients, {malformed} with an element MLflow stores as zeros, {} refused by MLflow alone, {acknowledged} acknowledged; 0 differences in status; {samples} samples, params and tags equal to the requests sent alone",
+        CLIENTS * REQUESTS,
+        (CLIENTS * REQUESTS) as usize - acknowledged,
+    );
     // The mix did what it is for: malformed neighbours, refusals, and merging.
     assert!(
-        malformed >= 20 && acknowledged >= 400,
+        malformed >= 50 && acknowledged >= 1000,
         "{malformed} malformed, {acknowledged} acknowledged"
     );
     let metrics = scrape(&proxy.admin_url).await;
