@@ -137,6 +137,7 @@ pub async fn run(
     let heartbeat = tokio::spawn(heartbeat(state.clone()));
     let sweeper = tokio::spawn(sweep(state.clone(), config.state_retention));
     let auth_detector = state.authorizer.as_ref().map(Authorizer::spawn_detector);
+    let upstream_check = state.coalescer.learn_upstream();
     let health = config.health.enabled.then(|| state.health.spawn());
 
     tokio::select! {
@@ -172,6 +173,7 @@ pub async fn run(
     if let Some(detector) = auth_detector {
         detector.abort();
     }
+    upstream_check.abort();
     let _ = tokio::time::timeout(Duration::from_secs(1), admin).await;
     state.store.close().await;
     Ok(())

@@ -334,3 +334,39 @@ fn any_client_headers_are_prepared_for_mlflow_without_panic_or_hop_by_hop_leaks(
         },
     );
 }
+
+#[test]
+fn the_rewriters_single_read_tells_the_coalescer_what_its_own_read_would() {
+    const PATH: &str = "/api/2.0/mlflow/runs/log-batch";
+    run("single read of a write body", near_valid_body(), |text| {
+        let sent = bytes::Bytes::from(text.clone());
+        let Ok(body) = MetricsBody::parse(&sent, Endpoint::LogBatch) else {
+            return Ok(());
+        };
+        let keep = vec![Edit::Keep; body.metrics.len()];
+        prop_assert_eq!(
+            body.writes(PATH, &sent, None, keep.first()),
+            Some(crate::writes::parse(PATH, &sent)),
+            "unchanged: {}",
+            text
+        );
+        let edits: Vec<Edit> = body
+            .metrics
+            .iter()
+            .map(|m| Edit::Change {
+                key: Some("system/n/node_x"),
+                step: m.step.map(|_| 7),
+                also_original: false,
+            })
+            .collect();
+        let (target, out, spans) = body.render_spans(&edits);
+        let out = bytes::Bytes::from(out);
+        prop_assert_eq!(
+            body.writes(PATH, &out, Some((target, &spans)), edits.first()),
+            Some(crate::writes::parse(PATH, &out)),
+            "rendered: {}",
+            text
+        );
+        Ok(())
+    });
+}

@@ -7,7 +7,9 @@
 //!   [`layers`] around every route and forwarding as the fallback; it runs until shutdown;
 //! - [`authz`] asks MLflow, with the client's credentials, whether what the proxy does itself is
 //!   allowed;
-//! - [`coalesce`] merges concurrent metric writes to one run into MLflow batches;
+//! - [`writes`] reads MLflow's write bodies (`log-batch`, `log-metric`, `log-parameter`,
+//!   `set-tag`) the way MLflow's parser does, so a capability knows which ones MLflow stores as sent;
+//! - [`coalesce`] merges concurrent writes to one run into MLflow batches;
 //! - [`health`] records every rank's heartbeats and judges runs whose ranks all went silent;
 //! - [`relocate`] is a tool (not on the request path) that copies stray objects into a run.
 
@@ -31,6 +33,7 @@ pub mod state;
 mod fuzz;
 pub mod store;
 pub mod telemetry;
+pub mod writes;
 
 pub use app::{app, run};
 pub use config::Config;

@@ -150,6 +150,7 @@ struct CoalesceMetrics {
     rejected: Family<ReasonLabels, Counter>,
     queued: Gauge,
     runs: Gauge,
+    in_flight_limit: Gauge,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -260,7 +261,13 @@ impl Metrics {
             rejected: Family::default(),
             queued: Gauge::default(),
             runs: Gauge::default(),
+            in_flight_limit: Gauge::default(),
         };
+        registry.register(
+            "coalesce_in_flight_per_run",
+            "Batches of metrics alone of one run at MLflow at once (1 once MLflow is known to deadlock on overlapping writes)",
+            coalesce.in_flight_limit.clone(),
+        );
         registry.register(
             "coalesce_queued_requests",
             "Write requests waiting in the coalescer for their batch",
@@ -416,6 +423,10 @@ impl Metrics {
             .skipped
             .get_or_create(&ReasonLabels { reason })
             .inc();
+    }
+
+    pub fn coalesce_in_flight_limit(&self, limit: i64) {
+        self.coalesce.in_flight_limit.set(limit);
     }
 
     /// Requests entered (`delta` > 0) or left (`delta` < 0) the coalescer's queues.

@@ -17,7 +17,7 @@ use std::collections::{HashMap, HashSet};
 
 use bytes::{BufMut, Bytes, BytesMut};
 
-use super::body::{
+use crate::writes::{
     Pair, Writes, MAX_BATCH_ITEMS, MAX_BATCH_METRICS, MAX_BATCH_PARAMS, MAX_BATCH_TAGS,
 };
 

@@ -8,7 +8,7 @@
 //!
 //! - **Only what MLflow stored as sent is acknowledged.** A client gets 200 only after MLflow
 //!   answered 200 for the batch that holds its writes, and a request joins a batch only when
-//!   MLflow's parser takes each of its elements exactly as written ([`body`]): MLflow stores an
+//!   MLflow's parser takes each of its elements exactly as written ([`writes`]): MLflow stores an
 //!   element it cannot parse as zeros, drops the rest of the batch and still answers 200, so an
 //!   unparsable neighbour would cost every other member its samples.
 //! - **Every client gets MLflow's own answer.** A merged batch MLflow refuses (or cannot take) is
@@ -23,23 +23,25 @@
 //! - **A run's writes keep their order.** All writes of a run share one queue. A batch with params
 //!   or tags leaves only when nothing else of the run is at MLflow, and nothing leaves while it
 //!   is there ([`batch`] ends a batch before a conflicting param or tag value). Batches of metrics
-//!   alone may overlap up to `in_flight_per_run`, which is 1 by default: MLflow before 3.16
-//!   deadlocks on PostgreSQL under concurrent writes to one run.
+//!   alone may overlap up to `in_flight_per_run` (2).
+//! - **No deadlocks.** MLflow before 3.16 deadlocks on PostgreSQL when writes to one run overlap
+//!   (40P01, answered 503). The coalescer learns it: from MLflow's `/version` at start, and from
+//!   any answer that names a deadlock; from then on one batch of a run is at MLflow at a time.
 //! - **Group commit.** A write for a run with nothing at MLflow goes at once (no latency added).
 //!   While the run has a batch there, writes gather: the next batch leaves when its oldest
 //!   request has waited `window`, or at once when it is full, once the run may send again; so
 //!   batches grow with the load and shrink back when it falls.
 //! - **Bounded.** Queued bodies are bounded per run (items) and overall (bytes); past either a
 //!   request gets 503 with `Retry-After`, which the MLflow client retries.
-//! - Requests the coalescer cannot merge (see [`body::Alone`]) go to MLflow as they came.
+//! - Requests the coalescer cannot merge (see [`writes::Alone`]) go to MLflow as they came.
 //!   Scoping and deduplication happen before (the rewriter prepared the body). Timestamps, steps
 //!   and values are never re-encoded.
 
 mod batch;
-mod body;
 
 use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -57,9 +59,9 @@ use crate::proxy::{request_id, Forwarder};
 use crate::rewrite::{is_json, NODE_HEADER, RANK_HEADER};
 use crate::telemetry::Metrics;
 
+pub use crate::writes::MAX_BATCH_METRICS;
+use crate::writes::{self, Alone, Prepared, Writes};
 pub use batch::MAX_BATCH_BYTES;
-pub use body::MAX_BATCH_METRICS;
-use body::{Alone, Writes};
 
 /// The longest MLflow answer to a batch read back (`{}`, or an error JSON).
 const MAX_ANSWER_BYTES: usize = 1 << 20;
@@ -82,7 +84,7 @@ impl Default for CoalesceConfig {
     fn default() -> Self {
         Self {
             window: Duration::from_millis(5),
-            in_flight_per_run: 1,
+            in_flight_per_run: 2,
             max_pending_per_run: 50_000,
             max_pending_bytes: 64 << 20,
         }
@@ -102,6 +104,9 @@ struct Inner {
     /// Queued body bytes, in KiB.
     budget: Arc<Semaphore>,
     runs: Mutex<HashMap<Arc<str>, RunQueue>>,
+    /// Batches of metrics alone of one run at MLflow at once: `in_flight_per_run`, or 1 once the
+    /// upstream is known to deadlock on overlapping writes.
+    in_flight_limit: AtomicUsize,
 }
 
 /// What may share a batch besides the run: the API path it goes to and the client's credential.
@@ -163,6 +168,7 @@ pub async fn write(
 impl Coalescer {
     pub fn new(config: CoalesceConfig, forwarder: Forwarder, metrics: Metrics) -> Self {
         let permits = (config.max_pending_bytes >> 10).clamp(1, Semaphore::MAX_PERMITS);
+        metrics.coalesce_in_flight_limit(config.in_flight_per_run as i64);
         Self {
             inner: Arc::new(Inner {
                 config,
@@ -170,8 +176,33 @@ impl Coalescer {
                 metrics,
                 budget: Arc::new(Semaphore::new(permits)),
                 runs: Mutex::new(HashMap::new()),
+                in_flight_limit: AtomicUsize::new(config.in_flight_per_run),
             }),
         }
+    }
+
+    /// Asks MLflow its version until it answers (every 30 s), and sends one batch of a run at a
+    /// time to a version before 3.16, which deadlocks on PostgreSQL when they overlap.
+    pub fn learn_upstream(&self) -> tokio::task::JoinHandle<()> {
+        let inner = self.inner.clone();
+        tokio::spawn(async move {
+            loop {
+                let answer = inner
+                    .forwarder
+                    .call(Method::GET, "/version", &HeaderMap::new(), None)
+                    .await;
+                if let Ok((status, body)) = answer {
+                    if status.is_success() {
+                        let version = String::from_utf8_lossy(&body).trim().to_owned();
+                        if deadlocks_on_overlapping_writes(&version) {
+                            inner.one_batch_per_run(&format!("MLflow {version}"));
+                        }
+                        return;
+                    }
+                }
+                tokio::time::sleep(Duration::from_secs(30)).await;
+            }
+        })
     }
 
     /// Answers a prepared write request: through a batch when it can be merged, else forwarded
@@ -181,7 +212,9 @@ impl Coalescer {
         if inner.config.window.is_zero() || !mergeable_head(&request) {
             return inner.forwarder.forward(request, peer).await;
         }
-        let (parts, body) = request.into_parts();
+        let (mut parts, body) = request.into_parts();
+        // What the rewriter read of the body, when it did: the body is not read again.
+        let prepared = parts.extensions.remove::<Prepared>();
         // The rewriter left the body in memory with its length: collecting it copies nothing.
         let body = match Limited::new(body, MAX_BATCH_BYTES).collect().await {
             Ok(collected) => collected.to_bytes(),
@@ -193,7 +226,8 @@ impl Coalescer {
                 )
             }
         };
-        let parsed = match body::parse(parts.uri.path(), &body) {
+        let parsed = match prepared.map_or_else(|| writes::parse(parts.uri.path(), &body), |p| p.0)
+        {
             Ok(parsed) => parsed,
             Err(alone) => return inner.alone(alone, parts, body, peer).await,
         };
@@ -237,6 +271,17 @@ impl Coalescer {
 }
 
 impl Inner {
+    /// From now on one batch of a run is at MLflow at a time.
+    fn one_batch_per_run(&self, because: &str) {
+        if self.in_flight_limit.swap(1, Ordering::Relaxed) > 1 {
+            tracing::info!(
+                because,
+                "MLflow deadlocks on overlapping writes to one run; sending one batch per run at a time"
+            );
+        }
+        self.metrics.coalesce_in_flight_limit(1);
+    }
+
     fn reject(&self, reason: &'static str, what: &str) -> Response {
         self.metrics.coalesce_rejected(reason);
         mlflow_error(
@@ -293,7 +338,8 @@ impl Inner {
                 }
                 return;
             };
-            if run.ordered_in_flight || run.in_flight >= this.config.in_flight_per_run {
+            let limit = this.in_flight_limit.load(Ordering::Relaxed);
+            if run.ordered_in_flight || run.in_flight >= limit {
                 // The batch at MLflow pumps again when it returns.
                 return;
             }
@@ -394,6 +440,9 @@ impl Inner {
         };
         if !parts.status.is_success() {
             let shown = String::from_utf8_lossy(&body[..body.len().min(300)]).into_owned();
+            if names_a_deadlock(&body) {
+                self.one_batch_per_run("MLflow answered a batch with a deadlock");
+            }
             return self
                 .split(batch, &format!("MLflow answered {}: {shown}", parts.status))
                 .await;
@@ -425,6 +474,22 @@ impl Inner {
             let _ = member.reply.send(response);
         }
     }
+}
+
+/// Whether an MLflow of this `/version` deadlocks on PostgreSQL when writes to one run overlap
+/// (fixed in 3.16: MLflow issue 24923). An unreadable version counts as a current one.
+fn deadlocks_on_overlapping_writes(version: &str) -> bool {
+    let mut parts = version.split('.').map(|p| p.parse::<u32>());
+    match (parts.next(), parts.next()) {
+        (Some(Ok(major)), Some(Ok(minor))) => (major, minor) < (3, 16),
+        _ => false,
+    }
+}
+
+/// Whether an MLflow error answer is a database deadlock (PostgreSQL 40P01, MySQL 1213).
+fn names_a_deadlock(body: &[u8]) -> bool {
+    let text = String::from_utf8_lossy(&body[..body.len().min(4096)]).to_ascii_lowercase();
+    text.contains("deadlock")
 }
 
 /// How many requests from the front of `queue` the next batch takes, and whether it writes
@@ -472,6 +537,30 @@ fn mergeable_head(request: &Request) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn mlflow_before_3_16_gets_one_batch_per_run() {
+        for (version, deadlocks) in [
+            ("3.15.2", true),
+            ("2.22.5", true),
+            ("3.16.0", false),
+            ("3.17.2", false),
+            ("4.0.0", false),
+            ("garbage", false),
+        ] {
+            assert_eq!(
+                deadlocks_on_overlapping_writes(version),
+                deadlocks,
+                "{version}"
+            );
+        }
+        assert!(names_a_deadlock(
+            br#"{"error_code":"TEMPORARILY_UNAVAILABLE","message":"(psycopg.errors.DeadlockDetected) deadlock detected"}"#
+        ));
+        assert!(!names_a_deadlock(
+            br#"{"error_code":"INVALID_PARAMETER_VALUE"}"#
+        ));
+    }
 
     #[test]
     fn ranks_of_one_client_merge_and_other_credentials_do_not() {

@@ -303,8 +303,8 @@ struct Cli {
     #[arg(long, env = "MLSCOPE_COALESCE_WINDOW", value_parser = parse_duration, value_name = "DURATION")]
     coalesce_window: Option<Duration>,
     /// Batches of metrics alone of one run at MLflow at once (batches with params or tags always
-    /// go one at a time); requests gather while they are. More than 1 deadlocks MLflow before
-    /// 3.16 on PostgreSQL [default: 1].
+    /// go one at a time); requests gather while they are. Against MLflow before 3.16, which
+    /// deadlocks on PostgreSQL when they overlap, the proxy uses 1 [default: 2].
     #[arg(long, env = "MLSCOPE_COALESCE_IN_FLIGHT_PER_RUN", value_name = "N")]
     coalesce_in_flight_per_run: Option<usize>,
     /// Items (metrics, params, tags) queued per run before new requests for it get 503 [default: 50000].

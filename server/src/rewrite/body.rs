@@ -9,6 +9,8 @@ use std::ops::Range;
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
+use crate::writes;
+
 /// The two endpoints that carry metrics.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Endpoint {
@@ -27,41 +29,125 @@ pub enum BodyError {
     Unreadable(String),
 }
 
-#[derive(Deserialize)]
-struct Envelope<'a> {
-    #[serde(borrow, default)]
-    run_id: Option<&'a RawValue>,
-    #[serde(borrow, default)]
-    run_uuid: Option<&'a RawValue>,
-    #[serde(borrow, default, rename = "runId")]
-    run_id_camel: Option<&'a RawValue>,
-    #[serde(borrow, default)]
-    metrics: Option<&'a RawValue>,
-    #[serde(borrow, default)]
-    params: Option<&'a RawValue>,
-    #[serde(borrow, default)]
-    tags: Option<&'a RawValue>,
-    // log-metric carries the metric's fields at the top level.
-    #[serde(borrow, default)]
-    key: Option<&'a RawValue>,
-    #[serde(borrow, default)]
-    value: Option<&'a RawValue>,
-    #[serde(borrow, default)]
-    timestamp: Option<&'a RawValue>,
-    #[serde(borrow, default)]
-    step: Option<&'a RawValue>,
+/// Fields a write body may carry at the top level: the run in its spellings, the arrays of
+/// `log-batch`, and the metric fields of `log-metric`.
+const ENVELOPE: [&str; 13] = [
+    "run_id",
+    "run_uuid",
+    "runId",
+    "metrics",
+    "params",
+    "tags",
+    "key",
+    "value",
+    "timestamp",
+    "step",
+    "model_id",
+    "dataset_name",
+    "dataset_digest",
+];
+const RUN_ID: usize = 0;
+const RUN_UUID: usize = 1;
+const RUN_ID_CAMEL: usize = 2;
+const METRICS: usize = 3;
+const PARAMS: usize = 4;
+const TAGS: usize = 5;
+/// `log-metric`'s optional `Metric` fields, at the top level.
+const OPTIONAL: std::ops::Range<usize> = 10..13;
+/// Fields of a metric: the four the rewriter reads, then those of MLflow's `Metric` it carries.
+const METRIC: [&str; 8] = [
+    "key",
+    "value",
+    "timestamp",
+    "step",
+    "model_id",
+    "dataset_name",
+    "dataset_digest",
+    "run_id",
+];
+const KEY: usize = 0;
+const VALUE: usize = 1;
+const TIMESTAMP: usize = 2;
+const STEP: usize = 3;
+
+/// A JSON object's fields named in `names`, each as its raw JSON, in one pass; `unknown` tells
+/// whether the object held any other field. A field named twice is an error ("duplicate field").
+#[derive(Debug)]
+struct Fields<'a, const N: usize> {
+    raw: [Option<&'a RawValue>; N],
+    unknown: bool,
 }
 
-#[derive(Deserialize)]
-struct MetricFields<'a> {
-    #[serde(borrow, default)]
-    key: Option<&'a RawValue>,
-    #[serde(borrow, default)]
-    value: Option<&'a RawValue>,
-    #[serde(borrow, default)]
-    timestamp: Option<&'a RawValue>,
-    #[serde(borrow, default)]
-    step: Option<&'a RawValue>,
+impl<'a, const N: usize> Fields<'a, N> {
+    fn read(text: &'a str, names: &'static [&'static str; N]) -> Result<Self, serde_json::Error> {
+        let mut de = serde_json::Deserializer::from_str(text);
+        let fields = serde::Deserializer::deserialize_map(&mut de, FieldsVisitor { names })?;
+        de.end()?;
+        Ok(fields)
+    }
+
+    fn get(&self, index: usize) -> Option<&'a RawValue> {
+        self.raw[index]
+    }
+}
+
+struct FieldsVisitor<const N: usize> {
+    names: &'static [&'static str; N],
+}
+
+/// A map key, borrowed from the input unless it holds escapes.
+struct FieldName<'a>(Cow<'a, str>);
+
+impl<'de> Deserialize<'de> for FieldName<'de> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> serde::de::Visitor<'de> for V {
+            type Value = FieldName<'de>;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a field name")
+            }
+            fn visit_borrowed_str<E>(self, v: &'de str) -> Result<Self::Value, E> {
+                Ok(FieldName(Cow::Borrowed(v)))
+            }
+            fn visit_str<E>(self, v: &str) -> Result<Self::Value, E> {
+                Ok(FieldName(Cow::Owned(v.to_owned())))
+            }
+        }
+        d.deserialize_str(V)
+    }
+}
+
+impl<'de, const N: usize> serde::de::Visitor<'de> for FieldsVisitor<N> {
+    type Value = Fields<'de, N>;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("a JSON object")
+    }
+
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        let mut fields = Fields {
+            raw: [None; N],
+            unknown: false,
+        };
+        while let Some(FieldName(name)) = map.next_key()? {
+            match self.names.iter().position(|known| *known == name) {
+                Some(index) => {
+                    if fields.raw[index].is_some() {
+                        return Err(serde::de::Error::custom(format_args!(
+                            "duplicate field `{}`",
+                            self.names[index]
+                        )));
+                    }
+                    fields.raw[index] = Some(map.next_value::<&'de RawValue>()?);
+                }
+                None => {
+                    fields.unknown = true;
+                    map.next_value::<serde::de::IgnoredAny>()?;
+                }
+            }
+        }
+        Ok(fields)
+    }
 }
 
 /// One metric of a body, with where its parts sit in the body.
@@ -77,6 +163,9 @@ pub struct Metric<'a> {
     span: Range<usize>,
     value: Option<&'a str>,
     timestamp: Option<&'a str>,
+    /// Whether MLflow's parser takes this metric exactly as written in a batch (see
+    /// [`crate::writes`]).
+    strict: bool,
 }
 
 /// A parsed metrics body.
@@ -92,6 +181,9 @@ pub struct MetricsBody<'a> {
     metrics_span: Option<Range<usize>>,
     /// Params and tags in the batch: they are always forwarded.
     pub other_items: usize,
+    /// The top-level fields as read, for what the coalescer needs of the body (see
+    /// [`MetricsBody::writes`]).
+    envelope: Fields<'a, 13>,
 }
 
 /// What happens to one metric.
@@ -140,15 +232,15 @@ impl<'a> Metric<'a> {
 
     fn read(
         text: &'a str,
-        fields: MetricFields<'a>,
+        fields: &Fields<'a, 8>,
         span: Range<usize>,
     ) -> Result<Option<Self>, BodyError> {
-        let Some(key_raw) = fields.key else {
+        let Some(key_raw) = fields.get(KEY) else {
             return Ok(None);
         };
         let key = serde_json::from_str::<Cow<'a, str>>(key_raw.get())
             .map_err(|_| BodyError::Unreadable("metric key is not a string".into()))?;
-        let (step, step_quoted, step_span) = match fields.step {
+        let (step, step_quoted, step_span) = match fields.get(STEP) {
             Some(raw) => {
                 let (step, quoted) = decode_step(raw)?;
                 (Some(step), quoted, Some(offset_in(text, raw.get())))
@@ -162,8 +254,16 @@ impl<'a> Metric<'a> {
             step_span,
             step_quoted,
             span,
-            value: fields.value.map(RawValue::get),
-            timestamp: fields.timestamp.map(RawValue::get),
+            value: fields.get(VALUE).map(RawValue::get),
+            timestamp: fields.get(TIMESTAMP).map(RawValue::get),
+            strict: !fields.unknown
+                && writes::metric_parses_as_written(
+                    fields.get(KEY),
+                    fields.get(VALUE),
+                    fields.get(TIMESTAMP),
+                    fields.get(STEP),
+                    &fields.raw[4..],
+                ),
         }))
     }
 }
@@ -172,7 +272,7 @@ impl<'a> MetricsBody<'a> {
     pub fn parse(body: &'a [u8], endpoint: Endpoint) -> Result<Self, BodyError> {
         let text =
             std::str::from_utf8(body).map_err(|_| BodyError::Unreadable("not UTF-8".into()))?;
-        let envelope: Envelope<'a> = serde_json::from_str(text).map_err(|e| {
+        let envelope: Fields<'a, 13> = Fields::read(text, &ENVELOPE).map_err(|e| {
             let message = e.to_string();
             if message.starts_with("duplicate field") {
                 let field = message.split('`').nth(1).unwrap_or("a field");
@@ -186,9 +286,9 @@ impl<'a> MetricsBody<'a> {
 
         let mut run_ids = Vec::new();
         for (name, raw) in [
-            ("run_id", envelope.run_id),
-            ("run_uuid", envelope.run_uuid),
-            ("runId", envelope.run_id_camel),
+            ("run_id", envelope.get(RUN_ID)),
+            ("run_uuid", envelope.get(RUN_UUID)),
+            ("runId", envelope.get(RUN_ID_CAMEL)),
         ] {
             if let Some(raw) = raw {
                 run_ids.push((name, decode_string(raw, name)?, raw.get()));
@@ -213,10 +313,10 @@ impl<'a> MetricsBody<'a> {
                     .map_err(|_| BodyError::Unreadable("params/tags is not an array".into())),
             }
         };
-        let other_items = count(envelope.params)? + count(envelope.tags)?;
+        let other_items = count(envelope.get(PARAMS))? + count(envelope.get(TAGS))?;
 
         let (metrics, metrics_span) = match endpoint {
-            Endpoint::LogBatch => match envelope.metrics {
+            Endpoint::LogBatch => match envelope.get(METRICS) {
                 None => (Vec::new(), None),
                 Some(raw) if raw.get() == "null" => (Vec::new(), None),
                 Some(raw) => {
@@ -226,9 +326,9 @@ impl<'a> MetricsBody<'a> {
                         })?;
                     let mut metrics = Vec::with_capacity(elements.len());
                     for element in elements {
-                        let fields: MetricFields<'a> = serde_json::from_str(element.get())
+                        let fields = Fields::read(element.get(), &METRIC)
                             .map_err(|e| BodyError::Unreadable(format!("metric: {e}")))?;
-                        match Metric::read(text, fields, offset_in(text, element.get()))? {
+                        match Metric::read(text, &fields, offset_in(text, element.get()))? {
                             Some(metric) => metrics.push(metric),
                             // A metric without a key is MLflow's to reject; leave the body alone.
                             None => {
@@ -240,13 +340,12 @@ impl<'a> MetricsBody<'a> {
                 }
             },
             Endpoint::LogMetric => {
-                let fields = MetricFields {
-                    key: envelope.key,
-                    value: envelope.value,
-                    timestamp: envelope.timestamp,
-                    step: envelope.step,
+                let mut fields = Fields {
+                    raw: [None; 8],
+                    unknown: false,
                 };
-                match Metric::read(text, fields, 0..text.len())? {
+                fields.raw[..4].copy_from_slice(&envelope.raw[6..10]);
+                match Metric::read(text, &fields, 0..text.len())? {
                     Some(metric) => (vec![metric], None),
                     None => return Err(BodyError::Unreadable("log-metric without a key".into())),
                 }
@@ -260,6 +359,144 @@ impl<'a> MetricsBody<'a> {
             metrics,
             metrics_span,
             other_items,
+            envelope,
+        })
+    }
+
+    /// What the coalescer needs of the body as it is sent (`sent`, to `path`, after `render_spans`
+    /// or unchanged): its run and writes, each metric element a slice of `sent`, or why it goes
+    /// to MLflow alone; `None` when this read cannot tell (a log-metric rebuilt as a batch), and
+    /// the coalescer reads the body itself. One read of the body serves both.
+    pub(crate) fn writes(
+        &self,
+        path: &str,
+        sent: &bytes::Bytes,
+        rendered: Option<(Endpoint, &ElementSpans)>,
+        edit: Option<&Edit<'_>>,
+    ) -> Option<Result<writes::Mergeable, writes::Alone>> {
+        let endpoint = rendered.map_or(self.endpoint, |(e, _)| e);
+        match (self.endpoint, endpoint) {
+            (Endpoint::LogBatch, Endpoint::LogBatch) => {
+                let prefix = path.strip_suffix("/runs/log-batch")?;
+                Some(self.batch_writes(prefix, sent, rendered.map(|(_, s)| s)))
+            }
+            (Endpoint::LogMetric, Endpoint::LogMetric) => {
+                let prefix = path.strip_suffix("/runs/log-metric")?;
+                Some(self.log_metric_writes(prefix, edit))
+            }
+            _ => None,
+        }
+    }
+
+    fn batch_writes(
+        &self,
+        prefix: &str,
+        sent: &bytes::Bytes,
+        spans: Option<&ElementSpans>,
+    ) -> Result<writes::Mergeable, writes::Alone> {
+        use writes::Alone;
+        let envelope = &self.envelope;
+        let others = (0..ENVELOPE.len())
+            .filter(|i| ![RUN_ID, METRICS, PARAMS, TAGS].contains(i))
+            .any(|i| envelope.get(i).is_some());
+        if envelope.unknown || others {
+            return Err(Alone::Shape);
+        }
+        let run_id = match envelope.get(RUN_ID).and_then(writes::string) {
+            Some(id) if !id.is_empty() => id.into_owned(),
+            _ => return Err(Alone::Shape),
+        };
+        let mut out = writes::Writes {
+            params: writes::pairs(envelope.get(PARAMS))?,
+            tags: writes::pairs(envelope.get(TAGS))?,
+            metrics: Vec::new(),
+        };
+        let elements: ElementSpans = match spans {
+            Some(spans) => spans.clone(),
+            None => self
+                .metrics
+                .iter()
+                .enumerate()
+                .map(|(i, m)| (m.span.clone(), i))
+                .collect(),
+        };
+        if elements.len() + out.params.len() + out.tags.len() > writes::MAX_BATCH_ITEMS
+            || elements.len() > writes::MAX_BATCH_METRICS
+        {
+            return Err(Alone::Limits);
+        }
+        if elements
+            .iter()
+            .any(|(_, source)| !self.metrics[*source].strict)
+        {
+            return Err(Alone::Element);
+        }
+        out.metrics = elements
+            .into_iter()
+            .map(|(span, _)| sent.slice(span))
+            .collect();
+        writes::check_batch(&out)?;
+        Ok(writes::Mergeable {
+            batch_path: format!("{prefix}/runs/log-batch"),
+            run_id,
+            writes: out,
+        })
+    }
+
+    fn log_metric_writes(
+        &self,
+        prefix: &str,
+        edit: Option<&Edit<'_>>,
+    ) -> Result<writes::Mergeable, writes::Alone> {
+        use writes::Alone;
+        let envelope = &self.envelope;
+        let batch_fields = [RUN_ID_CAMEL, METRICS, PARAMS, TAGS]
+            .iter()
+            .any(|i| envelope.get(*i).is_some());
+        if envelope.unknown || batch_fields {
+            return Err(Alone::Shape);
+        }
+        let run_id = match envelope.get(RUN_ID).and_then(writes::string) {
+            Some(id) if !id.is_empty() => id,
+            _ => return Err(Alone::Shape),
+        };
+        let run_uuid = envelope.get(RUN_UUID).filter(|r| r.get() != "null");
+        if run_uuid.is_some_and(|u| writes::string(u).as_deref() != Some(&*run_id)) {
+            return Err(Alone::Shape);
+        }
+        let metric = &self.metrics[0];
+        let value = envelope.get(VALUE + 6).ok_or(Alone::Shape)?;
+        let (key, step) = match edit {
+            Some(Edit::Change { key, step, .. }) => (
+                key.map(Cow::Borrowed).unwrap_or_else(|| metric.key.clone()),
+                step.map(|s| s.to_string()),
+            ),
+            _ => (metric.key.clone(), None),
+        };
+        if metric.step_quoted {
+            return Err(Alone::Element);
+        }
+        let step = step.or_else(|| envelope.get(STEP + 6).map(|s| s.get().to_owned()));
+        let optional = [
+            envelope.get(OPTIONAL.start),
+            envelope.get(OPTIONAL.start + 1),
+            envelope.get(OPTIONAL.start + 2),
+        ];
+        let element = writes::log_metric_element(
+            &key,
+            value,
+            envelope.get(TIMESTAMP + 6),
+            step.as_deref(),
+            optional,
+            &run_id,
+        )?;
+        Ok(writes::Mergeable {
+            batch_path: format!("{prefix}/runs/log-batch"),
+            run_id: run_id.into_owned(),
+            writes: writes::Writes {
+                metrics: vec![element],
+                ..writes::Writes::default()
+            },
         })
     }
 
@@ -267,27 +504,38 @@ impl<'a> MetricsBody<'a> {
     /// result must go to: a log-metric whose metric is dropped or duplicated becomes a
     /// log-batch, which MLflow answers the same way (`{}`).
     pub fn render(&self, edits: &[Edit<'_>]) -> (Endpoint, Vec<u8>) {
+        let (endpoint, out, _) = self.render_spans(edits);
+        (endpoint, out)
+    }
+
+    /// As [`MetricsBody::render`], with where each metric element sits in a log-batch result and
+    /// which metric of this body it came from.
+    pub fn render_spans(&self, edits: &[Edit<'_>]) -> (Endpoint, Vec<u8>, ElementSpans) {
         debug_assert_eq!(edits.len(), self.metrics.len());
         match self.endpoint {
             Endpoint::LogBatch => {
                 let Some(span) = &self.metrics_span else {
-                    return (Endpoint::LogBatch, self.text.as_bytes().to_vec());
+                    return (
+                        Endpoint::LogBatch,
+                        self.text.as_bytes().to_vec(),
+                        Vec::new(),
+                    );
                 };
                 let mut out = String::with_capacity(self.text.len() + self.text.len() / 4);
                 out.push_str(&self.text[..span.start]);
                 let mut array = ArrayWriter::open(&mut out);
-                for (metric, edit) in self.metrics.iter().zip(edits) {
+                for (index, (metric, edit)) in self.metrics.iter().zip(edits).enumerate() {
                     let original = &self.text[metric.span.clone()];
                     match *edit {
                         Edit::Drop => {}
-                        Edit::Keep => array.element().push_str(original),
+                        Edit::Keep => array.element_from(index).push_str(original),
                         Edit::Change {
                             key,
                             step,
                             also_original,
                         } => {
                             splice_into(
-                                array.element(),
+                                array.element_from(index),
                                 original,
                                 metric.span.start,
                                 metric,
@@ -295,27 +543,33 @@ impl<'a> MetricsBody<'a> {
                                 step,
                             );
                             if also_original {
-                                array.element().push_str(original);
+                                array.element_from(index).push_str(original);
                             }
                         }
                     }
                 }
-                array.close();
+                let spans = array.close();
                 out.push_str(&self.text[span.end..]);
-                (Endpoint::LogBatch, out.into_bytes())
+                (Endpoint::LogBatch, out.into_bytes(), spans)
             }
             Endpoint::LogMetric => {
                 let metric = &self.metrics[0];
                 let mut out = String::with_capacity(self.text.len() + 64);
                 match edits[0] {
-                    Edit::Keep => return (Endpoint::LogMetric, self.text.as_bytes().to_vec()),
+                    Edit::Keep => {
+                        return (
+                            Endpoint::LogMetric,
+                            self.text.as_bytes().to_vec(),
+                            Vec::new(),
+                        )
+                    }
                     Edit::Change {
                         key,
                         step,
                         also_original: false,
                     } => {
                         splice_into(&mut out, self.text, 0, metric, key, step);
-                        return (Endpoint::LogMetric, out.into_bytes());
+                        return (Endpoint::LogMetric, out.into_bytes(), Vec::new());
                     }
                     _ => {}
                 }
@@ -329,40 +583,59 @@ impl<'a> MetricsBody<'a> {
                 out.push_str("\"metrics\":");
                 let mut array = ArrayWriter::open(&mut out);
                 if let Edit::Change { key, step, .. } = edits[0] {
-                    write_metric_object(array.element(), metric, key, step);
-                    write_metric_object(array.element(), metric, None, None);
+                    write_metric_object(array.element_from(0), metric, key, step);
+                    write_metric_object(array.element_from(0), metric, None, None);
                 }
-                array.close();
+                let spans = array.close();
                 out.push('}');
-                (Endpoint::LogBatch, out.into_bytes())
+                (Endpoint::LogBatch, out.into_bytes(), spans)
             }
         }
     }
 }
 
-/// Writes a JSON array element by element.
+/// Where each metric element of a rendered log-batch sits, and the metric it came from.
+pub type ElementSpans = Vec<(Range<usize>, usize)>;
+
+/// Writes a JSON array element by element, noting where each one sits.
 struct ArrayWriter<'o> {
     out: &'o mut String,
-    empty: bool,
+    spans: ElementSpans,
+    /// The element being written: where it starts and the metric it comes from.
+    open: Option<(usize, usize)>,
 }
 
 impl<'o> ArrayWriter<'o> {
     fn open(out: &'o mut String) -> Self {
         out.push('[');
-        Self { out, empty: true }
+        Self {
+            out,
+            spans: Vec::new(),
+            open: None,
+        }
     }
 
-    /// The output, positioned for the next element.
-    fn element(&mut self) -> &mut String {
-        if !self.empty {
+    fn end_element(&mut self) {
+        if let Some((start, source)) = self.open.take() {
+            self.spans.push((start..self.out.len(), source));
+        }
+    }
+
+    /// The output, positioned for the next element, which comes from metric `source`.
+    fn element_from(&mut self, source: usize) -> &mut String {
+        let first = self.open.is_none() && self.spans.is_empty();
+        self.end_element();
+        if !first {
             self.out.push(',');
         }
-        self.empty = false;
+        self.open = Some((self.out.len(), source));
         self.out
     }
 
-    fn close(self) {
+    fn close(mut self) -> ElementSpans {
+        self.end_element();
         self.out.push(']');
+        self.spans
     }
 }
 
@@ -614,5 +887,122 @@ mod tests {
     fn escaped_keys_are_decoded() {
         let body = MetricsBody::parse(br#"{"metrics":[{"key":"system\/cpu_utilization_percentage","value":1,"timestamp":1,"step":1}]}"#, Endpoint::LogBatch).unwrap();
         assert_eq!(body.metrics[0].key, "system/cpu_utilization_percentage");
+    }
+
+    /// The rewriter's one read of a body tells the coalescer exactly what the coalescer's own
+    /// read would: the same run, elements, params and tags, or the same reason to go alone.
+    #[test]
+    fn the_single_read_agrees_with_the_coalescers_read_of_the_same_body() {
+        let element = |m: &str| {
+            format!(
+                r#"{{"run_id":"r","metrics":[{{"key":"a","value":1,"timestamp":1,"step":0}},{m}]}}"#
+            )
+        };
+        let mut batches: Vec<String> = [
+            r#"{"key":"b","value":"NaN","timestamp":2,"step":3}"#,
+            r#"{"key":"b","value":"abc","timestamp":2}"#,
+            r#"{"key":"b","value":1,"timestamp":2,"step":1.5}"#,
+            r#"{"key":"b","value":1,"timestamp":"soon"}"#,
+            r#"{"key":"b","value":1,"timestamp":"2"}"#,
+            r#"{"key":"b","value":1,"timestamp":2,"step":"3"}"#,
+            r#"{"key":"b","value":1e999,"timestamp":2}"#,
+            r#"{"key":"b","value":true,"timestamp":2}"#,
+            r#"{"key":"b","value":null,"timestamp":2}"#,
+            r#"{"key":"b","value":1}"#,
+            r#"{"key":"b","value":1,"timestamp":2,"datasetName":"d"}"#,
+            r#"{"key":"b","value":1,"timestamp":2,"model_id":"m","dataset_name":"d","dataset_digest":"x","run_id":"r"}"#,
+            r#"{"key":"b","value":1,"timestamp":2,"model_id":7}"#,
+            r#"{"key":"b\u0041","value":-0.5e-3,"timestamp":-2,"step":9223372036854775807}"#,
+        ]
+        .iter()
+        .map(|m| element(m))
+        .collect();
+        batches.extend(
+            [
+                r#"{"run_id":"r","params":[{"key":"p","value":"1"}],"tags":[{"key":"t","value":"x"}]}"#,
+                r#"{"run_id":"r","metrics":[],"params":[{"key":"p","value":"1"},{"key":"p","value":"1"}]}"#,
+                r#"{"run_id":"r","params":[{"key":"p","value":5}]}"#,
+                r#"{"run_id":"r","tags":[{"key":"t"}]}"#,
+                r#"{"run_id":"r","metrics":null,"params":null,"tags":[{"key":"t","value":"v"}]}"#,
+                r#"{"run_id":"","metrics":[{"key":"a","value":1,"timestamp":1}]}"#,
+                r#"{"run_id":"r"}"#,
+                r#"{"run_id":"r","runId":"r","metrics":[{"key":"a","value":1,"timestamp":1}]}"#,
+                r#"{"run_id":"r","extra":1,"metrics":[{"key":"a","value":1,"timestamp":1}]}"#,
+                r#"{"run_id":"r","key":"k","metrics":[{"key":"a","value":1,"timestamp":1}]}"#,
+            ]
+            .map(String::from),
+        );
+        let metrics = |n: usize| {
+            (0..n)
+                .map(|i| format!(r#"{{"key":"k{i}","value":1,"timestamp":1}}"#))
+                .collect::<Vec<_>>()
+                .join(",")
+        };
+        batches.push(format!(r#"{{"run_id":"r","metrics":[{}]}}"#, metrics(1000)));
+        batches.push(format!(
+            r#"{{"run_id":"r","metrics":[{}],"tags":[{{"key":"t","value":"v"}}]}}"#,
+            metrics(1000)
+        ));
+        let single = [
+            r#"{"run_id":"r","run_uuid":"r","key":"loss","value":0.5,"timestamp":7,"step":3}"#,
+            r#"{"run_id":"r","key":"loss","value":0.5,"timestamp":7,"model_id":"m","dataset_digest":"d"}"#,
+            r#"{"run_id":"r","run_uuid":null,"key":"loss","value":0.5,"timestamp":7}"#,
+            r#"{"run_id":"r","key":"loss","value":"NaN","timestamp":7}"#,
+            r#"{"run_id":"r","key":"loss","value":1,"timestamp":7,"step":"3"}"#,
+            r#"{"run_id":"r","key":"loss","value":1,"timestamp":7.5}"#,
+            r#"{"run_id":"r","key":"loss","value":1}"#,
+            r#"{"run_id":"r","key":"loss","value":1,"timestamp":7,"extra":true}"#,
+            r#"{"run_id":"","key":"loss","value":1,"timestamp":7}"#,
+        ];
+        let cases = batches
+            .iter()
+            .map(|b| {
+                (
+                    Endpoint::LogBatch,
+                    "/api/2.0/mlflow/runs/log-batch",
+                    b.as_str(),
+                )
+            })
+            .chain(single.iter().map(|b| {
+                (
+                    Endpoint::LogMetric,
+                    "/ajax-api/2.0/mlflow/runs/log-metric",
+                    *b,
+                )
+            }));
+        for (endpoint, path, text) in cases {
+            let sent = bytes::Bytes::from(text.to_owned());
+            let coalescer = writes::parse(path, &sent);
+            let Ok(body) = MetricsBody::parse(&sent, endpoint) else {
+                // The rewriter passes bodies it cannot read through; the coalescer reads them.
+                continue;
+            };
+            let keep = vec![Edit::Keep; body.metrics.len()];
+            let single_read = body.writes(path, &sent, None, keep.first());
+            assert_eq!(single_read, Some(coalescer.clone()), "{text}");
+            // Rendered with a renamed key, the same holds for the bytes that are sent.
+            if let Some(first) = body.metrics.first() {
+                let mut edits = keep.clone();
+                edits[0] = Edit::Change {
+                    key: Some("renamed"),
+                    step: None,
+                    also_original: false,
+                };
+                let (target, out, spans) = body.render_spans(&edits);
+                let out = bytes::Bytes::from(out);
+                let single_read = body.writes(path, &out, Some((target, &spans)), edits.first());
+                let path = if target == endpoint {
+                    path
+                } else {
+                    "/api/2.0/mlflow/runs/log-batch"
+                };
+                assert_eq!(
+                    single_read,
+                    Some(writes::parse(path, &out)),
+                    "{text} with {} renamed",
+                    first.key
+                );
+            }
+        }
     }
 }

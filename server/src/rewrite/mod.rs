@@ -27,6 +27,7 @@ use crate::error::mlflow_error;
 use crate::health::{Beat, Health};
 use crate::proxy::X_REQUEST_ID;
 use crate::telemetry::Metrics;
+use crate::writes::Prepared;
 use body::{BodyError, Edit, Endpoint, MetricsBody};
 pub use stats::RunStats;
 
@@ -245,9 +246,20 @@ impl MetricsRewriter {
             }
         }
         if edits.iter().all(|e| *e == Edit::Keep) {
+            // Sent as it came: the coalescer gets what it needs of the body from this read.
+            if let Some(prepared) = parsed.writes(parts.uri.path(), &bytes, None, edits.first()) {
+                parts.extensions.insert(Prepared(prepared));
+            }
             return Ok(Request::from_parts(parts, Body::from(bytes)));
         }
-        let (target, rendered) = parsed.render(&edits);
+        let (target, rendered, spans) = parsed.render_spans(&edits);
+        let rendered = bytes::Bytes::from(rendered);
+        let prepared = parsed.writes(
+            parts.uri.path(),
+            &rendered,
+            Some((target, &spans)),
+            edits.first(),
+        );
         if target != endpoint {
             let path = parts
                 .uri
@@ -264,6 +276,9 @@ impl MetricsRewriter {
                     "invalid request path",
                 )
             })?;
+        }
+        if let Some(prepared) = prepared {
+            parts.extensions.insert(Prepared(prepared));
         }
         parts
             .headers

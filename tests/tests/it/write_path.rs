@@ -412,9 +412,9 @@ async fn the_mlflow_clients_writes_from_many_ranks_merge_and_store_what_they_sto
 }
 
 /// MLflow before 3.16 deadlocks on PostgreSQL when writes to one run overlap (error 40P01,
-/// answered 503). Through the proxy a run has one batch at MLflow at a time, so 12 concurrent
-/// writers of 1000-metric batches into one run of MLflow 3.15.2 on PostgreSQL get 200 for every
-/// request and every sample is stored once. The same load straight to MLflow is sent too and its
+/// answered 503). The proxy learns it from MLflow's version and sends one batch of a run at a
+/// time, so 12 concurrent writers of 1000-metric batches into one run of MLflow 3.15.2 on
+/// PostgreSQL get 200 for every request and every sample is stored once. The same load straight to MLflow is sent too and its
 /// failures printed, as the reference.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn concurrent_writers_into_one_run_never_deadlock_mlflow_3_15_on_postgresql() {
@@ -503,4 +503,12 @@ async fn concurrent_writers_into_one_run_never_deadlock_mlflow_3_15_on_postgresq
             .len();
     }
     assert_eq!(samples, (CLIENTS * REQUESTS + 1) * KEYS);
+    // The proxy learned from MLflow's version to send one batch of a run at a time.
+    let admin = &stack.proxy.as_ref().expect("a proxy").admin_url;
+    let metrics = scrape(admin).await;
+    assert_eq!(
+        counter(&metrics, "mlscope_coalesce_in_flight_per_run "),
+        1.0,
+        "{metrics}"
+    );
 }

@@ -1,4 +1,5 @@
-//! Which write requests may share a batch, read strictly.
+//! MLflow's write bodies read the way MLflow's parser reads them: which requests MLflow stores
+//! exactly as written, and so may share a batch.
 //!
 //! MLflow reads a request with protobuf's `ParseDict`, and when that fails part way it keeps the
 //! partly filled message and carries on (3.17.2 `_get_request_message`): a `log-batch` element
@@ -46,7 +47,7 @@ pub(crate) struct Pair {
 }
 
 /// The writes of one request, each element as the JSON a batch carries.
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub(crate) struct Writes {
     pub(crate) metrics: Vec<Bytes>,
     pub(crate) params: Vec<Pair>,
@@ -74,7 +75,7 @@ impl Writes {
 }
 
 /// A request the coalescer can merge: where its batch goes, the run, and its writes.
-#[derive(Debug)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Mergeable {
     pub(crate) batch_path: String,
     pub(crate) run_id: String,
@@ -175,7 +176,7 @@ struct SingleEnvelope<'a> {
 }
 
 /// A JSON string's decoded text; `None` for anything else (null included).
-fn string(raw: &RawValue) -> Option<Cow<'_, str>> {
+pub(crate) fn string(raw: &RawValue) -> Option<Cow<'_, str>> {
     if !raw.get().starts_with('"') {
         return None;
     }
@@ -204,27 +205,87 @@ fn optional_strings(fields: &[Option<&RawValue>]) -> bool {
     fields.iter().flatten().all(|raw| string(raw).is_some())
 }
 
-fn metric_element(raw: &RawValue) -> Result<(), Alone> {
-    let m: MetricElement = serde_json::from_str(raw.get()).map_err(|_| Alone::Element)?;
-    let ok = string(m.key).is_some()
-        && is_double(m.value)
-        && is_int64(m.timestamp)
-        && m.step.is_none_or(is_int64)
-        && optional_strings(&[m.model_id, m.dataset_name, m.dataset_digest, m.run_id]);
-    ok.then_some(()).ok_or(Alone::Element)
+/// Whether a metric's fields are ones MLflow's parser takes exactly as written in a `log-batch`
+/// element: the rule every merged element passes (the rewriter applies it in its own single read
+/// of a body).
+pub(crate) fn metric_parses_as_written(
+    key: Option<&RawValue>,
+    value: Option<&RawValue>,
+    timestamp: Option<&RawValue>,
+    step: Option<&RawValue>,
+    optional: &[Option<&RawValue>],
+) -> bool {
+    key.is_some_and(|k| string(k).is_some())
+        && value.is_some_and(is_double)
+        && timestamp.is_some_and(is_int64)
+        && step.is_none_or(is_int64)
+        && optional_strings(optional)
 }
 
-fn pair_element(body: &Bytes, raw: &RawValue) -> Result<Pair, Alone> {
-    let p: PairElement = serde_json::from_str(raw.get()).map_err(|_| Alone::Element)?;
+fn metric_element(raw: &RawValue) -> Result<(), Alone> {
+    let m: MetricElement = serde_json::from_str(raw.get()).map_err(|_| Alone::Element)?;
+    metric_parses_as_written(
+        Some(m.key),
+        Some(m.value),
+        Some(m.timestamp),
+        m.step,
+        &[m.model_id, m.dataset_name, m.dataset_digest, m.run_id],
+    )
+    .then_some(())
+    .ok_or(Alone::Element)
+}
+
+/// A param or tag element MLflow's parser takes as written (exactly `key` and `value`, both
+/// strings), with `raw` its JSON as the batch carries it.
+pub(crate) fn pair(element: &RawValue, raw: Bytes) -> Result<Pair, Alone> {
+    let p: PairElement = serde_json::from_str(element.get()).map_err(|_| Alone::Element)?;
     let (Some(key), Some(value)) = (string(p.key), string(p.value)) else {
         return Err(Alone::Element);
     };
     Ok(Pair {
         key: key.into(),
         value: value.into(),
-        raw: body.slice_ref(raw.get().as_bytes()),
+        raw,
     })
 }
+
+/// The params or tags array of a `log-batch` (absent or `null`: none), each element as
+/// [`pair`] reads it, with its JSON copied.
+pub(crate) fn pairs(array: Option<&RawValue>) -> Result<Vec<Pair>, Alone> {
+    let Some(array) = array.filter(|a| a.get() != "null") else {
+        return Ok(Vec::new());
+    };
+    let elements: Vec<&RawValue> = serde_json::from_str(array.get()).map_err(|_| Alone::Shape)?;
+    elements
+        .into_iter()
+        .map(|e| pair(e, Bytes::copy_from_slice(e.get().as_bytes())))
+        .collect()
+}
+
+/// MLflow's limits on one batch and its rule of one value per param key.
+pub(crate) fn check_batch(writes: &Writes) -> Result<(), Alone> {
+    if writes.metrics.len() > MAX_BATCH_METRICS
+        || writes.params.len() > MAX_BATCH_PARAMS
+        || writes.tags.len() > MAX_BATCH_TAGS
+        || writes.items() > MAX_BATCH_ITEMS
+    {
+        return Err(Alone::Limits);
+    }
+    let mut keys = HashSet::new();
+    if !writes.params.iter().all(|p| keys.insert(&p.key)) {
+        return Err(Alone::RepeatedParam);
+    }
+    if writes.items() == 0 {
+        return Err(Alone::Shape);
+    }
+    Ok(())
+}
+
+/// What the rewriter, having read a body once, tells the coalescer about it as sent: its run
+/// and writes, or why it goes to MLflow alone. Absent when the rewriter could not tell; the
+/// coalescer then reads the body itself.
+#[derive(Debug, Clone)]
+pub struct Prepared(pub(crate) Result<Mergeable, Alone>);
 
 /// Reads a write request; `Err` says why it goes to MLflow alone.
 pub(crate) fn parse(path: &str, body: &Bytes) -> Result<Mergeable, Alone> {
@@ -287,31 +348,52 @@ pub(crate) fn parse(path: &str, body: &Bytes) -> Result<Mergeable, Alone> {
 /// itself, and the element must mean the same in a batch.
 fn metric_of(single: &SingleEnvelope) -> Result<Bytes, Alone> {
     let key = string(single.key).ok_or(Alone::Element)?;
-    let timestamp = single.timestamp.ok_or(Alone::Element)?;
-    let value = single.value.get();
+    log_metric_element(
+        &key,
+        single.value,
+        single.timestamp,
+        single.step.map(RawValue::get),
+        [single.model_id, single.dataset_name, single.dataset_digest],
+        &single.run_id,
+    )
+}
+
+/// The batch element of a `log-metric` with these fields (`step` as the text to write), or why it
+/// goes alone.
+pub(crate) fn log_metric_element(
+    key: &str,
+    value: &RawValue,
+    timestamp: Option<&RawValue>,
+    step: Option<&str>,
+    optional: [Option<&RawValue>; 3],
+    run_id: &str,
+) -> Result<Bytes, Alone> {
+    let timestamp = timestamp.ok_or(Alone::Element)?;
+    let value = value.get();
     if !is_finite_number(value)
         || !is_int64(timestamp)
-        || !single.step.is_none_or(is_int64)
-        || !optional_strings(&[single.model_id, single.dataset_name, single.dataset_digest])
+        || !step.is_none_or(|s| {
+            s.starts_with(|c: char| c == '-' || c.is_ascii_digit()) && s.parse::<i64>().is_ok()
+        })
+        || !optional_strings(&optional)
     {
         return Err(Alone::Element);
     }
-    let mut out = String::with_capacity(96 + key.len() + single.run_id.len());
+    let mut out = String::with_capacity(96 + key.len() + run_id.len());
     out.push_str("{\"key\":");
-    out.push_str(&serde_json::to_string(&key).expect("a string serializes"));
+    out.push_str(&serde_json::to_string(key).expect("a string serializes"));
     out.push_str(",\"value\":");
     out.push_str(value);
     out.push_str(",\"timestamp\":");
     out.push_str(timestamp.get());
-    if let Some(step) = single.step {
+    if let Some(step) = step {
         out.push_str(",\"step\":");
-        out.push_str(step.get());
+        out.push_str(step);
     }
-    for (name, raw) in [
-        ("model_id", single.model_id),
-        ("dataset_name", single.dataset_name),
-        ("dataset_digest", single.dataset_digest),
-    ] {
+    for (name, raw) in ["model_id", "dataset_name", "dataset_digest"]
+        .into_iter()
+        .zip(optional)
+    {
         if let Some(raw) = raw {
             out.push_str(",\"");
             out.push_str(name);
@@ -320,7 +402,7 @@ fn metric_of(single: &SingleEnvelope) -> Result<Bytes, Alone> {
         }
     }
     out.push_str(",\"run_id\":");
-    out.push_str(&serde_json::to_string(&single.run_id).expect("a string serializes"));
+    out.push_str(&serde_json::to_string(run_id).expect("a string serializes"));
     out.push('}');
     Ok(Bytes::from(out))
 }
@@ -346,15 +428,16 @@ fn parse_batch(prefix: &str, body: &Bytes, text: &str) -> Result<Mergeable, Alon
         writes.metrics.push(body.slice_ref(raw.get().as_bytes()));
     }
     for raw in params {
-        writes.params.push(pair_element(body, raw)?);
+        writes
+            .params
+            .push(pair(raw, body.slice_ref(raw.get().as_bytes()))?);
     }
     for raw in tags {
-        writes.tags.push(pair_element(body, raw)?);
+        writes
+            .tags
+            .push(pair(raw, body.slice_ref(raw.get().as_bytes()))?);
     }
-    let mut keys = HashSet::new();
-    if !writes.params.iter().all(|p| keys.insert(&p.key)) {
-        return Err(Alone::RepeatedParam);
-    }
+    check_batch(&writes)?;
     Ok(Mergeable {
         batch_path: format!("{prefix}{LOG_BATCH}"),
         run_id: envelope.run_id.into_owned(),
