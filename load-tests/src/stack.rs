@@ -398,16 +398,18 @@ impl BenchStack {
     /// Admin URLs (`/metrics`) of every mlscope-proxy behind `kind`: one for a proxy, each
     /// replica's for [`TargetKind::ProxyReplicas`], none for other targets.
     pub(crate) fn admin_urls(&self, kind: TargetKind) -> Vec<String> {
-        match (kind, &self.replicas) {
-            (TargetKind::ProxyReplicas, Some(replicas)) => replicas
-                .processes
-                .lock()
-                .expect("replicas lock")
-                .iter()
-                .map(|(p, _, _)| trim_url(&p.admin_url))
-                .collect(),
-            _ => self.admin_url(kind).into_iter().collect(),
-        }
+        self.each_replica(kind, |p| trim_url(&p.admin_url))
+            .unwrap_or_else(|| self.admin_url(kind).into_iter().collect())
+    }
+
+    /// `f` of each replica of [`TargetKind::ProxyReplicas`]; `None` for other targets.
+    fn each_replica<T>(&self, kind: TargetKind, f: impl Fn(&ProxyProcess) -> T) -> Option<Vec<T>> {
+        let replicas = self
+            .replicas
+            .as_ref()
+            .filter(|_| kind == TargetKind::ProxyReplicas)?;
+        let processes = replicas.processes.lock().expect("replicas lock");
+        Some(processes.iter().map(|(p, _, _)| f(p)).collect())
     }
 
     /// Admin URL (`/metrics`) of the mlscope-proxy behind `kind`; `None` for other targets.
@@ -426,16 +428,12 @@ impl BenchStack {
     /// Process ids of every mlscope-proxy behind `kind` (each replica's for
     /// [`TargetKind::ProxyReplicas`]), for reading their memory and descriptors from `/proc`.
     pub(crate) fn proxy_pids(&self, kind: TargetKind) -> Vec<u32> {
-        match (kind, &self.replicas) {
-            (TargetKind::ProxyReplicas, Some(replicas)) => replicas
-                .processes
-                .lock()
-                .expect("replicas lock")
-                .iter()
-                .map(|(p, _, _)| p.process.pid())
-                .collect(),
-            (TargetKind::Direct | TargetKind::Nginx, _) => Vec::new(),
-            (kind, _) => self.pgid(kind).into_iter().collect(),
+        if let Some(pids) = self.each_replica(kind, |p| p.process.pid()) {
+            return pids;
+        }
+        match kind {
+            TargetKind::Direct | TargetKind::Nginx | TargetKind::ProxyReplicas => Vec::new(),
+            kind => self.pgid(kind).into_iter().collect(),
         }
     }
 

@@ -175,6 +175,19 @@ fn near_valid_body() -> impl Strategy<Value = String> {
         })
 }
 
+/// Every metric renamed to `system/n/node_x`, and given step 7 where it carries a step (as the
+/// rewriter does: a new step only where the sample has one).
+fn rename_every_metric(body: &MetricsBody<'_>) -> Vec<Edit<'static>> {
+    body.metrics
+        .iter()
+        .map(|m| Edit::Change {
+            key: Some("system/n/node_x"),
+            step: m.step.map(|_| 7),
+            also_original: false,
+        })
+        .collect()
+}
+
 #[test]
 fn near_valid_metrics_bodies_render_valid_json_and_change_only_keys_and_steps() {
     run("metrics body splice", near_valid_body(), |text| {
@@ -185,16 +198,7 @@ fn near_valid_metrics_bodies_render_valid_json_and_change_only_keys_and_steps() 
             // Kept byte for byte (the arbitrary-bytes property); valid JSON out needs valid JSON in.
             return Ok(());
         }
-        // As the rewriter does: a new step only where the sample carries one.
-        let edits: Vec<Edit> = body
-            .metrics
-            .iter()
-            .map(|m| Edit::Change {
-                key: Some("system/n/node_x"),
-                step: m.step.map(|_| 7),
-                also_original: false,
-            })
-            .collect();
+        let edits = rename_every_metric(&body);
         let (_, out) = body.render(&edits);
         let rendered: serde_json::Value = serde_json::from_slice(&out)
             .map_err(|e| TestCaseError::fail(format!("{e}: {}", String::from_utf8_lossy(&out))))?;
@@ -350,15 +354,7 @@ fn the_rewriters_single_read_tells_the_coalescer_what_its_own_read_would() {
             "unchanged: {}",
             text
         );
-        let edits: Vec<Edit> = body
-            .metrics
-            .iter()
-            .map(|m| Edit::Change {
-                key: Some("system/n/node_x"),
-                step: m.step.map(|_| 7),
-                also_original: false,
-            })
-            .collect();
+        let edits = rename_every_metric(&body);
         let (target, out, spans) = body.render_spans(&edits);
         let out = bytes::Bytes::from(out);
         prop_assert_eq!(
