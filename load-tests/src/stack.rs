@@ -485,7 +485,7 @@ impl Replicas {
             args: proxy_args,
             upstream: upstream.to_owned(),
             dir: dir.to_owned(),
-            database: database,
+            database,
         })
     }
 

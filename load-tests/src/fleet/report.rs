@@ -395,6 +395,14 @@ pub(crate) fn json(args: &FleetArgs, mlflow_version: Option<&str>, outcomes: &[O
                     "samples_per_batch": b.samples_per_batch(),
                 })),
                 "count_error": o.count_error,
+                "resources": o.resources.iter().map(|r| json!({
+                    "at_s": r.at.as_secs_f64(),
+                    "rss_bytes": r.rss_bytes,
+                    "open_fds": r.open_fds,
+                    "queued_requests": r.queued_requests,
+                    "in_flight": r.in_flight,
+                    "state_rows": r.state_rows,
+                })).collect::<Vec<_>>(),
             })
         })
         .collect();

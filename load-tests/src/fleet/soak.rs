@@ -41,10 +41,11 @@ impl Sampler {
             let mut samples = Vec::new();
             let mut tick = tokio::time::interval(every);
             loop {
-                tokio::select! {
-                    _ = tick.tick() => {}
-                    _ = stopped.changed() => break,
-                }
+                // One sample per tick, and a last one once the load has been answered.
+                let last = tokio::select! {
+                    _ = tick.tick() => false,
+                    _ = stopped.changed() => true,
+                };
                 let mut sample = Sample {
                     at: started.elapsed(),
                     ..Sample::default()
@@ -66,6 +67,9 @@ impl Sampler {
                     sample.state_rows = state_rows(url).await;
                 }
                 samples.push(sample);
+                if last {
+                    break;
+                }
             }
             samples
         });

@@ -189,7 +189,7 @@ mod tests {
         }
     }
 
-    fn take<'a>(queue: &'a [Writes]) -> usize {
+    fn take(queue: &[Writes]) -> usize {
         let mut builder = Builder::default();
         queue.iter().take_while(|w| builder.add(w)).count()
     }

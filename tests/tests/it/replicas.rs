@@ -85,3 +85,89 @@ fn a_replica_killed_under_load_loses_no_sample_and_no_checkpoint_and_doubles_non
     assert_eq!(objects["read_back"], objects["acknowledged"], "{report}");
     assert_eq!(row["count_error"], Value::Null, "{report}");
 }
+
+/// The soak at test size (the hour is in BENCHMARKS.md): a steady fleet through nginx and two
+/// replicas on PostgreSQL for a minute, the proxies' resources sampled every 3 s. Every sample is
+/// stored once; once the load is answered the coalescers hold nothing and nothing is in flight;
+/// the state database does not grow after every rank has been heard; memory and descriptors stay
+/// within a bound of their mid-run values.
+#[test]
+fn a_steady_fleet_through_two_replicas_leaves_the_proxies_as_it_found_them() {
+    let admin = std::env::var("MLSCOPE_TEST_POSTGRES_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into());
+    let mlflow_db = PostgresDatabase::create(&admin, "mlscope_it_soak").unwrap();
+    let backend = mlflow_db
+        .url
+        .replacen("postgres://", "postgresql+psycopg://", 1);
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("fleet.json");
+    let output = Command::new(proxy_binary().with_file_name("mlscope-bench"))
+        .args([
+            "fleet",
+            "--mlflow-backend",
+            &backend,
+            "--replica-postgres",
+            &admin,
+        ])
+        .args(["--targets", "mlscope-replicas", "--replicas", "2"])
+        .args([
+            "--nodes",
+            "2",
+            "--ranks-per-node",
+            "8",
+            "--time-scale",
+            "10",
+        ])
+        .args(["--duration", "60s", "--sample-every", "3s"])
+        .args([
+            "--retries",
+            "7",
+            "--request-timeout",
+            "60s",
+            "--p99-bound",
+            "60s",
+        ])
+        .arg("--json")
+        .arg(&json)
+        .output()
+        .unwrap();
+    let report = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "{report}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let summary: Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    let row = &summary["rows"][0];
+    let samples = &row["samples"];
+    assert_eq!(
+        (
+            row["failed"].as_u64(),
+            samples["missing"].as_u64(),
+            samples["duplicated"].as_u64()
+        ),
+        (Some(0), Some(0), Some(0)),
+        "{report}"
+    );
+    let resources = row["resources"].as_array().expect("resource samples");
+    assert!(resources.len() >= 10, "{report}");
+    let (middle, last) = (
+        &resources[resources.len() / 2],
+        &resources[resources.len() - 1],
+    );
+    let value = |r: &Value, name: &str| r[name].as_f64().unwrap_or(f64::NAN);
+    assert_eq!(value(last, "queued_requests"), 0.0, "{report}");
+    assert_eq!(value(last, "in_flight"), 0.0, "{report}");
+    assert_eq!(
+        last["state_rows"], middle["state_rows"],
+        "state rows grew after every rank was heard: {report}"
+    );
+    assert!(
+        value(last, "rss_bytes") <= value(middle, "rss_bytes") + 64.0 * 1024.0 * 1024.0,
+        "{report}"
+    );
+    assert!(
+        value(last, "open_fds") <= value(middle, "open_fds") + 64.0,
+        "{report}"
+    );
+}
