@@ -288,13 +288,19 @@ impl Agent {
     }
 
     fn push_sample(&mut self) {
+        self.push_sample_with(Outbox::push);
+    }
+
+    /// Takes a sample and queues it (with the placement tags before the first one) through
+    /// `push`.
+    fn push_sample_with(&mut self, push: fn(&Outbox, Payload)) {
         let sample = self.sampler.sample();
         if let Some(placement) = self.placement.take() {
             let tags = placement.tags(&sample, self.sampler.gpu_inventory());
-            self.outbox.push(Payload::Tags(tags));
+            push(&self.outbox, Payload::Tags(tags));
         }
         for batch in sample.into_batches() {
-            self.outbox.push(Payload::Sample(batch));
+            push(&self.outbox, Payload::Sample(batch));
         }
     }
 
@@ -320,9 +326,10 @@ impl Agent {
 
     /// One final sample, the tags, then whatever can be sent within `flush_timeout`.
     fn finish(mut self, flush_timeout: Duration, tags: Option<Vec<(String, String)>>) {
-        self.push_sample();
+        // The final sample and the outcome never push each other (or the placement) out.
+        self.push_sample_with(Outbox::push_final);
         if let Some(tags) = tags {
-            self.outbox.push(Payload::Tags(tags));
+            self.outbox.push_final(Payload::Tags(tags));
         }
         self.outbox.close(Instant::now() + flush_timeout);
         match self.sender.join() {

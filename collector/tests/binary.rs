@@ -274,8 +274,8 @@ fn unreachable_mlflow_never_makes_the_collector_fail_and_a_full_buffer_drops_the
     assert!(stats["dropped"].as_u64().unwrap() > 0, "{last}");
     assert_eq!(
         stats["unsent"].as_u64(),
-        Some(3),
-        "the buffer holds 300ms / 100ms samples: {last}"
+        Some(4),
+        "the buffer holds 300ms / 100ms samples, and the final sample is never dropped: {last}"
     );
 }
 
@@ -342,10 +342,14 @@ fn wrapper_mode_passes_the_exit_status_through_sets_the_node_id_and_tags_the_run
         tags.get("mlscope/rank-2/oom_kills").map(String::as_str),
         Some("0")
     );
-    // The final sample went out before the tags.
+    // Nothing the rank said last was dropped: the placement tags, then the final sample, then
+    // the outcome tags, in that order.
     let received = mlflow.accepted();
     assert!(
-        received.len() == 2 && received[0].step() == Some(0) && !received[1].tags().is_empty(),
+        received.len() == 3
+            && !received[0].tags().is_empty()
+            && received[1].step() == Some(0)
+            && !received[2].tags().is_empty(),
         "{received:?}"
     );
 }

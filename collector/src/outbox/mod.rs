@@ -81,6 +81,14 @@ impl Outbox {
         self.changed.notify_all();
     }
 
+    /// Queues one of the last payloads of a stopping agent (its final sample, its outcome tags)
+    /// without dropping anything to make room: what a rank says last matters most, and a stopping
+    /// agent sends only a few such payloads, so the buffer exceeds its capacity by at most those.
+    pub fn push_final(&self, payload: Payload) {
+        self.lock().items.push_back(payload);
+        self.changed.notify_all();
+    }
+
     /// No more payloads will come; the sender sends what is queued until `deadline`.
     pub fn close(&self, deadline: Instant) {
         self.lock().deadline = Some(deadline);
@@ -158,6 +166,17 @@ mod tests {
             Payload::Sample(s) => s.step,
             Payload::Tags(_) => -1,
         }
+    }
+
+    #[test]
+    fn a_stopping_agents_last_payloads_are_never_dropped() {
+        let outbox = Outbox::new(2);
+        outbox.push(sample(0));
+        outbox.push(sample(1));
+        outbox.push_final(sample(2));
+        outbox.push_final(Payload::Tags(vec![("outcome".into(), "exited".into())]));
+        assert_eq!(outbox.dropped(), 0);
+        assert_eq!(outbox.pending(), 4);
     }
 
     #[test]
