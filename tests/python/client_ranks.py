@@ -5,7 +5,9 @@ Each of THREADS threads stands for a rank and, for STEPS steps, calls `MlflowCli
 param, re-logs a param every rank shares with the same value, sets a tag, and logs an asynchronous
 batch mixing metrics, params and tags (the shape of MLflow's asynchronous logger). Timestamps are
 fixed, so two runs of this script write the same data. Reads RUN_ID, THREADS, STEPS and
-MLFLOW_TRACKING_URI; exits non-zero when any call fails.
+MLFLOW_TRACKING_URI; with SEQUENTIAL=1 the ranks run one after another (the reference run
+straight to MLflow: concurrent inserts of one param race inside MLflow and one of them gets a 400
+IntegrityError). Exits non-zero when any call fails.
 """
 
 import os
@@ -43,13 +45,18 @@ def main():
     steps = int(os.environ.get("STEPS", "20"))
     client = MlflowClient()
     errors = []
-    workers = [
-        threading.Thread(target=rank, args=(client, run_id, r, steps, errors)) for r in range(threads)
-    ]
-    for w in workers:
-        w.start()
-    for w in workers:
-        w.join()
+    if os.environ.get("SEQUENTIAL") == "1":
+        for r in range(threads):
+            rank(client, run_id, r, steps, errors)
+    else:
+        workers = [
+            threading.Thread(target=rank, args=(client, run_id, r, steps, errors))
+            for r in range(threads)
+        ]
+        for w in workers:
+            w.start()
+        for w in workers:
+            w.join()
     if errors:
         print("\n".join(errors), file=sys.stderr)
         sys.exit(1)
