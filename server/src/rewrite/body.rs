@@ -52,8 +52,10 @@ const RUN_ID_CAMEL: usize = 2;
 const METRICS: usize = 3;
 const PARAMS: usize = 4;
 const TAGS: usize = 5;
-/// `log-metric`'s optional `Metric` fields, at the top level.
-const OPTIONAL: std::ops::Range<usize> = 10..13;
+/// Where `log-metric`'s metric fields start at the top level: `key`, `value`, `timestamp`, `step`
+/// in the order of [`METRIC`], then its optional `Metric` fields.
+const LOG_METRIC: usize = 6;
+const OPTIONAL: std::ops::Range<usize> = LOG_METRIC + 4..LOG_METRIC + 7;
 /// Fields of a metric: the four the rewriter reads, then those of MLflow's `Metric` it carries.
 const METRIC: [&str; 8] = [
     "key",
@@ -344,7 +346,7 @@ impl<'a> MetricsBody<'a> {
                     raw: [None; 8],
                     unknown: false,
                 };
-                fields.raw[..4].copy_from_slice(&envelope.raw[6..10]);
+                fields.raw[..4].copy_from_slice(&envelope.raw[LOG_METRIC..LOG_METRIC + 4]);
                 match Metric::read(text, &fields, 0..text.len())? {
                     Some(metric) => (vec![metric], None),
                     None => return Err(BodyError::Unreadable("log-metric without a key".into())),
@@ -465,7 +467,7 @@ impl<'a> MetricsBody<'a> {
             return Err(Alone::Shape);
         }
         let metric = &self.metrics[0];
-        let value = envelope.get(VALUE + 6).ok_or(Alone::Shape)?;
+        let value = envelope.get(LOG_METRIC + VALUE).ok_or(Alone::Shape)?;
         let (key, step) = match edit {
             Some(Edit::Change { key, step, .. }) => (
                 key.map(Cow::Borrowed).unwrap_or_else(|| metric.key.clone()),
@@ -476,16 +478,13 @@ impl<'a> MetricsBody<'a> {
         if metric.step_quoted {
             return Err(Alone::Element);
         }
-        let step = step.or_else(|| envelope.get(STEP + 6).map(|s| s.get().to_owned()));
-        let optional = [
-            envelope.get(OPTIONAL.start),
-            envelope.get(OPTIONAL.start + 1),
-            envelope.get(OPTIONAL.start + 2),
-        ];
+        let step = step.or_else(|| envelope.get(LOG_METRIC + STEP).map(|s| s.get().to_owned()));
+        let optional =
+            [OPTIONAL.start, OPTIONAL.start + 1, OPTIONAL.start + 2].map(|i| envelope.get(i));
         let element = writes::log_metric_element(
             &key,
             value,
-            envelope.get(TIMESTAMP + 6),
+            envelope.get(LOG_METRIC + TIMESTAMP),
             step.as_deref(),
             optional,
             &run_id,
