@@ -100,6 +100,16 @@ impl Default for S3Settings {
     }
 }
 
+/// The HTTP client of every AWS call the proxy makes (S3, and the credential providers' STS,
+/// IMDS and container endpoints): hyper with rustls on ring, trusting the system's roots; plain
+/// `http://` endpoints (a store inside the cluster) need no TLS at all.
+pub fn https_client() -> aws_sdk_s3::config::SharedHttpClient {
+    use aws_smithy_http_client::tls::{rustls_provider::CryptoMode, Provider};
+    aws_smithy_http_client::Builder::new()
+        .tls_provider(Provider::Rustls(CryptoMode::Ring))
+        .build_https()
+}
+
 /// A client bound to one destination.
 #[derive(Clone, Debug)]
 pub struct Bucket {
@@ -120,6 +130,7 @@ impl Bucket {
             .clone()
             .unwrap_or_else(|| quirks.default_region.to_owned());
         let shared = aws_config::defaults(BehaviorVersion::latest())
+            .http_client(https_client())
             .region(Region::new(region))
             .load()
             .await;

@@ -158,10 +158,12 @@ async fn list(gateway: &QuirkyGateway, path: &str) -> Value {
 
 /// An S3 client with the SDK's default settings (request checksums "when supported", response
 /// validation "when supported"). Only what reaching a store by IP address needs is set:
-/// endpoint, region, static credentials and path-style addressing.
+/// endpoint, region, static credentials and path-style addressing, and the HTTP client (the
+/// project builds the SDK without its default one).
 fn default_sdk_client(endpoint: &str) -> aws_sdk_s3::Client {
     let config = aws_sdk_s3::Config::builder()
         .behavior_version(BehaviorVersion::latest())
+        .http_client(mlscope_proxy::artifacts::s3::https_client())
         .endpoint_url(endpoint)
         .region(Region::new("us-east-1"))
         .credentials_provider(Credentials::new(
