@@ -355,6 +355,56 @@ fn wrapper_mode_passes_the_exit_status_through_sets_the_node_id_and_tags_the_run
 }
 
 #[test]
+fn with_an_hour_interval_and_mlflow_refusing_at_first_the_last_sample_and_outcome_still_arrive() {
+    // The buffer holds two payloads (`--buffer 1s` / `--interval 1h`, at least 2) and MLflow
+    // answers 503 to the first five attempts, so all three payloads of a rank that ends at once
+    // (placement tags, final sample, outcome tags) wait in the buffer together.
+    let mlflow = MockMlflow::start(|i| match i {
+        0..=4 => (
+            503,
+            r#"{"error_code":"TEMPORARILY_UNAVAILABLE","message":"MLflow is restarting"}"#.into(),
+        ),
+        _ => (200, "{}".into()),
+    });
+    let child = spawn(
+        collector(
+            &mlflow.url,
+            &[
+                "--interval",
+                "1h",
+                "--buffer",
+                "1s",
+                "--max-backoff",
+                "100ms",
+                "--",
+                "sh",
+                "-c",
+                "exit 0",
+            ],
+        )
+        .env("RANK", "1"),
+    );
+    let (status, _, stderr) = finish(child, EXIT);
+    assert_eq!(status.code(), Some(0), "{stderr}");
+    let received = mlflow.accepted();
+    assert!(
+        received.len() == 3
+            && received[0].tags().contains_key("mlscope/rank-1/node")
+            && received[1].step() == Some(0)
+            && received[2]
+                .tags()
+                .get("mlscope/rank-1/outcome")
+                .map(String::as_str)
+                == Some("exited"),
+        "placement, final sample, outcome, in that order: {received:?}\n{stderr}"
+    );
+    assert!(
+        stderr_lines_with(&stderr, "dropping").is_empty(),
+        "nothing was dropped: {stderr}"
+    );
+}
+
+#[test]
 fn wrapper_mode_keeps_a_node_id_the_pod_already_set() {
     let mlflow = MockMlflow::ok();
     let dir = tempfile::tempdir().unwrap();

@@ -25,7 +25,8 @@ pub enum Payload {
 }
 
 /// The queue. Holds at most `capacity` payloads, the one being sent included; when full, the
-/// oldest is dropped and counted.
+/// oldest sample is dropped and counted. Tags and a stopping agent's last payloads are never
+/// dropped, so the bound is `capacity` plus those few.
 #[derive(Debug)]
 pub struct Outbox {
     state: Mutex<State>,
@@ -60,19 +61,28 @@ impl Outbox {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Queues a payload; never waits for the network.
+    /// Queues a payload; never waits for the network. When the buffer is full, the oldest
+    /// queued *sample* makes room: tags (the rank's placement) are few, sent once, and not
+    /// measured again, so they are never dropped; a newer sample replaces an older one.
     pub fn push(&self, payload: Payload) {
         let mut state = self.lock();
-        while state.items.len() + usize::from(state.in_flight) >= state.capacity
-            && !state.items.is_empty()
-        {
-            state.items.pop_front();
+        while state.items.len() + usize::from(state.in_flight) >= state.capacity {
+            let Some(oldest) = state
+                .items
+                .iter()
+                .position(|p| matches!(p, Payload::Sample(_)))
+            else {
+                break;
+            };
+            state.items.remove(oldest);
             state.dropped += 1;
             if state.dropped == 1 || state.dropped.is_power_of_two() {
+                // Full means MLflow has not taken samples as fast as they were taken: it is
+                // down, refusing with retryable answers, or slower than the interval.
                 tracing::warn!(
                     capacity = state.capacity,
                     dropped = state.dropped,
-                    "buffer full while MLflow is unreachable: dropping the oldest samples"
+                    "buffer full: MLflow has not accepted samples as fast as they are taken (unreachable, answering 429/5xx, or slow); dropping the oldest sample"
                 );
             }
         }
@@ -191,6 +201,21 @@ mod tests {
             .map(|p| step(&p))
             .collect();
         assert_eq!(left, [2, 3, 4]);
+    }
+
+    #[test]
+    fn tags_are_never_dropped_to_make_room_for_samples() {
+        let placement = Payload::Tags(vec![("node".into(), "n1".into())]);
+        let outbox = Outbox::new(2);
+        outbox.push(placement.clone());
+        for s in 0..4 {
+            outbox.push(sample(s));
+        }
+        outbox.close(Instant::now() + Duration::from_secs(1));
+        let left: Vec<Payload> =
+            std::iter::from_fn(|| outbox.take().inspect(|_| outbox.done())).collect();
+        assert_eq!(left, [placement, sample(3)]);
+        assert_eq!(outbox.dropped(), 3);
     }
 
     #[test]

@@ -238,6 +238,12 @@ pub fn collector(url: &str, args: &[&str]) -> Command {
         .env("MLFLOW_RUN_ID", "run-1")
         .env("MLSCOPE_LOG_FORMAT", "json")
         .args(args);
+    // Kept through the cleared environment: scripts/test finds what a run left running by it.
+    for kept in ["MLSCOPE_TEST_RUN", "TMPDIR"] {
+        if let Some(value) = std::env::var_os(kept) {
+            command.env(kept, value);
+        }
+    }
     command
 }
 
