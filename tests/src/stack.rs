@@ -436,7 +436,12 @@ impl S3Store {
     }
 
     fn spawn(dir: &Path, s3_port: u16) -> Result<S3Store> {
-        let data = dir.join(format!("seaweedfs-{s3_port}"));
+        Self::spawn_named(dir, &format!("seaweedfs-{s3_port}"), s3_port)
+    }
+
+    /// As [`S3Store::spawn`], with the data in `dir/<name>` and the log in `dir/<name>.log`.
+    fn spawn_named(dir: &Path, name: &str, s3_port: u16) -> Result<S3Store> {
+        let data = dir.join(name);
         fs::create_dir_all(&data).with_context(|| format!("creating {}", data.display()))?;
         // Every port is explicit: the gRPC ports default to port + 10000, which overflows for
         // high random ports, and defaults would collide between parallel instances.
@@ -475,11 +480,7 @@ impl S3Store {
                 data.join(format!("{socket}.sock")).display()
             ));
         }
-        let process = Process::spawn(
-            "SeaweedFS",
-            &command,
-            &dir.join(format!("seaweedfs-{s3_port}.log")),
-        )?;
+        let process = Process::spawn("SeaweedFS", &command, &dir.join(format!("{name}.log")))?;
         Ok(S3Store {
             url: format!("http://127.0.0.1:{s3_port}"),
             bucket: Self::BUCKET.to_owned(),
@@ -730,16 +731,37 @@ impl Default for StackOptions {
     }
 }
 
-/// SeaweedFS, MLflow and (optionally) the proxy, with their data and logs in one temporary
-/// directory. Dropping it stops the processes, then removes the directory.
+/// SeaweedFS, MLflow and (optionally) the proxy, with their data and logs in one directory.
+/// Dropping it stops the processes, then removes a temporary directory.
 #[derive(Debug)]
 pub struct TestStack {
-    pub dir: tempfile::TempDir,
+    pub dir: StackDir,
     pub s3: S3Store,
     pub mlflow: MlflowServer,
     pub proxy: Option<ProxyProcess>,
-    /// Held only for what happens when it is dropped, or never dropped.
-    _remover: DirRemover,
+    /// Held only for what happens when it is dropped, or never dropped; none for a kept
+    /// directory.
+    _remover: Option<DirRemover>,
+}
+
+/// Where a stack keeps its data and logs.
+#[derive(Debug)]
+pub enum StackDir {
+    /// The tests' stacks: removed with the stack, or by a [`DirRemover`] when the process dies
+    /// without dropping it.
+    Temporary(tempfile::TempDir),
+    /// The quick-start stack's: kept across restarts, with fixed file names (`mlflow.db`,
+    /// `seaweedfs/`, `mlscope-proxy.db`), so a restart on other ports finds the same data.
+    Kept(PathBuf),
+}
+
+impl StackDir {
+    pub fn path(&self) -> &Path {
+        match self {
+            StackDir::Temporary(dir) => dir.path(),
+            StackDir::Kept(path) => path,
+        }
+    }
 }
 
 impl TestStack {
@@ -761,7 +783,7 @@ impl TestStack {
             proxy: free_port(),
             admin: free_port(),
         };
-        Self::launch(dir, &opts, ports, mlflow_venv)
+        Self::launch(StackDir::Temporary(dir), &opts, ports, mlflow_venv)
     }
 
     /// Starts a stack in `dir` on the given ports.
@@ -770,35 +792,60 @@ impl TestStack {
         opts: &StackOptions,
         ports: StackPorts,
     ) -> Result<TestStack> {
-        Self::launch(dir, opts, ports, &venv())
+        Self::launch(StackDir::Temporary(dir), opts, ports, &venv())
+    }
+
+    /// Starts a stack whose data stays in `dir` when it stops, and starts again from there.
+    pub fn start_kept(dir: &Path, opts: &StackOptions, ports: StackPorts) -> Result<TestStack> {
+        fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        Self::launch(StackDir::Kept(dir.to_owned()), opts, ports, &venv())
     }
 
     fn launch(
-        dir: tempfile::TempDir,
+        dir: StackDir,
         opts: &StackOptions,
         ports: StackPorts,
         mlflow_venv: &Path,
     ) -> Result<TestStack> {
-        let remover = DirRemover::spawn(dir.path())?;
+        let path = dir.path();
+        let kept = matches!(dir, StackDir::Kept(_));
+        let remover = if kept {
+            None
+        } else {
+            Some(DirRemover::spawn(path)?)
+        };
+        let kept_mlflow_backend = format!("sqlite:///{}", path.join("mlflow.db").display());
+        let mlflow_backend = match &opts.mlflow_backend {
+            Some(uri) => Some(uri.as_str()),
+            None if kept => Some(kept_mlflow_backend.as_str()),
+            None => None,
+        };
         // MLflow takes the longest to start and needs no S3 until the first artifact request:
         // start both at once and wait for each afterwards.
-        let mut s3 = S3Store::spawn(dir.path(), ports.s3)?;
-        let mut mlflow = MlflowServer::spawn(
-            mlflow_venv,
-            dir.path(),
-            &s3,
-            opts.mlflow_backend.as_deref(),
-            ports.mlflow,
-            None,
-        )?;
+        let mut s3 = if kept {
+            S3Store::spawn_named(path, "seaweedfs", ports.s3)?
+        } else {
+            S3Store::spawn(path, ports.s3)?
+        };
+        let mut mlflow =
+            MlflowServer::spawn(mlflow_venv, path, &s3, mlflow_backend, ports.mlflow, None)?;
         s3.wait_ready()?;
         mlflow.wait_ready()?;
         let proxy = if opts.proxy {
-            let args: Vec<&str> = opts.proxy_args.iter().map(String::as_str).collect();
+            let mut args: Vec<String> = opts.proxy_args.clone();
+            let named = |flag: &str| {
+                args.iter()
+                    .any(|a| a == flag || a.starts_with(&format!("{flag}=")))
+            };
+            if kept && !named("--database-url") {
+                let state = format!("sqlite://{}", path.join("mlscope-proxy.db").display());
+                args.splice(0..0, ["--database-url".to_owned(), state]);
+            }
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
             Some(spawn_proxy_on(
                 &mlflow.url,
                 &args,
-                dir.path(),
+                path,
                 ports.proxy,
                 ports.admin,
             )?)
@@ -861,12 +908,13 @@ pub struct StackPorts {
 /// Like the watchdogs, it notices that death by EOF on its stdin; it then waits until the
 /// watchdogs have stopped the processes writing into the directory.
 #[derive(Debug)]
-struct DirRemover {
+pub struct DirRemover {
     child: Child,
 }
 
 impl DirRemover {
-    fn spawn(dir: &Path) -> Result<DirRemover> {
+    /// Starts the remover of `dir`; hold it as long as the directory is used.
+    pub fn spawn(dir: &Path) -> Result<DirRemover> {
         let child = Command::new("sh")
             .args(["-c", "read -r _; sleep 7; exec rm -rf -- \"$1\"", "sh"])
             .arg(dir)
@@ -997,6 +1045,16 @@ http {
             .arg(&config_path)
             .arg("-e")
             .arg(prefix.join("error.log"));
+        // In the foreground, so the harness owns it and stops it with its process group. The
+        // shipped gateway config leaves `daemon` to the command line (`-g 'daemon off;'` is how
+        // container images run nginx); started as it ships, nginx would detach and outlive the
+        // tests. A config that says it already must not get it twice (nginx refuses duplicates).
+        if !config
+            .lines()
+            .any(|line| line.trim_start().starts_with("daemon "))
+        {
+            command.args(["-g", "daemon off;"]);
+        }
         let mut process = Process::spawn("nginx", &command, &prefix.join("stderr.log"))?;
         process.wait_until("accepting connections", PROXY_READY_TIMEOUT, || {
             accepts_connections(listen)

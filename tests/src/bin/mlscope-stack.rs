@@ -2,9 +2,14 @@
 //! loopback ports (a busy port is replaced by a free one), until Ctrl-C or SIGTERM. A demo run
 //! gets mlscope-collector's scoped series (through the proxy) beside MLflow's own system metrics
 //! (posted straight to MLflow), so the difference shows in the MLflow UI.
+//!
+//! MLflow's database, the artifacts (SeaweedFS) and the proxy's state live in one named
+//! directory that outlives the stack: clients may be pointed at it, and a restart shows
+//! everything logged before. `--fresh` starts from an empty directory.
 
+use std::fs;
 use std::net::TcpListener;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -31,7 +36,15 @@ struct Args {
     /// Port of the S3 endpoint (SeaweedFS).
     #[arg(long, env = "MLSCOPE_STACK_S3_PORT", default_value_t = 8333)]
     s3_port: u16,
-    /// MLflow's backend store URI [default: an SQLite file in the stack's temporary directory].
+    /// Where MLflow's database, the artifacts, the proxy's state and the logs are kept across
+    /// restarts [default: .stack in the repository].
+    #[arg(long, env = "MLSCOPE_STACK_DATA_DIR", value_name = "DIR")]
+    data_dir: Option<PathBuf>,
+    /// Throw away everything in the data directory first: start with no experiments, runs or
+    /// artifacts.
+    #[arg(long)]
+    fresh: bool,
+    /// MLflow's backend store URI [default: mlflow.db, SQLite, in the data directory].
     #[arg(long, env = "MLSCOPE_STACK_MLFLOW_BACKEND")]
     mlflow_backend: Option<String>,
     /// Extra arguments for mlscope-proxy, e.g. `--proxy-arg=--log-format=text`.
@@ -85,15 +98,13 @@ fn run(args: Args) -> Result<()> {
         proxy_args,
         mlflow_backend: args.mlflow_backend,
     };
-    let dir = tempfile::Builder::new()
-        .prefix("mlscope-stack-")
-        .tempdir()
-        .context("creating the stack directory")?;
+    let dir = args.data_dir.unwrap_or_else(|| repo_root().join(".stack"));
+    let _lock = DataLock::take(&dir, args.fresh)?;
     eprintln!(
-        "starting SeaweedFS, MLflow (15–25 s) and mlscope-proxy in {}",
-        dir.path().display()
+        "starting SeaweedFS, MLflow (15–25 s) and mlscope-proxy; data in {}",
+        dir.display()
     );
-    let stack = TestStack::start_in(dir, &options, ports)?;
+    let stack = TestStack::start_kept(&dir, &options, ports)?;
     let proxy = stack
         .proxy
         .as_ref()
@@ -109,7 +120,7 @@ fn run(args: Args) -> Result<()> {
         proxy.admin_url
     );
     println!(
-        "logs and data:                       {}",
+        "logs and data (kept; --fresh clears): {}",
         stack.dir.path().display()
     );
     let demo = if args.no_demo {
@@ -133,16 +144,62 @@ fn run(args: Args) -> Result<()> {
     Ok(())
 }
 
+/// One stack per data directory: `stack.pid` names the stack using it. Removed when the stack
+/// stops; one left by a stack that was killed names a pid that is gone (or reused by something
+/// else, which `/proc/<pid>/exe` tells apart).
+struct DataLock {
+    path: PathBuf,
+}
+
+impl DataLock {
+    fn take(dir: &Path, fresh: bool) -> Result<DataLock> {
+        let path = dir.join("stack.pid");
+        if let Ok(pid) = fs::read_to_string(&path) {
+            let pid = pid.trim();
+            let exe = fs::read_link(format!("/proc/{pid}/exe")).ok();
+            if exe.is_some() && exe == std::env::current_exe().ok() {
+                bail!(
+                    "another stack (pid {pid}) is using {}; stop it first, or give this one \
+                     another --data-dir",
+                    dir.display()
+                );
+            }
+        }
+        if fresh && dir.exists() {
+            eprintln!("--fresh: removing {}", dir.display());
+            fs::remove_dir_all(dir).with_context(|| format!("removing {}", dir.display()))?;
+        }
+        fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        fs::write(&path, std::process::id().to_string())
+            .with_context(|| format!("writing {}", path.display()))?;
+        Ok(DataLock { path })
+    }
+}
+
+impl Drop for DataLock {
+    fn drop(&mut self) {
+        let _ = fs::remove_file(&self.path);
+    }
+}
+
 /// The demo run: one rank measured twice. `mlscope-collector` posts through the proxy
 /// (`system/<node>/node_*`, `system/rank-0/container_*`, ...); MLflow's own monitor posts
 /// straight to MLflow, under the names MLflow gives them (`system/cpu_utilization_percentage`).
+/// Stopping the stack ends the run (FINISHED), so the runs of earlier starts do not look alive.
 struct Demo {
-    _collector: Process,
-    _mlflow_monitor: Process,
+    collector: Option<Process>,
+    mlflow_monitor: Option<Process>,
+    client: reqwest::blocking::Client,
+    proxy_url: String,
+    run_id: String,
 }
 
 impl Demo {
     const EXPERIMENT: &'static str = "mlscope-demo";
+    /// MLflow 3 opens an experiment without this tag in its GenAI view, where a training run is
+    /// shown as an "evaluation run"; this value asks for the classic machine-learning view.
+    const EXPERIMENT_KIND: (&'static str, &'static str) =
+        ("mlflow.experimentKind", "custom_model_development");
     /// MLflow's monitor gives up after this long; the collector runs until the stack stops.
     const MONITOR_SECONDS: u32 = 7 * 24 * 3600;
 
@@ -155,10 +212,13 @@ impl Demo {
             &client,
             &proxy.url,
             "experiments/create",
-            json!({ "name": Self::EXPERIMENT }),
+            json!({
+                "name": Self::EXPERIMENT,
+                "tags": [{ "key": Self::EXPERIMENT_KIND.0, "value": Self::EXPERIMENT_KIND.1 }],
+            }),
         ) {
             Ok(created) => created["experiment_id"].clone(),
-            // A persistent backend (--mlflow-backend) already has it.
+            // A kept data directory already has it.
             Err(_) => client
                 .get(format!(
                     "{}/api/2.0/mlflow/experiments/get-by-name",
@@ -169,7 +229,18 @@ impl Demo {
                 .json::<Value>()?["experiment"]["experiment_id"]
                 .clone(),
         };
-        let now = SystemTime::now().duration_since(UNIX_EPOCH)?.as_millis() as u64;
+        // An experiment from before the tag was set gets it too.
+        mlflow_post(
+            &client,
+            &proxy.url,
+            "experiments/set-experiment-tag",
+            json!({
+                "experiment_id": experiment_id,
+                "key": Self::EXPERIMENT_KIND.0,
+                "value": Self::EXPERIMENT_KIND.1,
+            }),
+        )?;
+        let now = now_ms()?;
         let run = mlflow_post(
             &client,
             &proxy.url,
@@ -232,10 +303,38 @@ impl Demo {
         println!("  system/cpu_utilization_percentage, system_memory_*, disk_*, network_*: MLflow's own monitor (straight to MLflow)");
         println!("  artifacts/checkpoints/epoch_0.txt: uploaded through the proxy");
         Ok(Demo {
-            _collector: collector,
-            _mlflow_monitor: monitor,
+            collector: Some(collector),
+            mlflow_monitor: Some(monitor),
+            client,
+            proxy_url: proxy.url.clone(),
+            run_id,
         })
     }
+}
+
+impl Drop for Demo {
+    fn drop(&mut self) {
+        // The collector flushes its last sample through the proxy, then the run ends.
+        if let Some(mut collector) = self.collector.take() {
+            collector.terminate();
+        }
+        self.mlflow_monitor = None;
+        let ended = now_ms().map_err(anyhow::Error::from).and_then(|now| {
+            mlflow_post(
+                &self.client,
+                &self.proxy_url,
+                "runs/update",
+                json!({ "run_id": self.run_id, "status": "FINISHED", "end_time": now }),
+            )
+        });
+        if let Err(error) = ended {
+            eprintln!("mlscope-stack: the demo run was not ended: {error:#}");
+        }
+    }
+}
+
+fn now_ms() -> Result<u64, std::time::SystemTimeError> {
+    Ok(SystemTime::now().duration_since(UNIX_EPOCH)?.as_millis() as u64)
 }
 
 fn mlflow_post(

@@ -7,7 +7,8 @@ use std::collections::BTreeMap;
 use std::sync::OnceLock;
 
 use mlscope_tests::{
-    legacy_venv, spawn_proxy, venv, MlflowServer, ProxyProcess, S3Store, MLFLOW_ADMIN_PASSWORD,
+    legacy_venv, spawn_proxy, venv, DirRemover, MlflowServer, ProxyProcess, S3Store,
+    MLFLOW_ADMIN_PASSWORD,
 };
 use reqwest::{Method, StatusCode};
 use serde_json::{json, Value};
@@ -16,6 +17,9 @@ use crate::mlflow::{http, now_ms};
 
 struct AuthStack {
     _dir: tempfile::TempDir,
+    /// The stack lives in a static, never dropped: this removes its directory when the test
+    /// process exits.
+    _remover: DirRemover,
     _s3: S3Store,
     mlflow: MlflowServer,
     proxy: ProxyProcess,
@@ -63,6 +67,7 @@ fn stack(version: Version) -> &'static AuthStack {
             let dir = tempfile::Builder::new()
                 .prefix("mlscope-authz-")
                 .tempdir()?;
+            let remover = DirRemover::spawn(dir.path())?;
             let s3 = S3Store::start(dir.path())?;
             let mlflow = MlflowServer::start_with_basic_auth_from(&mlflow_venv, dir.path(), &s3)?;
             let args = s3.gateway_args(&s3.url);
@@ -70,6 +75,7 @@ fn stack(version: Version) -> &'static AuthStack {
             let proxy = spawn_proxy(&mlflow.url, &args, dir.path())?;
             Ok(AuthStack {
                 _dir: dir,
+                _remover: remover,
                 _s3: s3,
                 mlflow,
                 proxy,

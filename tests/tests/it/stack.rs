@@ -73,6 +73,11 @@ fn a_dropped_process_takes_its_whole_process_group_with_it() {
 
     drop(process);
 
+    // SIGKILL is delivered asynchronously to the members that are not our children.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !group_members(group).is_empty() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
     assert_eq!(group_members(group), Vec::<u32>::new());
 }
 
@@ -108,4 +113,162 @@ fn group_members(group: u32) -> Vec<u32> {
         }
     }
     members
+}
+
+// === the quick-start stack (scripts/up runs mlscope-stack) ===
+
+/// `mlscope-stack` in `data_dir` on free ports with a fast demo run; returns the process and the
+/// text it printed once it says the stack is up.
+fn start_quick_stack(data_dir: &std::path::Path, log: &std::path::Path) -> (Process, String) {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_mlscope-stack"));
+    command.arg("--data-dir").arg(data_dir);
+    for flag in ["--proxy-port", "--admin-port", "--mlflow-port", "--s3-port"] {
+        command.args([flag, &mlscope_tests::free_port().to_string()]);
+    }
+    command.args(["--demo-interval", "1"]);
+    let _ = fs::remove_file(log);
+    let mut process = Process::spawn("mlscope-stack", &command, log).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(180);
+    loop {
+        let text = fs::read_to_string(log).unwrap_or_default();
+        if text.contains("press Ctrl-C to stop") {
+            return (process, text);
+        }
+        assert!(
+            process.try_status().is_none() && Instant::now() < deadline,
+            "mlscope-stack did not come up:\n{text}"
+        );
+        std::thread::sleep(Duration::from_millis(250));
+    }
+}
+
+/// The value printed after `label` on the line that starts with it.
+fn printed<'a>(text: &'a str, label: &str) -> &'a str {
+    text.lines()
+        .find_map(|line| line.strip_prefix(label))
+        .unwrap_or_else(|| panic!("no {label:?} line in:\n{text}"))
+        .trim()
+}
+
+#[test]
+fn the_quick_start_stack_keeps_its_runs_and_artifacts_across_a_restart() {
+    let data = tempfile::tempdir().unwrap();
+    let logs = tempfile::tempdir().unwrap();
+    let log = logs.path().join("stack.log");
+    let client = reqwest::blocking::Client::builder()
+        .no_proxy()
+        .build()
+        .unwrap();
+
+    let (mut first, text) = start_quick_stack(data.path(), &log);
+    let demo = printed(&text, "demo run (mlscope-demo):");
+    let first_run = demo.rsplit('/').next().unwrap().to_owned();
+    let proxy = printed(&text, "MLflow UI and API (through mlscope):").to_owned();
+    // A few of the collector's samples reach MLflow before the stop.
+    std::thread::sleep(Duration::from_secs(3));
+    assert_eq!(first.terminate().code(), Some(0), "{}", first.log_tail());
+
+    let (mut second, text) = start_quick_stack(data.path(), &log);
+    let mlflow = printed(&text, "MLflow directly:").to_owned();
+    let api = |path: &str, query: &[(&str, &str)]| -> serde_json::Value {
+        let response = client
+            .get(format!("{mlflow}/api/2.0/mlflow/{path}"))
+            .query(query)
+            .send()
+            .unwrap();
+        assert!(response.status().is_success(), "{path}: {response:?}");
+        response.json().unwrap()
+    };
+    let run = api("runs/get", &[("run_id", &first_run)]);
+    assert_eq!(
+        run["run"]["info"]["status"], "FINISHED",
+        "stopping the stack ends its demo run: {run}"
+    );
+    let metrics = run["run"]["data"]["metrics"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    assert!(
+        metrics.iter().any(|m| m["key"]
+            .as_str()
+            .is_some_and(|k| k.starts_with("system/rank-0/"))),
+        "the collector's samples of the first start are still there: {run}"
+    );
+    let experiment = api(
+        "experiments/get",
+        &[(
+            "experiment_id",
+            run["run"]["info"]["experiment_id"].as_str().unwrap(),
+        )],
+    );
+    let tags = experiment["experiment"]["tags"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    assert!(
+        tags.iter().any(
+            |t| t["key"] == "mlflow.experimentKind" && t["value"] == "custom_model_development"
+        ),
+        "the demo experiment opens in MLflow's classic ML view: {experiment}"
+    );
+    // The first start's checkpoint, through the restarted proxy's artifact gateway.
+    let checkpoint = client
+        .get(format!(
+            "{proxy_now}/api/2.0/mlflow-artifacts/artifacts/{}/{first_run}/artifacts/checkpoints/epoch_0.txt",
+            run["run"]["info"]["experiment_id"].as_str().unwrap(),
+            proxy_now = printed(&text, "MLflow UI and API (through mlscope):"),
+        ))
+        .send()
+        .unwrap();
+    assert_eq!(checkpoint.status().as_u16(), 200, "the earlier checkpoint");
+    assert_eq!(checkpoint.text().unwrap(), "demo checkpoint\n");
+    let _ = proxy;
+    assert_eq!(second.terminate().code(), Some(0), "{}", second.log_tail());
+    assert!(
+        !data.path().join("stack.pid").exists(),
+        "a stopped stack releases its data directory"
+    );
+}
+
+#[test]
+fn scripts_up_help_answers_at_once_with_the_stacks_options() {
+    let root = mlscope_tests::repo_root();
+    // A `cargo` that fails and an environment that cannot be created: `--help` succeeds only if
+    // it neither builds nor sets anything up.
+    let bin = tempfile::tempdir().unwrap();
+    let cargo = bin.path().join("cargo");
+    fs::write(&cargo, "#!/bin/sh\nexit 99\n").unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    fs::set_permissions(&cargo, fs::Permissions::from_mode(0o755)).unwrap();
+    let up = Command::new("bash")
+        .arg(root.join("scripts/up"))
+        .arg("--help")
+        .env("PATH", format!("{}:/usr/bin:/bin", bin.path().display()))
+        .env("MLSCOPE_VENV", "/nonexistent/venv")
+        .output()
+        .unwrap();
+    assert!(up.status.success(), "{up:?}");
+    let up = String::from_utf8(up.stdout).unwrap();
+    let stack = Command::new(env!("CARGO_BIN_EXE_mlscope-stack"))
+        .arg("--help")
+        .output()
+        .unwrap();
+    let stack = String::from_utf8(stack.stdout).unwrap();
+    // The flags named in the Options section, e.g. `--proxy-arg` of `--proxy-arg=--x`.
+    let options = |help: &str| -> std::collections::BTreeSet<String> {
+        help.split("Options:")
+            .nth(1)
+            .unwrap_or_default()
+            .split_whitespace()
+            .filter(|w| w.starts_with("--") && w.len() > 2)
+            .map(|w| {
+                w.split('=')
+                    .next()
+                    .unwrap()
+                    .trim_end_matches(|c: char| !c.is_alphanumeric())
+                    .to_owned()
+            })
+            .collect()
+    };
+    assert_eq!(options(&up), options(&stack), "scripts/up --help:\n{up}");
 }
