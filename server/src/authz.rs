@@ -42,7 +42,7 @@ use http::{header, HeaderMap, HeaderName, HeaderValue, Method, StatusCode};
 use sha2::{Digest, Sha256};
 
 use crate::error::mlflow_error;
-use crate::proxy::Forwarder;
+use crate::proxy::{AnsweredBy, Forwarder};
 
 /// The name the probes append to a path. Not a number (experiment id), not a tier folder, not 32
 /// hex digits (a run id), and random per process so that it never names an existing object.
@@ -358,6 +358,7 @@ fn relay(answer: http::Response<Bytes>) -> Response {
             response.headers_mut().append(name.clone(), value.clone());
         }
     }
+    response.extensions_mut().insert(AnsweredBy::UPSTREAM);
     response
 }
 

@@ -13,13 +13,8 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tracing::Instrument;
 
 use crate::error::mlflow_error;
-use crate::proxy::{request_id, Guarded, RouteClass, X_REQUEST_ID};
+use crate::proxy::{request_id, AnsweredBy, Guarded, RouteClass, X_REQUEST_ID};
 use crate::telemetry::{ErrorLabels, Metrics, RequestLabels, RouteLabels};
-
-/// Who wrote a response, for the request log line: set as a response extension by handlers that
-/// answer from somewhere other than MLflow.
-#[derive(Debug, Clone, Copy)]
-pub struct AnsweredBy(pub &'static str);
 
 /// Request id (the client's own when sane, else a new one, sent upstream and back), a span
 /// carrying it with the route class, method and path, one log line per request and the request
@@ -52,10 +47,11 @@ pub async fn observe(State(metrics): State<Metrics>, mut request: Request, next:
                 status,
             })
             .inc();
+        // Unmarked responses are the proxy's own (see `AnsweredBy`).
         let answered_by = response
             .extensions()
             .get::<AnsweredBy>()
-            .map_or("upstream", |a| a.0);
+            .map_or(AnsweredBy::PROXY.0, |a| a.0);
         tracing::info!(
             status,
             latency_ms = elapsed.as_secs_f64() * 1e3,
@@ -220,6 +216,83 @@ fn method_label(method: &Method) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The request log lines written while `f` runs, as JSON.
+    async fn logged<F: std::future::Future>(f: F) -> Vec<serde_json::Value> {
+        #[derive(Clone, Default)]
+        struct Capture(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+        impl std::io::Write for Capture {
+            fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+                self.0.lock().unwrap().extend_from_slice(bytes);
+                Ok(bytes.len())
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        let capture = Capture::default();
+        let writer = capture.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .json()
+            .flatten_event(true)
+            .with_writer(move || writer.clone())
+            .finish();
+        let _default = tracing::subscriber::set_default(subscriber);
+        f.await;
+        let text = String::from_utf8(capture.0.lock().unwrap().clone()).unwrap();
+        text.lines()
+            .map(|line| serde_json::from_str(line).unwrap())
+            .collect()
+    }
+
+    /// Answers one request through `observe` and a forwarder to `upstream`; returns the status
+    /// and the log line's `answered_by`.
+    async fn answer_through(upstream: std::net::SocketAddr) -> (u16, String) {
+        use tower::ServiceExt;
+        let config = crate::config::Config {
+            upstream: crate::config::Upstream::parse(&format!("http://{upstream}")).unwrap(),
+            ..Default::default()
+        };
+        let metrics = Metrics::new();
+        let forwarder = crate::proxy::Forwarder::new(&config, metrics.clone());
+        let peer = std::net::SocketAddr::from(([127, 0, 0, 1], 1));
+        let router = axum::Router::new()
+            .fallback(move |request: Request| async move { forwarder.forward(request, peer).await })
+            .layer(axum::middleware::from_fn_with_state(metrics, observe));
+        let mut status = 0;
+        let lines = logged(async {
+            let request = http::Request::get("/api/2.0/mlflow/experiments/get?experiment_id=0")
+                .body(Body::empty())
+                .unwrap();
+            status = router.oneshot(request).await.unwrap().status().as_u16();
+        })
+        .await;
+        let line = lines
+            .iter()
+            .find(|l| l["message"] == "answered")
+            .unwrap_or_else(|| panic!("no request log line in {lines:?}"));
+        assert_eq!(line["status"], status);
+        (status, line["answered_by"].as_str().unwrap().to_owned())
+    }
+
+    #[tokio::test]
+    async fn a_502_the_proxy_made_because_mlflow_is_unreachable_is_logged_as_the_proxys() {
+        let closed = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap();
+        assert_eq!(answer_through(closed).await, (502, "proxy".to_owned()));
+    }
+
+    #[tokio::test]
+    async fn an_error_mlflow_sent_is_logged_as_the_upstreams() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let upstream = listener.local_addr().unwrap();
+        let mlflow = axum::Router::new().fallback(|| async { StatusCode::NOT_FOUND });
+        let server = tokio::spawn(async move { axum::serve(listener, mlflow).await });
+        assert_eq!(answer_through(upstream).await, (404, "upstream".to_owned()));
+        server.abort();
+    }
 
     #[test]
     fn made_up_methods_share_one_label() {

@@ -3,6 +3,7 @@
 //! - [`proxy`] forwards every MLflow route, streaming, with pooled upstream connections;
 //! - [`store`] keeps the proxy's own state in SQLite or PostgreSQL;
 //! - [`admin`] serves `/healthz`, `/readyz` and `/metrics` on their own listener;
+//! - [`listen`] reads the listeners' `HOST:PORT` addresses and binds them at startup;
 //! - [`app`] is the route table: which requests [`rewrite`] and [`artifacts`] answer, with
 //!   [`layers`] around every route and forwarding as the fallback; it runs until shutdown;
 //! - [`authz`] asks MLflow, with the client's credentials, whether what the proxy does itself is
@@ -23,6 +24,7 @@ pub mod dedup;
 pub mod error;
 pub mod health;
 pub mod layers;
+pub mod listen;
 pub mod proxy;
 pub mod relocate;
 pub mod rewrite;

@@ -1,7 +1,6 @@
 use std::process::ExitCode;
 
 use mlscope_proxy::config::{Config, ConfigError, Invocation};
-use tokio::net::TcpListener;
 use tokio::signal::unix::{signal, SignalKind};
 
 /// EX_USAGE from sysexits.h: the configuration was refused.
@@ -16,13 +15,18 @@ fn main() -> ExitCode {
             return ExitCode::SUCCESS;
         }
         Err(ConfigError::Cli(e)) => {
-            let first = e.to_string();
-            let line = first
-                .lines()
+            // clap's rendering: the error, its tips ("a similar argument exists: '--listen'"),
+            // then usage; the usage is left to --help.
+            let rendered = e.to_string();
+            let mut lines = rendered.lines();
+            let line = lines
                 .next()
                 .unwrap_or("invalid arguments")
                 .trim_start_matches("error: ");
             eprintln!("mlscope-proxy: invalid configuration: {line} (see --help)");
+            for tip in lines.filter(|l| l.trim_start().starts_with("tip:")) {
+                eprintln!("{tip}");
+            }
             return ExitCode::from(EXIT_CONFIG);
         }
         Err(e) => {
@@ -66,10 +70,14 @@ fn main() -> ExitCode {
 
 async fn serve(config: Config) -> anyhow::Result<()> {
     use anyhow::Context;
-    let listener = TcpListener::bind(config.listen)
+    let listener = config
+        .listen
+        .bind()
         .await
         .with_context(|| format!("binding --listen {}", config.listen))?;
-    let admin = TcpListener::bind(config.admin_listen)
+    let admin = config
+        .admin_listen
+        .bind()
         .await
         .with_context(|| format!("binding --admin-listen {}", config.admin_listen))?;
     mlscope_proxy::run(config, listener, admin, shutdown_signal()).await

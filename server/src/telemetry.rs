@@ -2,6 +2,7 @@
 //!
 //! Logs never carry request headers, so `Authorization` and cookies cannot leak into them.
 
+use std::io::IsTerminal;
 use std::sync::atomic::AtomicI64;
 use std::sync::Arc;
 
@@ -22,6 +23,13 @@ pub fn init_logging(format: LogFormat, filter: &str) {
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr);
+    // Where colour may be used, tracing-subscriber's default applies: colour unless NO_COLOR
+    // (https://no-color.org) is set to a non-empty value.
+    let builder = if may_colour(format, std::io::stderr().is_terminal()) {
+        builder
+    } else {
+        builder.with_ansi(false)
+    };
     match format {
         LogFormat::Json => builder
             .json()
@@ -31,6 +39,12 @@ pub fn init_logging(format: LogFormat, filter: &str) {
             .init(),
         LogFormat::Pretty => builder.compact().init(),
     }
+}
+
+/// Colour is for a person reading a terminal: logs redirected to a file or collected from a
+/// container's stderr would keep the escape codes, and JSON lines are read by programs.
+fn may_colour(format: LogFormat, stderr_is_terminal: bool) -> bool {
+    format == LogFormat::Pretty && stderr_is_terminal
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -498,5 +512,18 @@ impl Metrics {
 impl Default for Metrics {
     fn default() -> Self {
         Self::new()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn logs_are_coloured_only_when_pretty_and_on_a_terminal() {
+        assert!(may_colour(LogFormat::Pretty, true));
+        assert!(!may_colour(LogFormat::Pretty, false));
+        assert!(!may_colour(LogFormat::Json, true));
+        assert!(!may_colour(LogFormat::Json, false));
     }
 }

@@ -23,7 +23,7 @@ use super::upload::{self, UploadError, UploadLimits};
 use super::{ArtifactsConfig, WritePolicy};
 use crate::authz::{Action, Authorizer, Decision};
 use crate::error::mlflow_error;
-use crate::proxy::Forwarder;
+use crate::proxy::{AnsweredBy, Forwarder};
 use crate::telemetry::Metrics;
 
 const PREFIXES: [&str; 2] = [
@@ -931,9 +931,10 @@ async fn serve_route(State(gateway): State<Gateway>, request: Request) -> Respon
         return gateway.forwarder.forward(request, peer).await;
     };
     let mut response = gateway.serve(op, request).await;
-    response
-        .extensions_mut()
-        .insert(crate::layers::AnsweredBy("artifact_store"));
+    // MLflow's refusal of the client, relayed by the authorizer, stays marked as MLflow's.
+    if response.extensions().get::<AnsweredBy>().is_none() {
+        response.extensions_mut().insert(AnsweredBy::ARTIFACT_STORE);
+    }
     response
 }
 

@@ -13,6 +13,7 @@ use serde::Deserialize;
 use crate::artifacts::{ArtifactsConfig, Destination, Quirks, WritePolicy};
 use crate::coalesce::CoalesceConfig;
 use crate::health::{HealthConfig, ServiceCredential, StaleAction};
+use crate::listen::ListenAddr;
 use crate::rewrite::ScopeConfig;
 
 mod relocate;
@@ -146,8 +147,10 @@ impl Default for InboundLimits {
 
 #[derive(Debug, Clone)]
 pub struct Config {
-    pub listen: SocketAddr,
-    pub admin_listen: SocketAddr,
+    /// Where the MLflow-facing listener binds; a host name is resolved when serving starts.
+    pub listen: ListenAddr,
+    /// Where the admin listener (`/healthz`, `/readyz`, `/metrics`) binds.
+    pub admin_listen: ListenAddr,
     pub upstream: Upstream,
     pub database_url: String,
     pub host_header: HostHeader,
@@ -179,8 +182,8 @@ pub struct Config {
 impl Default for Config {
     fn default() -> Self {
         Self {
-            listen: SocketAddr::from(([127, 0, 0, 1], 5001)),
-            admin_listen: SocketAddr::from(([127, 0, 0, 1], 9464)),
+            listen: SocketAddr::from(([127, 0, 0, 1], 5001)).into(),
+            admin_listen: SocketAddr::from(([127, 0, 0, 1], 9464)).into(),
             upstream: Upstream::parse("http://127.0.0.1:5000").expect("default upstream parses"),
             database_url: "sqlite://mlscope.db".to_owned(),
             host_header: HostHeader::Preserve,
@@ -216,12 +219,16 @@ struct Cli {
     /// TOML file with any of the settings below (keys as the long flags, with `_` for `-`).
     #[arg(long, env = "MLSCOPE_CONFIG", value_name = "FILE")]
     config: Option<PathBuf>,
-    /// Address the MLflow-facing listener binds [default: 127.0.0.1:5001].
-    #[arg(long, env = "MLSCOPE_LISTEN", value_name = "ADDR")]
-    listen: Option<SocketAddr>,
-    /// Address of the admin listener serving /healthz, /readyz and /metrics [default: 127.0.0.1:9464].
-    #[arg(long, env = "MLSCOPE_ADMIN_LISTEN", value_name = "ADDR")]
-    admin_listen: Option<SocketAddr>,
+    /// Address the MLflow-facing listener binds: an IP address or a host name with a port, e.g.
+    /// 0.0.0.0:5001, [::1]:5001 or localhost:5001. A name is resolved at startup and only the
+    /// first of its addresses that this host has is bound (::1 is skipped where IPv6 is off);
+    /// give [::]:5001 to take IPv4 and IPv6 clients alike [default: 127.0.0.1:5001].
+    #[arg(long, env = "MLSCOPE_LISTEN", value_name = "HOST:PORT")]
+    listen: Option<ListenAddr>,
+    /// Address of the admin listener serving /healthz, /readyz and /metrics, written and
+    /// resolved as --listen [default: 127.0.0.1:9464].
+    #[arg(long, env = "MLSCOPE_ADMIN_LISTEN", value_name = "HOST:PORT")]
+    admin_listen: Option<ListenAddr>,
     /// URL of the MLflow tracking server [default: http://127.0.0.1:5000].
     #[arg(long, global = true, env = "MLSCOPE_UPSTREAM", value_name = "URL")]
     upstream: Option<String>,
@@ -452,8 +459,10 @@ pub enum Invocation {
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct FileConfig {
-    listen: Option<SocketAddr>,
-    admin_listen: Option<SocketAddr>,
+    // Read as text and checked with the key's name (`listen_setting`): a serde error would not
+    // say which key it was about.
+    listen: Option<String>,
+    admin_listen: Option<String>,
     upstream: Option<String>,
     database_url: Option<String>,
     host_header: Option<HostHeader>,
@@ -619,6 +628,18 @@ impl Config {
                 $( if let Some(v) = cli.$field.or(file.$field) { $target = v; } )*
             };
         }
+        let config_path = cli.config.as_deref();
+        if let Some(listen) = listen_setting(cli.listen, file.listen, "listen", config_path)? {
+            config.listen = listen;
+        }
+        if let Some(admin_listen) = listen_setting(
+            cli.admin_listen,
+            file.admin_listen,
+            "admin_listen",
+            config_path,
+        )? {
+            config.admin_listen = admin_listen;
+        }
         if let Some(pattern) = cli.owner_pattern.or(file.owner_pattern) {
             config.scopes.owner_pattern =
                 OwnerPattern::new(&pattern).map_err(|e| ConfigError::Invalid(e.to_string()))?;
@@ -640,8 +661,6 @@ impl Config {
             coalesce_in_flight_per_run => config.coalesce.in_flight_per_run,
             coalesce_max_pending_per_run => config.coalesce.max_pending_per_run,
             coalesce_max_pending => config.coalesce.max_pending_bytes,
-            listen => config.listen,
-            admin_listen => config.admin_listen,
             database_url => config.database_url,
             host_header => config.host_header,
             connect_timeout => config.timeouts.connect,
@@ -805,6 +824,26 @@ impl Config {
     }
 }
 
+/// A listen address from the flags (clap has checked it), else from the file.
+fn listen_setting(
+    flag: Option<ListenAddr>,
+    file: Option<String>,
+    key: &str,
+    path: Option<&Path>,
+) -> Result<Option<ListenAddr>, ConfigError> {
+    match (flag, file) {
+        (Some(address), _) => Ok(Some(address)),
+        (None, Some(text)) => text
+            .parse()
+            .map(Some)
+            .map_err(|why| ConfigError::ParseFile {
+                path: path.unwrap_or(Path::new("")).to_owned(),
+                message: format!("{key} = {text:?}: {why}"),
+            }),
+        (None, None) => Ok(None),
+    }
+}
+
 fn read_file(path: &Path) -> Result<FileConfig, ConfigError> {
     let text = std::fs::read_to_string(path).map_err(|source| ConfigError::ReadFile {
         path: path.to_owned(),
@@ -845,6 +884,39 @@ mod tests {
         assert_eq!(c.upstream.base_path, "/prefix");
         assert_eq!(c.timeouts.body_idle, Duration::from_secs(300));
         assert_eq!(c.admin_listen, Config::default().admin_listen);
+    }
+
+    #[test]
+    fn listen_addresses_may_name_a_host_and_must_have_a_port() {
+        let mut file = tempfile::NamedTempFile::new().unwrap();
+        writeln!(file, "admin_listen = \"localhost:9000\"").unwrap();
+        let path = file.path().to_str().unwrap().to_owned();
+        let c = Config::from_args(["p", "--config", &path, "--listen", "localhost:5001"]).unwrap();
+        assert_eq!(c.listen.to_string(), "localhost:5001");
+        assert_eq!(c.admin_listen.to_string(), "localhost:9000");
+        let c = Config::from_args(["p", "--listen", "[::1]:5001"]).unwrap();
+        assert_eq!(c.listen.to_string(), "[::1]:5001");
+
+        let err = Config::from_args(["p", "--listen", "localhost"]).unwrap_err();
+        let ConfigError::Cli(clap) = &err else {
+            panic!("not refused by the flag's parser: {err}")
+        };
+        let first = clap.to_string().lines().next().unwrap().to_owned();
+        assert!(first.contains("--listen"), "{first}");
+        assert!(
+            first.contains("expected HOST:PORT, e.g. 127.0.0.1:5001 or localhost:5001"),
+            "{first}"
+        );
+        let err = Config::from_args(["p", "--admin-listen", "localhost:65536"]).unwrap_err();
+        assert!(err.to_string().contains("--admin-listen"), "{err}");
+
+        writeln!(file, "listen = \"0.0.0.0\"").unwrap();
+        let err = Config::from_args(["p", "--config", &path]).unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("listen = \"0.0.0.0\": no port; expected HOST:PORT"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -31,6 +31,22 @@ type UpstreamBody = StreamingBody<Body>;
 /// How long an idle pooled connection to MLflow is kept: below uvicorn's 5 s keep-alive timeout.
 const UPSTREAM_IDLE_TIMEOUT: Duration = Duration::from_secs(4);
 
+/// Who wrote a response, for the request log line's `answered_by`. The forwarder marks every
+/// response MLflow sent as it receives it; a response without a mark was made by the proxy
+/// itself (its errors when MLflow cannot be reached, its refusals, the coalescer's answers to
+/// merged requests), so that none of the proxy's own answers passes for MLflow's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AnsweredBy(pub &'static str);
+
+impl AnsweredBy {
+    /// MLflow's own response, forwarded (possibly filtered on the way).
+    pub const UPSTREAM: Self = Self("upstream");
+    /// The proxy's own response.
+    pub const PROXY: Self = Self("proxy");
+    /// The artifact gateway's response, served from the object store.
+    pub const ARTIFACT_STORE: Self = Self("artifact_store");
+}
+
 /// The upstream MLflow server and the pooled client that reaches it.
 #[derive(Clone)]
 pub struct Forwarder {
@@ -119,6 +135,7 @@ impl Forwarder {
         };
         let (mut parts, body) = response.into_parts();
         strip_hop_by_hop(&mut parts.headers);
+        parts.extensions.insert(AnsweredBy::UPSTREAM);
         let body = StreamingBody::new(body, self.timeouts.body_idle, Direction::Response);
         Ok(Response::from_parts(parts, Body::new(body)))
     }
