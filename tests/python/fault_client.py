@@ -7,7 +7,6 @@ Prints the run as JSON on the first line, then `step <n>` after each step, then 
 
 import json
 import os
-import tempfile
 import time
 
 from mlflow.entities import Metric
@@ -22,7 +21,9 @@ experiment_id = client.create_experiment(f"faults-{time.time_ns()}")
 run_id = client.create_run(experiment_id).info.run_id
 print(json.dumps({"run_id": run_id, "experiment_id": experiment_id}), flush=True)
 
-scratch = tempfile.mkdtemp()
+# Checkpoints are written in the test's own directory (FAULT_SCRATCH), which the test removes even
+# when this client is killed; a directory of our own would outlive it.
+scratch = os.environ["FAULT_SCRATCH"]
 for step in range(steps):
     now = int(time.time() * 1000)
     client.log_batch(

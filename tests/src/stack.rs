@@ -458,6 +458,9 @@ impl S3Store {
             ("s3.port.lance", 0),
         ];
         let mut command = Command::new(venv().join("bin/weed"));
+        // weed's own log files go into the temporary directory unless told otherwise, where
+        // nothing removes them.
+        command.arg(format!("-logdir={}", data.display()));
         command.args([
             "server",
             "-ip=127.0.0.1",
@@ -585,6 +588,8 @@ impl MlflowServer {
                 dir.join(format!("mlflow-{port}.db")).display()
             ),
         };
+        let tmp = dir.join(format!("mlflow-{port}-tmp"));
+        fs::create_dir_all(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
         let mut command = Command::new(venv.join("bin/mlflow"));
         command
             .args([
@@ -605,6 +610,9 @@ impl MlflowServer {
             // The job runner starts three extra worker processes for GenAI jobs that nothing
             // here uses; on a 2-core machine they only take CPU from the server under test.
             .env("MLFLOW_SERVER_ENABLE_JOB_EXECUTION", "false")
+            // What MLflow puts in the temporary directory goes away with the stack's directory,
+            // also when MLflow is killed before it can clean up.
+            .env("TMPDIR", &tmp)
             .current_dir(dir);
         if let Some(ini) = basic_auth {
             command

@@ -924,10 +924,19 @@ trace = mlflow.get_trace(mlflow.get_last_active_trace_id())
 assert trace.data.spans[0].name == "add", trace
 print("ok", flush=True)
 "#;
-    let child = python(g.proxy(), &[("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")])
-        .args(["-c", script])
-        .spawn()
-        .unwrap();
+    // `load_model` downloads the model into a directory of its own that MLflow keeps for the
+    // loaded model's lifetime and never removes: it goes into one the test removes.
+    let scratch = tempfile::tempdir().unwrap();
+    let child = python(
+        g.proxy(),
+        &[
+            ("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0"),
+            ("TMPDIR", scratch.path().to_str().unwrap()),
+        ],
+    )
+    .args(["-c", script])
+    .spawn()
+    .unwrap();
     let (ok, stdout, stderr) = finish(child, Duration::from_secs(300)).await;
     assert!(
         ok && stdout.contains("ok"),

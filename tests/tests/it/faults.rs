@@ -79,6 +79,7 @@ async fn mlflow_seaweedfs_and_postgres_killed_mid_traffic_lose_no_metric_and_no_
         &[
             ("FAULT_STEPS", &STEPS.to_string()),
             ("FAULT_ARTIFACT_EVERY", &ARTIFACT_EVERY.to_string()),
+            ("FAULT_SCRATCH", dir.path().to_str().unwrap()),
         ],
     )
     .arg(repo_root().join("tests/python/fault_client.py"))
