@@ -22,13 +22,18 @@ fn main() -> ExitCode {
             return ExitCode::SUCCESS;
         }
         Err(ConfigError::Cli(e)) => {
+            // clap's rendering: the error, its tips ("a similar argument exists: '--interval'"),
+            // then usage, which is left to --help.
             let text = e.to_string();
-            let line = text
-                .lines()
+            let mut lines = text.lines();
+            let line = lines
                 .next()
                 .unwrap_or("invalid arguments")
                 .trim_start_matches("error: ");
             eprintln!("mlscope-collector: invalid configuration: {line} (see --help)");
+            for tip in lines.filter(|l| l.trim_start().starts_with("tip:")) {
+                eprintln!("{tip}");
+            }
             return ExitCode::from(EXIT_CONFIG);
         }
         Err(e) => {

@@ -81,6 +81,20 @@ fn invalid_settings_exit_64_with_one_line() {
 }
 
 #[test]
+fn a_misspelled_flag_is_answered_with_the_flag_meant() {
+    let output = collector("http://127.0.0.1:1", &["--intervl", "5s"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(64), "{stderr}");
+    assert!(
+        stderr.starts_with("mlscope-collector: invalid configuration: ")
+            && stderr.contains("tip: a similar argument exists: '--interval'"),
+        "{stderr}"
+    );
+}
+
+#[test]
 fn samples_carry_identity_headers_the_contracts_keys_one_timestamp_and_rising_steps() {
     let mlflow = MockMlflow::ok();
     let child = spawn(
