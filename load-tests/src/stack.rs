@@ -186,6 +186,7 @@ impl BenchStack {
             proxy: !args.stub_upstream && !plan.artifact_gateway,
             proxy_args: args.proxy_args.clone(),
             mlflow_backend: args.mlflow_backend.clone(),
+            ..StackOptions::default()
         })
         .context("starting the benchmark stack (S3 store, MLflow, mlscope-proxy)")?;
         let (upstream_url, own_proxy) = if args.stub_upstream {

@@ -131,6 +131,8 @@ impl AuthMode {
 pub struct Authorizer {
     forwarder: Forwarder,
     mode: AuthMode,
+    /// Whether MLflow has workspaces on, learned with every authentication probe.
+    workspaces: crate::workspace::Support,
     cache: Arc<Mutex<HashMap<[u8; 32], (Instant, HeaderMap)>>>,
     ttl: Duration,
     probe: Arc<str>,
@@ -141,6 +143,7 @@ impl Authorizer {
         Self {
             forwarder,
             mode: AuthMode::default(),
+            workspaces: crate::workspace::Support::default(),
             cache: Arc::default(),
             ttl,
             probe: probe_name().into(),
@@ -152,9 +155,15 @@ impl Authorizer {
         &self.mode
     }
 
-    /// Asks MLflow, without credentials, whether it authenticates; keeps the last answer when
-    /// MLflow cannot be reached.
+    /// The shared handle on whether MLflow has workspaces on.
+    pub fn workspaces(&self) -> &crate::workspace::Support {
+        &self.workspaces
+    }
+
+    /// Asks MLflow, without credentials, whether it authenticates and whether it has workspaces
+    /// on; keeps the last answers when MLflow cannot be reached.
     pub async fn detect(&self) {
+        self.workspaces.learn(&self.forwarder).await;
         let mut headers = HeaderMap::new();
         if let Ok(host) = HeaderValue::from_str(self.forwarder.upstream().authority.as_str()) {
             headers.insert(header::HOST, host);

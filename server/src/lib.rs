@@ -35,6 +35,7 @@ pub mod state;
 mod fuzz;
 pub mod store;
 pub mod telemetry;
+pub mod workspace;
 pub mod writes;
 
 pub use app::{app, run};

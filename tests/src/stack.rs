@@ -538,7 +538,7 @@ impl MlflowServer {
         backend_store_uri: Option<&str>,
         port: u16,
     ) -> Result<MlflowServer> {
-        let mut server = Self::spawn(&venv(), dir, s3, backend_store_uri, port, None)?;
+        let mut server = Self::spawn(&venv(), dir, s3, backend_store_uri, port, None, &[])?;
         server.wait_ready()?;
         Ok(server)
     }
@@ -567,7 +567,7 @@ impl MlflowServer {
             ),
         )
         .context("writing the basic-auth config")?;
-        let mut server = Self::spawn(mlflow_venv, dir, s3, None, port, Some(&ini))?;
+        let mut server = Self::spawn(mlflow_venv, dir, s3, None, port, Some(&ini), &[])?;
         server.wait_ready()?;
         Ok(server)
     }
@@ -580,6 +580,7 @@ impl MlflowServer {
         backend_store_uri: Option<&str>,
         port: u16,
         basic_auth: Option<&Path>,
+        extra_args: &[String],
     ) -> Result<MlflowServer> {
         let backend_store_uri = match backend_store_uri {
             Some(uri) => uri.to_owned(),
@@ -603,6 +604,7 @@ impl MlflowServer {
             .args(["--port", &port.to_string()])
             .args(["--backend-store-uri", &backend_store_uri])
             .args(["--artifacts-destination", &s3.destination()])
+            .args(extra_args)
             .env("MLFLOW_S3_ENDPOINT_URL", &s3.url)
             .env("AWS_ACCESS_KEY_ID", "mlscope")
             .env("AWS_SECRET_ACCESS_KEY", "mlscope")
@@ -727,6 +729,8 @@ pub struct StackOptions {
     pub proxy_args: Vec<String>,
     /// MLflow's backend store URI; default: an SQLite file in the stack directory.
     pub mlflow_backend: Option<String>,
+    /// Extra arguments of `mlflow server`, e.g. `--enable-workspaces`.
+    pub mlflow_args: Vec<String>,
 }
 
 impl Default for StackOptions {
@@ -735,6 +739,7 @@ impl Default for StackOptions {
             proxy: true,
             proxy_args: Vec::new(),
             mlflow_backend: None,
+            mlflow_args: Vec::new(),
         }
     }
 }
@@ -835,8 +840,15 @@ impl TestStack {
         } else {
             S3Store::spawn(path, ports.s3)?
         };
-        let mut mlflow =
-            MlflowServer::spawn(mlflow_venv, path, &s3, mlflow_backend, ports.mlflow, None)?;
+        let mut mlflow = MlflowServer::spawn(
+            mlflow_venv,
+            path,
+            &s3,
+            mlflow_backend,
+            ports.mlflow,
+            None,
+            &opts.mlflow_args,
+        )?;
         s3.wait_ready()?;
         mlflow.wait_ready()?;
         let proxy = if opts.proxy {

@@ -29,7 +29,11 @@ impl FailureRecorder {
     /// The client's credentials, kept to tag the run as that client (MLflow's authorization).
     pub fn credentials(headers: &HeaderMap) -> HeaderMap {
         let mut kept = HeaderMap::new();
-        for name in [http::header::AUTHORIZATION, http::header::COOKIE] {
+        for name in [
+            http::header::AUTHORIZATION,
+            http::header::COOKIE,
+            http::HeaderName::from_static(crate::workspace::HEADER),
+        ] {
             if let Some(v) = headers.get(&name) {
                 kept.insert(name, v.clone());
             }

@@ -125,9 +125,20 @@ pub struct Gateway {
     failures: FailureRecorder,
     uploads: Arc<Semaphore>,
     metrics: Metrics,
+    /// Whether MLflow has workspaces on (learned by the authorizer's probe).
+    workspaces: crate::workspace::Support,
 }
 
 type Answer = Result<Response, Response>;
+
+/// What [`Gateway::place`] encodes of a placed path: everything but `/` and the unreserved
+/// characters, so the operation's validation decodes it to exactly the placed path.
+const PATH_SEGMENT: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPHANUMERIC
+    .remove(b'/')
+    .remove(b'-')
+    .remove(b'_')
+    .remove(b'.')
+    .remove(b'~');
 
 fn invalid_path() -> Response {
     mlflow_error(
@@ -148,6 +159,7 @@ impl Gateway {
         let destination = config.destination.clone()?;
         let bucket = Bucket::connect(&config.s3, destination).await;
         Some(Gateway {
+            workspaces: authz.workspaces().clone(),
             forwarder: forwarder.clone(),
             owners: OwnerCheck::new(forwarder.clone(), config.owner_cache_ttl),
             authz,
@@ -200,16 +212,21 @@ impl Gateway {
             Err(refusal) => Err(refusal),
             Ok(allowed_cors) => {
                 cors = allowed_cors;
-                match op {
-                    ArtifactOp::List => self.list(request).await,
-                    ArtifactOp::Download(p) => self.download(&p, request.headers(), false).await,
-                    ArtifactOp::Head(p) => self.download(&p, request.headers(), true).await,
-                    ArtifactOp::Upload(p) => self.upload(&p, request).await,
-                    ArtifactOp::Delete(p) => self.delete(&p).await,
-                    ArtifactOp::MpuCreate(p) => self.mpu_create(&p, request).await,
-                    ArtifactOp::MpuComplete(p) => self.mpu_complete(&p, request).await,
-                    ArtifactOp::MpuAbort(p) => self.mpu_abort(&p, request).await,
-                    ArtifactOp::Presigned(p) => self.presigned(&p).await,
+                match self.place(op, request.headers()) {
+                    Err(refusal) => Err(refusal),
+                    Ok(op) => match op {
+                        ArtifactOp::List => self.list(request).await,
+                        ArtifactOp::Download(p) => {
+                            self.download(&p, request.headers(), false).await
+                        }
+                        ArtifactOp::Head(p) => self.download(&p, request.headers(), true).await,
+                        ArtifactOp::Upload(p) => self.upload(&p, request).await,
+                        ArtifactOp::Delete(p) => self.delete(&p, request.headers()).await,
+                        ArtifactOp::MpuCreate(p) => self.mpu_create(&p, request).await,
+                        ArtifactOp::MpuComplete(p) => self.mpu_complete(&p, request).await,
+                        ArtifactOp::MpuAbort(p) => self.mpu_abort(&p, request).await,
+                        ArtifactOp::Presigned(p) => self.presigned(&p).await,
+                    },
                 }
             }
         };
@@ -224,6 +241,70 @@ impl Gateway {
             })
             .inc();
         response
+    }
+
+    /// Whether workspaces apply to a request with these headers, and its workspace.
+    fn workspace<'h>(&self, headers: &'h HeaderMap) -> (bool, Option<&'h str>) {
+        let workspace = crate::workspace::of_request(headers);
+        (self.workspaces.apply(workspace), workspace)
+    }
+
+    /// `op` with its path where MLflow's artifact API places it for this request's workspace
+    /// (see [`crate::workspace::artifact_path`]); a path naming another workspace is refused
+    /// with MLflow's message, and so is a workspace sent to an MLflow without workspaces. A path
+    /// that is not valid is left for the operation to refuse.
+    fn place(&self, op: ArtifactOp, headers: &HeaderMap) -> Result<ArtifactOp, Response> {
+        let (on, workspace) = self.workspace(headers);
+        if workspace.is_some() && self.workspaces.enabled() == Some(false) {
+            // MLflow answers this with a 500; the client's mistake is a 400 here.
+            return Err(mlflow_error(
+                StatusCode::BAD_REQUEST,
+                "FEATURE_DISABLED",
+                "Workspace APIs are not available: workspaces are not enabled on this server",
+            ));
+        }
+        if !on {
+            return Ok(op);
+        }
+        let placed = |raw: String| -> Result<String, Response> {
+            let Ok(path) = path::validate(&raw) else {
+                return Ok(raw);
+            };
+            let placed =
+                crate::workspace::artifact_path(&path, workspace, true).map_err(|message| {
+                    mlflow_error(StatusCode::BAD_REQUEST, "INVALID_PARAMETER_VALUE", &message)
+                })?;
+            // Encoded again for the operation, which validates (decodes) it once more.
+            Ok(percent_encoding::utf8_percent_encode(&placed, PATH_SEGMENT).to_string())
+        };
+        Ok(match op {
+            ArtifactOp::List => ArtifactOp::List,
+            ArtifactOp::Download(p) => ArtifactOp::Download(placed(p)?),
+            ArtifactOp::Head(p) => ArtifactOp::Head(placed(p)?),
+            ArtifactOp::Upload(p) => ArtifactOp::Upload(placed(p)?),
+            ArtifactOp::Delete(p) => ArtifactOp::Delete(placed(p)?),
+            ArtifactOp::MpuCreate(p) => ArtifactOp::MpuCreate(placed(p)?),
+            ArtifactOp::MpuComplete(p) => ArtifactOp::MpuComplete(placed(p)?),
+            ArtifactOp::MpuAbort(p) => ArtifactOp::MpuAbort(placed(p)?),
+            ArtifactOp::Presigned(p) => ArtifactOp::Presigned(placed(p)?),
+        })
+    }
+
+    /// The run, logged model or trace whose artifact root holds `path` (placed): below a
+    /// workspace's directory when workspaces apply.
+    fn owner_of(&self, path: &str, headers: &HeaderMap) -> Option<Owner> {
+        match self.workspace(headers) {
+            (true, _) => Owner::of(crate::workspace::split_artifact_path(path).1),
+            (false, _) => Owner::of(path),
+        }
+    }
+
+    /// As [`Gateway::owner_of`], for what a delete of `path` may remove at most.
+    fn owner_of_tree(&self, path: &str, headers: &HeaderMap) -> Option<Owner> {
+        match self.workspace(headers) {
+            (true, _) => Owner::of_tree(crate::workspace::split_artifact_path(path).1),
+            (false, _) => Owner::of_tree(path),
+        }
     }
 
     /// Asks MLflow whether this client may do `op` (see [`super::authz`]).
@@ -321,6 +402,14 @@ impl Gateway {
         let path = match first_query_value(request.uri().query().unwrap_or(""), "path") {
             Some(p) => path::validate(&p.replace('+', "%20")).map_err(|_| invalid_path())?,
             None => String::new(),
+        };
+        let path = match self.workspace(request.headers()) {
+            (true, workspace) => {
+                crate::workspace::artifact_path(&path, workspace, true).map_err(|message| {
+                    mlflow_error(StatusCode::BAD_REQUEST, "INVALID_PARAMETER_VALUE", &message)
+                })?
+            }
+            (false, _) => path,
         };
         let prefix = self.bucket.destination.dir_prefix(&path);
         let entries = listing::list_dir(&self.bucket, &prefix)
@@ -486,9 +575,9 @@ impl Gateway {
         headers: &HeaderMap,
     ) -> Result<Option<Owner>, Response> {
         if self.config.write_policy == WritePolicy::Off {
-            return Ok(Owner::of(path));
+            return Ok(self.owner_of(path, headers));
         }
-        let owner = Owner::of(path);
+        let owner = self.owner_of(path, headers);
         let verdict = match &owner {
             None => Verdict::Stray,
             Some(owner) => self.owners.check(owner, headers).await,
@@ -503,7 +592,7 @@ impl Gateway {
                 ))
             }
             Verdict::Stray => format!(
-                "Artifact writes are only accepted inside an MLflow artifact root: <experiment_id>/<run_id>/artifacts/..., <experiment_id>/models/<model_id>/artifacts/... or <experiment_id>/traces/<trace_id>/artifacts/.... '{path}' is outside them, so MLflow would never show it. Log the file to the run instead, e.g. mlflow.log_artifact(local_path, artifact_path=\"checkpoints\") inside the run, which stores it under <experiment_id>/<run_id>/artifacts/checkpoints/."
+                "Artifact writes are only accepted inside an MLflow artifact root: <experiment_id>/<run_id>/artifacts/..., <experiment_id>/models/<model_id>/artifacts/... or <experiment_id>/traces/<trace_id>/artifacts/... (in an MLflow workspace, below workspaces/<workspace>/). '{path}' is outside them, so MLflow would never show it. Log the file to the run instead, e.g. mlflow.log_artifact(local_path, artifact_path=\"checkpoints\") inside the run, which stores it under <experiment_id>/<run_id>/artifacts/checkpoints/."
             ),
             Verdict::Missing(detail) => format!(
                 "Artifact path '{path}' names {}, but {detail}. Files must go under <experiment_id>/<run_id>/artifacts/... (or <experiment_id>/models/<model_id>/artifacts/..., <experiment_id>/traces/<trace_id>/artifacts/...) of a run, model or trace that exists in that experiment; use the run's artifact_uri, e.g. through mlflow.log_artifact inside the run.",
@@ -582,14 +671,16 @@ impl Gateway {
         }
     }
 
-    async fn delete(&self, raw: &str) -> Answer {
+    async fn delete(&self, raw: &str, headers: &HeaderMap) -> Answer {
         let path = path::validate(raw).map_err(|_| invalid_path())?;
         if path.is_empty() {
             return Err(invalid_path());
         }
         // One request removes at most one owner's artifacts: never an experiment, never a
         // directory that holds several runs, models or traces.
-        if self.config.write_policy != WritePolicy::Off && Owner::of_tree(&path).is_none() {
+        if self.config.write_policy != WritePolicy::Off
+            && self.owner_of_tree(&path, headers).is_none()
+        {
             let refusal = format!(
                 "Deleting '{path}' would remove more than one run's, model's or trace's artifacts. Delete inside one artifact root instead: <experiment_id>/<run_id>/artifacts/..., <experiment_id>/models/<model_id>/artifacts/... or <experiment_id>/traces/<trace_id>/artifacts/...."
             );
@@ -801,7 +892,7 @@ impl Gateway {
             .await;
         if let Err(e) = done {
             let error = StoreError::from_sdk(e);
-            if let Some(Owner::Run { run, .. }) = Owner::of(&path) {
+            if let Some(Owner::Run { run, .. }) = self.owner_of(&path, &credentials) {
                 self.failures
                     .record(&run, &path, &error.to_string(), &credentials)
                     .await;

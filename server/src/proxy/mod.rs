@@ -155,7 +155,13 @@ impl Forwarder {
             http::header::HOST,
             HeaderValue::from_str(self.upstream.authority.as_str()).map_err(|e| e.to_string())?,
         );
-        for name in [http::header::AUTHORIZATION, http::header::COOKIE] {
+        // The client's credentials, and its workspace: MLflow looks a run up in the workspace
+        // the request names, and finds nothing of another one.
+        for name in [
+            http::header::AUTHORIZATION,
+            http::header::COOKIE,
+            http::HeaderName::from_static(crate::workspace::HEADER),
+        ] {
             if let Some(value) = client_headers.get(&name) {
                 headers.insert(name, value.clone());
             }

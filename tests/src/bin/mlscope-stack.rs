@@ -97,6 +97,7 @@ fn run(args: Args) -> Result<()> {
         proxy: true,
         proxy_args,
         mlflow_backend: args.mlflow_backend,
+        ..StackOptions::default()
     };
     let dir = args.data_dir.unwrap_or_else(|| repo_root().join(".stack"));
     let _lock = DataLock::take(&dir, args.fresh)?;

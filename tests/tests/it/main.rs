@@ -27,6 +27,7 @@ mod replicas;
 mod s3_quirks;
 mod stack;
 mod system_metrics;
+mod workspaces;
 mod write_path;
 
 /// SeaweedFS and MLflow without a proxy, for the tests of one module that start their own proxies

@@ -449,6 +449,7 @@ async fn concurrent_writers_into_one_run_never_deadlock_mlflow_3_15_on_postgresq
                 proxy: true,
                 proxy_args: Vec::new(),
                 mlflow_backend: Some(backend),
+                ..StackOptions::default()
             },
             &legacy_venv(),
         )

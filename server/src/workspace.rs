@@ -1,0 +1,220 @@
+//! MLflow workspaces (MLflow's multi-tenancy, `mlflow server --enable-workspaces`, since 3.10):
+//! which workspace a request is in, whether the MLflow behind the proxy has them on, and where a
+//! workspace's artifacts live, exactly as MLflow places them.
+//!
+//! A client names its workspace in the `X-MLFLOW-WORKSPACE` header (no header: the default
+//! workspace). With workspaces on, MLflow's artifact API keeps a workspace's files under
+//! `workspaces/<name>/` of the artifacts destination: a path the client sends without that prefix
+//! is placed under it, a path with it must name the request's own workspace, and the default
+//! workspace keeps the layout from before workspaces (no prefix).
+
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::Arc;
+
+use http::{HeaderMap, Method, StatusCode};
+
+use crate::proxy::Forwarder;
+
+/// The header a client names its workspace in (HTTP header names are case-insensitive).
+pub const HEADER: &str = "x-mlflow-workspace";
+/// The workspace of a request without the header.
+pub const DEFAULT: &str = "default";
+/// Where a workspace's artifacts live under the artifacts destination.
+pub const ARTIFACT_DIR: &str = "workspaces";
+
+/// The workspace a request names, trimmed; `None` without the header or with an empty one.
+pub fn of_request(headers: &HeaderMap) -> Option<&str> {
+    headers
+        .get(HEADER)
+        .and_then(|value| value.to_str().ok())
+        .map(str::trim)
+        .filter(|name| !name.is_empty())
+}
+
+/// Whether the MLflow behind the proxy has workspaces on, as its `server-info` says; learned at
+/// start and again with every authentication probe. Cheap to clone.
+#[derive(Clone, Default)]
+pub struct Support(Arc<AtomicU8>);
+
+// 0: not known yet.
+const OFF: u8 = 1;
+const ON: u8 = 2;
+
+impl Support {
+    /// `None` until MLflow has answered.
+    pub fn enabled(&self) -> Option<bool> {
+        match self.0.load(Ordering::Relaxed) {
+            OFF => Some(false),
+            ON => Some(true),
+            _ => None,
+        }
+    }
+
+    pub fn set(&self, enabled: bool) {
+        let new = if enabled { ON } else { OFF };
+        if self.0.swap(new, Ordering::Relaxed) != new {
+            tracing::info!(
+                enabled,
+                "MLflow's workspaces setting learned from its server-info; the artifact gateway places paths as MLflow does"
+            );
+        }
+    }
+
+    /// Asks MLflow's `server-info` (answered without credentials). MLflow from before the route
+    /// (404) has no workspaces; anything else inconclusive keeps the last answer.
+    pub async fn learn(&self, forwarder: &Forwarder) {
+        match forwarder
+            .call(
+                Method::GET,
+                "/api/3.0/mlflow/server-info",
+                &HeaderMap::new(),
+                None,
+            )
+            .await
+        {
+            Ok((StatusCode::OK, body)) => {
+                let info: serde_json::Value = serde_json::from_slice(&body).unwrap_or_default();
+                match info.get("workspaces_enabled").and_then(|v| v.as_bool()) {
+                    Some(enabled) => self.set(enabled),
+                    None => self.set(false),
+                }
+            }
+            Ok((StatusCode::NOT_FOUND, _)) => self.set(false),
+            Ok((status, _)) => {
+                tracing::debug!(status = status.as_u16(), "server-info probe inconclusive")
+            }
+            Err(e) => tracing::debug!(error = %e, "server-info probe failed"),
+        }
+    }
+
+    /// Whether workspaces apply to a request that names `workspace`: MLflow's answer once known;
+    /// before that, a client that names a workspace is taken at its word.
+    pub fn apply(&self, workspace: Option<&str>) -> bool {
+        self.enabled().unwrap_or(workspace.is_some())
+    }
+}
+
+/// The artifact path MLflow's artifact API uses for `path` (validated, relative) in a request
+/// that names `workspace`, when workspaces are on; the error is MLflow's message for a path that
+/// names another workspace than the request's. With workspaces off, `path` as it is.
+pub fn artifact_path(path: &str, workspace: Option<&str>, enabled: bool) -> Result<String, String> {
+    if !enabled {
+        return Ok(path.to_owned());
+    }
+    let workspace = workspace.unwrap_or(DEFAULT);
+    let relative = path.trim_start_matches('/');
+    let mut segments = relative.splitn(3, '/');
+    if segments.next() == Some(ARTIFACT_DIR) {
+        return match segments.next() {
+            None | Some("") => Err(format!(
+                "Artifact paths prefixed with '{ARTIFACT_DIR}/' must include a workspace name."
+            )),
+            Some(named) if named != workspace => Err(format!(
+                "Artifact path targets workspace '{named}' but the workspace specified in the request is '{workspace}'."
+            )),
+            Some(_) => Ok(relative.to_owned()),
+        };
+    }
+    if workspace == DEFAULT {
+        // The default workspace keeps the layout from before workspaces, root included.
+        return Ok(path.to_owned());
+    }
+    Ok(if relative.is_empty() {
+        format!("{ARTIFACT_DIR}/{workspace}")
+    } else {
+        format!("{ARTIFACT_DIR}/{workspace}/{relative}")
+    })
+}
+
+/// The workspace whose artifact directory holds `path`, and the rest of the path below it:
+/// `workspaces/team-a/2/r/artifacts/x` is `(Some("team-a"), "2/r/artifacts/x")`.
+pub fn split_artifact_path(path: &str) -> (Option<&str>, &str) {
+    let mut segments = path.splitn(3, '/');
+    match (segments.next(), segments.next(), segments.next()) {
+        (Some(ARTIFACT_DIR), Some(workspace), rest) if !workspace.is_empty() => {
+            (Some(workspace), rest.unwrap_or(""))
+        }
+        _ => (None, path),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn without_workspaces_a_path_is_left_as_it_is() {
+        assert_eq!(
+            artifact_path("workspaces/a/1/r/artifacts/x", Some("b"), false),
+            Ok("workspaces/a/1/r/artifacts/x".into())
+        );
+        assert_eq!(
+            artifact_path("1/r/artifacts/x", Some("b"), false),
+            Ok("1/r/artifacts/x".into())
+        );
+    }
+
+    #[test]
+    fn a_workspace_s_paths_go_under_its_directory_as_mlflow_places_them() {
+        assert_eq!(
+            artifact_path("1/r/artifacts/x", Some("team-a"), true),
+            Ok("workspaces/team-a/1/r/artifacts/x".into())
+        );
+        assert_eq!(
+            artifact_path("workspaces/team-a/1/r/artifacts/x", Some("team-a"), true),
+            Ok("workspaces/team-a/1/r/artifacts/x".into())
+        );
+        assert_eq!(
+            artifact_path("", Some("team-a"), true),
+            Ok("workspaces/team-a".into())
+        );
+        // The default workspace: the layout from before workspaces.
+        assert_eq!(
+            artifact_path("1/r/artifacts/x", None, true),
+            Ok("1/r/artifacts/x".into())
+        );
+        assert_eq!(artifact_path("", Some("default"), true), Ok("".into()));
+        assert_eq!(
+            artifact_path("workspaces/default/1/r", None, true),
+            Ok("workspaces/default/1/r".into())
+        );
+    }
+
+    #[test]
+    fn a_path_naming_another_workspace_is_refused_with_mlflow_s_message() {
+        let refused = artifact_path("workspaces/team-b/1/r/artifacts/x", Some("team-a"), true);
+        assert_eq!(
+            refused,
+            Err("Artifact path targets workspace 'team-b' but the workspace specified in the request is 'team-a'.".into())
+        );
+        assert!(artifact_path("workspaces/x", None, true).is_err());
+        assert!(artifact_path("workspaces/", Some("a"), true).is_err());
+    }
+
+    #[test]
+    fn split_finds_the_workspace_directory() {
+        assert_eq!(
+            split_artifact_path("workspaces/team-a/2/r/artifacts/x"),
+            (Some("team-a"), "2/r/artifacts/x")
+        );
+        assert_eq!(
+            split_artifact_path("2/r/artifacts/x"),
+            (None, "2/r/artifacts/x")
+        );
+        assert_eq!(
+            split_artifact_path("workspaces//2"),
+            (None, "workspaces//2")
+        );
+        assert_eq!(split_artifact_path("workspaces/a"), (Some("a"), ""));
+    }
+
+    #[test]
+    fn the_request_s_workspace_is_the_trimmed_header() {
+        let mut headers = HeaderMap::new();
+        assert_eq!(of_request(&headers), None);
+        headers.insert("X-MLflow-Workspace", " team-a ".parse().unwrap());
+        assert_eq!(of_request(&headers), Some("team-a"));
+        headers.insert("x-mlflow-workspace", "".parse().unwrap());
+        assert_eq!(of_request(&headers), None);
+    }
+}
