@@ -19,6 +19,7 @@ MLflow's own variables (as the MLflow client reads them):
   MLFLOW_RUN_ID                     the run the samples belong to
   MLFLOW_TRACKING_USERNAME/_PASSWORD  HTTP basic authentication (wins over the token, as in MLflow)
   MLFLOW_TRACKING_TOKEN             bearer token
+  MLFLOW_WORKSPACE                  the MLflow workspace of the run (sent as X-MLFLOW-WORKSPACE)
   MLFLOW_TRACKING_INSECURE_TLS      `true`: do not verify the server's certificate
   MLFLOW_TRACKING_SERVER_CERT_PATH  PEM file with the CA certificates to trust
 
@@ -367,6 +368,7 @@ fn http_settings(
         node: node.to_owned(),
         rank,
         auth,
+        workspace: var("MLFLOW_WORKSPACE").map(|w| w.trim().to_owned()),
         request_timeout,
         insecure_tls,
         ca_certificates,

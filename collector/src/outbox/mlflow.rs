@@ -19,6 +19,8 @@ pub struct HttpSettings {
     pub node: String,
     pub rank: u32,
     pub auth: Auth,
+    /// `MLFLOW_WORKSPACE`: MLflow finds a run of a workspace only when the request names it.
+    pub workspace: Option<String>,
     /// Whole-request limit.
     pub request_timeout: Duration,
     /// `MLFLOW_TRACKING_INSECURE_TLS`.
@@ -72,6 +74,9 @@ impl MlflowTransport {
         ];
         if let Some(value) = settings.auth.header_value() {
             headers.push(("Authorization", value));
+        }
+        if let Some(workspace) = &settings.workspace {
+            headers.push(("X-MLFLOW-WORKSPACE", workspace.clone()));
         }
         MlflowTransport {
             agent,

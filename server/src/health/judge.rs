@@ -196,6 +196,7 @@ mod tests {
             gpus: 0,
             gpu_idle: None,
             gpu_idle_ms: None,
+            workspace: None,
         }
     }
 

@@ -94,6 +94,8 @@ impl Default for HealthConfig {
 pub struct Beat {
     pub run_id: String,
     pub ranks: Vec<RankBeat>,
+    /// The MLflow workspace the request named (`X-MLFLOW-WORKSPACE`).
+    pub workspace: Option<String>,
 }
 
 /// One (node, rank) of a [`Beat`]: `node` is `""` and `rank` `-1` where the sender named none.
@@ -254,6 +256,9 @@ impl Health {
                 last_heard_ms: now_ms,
                 ..RankRow::default()
             });
+            if beat.workspace.is_some() {
+                entry.workspace = beat.workspace.clone();
+            }
             if now_ms > entry.last_heard_ms {
                 entry.interval_ms = Some(now_ms - entry.last_heard_ms);
                 entry.last_heard_ms = now_ms;
@@ -473,7 +478,13 @@ impl Health {
         ranks: &[RankRow],
         judgement: &Judgement,
     ) -> Result<Acted, (&'static str, String)> {
-        let headers = self.service_headers();
+        let mut headers = self.service_headers();
+        // MLflow finds the run only in the workspace its ranks wrote in.
+        if let Some(workspace) = ranks.iter().find_map(|r| r.workspace.as_deref()) {
+            if let Ok(value) = http::HeaderValue::from_str(workspace) {
+                headers.insert(crate::workspace::HEADER, value);
+            }
+        }
         let query = format!("/api/2.0/mlflow/runs/get?run_id={}", percent_encode(run_id));
         let run = self.call(Method::GET, &query, &headers, None).await?;
         let status = run["run"]["info"]["status"].as_str().unwrap_or_default();
@@ -806,6 +817,7 @@ mod tests {
         let mut beat = Beat {
             run_id: "r".into(),
             ranks: Vec::new(),
+            workspace: None,
         };
         beat.observe_metric("n", 3, "gpu_1_utilization_percentage", 0.0);
         beat.observe_metric("n", 3, "gpu_1_idle_seconds", 120.0);
@@ -851,6 +863,7 @@ mod tests {
             gpus: 2,
             gpu_idle: Some("[0,100.5]".into()),
             gpu_idle_ms: Some(10_000),
+            workspace: None,
         };
         assert_eq!(gpu_idle_of(&row, 12_000), [Some(0.0), Some(102.5)]);
     }

@@ -540,6 +540,7 @@ fn beat_of(body: &MetricsBody<'_>, plans: &[KeyPlan], metric_plans: &[usize]) ->
     let mut beat = Beat {
         run_id: body.run_id.clone()?,
         ranks: Vec::new(),
+        workspace: None,
     };
     let mut first = vec![usize::MAX; plans.len()];
     for (metric, &index) in metric_plans.iter().enumerate() {
@@ -669,7 +670,10 @@ async fn submit(
     mut request: Request,
     peer: SocketAddr,
 ) -> Response {
-    let beat = request.extensions_mut().remove::<Beat>();
+    let beat = request.extensions_mut().remove::<Beat>().map(|mut beat| {
+        beat.workspace = crate::workspace::of_request(request.headers()).map(str::to_owned);
+        beat
+    });
     let response = coalescer.submit(request, peer).await;
     if let Some(beat) = beat.filter(|_| response.status().is_success()) {
         health.record(beat, crate::store::unix_millis(SystemTime::now()));

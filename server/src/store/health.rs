@@ -24,11 +24,13 @@ pub struct RankRow {
     pub gpus: i64,
     pub gpu_idle: Option<String>,
     pub gpu_idle_ms: Option<i64>,
+    /// The MLflow workspace the run's heartbeats named; `None`: the default one.
+    pub workspace: Option<String>,
 }
 
 const RANK_COLUMNS: &str = "run_id, node, rank, first_heard_ms, last_heard_ms, interval_ms, \
      outcome, exit_code, ended_ms, pod, memory_limit_mb, cpu_limit_cores, gpu_model, gpus, \
-     gpu_idle, gpu_idle_ms";
+     gpu_idle, gpu_idle_ms, workspace";
 
 /// A `run_verdicts` row.
 #[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
@@ -50,7 +52,7 @@ impl Store {
     pub async fn record_ranks(&self, updates: &[RankRow]) -> Result<(), StoreError> {
         let sql = format!(
             "INSERT INTO run_ranks ({RANK_COLUMNS}) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17) \
              ON CONFLICT (run_id, node, rank) DO UPDATE SET \
                first_heard_ms = CASE WHEN excluded.first_heard_ms < run_ranks.first_heard_ms \
                  THEN excluded.first_heard_ms ELSE run_ranks.first_heard_ms END, \
@@ -67,6 +69,7 @@ impl Store {
                memory_limit_mb = COALESCE(excluded.memory_limit_mb, run_ranks.memory_limit_mb), \
                cpu_limit_cores = COALESCE(excluded.cpu_limit_cores, run_ranks.cpu_limit_cores), \
                gpu_model = COALESCE(excluded.gpu_model, run_ranks.gpu_model), \
+               workspace = COALESCE(excluded.workspace, run_ranks.workspace), \
                gpus = CASE WHEN excluded.gpus > run_ranks.gpus \
                  THEN excluded.gpus ELSE run_ranks.gpus END, \
                gpu_idle = CASE WHEN excluded.gpu_idle_ms IS NOT NULL \
@@ -96,6 +99,7 @@ impl Store {
                     .bind(u.gpus)
                     .bind(&u.gpu_idle)
                     .bind(u.gpu_idle_ms)
+                    .bind(&u.workspace)
                     .execute(&mut *tx)
                     .await?;
             }

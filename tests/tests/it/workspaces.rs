@@ -161,3 +161,154 @@ async fn a_path_of_another_workspace_is_refused_as_mlflow_refuses_it() {
         answers[0]
     );
 }
+
+/// MLflow's REST API in `workspace`: POST `path` with `body`, the answer's JSON.
+async fn in_workspace(base: &str, workspace: &str, method: &str, path: &str, body: Value) -> Value {
+    let client = reqwest::Client::new();
+    let url = format!("{base}/api/2.0/mlflow/{path}");
+    let request = match method {
+        "GET" => client.get(url).query(
+            &body
+                .as_object()
+                .unwrap()
+                .iter()
+                .map(|(k, v)| (k.clone(), v.as_str().unwrap().to_owned()))
+                .collect::<Vec<_>>(),
+        ),
+        _ => client.post(url).json(&body),
+    };
+    let response = request
+        .header("X-MLFLOW-WORKSPACE", workspace)
+        .send()
+        .await
+        .unwrap();
+    let status = response.status();
+    let answer: Value = response.json().await.unwrap_or(Value::Null);
+    assert!(
+        status.is_success(),
+        "{method} {path} in {workspace}: {status} {answer}"
+    );
+    answer
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_dead_run_in_a_workspace_is_ended_failed_and_its_node_series_kept_once() {
+    let w = tokio::task::spawn_blocking(workspaces).await.unwrap();
+    let mlflow = w.stack.mlflow.url.as_str();
+    let dir = tempfile::tempdir().unwrap();
+    let proxy = spawn_proxy(
+        mlflow,
+        &[
+            "--run-stale-after",
+            "3s",
+            "--health-sweep-interval",
+            "300ms",
+            "--health-flush-interval",
+            "200ms",
+        ],
+        dir.path(),
+    )
+    .unwrap();
+    let workspace = "team-b";
+    let name = format!("health-{}", uuid::Uuid::new_v4().simple());
+    let experiment = in_workspace(
+        mlflow,
+        workspace,
+        "POST",
+        "experiments/create",
+        json!({ "name": name }),
+    )
+    .await;
+    let run = in_workspace(
+        mlflow,
+        workspace,
+        "POST",
+        "runs/create",
+        json!({ "experiment_id": experiment["experiment_id"], "start_time": crate::mlflow::now_ms() }),
+    )
+    .await;
+    let run_id = run["run"]["info"]["run_id"].as_str().unwrap().to_owned();
+
+    // Two ranks of one node, as a pod in the workspace runs them (MLFLOW_WORKSPACE set).
+    let ranks: Vec<mlscope_tests::Process> = (0..2)
+        .map(|rank| {
+            let mut command = std::process::Command::new(mlscope_tests::collector_binary());
+            command
+                .env("MLFLOW_TRACKING_URI", &proxy.url)
+                .env("MLFLOW_RUN_ID", &run_id)
+                .env("MLFLOW_WORKSPACE", workspace)
+                .env("NODE_NAME", "node-w")
+                .env("RANK", rank.to_string())
+                .env("MLSCOPE_LOG_FORMAT", "json")
+                .args(["--interval", "1", "--", "sleep", "300"]);
+            let log = dir.path().join(format!("collector-{rank}.log"));
+            mlscope_tests::Process::spawn("mlscope-collector", &command, &log).unwrap()
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    // The pod vanishes: no word from either rank again.
+    for mut rank in ranks {
+        rank.kill();
+    }
+
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    let run = loop {
+        let run = in_workspace(
+            mlflow,
+            workspace,
+            "GET",
+            "runs/get",
+            json!({ "run_id": run_id }),
+        )
+        .await;
+        if run["run"]["info"]["status"] == "FAILED" {
+            break run;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the dead run in {workspace} was not ended: {run}\n{}",
+            proxy.process.log_tail()
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    };
+    let keys: Vec<&str> = run["run"]["data"]["metrics"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|m| m["key"].as_str())
+        .collect();
+    assert!(
+        keys.iter().any(|k| k.starts_with("system/node-w/node_")),
+        "the node's series, scoped: {keys:?}"
+    );
+    // One copy of the node series for the two co-located ranks: the history holds one sample per
+    // step, not two.
+    let node_key = keys
+        .iter()
+        .find(|k| k.starts_with("system/node-w/node_"))
+        .unwrap()
+        .to_string();
+    let history = in_workspace(
+        mlflow,
+        workspace,
+        "GET",
+        "metrics/get-history",
+        json!({ "run_id": run_id, "metric_key": node_key }),
+    )
+    .await;
+    let steps: Vec<i64> = history["metrics"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|m| m["step"].as_i64())
+        .collect();
+    let mut unique = steps.clone();
+    unique.sort_unstable();
+    unique.dedup();
+    assert!(!steps.is_empty());
+    assert_eq!(
+        steps.len(),
+        unique.len(),
+        "{node_key}: one sample per step: {steps:?}"
+    );
+}
