@@ -172,3 +172,54 @@ async fn relay(port: u16, upstream: String) {
         });
     }
 }
+
+/// MLflow 3's client surface: metrics with `model_id` and a dataset, asynchronous logging, logged
+/// models and traces store the same through the proxy as straight to MLflow (each run read back
+/// from MLflow itself).
+#[tokio::test]
+async fn mlflow3_client_surface_stores_the_same_through_the_proxy_as_directly() {
+    let stack = TestStack::shared();
+    let suffix = uuid::Uuid::new_v4().simple().to_string();
+    let mut results = Vec::new();
+    for (target, url) in [
+        ("direct", &stack.mlflow.url),
+        ("through", &stack.proxy_url().to_owned()),
+    ] {
+        let scratch = tempfile::tempdir().unwrap();
+        let child = python(
+            url,
+            &[
+                ("SUFFIX", &format!("{target}-{suffix}")),
+                ("MLFLOW_ENABLE_ASYNC_LOGGING", "true"),
+                ("TMPDIR", scratch.path().to_str().unwrap()),
+            ],
+        )
+        .arg(repo_root().join("tests/python/mlflow3_surface.py"))
+        .spawn()
+        .unwrap();
+        let (ok, stdout, stderr) = finish(child, Duration::from_secs(300)).await;
+        assert!(ok, "{target}\n--- stdout\n{stdout}\n--- stderr\n{stderr}");
+        let stored: Value = serde_json::from_str(stdout.lines().last().unwrap_or_default())
+            .unwrap_or_else(|e| panic!("{target}: {e}: {stdout}"));
+        results.push(stored);
+    }
+    assert_eq!(
+        results[1], results[0],
+        "through the proxy (left) and straight to MLflow (right)"
+    );
+    let direct = &results[0];
+    assert_eq!(direct["train_loss_count"], 200, "{direct}");
+    assert!(
+        direct["logged_model_metrics"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|m| m[0] == "eval_loss" && m[3] == "train-set" && m[4] == true),
+        "metrics logged with model_id and a dataset reach the logged model: {direct}"
+    );
+    assert_eq!(
+        direct["traces"].as_array().map(Vec::len),
+        Some(3),
+        "{direct}"
+    );
+}
