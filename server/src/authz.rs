@@ -163,7 +163,7 @@ impl Authorizer {
     /// Asks MLflow, without credentials, whether it authenticates and whether it has workspaces
     /// on; keeps the last answers when MLflow cannot be reached.
     pub async fn detect(&self) {
-        self.workspaces.learn(&self.forwarder).await;
+        self.learn_workspaces().await;
         let mut headers = HeaderMap::new();
         if let Ok(host) = HeaderValue::from_str(self.forwarder.upstream().authority.as_str()) {
             headers.insert(header::HOST, host);
@@ -177,6 +177,26 @@ impl Authorizer {
                 "authentication probe inconclusive"
             ),
             Err(e) => tracing::debug!(error = %e, "authentication probe failed"),
+        }
+    }
+
+    /// Asks MLflow's `server-info` (answered without credentials) whether it has workspaces on.
+    async fn learn_workspaces(&self) {
+        let path = "/api/3.0/mlflow/server-info";
+        match self
+            .forwarder
+            .call(Method::GET, path, &HeaderMap::new(), None)
+            .await
+        {
+            Ok((status, body)) => {
+                match crate::workspace::Support::from_server_info(status, &body) {
+                    Some(enabled) => self.workspaces.set(enabled),
+                    None => {
+                        tracing::debug!(status = status.as_u16(), "server-info probe inconclusive")
+                    }
+                }
+            }
+            Err(e) => tracing::debug!(error = %e, "server-info probe failed"),
         }
     }
 

@@ -11,9 +11,7 @@
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::Arc;
 
-use http::{HeaderMap, Method, StatusCode};
-
-use crate::proxy::Forwarder;
+use http::{HeaderMap, StatusCode};
 
 /// The header a client names its workspace in (HTTP header names are case-insensitive).
 pub const HEADER: &str = "x-mlflow-workspace";
@@ -31,8 +29,8 @@ pub fn of_request(headers: &HeaderMap) -> Option<&str> {
         .filter(|name| !name.is_empty())
 }
 
-/// Whether the MLflow behind the proxy has workspaces on, as its `server-info` says; learned at
-/// start and again with every authentication probe. Cheap to clone.
+/// Whether the MLflow behind the proxy has workspaces on, as its `server-info` says (the
+/// authorizer asks at start and with every authentication probe). Cheap to clone.
 #[derive(Clone, Default)]
 pub struct Support(Arc<AtomicU8>);
 
@@ -60,30 +58,16 @@ impl Support {
         }
     }
 
-    /// Asks MLflow's `server-info` (answered without credentials). MLflow from before the route
-    /// (404) has no workspaces; anything else inconclusive keeps the last answer.
-    pub async fn learn(&self, forwarder: &Forwarder) {
-        match forwarder
-            .call(
-                Method::GET,
-                "/api/3.0/mlflow/server-info",
-                &HeaderMap::new(),
-                None,
-            )
-            .await
-        {
-            Ok((StatusCode::OK, body)) => {
-                let info: serde_json::Value = serde_json::from_slice(&body).unwrap_or_default();
-                match info.get("workspaces_enabled").and_then(|v| v.as_bool()) {
-                    Some(enabled) => self.set(enabled),
-                    None => self.set(false),
-                }
+    /// What MLflow's `server-info` answer (`status`, `body`) says: MLflow from before the
+    /// route (404) has no workspaces; another answer says nothing (`None`).
+    pub fn from_server_info(status: StatusCode, body: &[u8]) -> Option<bool> {
+        match status {
+            StatusCode::OK => {
+                let info: serde_json::Value = serde_json::from_slice(body).unwrap_or_default();
+                Some(info.get("workspaces_enabled").and_then(|v| v.as_bool()) == Some(true))
             }
-            Ok((StatusCode::NOT_FOUND, _)) => self.set(false),
-            Ok((status, _)) => {
-                tracing::debug!(status = status.as_u16(), "server-info probe inconclusive")
-            }
-            Err(e) => tracing::debug!(error = %e, "server-info probe failed"),
+            StatusCode::NOT_FOUND => Some(false),
+            _ => None,
         }
     }
 
@@ -189,6 +173,18 @@ mod tests {
         );
         assert!(artifact_path("workspaces/x", None, true).is_err());
         assert!(artifact_path("workspaces/", Some("a"), true).is_err());
+    }
+
+    #[test]
+    fn server_info_says_whether_workspaces_are_on() {
+        let info = |body: &str| Support::from_server_info(StatusCode::OK, body.as_bytes());
+        assert_eq!(info(r#"{"workspaces_enabled": true}"#), Some(true));
+        assert_eq!(info(r#"{"workspaces_enabled": false}"#), Some(false));
+        assert_eq!(info(r#"{"store_type": "SqlStore"}"#), Some(false));
+        // MLflow from before server-info has no workspaces; a 503 or a 401 says nothing.
+        assert_eq!(Support::from_server_info(StatusCode::NOT_FOUND, b""), Some(false));
+        assert_eq!(Support::from_server_info(StatusCode::SERVICE_UNAVAILABLE, b""), None);
+        assert_eq!(Support::from_server_info(StatusCode::UNAUTHORIZED, b""), None);
     }
 
     #[test]
