@@ -182,9 +182,18 @@ mod tests {
         assert_eq!(info(r#"{"workspaces_enabled": false}"#), Some(false));
         assert_eq!(info(r#"{"store_type": "SqlStore"}"#), Some(false));
         // MLflow from before server-info has no workspaces; a 503 or a 401 says nothing.
-        assert_eq!(Support::from_server_info(StatusCode::NOT_FOUND, b""), Some(false));
-        assert_eq!(Support::from_server_info(StatusCode::SERVICE_UNAVAILABLE, b""), None);
-        assert_eq!(Support::from_server_info(StatusCode::UNAUTHORIZED, b""), None);
+        assert_eq!(
+            Support::from_server_info(StatusCode::NOT_FOUND, b""),
+            Some(false)
+        );
+        assert_eq!(
+            Support::from_server_info(StatusCode::SERVICE_UNAVAILABLE, b""),
+            None
+        );
+        assert_eq!(
+            Support::from_server_info(StatusCode::UNAUTHORIZED, b""),
+            None
+        );
     }
 
     #[test]

@@ -398,6 +398,11 @@ pub struct S3Store {
     pub url: String,
     pub bucket: String,
     pub process: Process,
+    /// Where it was started (`dir/<name>`), to start it again on other ports.
+    dir: PathBuf,
+    name: String,
+    /// The log's length when this process started: what it wrote begins there.
+    log_start: usize,
 }
 
 impl S3Store {
@@ -431,7 +436,7 @@ impl S3Store {
     /// As [`S3Store::start`], with the S3 gateway on `s3_port`.
     pub fn start_on(dir: &Path, s3_port: u16) -> Result<S3Store> {
         let mut store = Self::spawn(dir, s3_port)?;
-        store.wait_ready()?;
+        store.wait_ready_or_restart()?;
         Ok(store)
     }
 
@@ -483,12 +488,52 @@ impl S3Store {
                 data.join(format!("{socket}.sock")).display()
             ));
         }
-        let process = Process::spawn("SeaweedFS", &command, &dir.join(format!("{name}.log")))?;
+        let log = dir.join(format!("{name}.log"));
+        let log_start = fs::metadata(&log).map_or(0, |m| m.len() as usize);
+        let process = Process::spawn("SeaweedFS", &command, &log)?;
         Ok(S3Store {
             url: format!("http://127.0.0.1:{s3_port}"),
             bucket: Self::BUCKET.to_owned(),
             process,
+            dir: dir.to_owned(),
+            name: name.to_owned(),
+            log_start,
         })
+    }
+
+    /// Waits until the store stores objects. SeaweedFS listens on eight ports, chosen free a
+    /// moment before it binds them; when another process took one in between (any outgoing
+    /// connection may be given it), SeaweedFS exits, and it is started again on fresh ones.
+    fn wait_ready_or_restart(&mut self) -> Result<()> {
+        let mut attempts = 0;
+        loop {
+            match self.wait_ready() {
+                Ok(()) => return Ok(()),
+                Err(_) if attempts < 3 && self.lost_a_port() => {
+                    attempts += 1;
+                    eprintln!(
+                        "SeaweedFS lost one of its ports to another process; starting it again"
+                    );
+                    let port: u16 = self
+                        .url
+                        .rsplit(':')
+                        .next()
+                        .and_then(|p| p.parse().ok())
+                        .context("the store's port")?;
+                    *self = Self::spawn_named(&self.dir.clone(), &self.name.clone(), port)?;
+                }
+                Err(error) => return Err(error),
+            }
+        }
+    }
+
+    /// Whether this process exited because a port it was given was taken.
+    fn lost_a_port(&mut self) -> bool {
+        self.process.try_status().is_some()
+            && fs::read(self.process.log_path()).is_ok_and(|log| {
+                String::from_utf8_lossy(log.get(self.log_start..).unwrap_or_default())
+                    .contains("address already in use")
+            })
     }
 
     /// Creates the bucket and writes an object: the gateway answers before the master has
@@ -849,7 +894,7 @@ impl TestStack {
             None,
             &opts.mlflow_args,
         )?;
-        s3.wait_ready()?;
+        s3.wait_ready_or_restart()?;
         mlflow.wait_ready()?;
         let proxy = if opts.proxy {
             let mut args: Vec<String> = opts.proxy_args.clone();
