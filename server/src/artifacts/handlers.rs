@@ -270,10 +270,7 @@ impl Gateway {
             let Ok(path) = path::validate(&raw) else {
                 return Ok(raw);
             };
-            let placed =
-                crate::workspace::artifact_path(&path, workspace, true).map_err(|message| {
-                    mlflow_error(StatusCode::BAD_REQUEST, "INVALID_PARAMETER_VALUE", &message)
-                })?;
+            let placed = placed_path(&path, workspace)?;
             // Encoded again for the operation, which validates (decodes) it once more.
             Ok(percent_encoding::utf8_percent_encode(&placed, PATH_SEGMENT).to_string())
         };
@@ -290,21 +287,23 @@ impl Gateway {
         })
     }
 
-    /// The run, logged model or trace whose artifact root holds `path` (placed): below a
-    /// workspace's directory when workspaces apply.
-    fn owner_of(&self, path: &str, headers: &HeaderMap) -> Option<Owner> {
+    /// `path` (placed) below its workspace's directory when workspaces apply: where the artifact
+    /// roots of runs, logged models and traces begin.
+    fn below_workspace<'p>(&self, path: &'p str, headers: &HeaderMap) -> &'p str {
         match self.workspace(headers) {
-            (true, _) => Owner::of(crate::workspace::split_artifact_path(path).1),
-            (false, _) => Owner::of(path),
+            (true, _) => crate::workspace::split_artifact_path(path).1,
+            (false, _) => path,
         }
+    }
+
+    /// The run, logged model or trace whose artifact root holds `path` (placed).
+    fn owner_of(&self, path: &str, headers: &HeaderMap) -> Option<Owner> {
+        Owner::of(self.below_workspace(path, headers))
     }
 
     /// As [`Gateway::owner_of`], for what a delete of `path` may remove at most.
     fn owner_of_tree(&self, path: &str, headers: &HeaderMap) -> Option<Owner> {
-        match self.workspace(headers) {
-            (true, _) => Owner::of_tree(crate::workspace::split_artifact_path(path).1),
-            (false, _) => Owner::of_tree(path),
-        }
+        Owner::of_tree(self.below_workspace(path, headers))
     }
 
     /// Asks MLflow whether this client may do `op` (see [`super::authz`]).
@@ -404,11 +403,7 @@ impl Gateway {
             None => String::new(),
         };
         let path = match self.workspace(request.headers()) {
-            (true, workspace) => {
-                crate::workspace::artifact_path(&path, workspace, true).map_err(|message| {
-                    mlflow_error(StatusCode::BAD_REQUEST, "INVALID_PARAMETER_VALUE", &message)
-                })?
-            }
+            (true, workspace) => placed_path(&path, workspace)?,
             (false, _) => path,
         };
         let prefix = self.bucket.destination.dir_prefix(&path);
@@ -982,6 +977,14 @@ impl Gateway {
 
 /// Upload ids are the store's opaque tokens: printable and short. Anything else never names an
 /// upload, and an overlong one would not fit in a request URI.
+/// A validated path where MLflow's artifact API places it for a request in `workspace`, with
+/// workspaces on; a path naming another workspace is MLflow's 400.
+fn placed_path(path: &str, workspace: Option<&str>) -> Result<String, Response> {
+    crate::workspace::artifact_path(path, workspace, true).map_err(|message| {
+        mlflow_error(StatusCode::BAD_REQUEST, "INVALID_PARAMETER_VALUE", &message)
+    })
+}
+
 fn check_upload_id(id: &str) -> Result<(), Response> {
     if id.is_empty() || id.len() > 1024 || !id.bytes().all(|b| b.is_ascii_graphic()) {
         return Err(mlflow_error(

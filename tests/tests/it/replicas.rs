@@ -11,60 +11,23 @@ use serde_json::Value;
 
 #[test]
 fn a_replica_killed_under_load_loses_no_sample_and_no_checkpoint_and_doubles_none() {
-    let admin = std::env::var("MLSCOPE_TEST_POSTGRES_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into());
-    let mlflow_db = PostgresDatabase::create(&admin, "mlscope_it_mlflow").unwrap();
-    let backend = mlflow_db
-        .url
-        .replacen("postgres://", "postgresql+psycopg://", 1);
-    let dir = tempfile::tempdir().unwrap();
-    let json = dir.path().join("fleet.json");
-    let output = Command::new(proxy_binary().with_file_name("mlscope-bench"))
-        .args([
-            "fleet",
-            "--mlflow-backend",
-            &backend,
-            "--replica-postgres",
-            &admin,
-        ])
-        .args([
-            "--targets",
-            "mlscope-replicas",
+    let (report, summary) = fleet(
+        "mlscope_it_mlflow",
+        &[
             "--replicas",
             "3",
             "--scenario",
             "replica-kill",
-        ])
-        .args([
-            "--nodes",
-            "2",
             "--ranks-per-node",
             "4",
-            "--time-scale",
-            "10",
             "--duration",
             "24s",
-        ])
-        .args(["--checkpoint-every", "40s", "--checkpoint-size", "256KiB"])
-        .args([
-            "--retries",
-            "7",
-            "--request-timeout",
-            "60s",
-            "--p99-bound",
-            "60s",
-        ])
-        .arg("--json")
-        .arg(&json)
-        .output()
-        .unwrap();
-    let report = String::from_utf8_lossy(&output.stdout);
-    assert!(
-        output.status.success(),
-        "{report}\n{}",
-        String::from_utf8_lossy(&output.stderr)
+            "--checkpoint-every",
+            "40s",
+            "--checkpoint-size",
+            "256KiB",
+        ],
     );
-    let summary: Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
     let row = &summary["rows"][0];
     assert_eq!(row["target"], "mlscope-proxy-replicas", "{report}");
     assert_eq!(row["outage"]["what"], "mlscope-proxy replica 0", "{report}");
@@ -93,51 +56,19 @@ fn a_replica_killed_under_load_loses_no_sample_and_no_checkpoint_and_doubles_non
 /// within a bound of their mid-run values.
 #[test]
 fn a_steady_fleet_through_two_replicas_leaves_the_proxies_as_it_found_them() {
-    let admin = std::env::var("MLSCOPE_TEST_POSTGRES_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into());
-    let mlflow_db = PostgresDatabase::create(&admin, "mlscope_it_soak").unwrap();
-    let backend = mlflow_db
-        .url
-        .replacen("postgres://", "postgresql+psycopg://", 1);
-    let dir = tempfile::tempdir().unwrap();
-    let json = dir.path().join("fleet.json");
-    let output = Command::new(proxy_binary().with_file_name("mlscope-bench"))
-        .args([
-            "fleet",
-            "--mlflow-backend",
-            &backend,
-            "--replica-postgres",
-            &admin,
-        ])
-        .args(["--targets", "mlscope-replicas", "--replicas", "2"])
-        .args([
-            "--nodes",
+    let (report, summary) = fleet(
+        "mlscope_it_soak",
+        &[
+            "--replicas",
             "2",
             "--ranks-per-node",
             "8",
-            "--time-scale",
-            "10",
-        ])
-        .args(["--duration", "60s", "--sample-every", "3s"])
-        .args([
-            "--retries",
-            "7",
-            "--request-timeout",
+            "--duration",
             "60s",
-            "--p99-bound",
-            "60s",
-        ])
-        .arg("--json")
-        .arg(&json)
-        .output()
-        .unwrap();
-    let report = String::from_utf8_lossy(&output.stdout);
-    assert!(
-        output.status.success(),
-        "{report}\n{}",
-        String::from_utf8_lossy(&output.stderr)
+            "--sample-every",
+            "3s",
+        ],
     );
-    let summary: Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
     let row = &summary["rows"][0];
     let samples = &row["samples"];
     assert_eq!(
@@ -170,4 +101,55 @@ fn a_steady_fleet_through_two_replicas_leaves_the_proxies_as_it_found_them() {
         value(last, "open_fds") <= value(middle, "open_fds") + 64.0,
         "{report}"
     );
+}
+
+/// Runs `mlscope-bench fleet` against mlscope-proxy replicas on two nodes at ten times real
+/// speed, with MLflow on a PostgreSQL database of its own (named after `database`) and `args`;
+/// returns the printed report and the JSON summary, failing with both when the bench fails.
+fn fleet(database: &str, args: &[&str]) -> (String, Value) {
+    let admin = std::env::var("MLSCOPE_TEST_POSTGRES_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into());
+    let mlflow_db = PostgresDatabase::create(&admin, database).unwrap();
+    let backend = mlflow_db
+        .url
+        .replacen("postgres://", "postgresql+psycopg://", 1);
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("fleet.json");
+    let output = Command::new(proxy_binary().with_file_name("mlscope-bench"))
+        .args([
+            "fleet",
+            "--mlflow-backend",
+            &backend,
+            "--replica-postgres",
+            &admin,
+        ])
+        .args([
+            "--targets",
+            "mlscope-replicas",
+            "--nodes",
+            "2",
+            "--time-scale",
+            "10",
+        ])
+        .args(args)
+        .args([
+            "--retries",
+            "7",
+            "--request-timeout",
+            "60s",
+            "--p99-bound",
+            "60s",
+        ])
+        .arg("--json")
+        .arg(&json)
+        .output()
+        .unwrap();
+    let report = String::from_utf8_lossy(&output.stdout).into_owned();
+    assert!(
+        output.status.success(),
+        "{report}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let summary = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    (report, summary)
 }
