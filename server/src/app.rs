@@ -137,7 +137,10 @@ pub async fn run(
     let heartbeat = tokio::spawn(heartbeat(state.clone()));
     let sweeper = tokio::spawn(sweep(state.clone(), config.state_retention));
     let auth_detector = state.authorizer.as_ref().map(Authorizer::spawn_detector);
-    let upstream_check = state.coalescer.learn_upstream();
+    let upstream_check = state
+        .upstream_version
+        .spawn_learner(state.forwarder.clone());
+    let coalescer_adapts = state.coalescer.adapt_to(state.upstream_version.clone());
     let health = config.health.enabled.then(|| state.health.spawn());
 
     tokio::select! {
@@ -174,6 +177,7 @@ pub async fn run(
         detector.abort();
     }
     upstream_check.abort();
+    coalescer_adapts.abort();
     let _ = tokio::time::timeout(Duration::from_secs(1), admin).await;
     state.store.close().await;
     Ok(())

@@ -3,6 +3,7 @@
 //! Bodies use MLflow's error JSON so the MLflow client shows the message to the user, and the
 //! statuses follow the side that failed: the Python client retries 502/503/504 with backoff.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use axum::response::{IntoResponse, Response};
@@ -72,9 +73,51 @@ impl ProxyError {
     }
 }
 
-/// An MLflow error response: `{"error_code": ..., "message": ...}`.
+/// Whether the proxy's own errors carry MLflow's classification of the error code (`sqlstate`,
+/// `error_class`), which MLflow adds to every error since 3.12: on until MLflow's version says
+/// otherwise (see [`classify_like_mlflow`]).
+static CLASSIFIED: AtomicBool = AtomicBool::new(true);
+
+/// Makes the proxy's own errors carry MLflow's error classification, or not, as the MLflow
+/// behind it does (set once its version is known).
+pub fn classify_like_mlflow(on: bool) {
+    CLASSIFIED.store(on, Ordering::Relaxed);
+}
+
+/// MLflow's classification of an error code, `(sqlstate, error_class)`, as its server derives
+/// it for an error raised with that code alone (MLflow's client-side table, 3.12 to 3.17).
+fn classification(error_code: &str) -> Option<(&'static str, &'static str)> {
+    Some(match error_code {
+        "BAD_REQUEST" => ("KAM00", "INVALID_PARAMETER_VALUE"),
+        "CUSTOMER_UNAUTHORIZED" | "PERMISSION_DENIED" => ("KAM00", "PERMISSION_DENIED"),
+        "ENDPOINT_NOT_FOUND" | "NOT_FOUND" | "RESOURCE_DOES_NOT_EXIST" => {
+            ("KAM00", "RESOURCE_NOT_FOUND")
+        }
+        "FEATURE_DISABLED" => ("KAM00", "FEATURE_DISABLED"),
+        "INVALID_PARAMETER_VALUE" => ("KAM00", "INVALID_PARAMETER_VALUE"),
+        "RESOURCE_ALREADY_EXISTS" => ("KAM00", "RESOURCE_ALREADY_EXISTS"),
+        "INTERNAL_ERROR" | "INVALID_STATE" | "TEMPORARILY_UNAVAILABLE" => {
+            ("XXM00", "CLIENT_INTERNAL_ERROR")
+        }
+        _ => return None,
+    })
+}
+
+/// MLflow's error JSON: `{"error_code", "message"}`, plus `sqlstate` and `error_class` when
+/// `classified` and MLflow classifies the code.
+pub fn error_body(error_code: &str, message: &str, classified: bool) -> serde_json::Value {
+    let mut body = serde_json::json!({ "error_code": error_code, "message": message });
+    if let Some((sqlstate, error_class)) = classified.then(|| classification(error_code)).flatten()
+    {
+        body["sqlstate"] = sqlstate.into();
+        body["error_class"] = error_class.into();
+    }
+    body
+}
+
+/// An MLflow error response in the shape of the MLflow behind the proxy (see [`error_body`]).
 pub fn mlflow_error(status: StatusCode, error_code: &str, message: &str) -> Response {
-    let body = serde_json::json!({ "error_code": error_code, "message": message });
+    let body = error_body(error_code, message, CLASSIFIED.load(Ordering::Relaxed));
     let mut response = (status, axum::Json(body)).into_response();
     if status == StatusCode::SERVICE_UNAVAILABLE {
         response
@@ -94,6 +137,36 @@ impl IntoResponse for ProxyError {
 mod tests {
     use super::*;
     use http_body_util::BodyExt;
+
+    #[test]
+    fn error_bodies_carry_mlflows_classification_when_its_version_does() {
+        let classified = error_body("INVALID_PARAMETER_VALUE", "Invalid path", true);
+        assert_eq!(
+            classified,
+            serde_json::json!({"error_code": "INVALID_PARAMETER_VALUE", "message": "Invalid path",
+                "sqlstate": "KAM00", "error_class": "INVALID_PARAMETER_VALUE"})
+        );
+        let denied = error_body("PERMISSION_DENIED", "no", true);
+        assert_eq!(
+            (denied["sqlstate"].as_str(), denied["error_class"].as_str()),
+            (Some("KAM00"), Some("PERMISSION_DENIED"))
+        );
+        let unavailable = error_body("TEMPORARILY_UNAVAILABLE", "later", true);
+        assert_eq!(
+            (
+                unavailable["sqlstate"].as_str(),
+                unavailable["error_class"].as_str()
+            ),
+            (Some("XXM00"), Some("CLIENT_INTERNAL_ERROR"))
+        );
+        // MLflow before 3.12, and codes MLflow does not classify: the two fields alone.
+        for body in [
+            error_body("INVALID_PARAMETER_VALUE", "Invalid path", false),
+            error_body("MADE_UP", "x", true),
+        ] {
+            assert_eq!(body.as_object().unwrap().len(), 2, "{body}");
+        }
+    }
 
     #[tokio::test]
     async fn upstream_failures_become_mlflow_error_json_with_retryable_statuses() {

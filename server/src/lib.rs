@@ -35,6 +35,7 @@ pub mod state;
 mod fuzz;
 pub mod store;
 pub mod telemetry;
+pub mod upstream;
 pub mod workspace;
 pub mod writes;
 

@@ -17,6 +17,7 @@ use crate::proxy::Forwarder;
 use crate::rewrite::{MetricsRewriter, SharedRewriter};
 use crate::store::{Replica, Store};
 use crate::telemetry::Metrics;
+use crate::upstream::UpstreamVersion;
 
 /// Everything a handler may need; cheap to clone.
 #[derive(Clone)]
@@ -36,6 +37,8 @@ pub struct AppState {
     pub authorizer: Option<Authorizer>,
     /// Heartbeats, the stale-run sweep and the run health view (records nothing when off).
     pub health: Health,
+    /// The upstream MLflow's version, once it has answered `/version`.
+    pub upstream_version: UpstreamVersion,
     /// Set on shutdown so `/readyz` turns away new traffic while requests drain.
     pub draining: Arc<AtomicBool>,
 }
@@ -77,6 +80,7 @@ impl AppState {
             replica.id.clone(),
         );
         let rewriter = Arc::new(rewriter);
+        let upstream_version = UpstreamVersion::default();
         let coalescer = Coalescer::new(config.coalesce, forwarder.clone(), metrics.clone());
         let artifacts = match &authorizer {
             Some(authz) => {
@@ -86,6 +90,7 @@ impl AppState {
                     store.clone(),
                     authz.clone(),
                     metrics.clone(),
+                    upstream_version.clone(),
                 )
                 .await
             }
@@ -101,6 +106,7 @@ impl AppState {
             metrics,
             replica: Arc::new(replica),
             health,
+            upstream_version,
             draining: Arc::new(AtomicBool::new(false)),
         })
     }

@@ -70,13 +70,35 @@ impl Credentials {
     }
 }
 
+/// How one operation compared.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Verdict {
+    /// Both sides answered the same.
+    Equal,
+    /// The answers differ exactly as the proxy means them to: the reason (every one is listed
+    /// in docs/compatibility.md).
+    Intentional(&'static str),
+    /// The MLflow behind both sides does not have the operation: it was not run.
+    Unsupported(String),
+    /// One line per differing JSON path, or what failed on which side.
+    Different(String),
+}
+
 /// What one operation did on both sides.
 #[derive(Debug, Clone)]
 pub struct OpResult {
     pub name: &'static str,
-    /// `None`: both sides answered the same. Else one line per differing JSON path, or what
-    /// failed on which side.
-    pub difference: Option<String>,
+    pub verdict: Verdict,
+}
+
+impl OpResult {
+    /// The differences, when the answers differed other than on purpose.
+    pub fn difference(&self) -> Option<&str> {
+        match &self.verdict {
+            Verdict::Different(lines) => Some(lines),
+            _ => None,
+        }
+    }
 }
 
 /// Every operation's result, and what cleaning up afterwards could not do.
@@ -86,11 +108,19 @@ pub struct Comparison {
     pub cleanup_problems: Vec<String>,
     /// The suffix of every name each side created (`compat-<what>-<suffix>`): direct, through.
     pub suffixes: [String; 2],
+    /// The MLflow version the direct side's `/version` answered, when it did.
+    pub mlflow_version: Option<String>,
 }
 
 impl Comparison {
+    /// The operations whose answers differed other than on purpose.
     pub fn differences(&self) -> impl Iterator<Item = &OpResult> {
-        self.results.iter().filter(|r| r.difference.is_some())
+        self.results.iter().filter(|r| r.difference().is_some())
+    }
+
+    /// How many operations got `verdict`'s kind.
+    pub fn count(&self, kind: fn(&Verdict) -> bool) -> usize {
+        self.results.iter().filter(|r| kind(&r.verdict)).count()
     }
 }
 
@@ -105,13 +135,23 @@ pub async fn compare_deployments(
 ) -> Comparison {
     let direct = Side::new("direct", direct, credentials);
     let proxied = Side::new("proxy", through, credentials);
+    let mlflow_version = direct.version().await;
+    let release = mlflow_version.as_deref().and_then(Release::parse);
     let mut results = Vec::new();
     for op in operations() {
-        let expected = direct.observe(&op).await;
-        let actual = proxied.observe(&op).await;
+        let verdict = match (&op.since, release) {
+            (Some(since), Some(release)) if release < since.release => Verdict::Unsupported(
+                format!("not supported by this MLflow ({}): {}", release, since.what),
+            ),
+            _ => {
+                let expected = direct.observe(&op).await;
+                let actual = proxied.observe(&op).await;
+                judge(op.name, &expected, &actual)
+            }
+        };
         let result = OpResult {
             name: op.name,
-            difference: compare(&expected, &actual),
+            verdict,
         };
         progress(&result);
         results.push(result);
@@ -122,7 +162,86 @@ pub async fn compare_deployments(
         results,
         cleanup_problems,
         suffixes: [direct.suffix.clone(), proxied.suffix.clone()],
+        mlflow_version,
     }
+}
+
+/// An MLflow release, `major.minor.patch`, ordered as releases are.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+struct Release(u32, u32, u32);
+
+impl Release {
+    /// `3.17.2`, `3.18.0rc0` (pre-release parts ignored); `None` for anything else.
+    fn parse(text: &str) -> Option<Release> {
+        let mut parts = text.trim().split('.').map(|part| {
+            let digits: String = part.chars().take_while(char::is_ascii_digit).collect();
+            digits.parse::<u32>().ok()
+        });
+        let major = parts.next()??;
+        let minor = parts.next()??;
+        Some(Release(major, minor, parts.next().flatten().unwrap_or(0)))
+    }
+}
+
+impl std::fmt::Display for Release {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}.{}.{}", self.0, self.1, self.2)
+    }
+}
+
+/// The first MLflow release with what an operation needs.
+struct Since {
+    release: Release,
+    what: &'static str,
+}
+
+/// The operation's verdict: equal, different on purpose (an entry of [`INTENTIONAL`] explains
+/// exactly this difference), or different.
+fn judge(name: &str, direct: &Observation, proxied: &Observation) -> Verdict {
+    let Some(lines) = compare(direct, proxied) else {
+        return Verdict::Equal;
+    };
+    if let Ok(direct) = direct {
+        for intentional in INTENTIONAL.iter().filter(|i| i.operation == name) {
+            let corrected = Ok((intentional.correct)(direct.clone()));
+            if compare(&corrected, proxied).is_none() {
+                return Verdict::Intentional(intentional.reason);
+            }
+        }
+    }
+    Verdict::Different(lines)
+}
+
+/// A difference the proxy makes on purpose: in `operation`, MLflow's answer (`correct` turns
+/// it into the proxy's) has a bug the proxy fixes. Any other difference in the operation still
+/// counts. docs/compatibility.md lists each one.
+struct Intentional {
+    operation: &'static str,
+    reason: &'static str,
+    correct: fn(Value) -> Value,
+}
+
+const INTENTIONAL: &[Intentional] = &[Intentional {
+    operation: "mlflow-artifacts delete and list",
+    reason: "MLflow before 3.16 lists a zero-byte directory marker (SeaweedFS keeps one where a \
+             directory's last file was deleted) as a file named after the directory; the \
+             gateway lists only stored files",
+    correct: drop_self_listing,
+}];
+
+/// In the `[delete, list]` observation of the emptied `data` directory, the listing without a
+/// file named `data` (what MLflow before 3.16 makes of the directory's marker). An emptied
+/// listing has no `files`, as MLflow answers an empty directory.
+fn drop_self_listing(mut observed: Value) -> Value {
+    if let Some(body) = observed.pointer_mut("/1/body") {
+        if let Some(files) = body.get_mut("files").and_then(Value::as_array_mut) {
+            files.retain(|f| !(f["path"] == "data" && f["is_dir"] == false));
+            if files.is_empty() {
+                body.as_object_mut().map(|b| b.remove("files"));
+            }
+        }
+    }
+    observed
 }
 
 /// The operation names, in the order they run.
@@ -137,14 +256,28 @@ type Observation = Result<Value>;
 /// One row of the table: a name and what to do on a side, returning what was observed.
 struct Op {
     name: &'static str,
+    /// The first MLflow release that has what the operation needs; `None`: every supported one.
+    since: Option<Since>,
     run: fn(Side) -> Pin<Box<dyn Future<Output = Observation> + Send>>,
 }
 
-/// `op!("name", |side| { ...; Ok(observation) })`
+/// `op!("name", |side| { ...; Ok(observation) })`, or with `since (3, 0, "what"),` before the
+/// closure for an operation MLflow gained in that release.
 macro_rules! op {
     ($name:literal, |$side:ident| $body:block) => {
         Op {
             name: $name,
+            since: None,
+            run: |$side: Side| Box::pin(async move { $body }),
+        }
+    };
+    ($name:literal, since ($major:literal, $minor:literal, $what:literal), |$side:ident| $body:block) => {
+        Op {
+            name: $name,
+            since: Some(Since {
+                release: Release($major, $minor, 0),
+                what: $what,
+            }),
             run: |$side: Side| Box::pin(async move { $body }),
         }
     };
@@ -379,27 +512,35 @@ fn operations() -> Vec<Op> {
                 .await?
                 .observed())
         }),
-        op!("metrics/get-history two pages, raw numbers included", |s| {
-            let path = format!("{API}/metrics/get-history");
-            let run = s.var("run")?;
-            let query = [
-                ("run_id", run.as_str()),
-                ("metric_key", "extreme"),
-                ("max_results", "4"),
-            ];
-            let first = s.get(&path, &query).await?;
-            let token = first.string_at("/next_page_token")?;
-            let second = s
-                .get(
-                    &path,
-                    &[query.as_slice(), &[("page_token", token.as_str())]].concat(),
-                )
-                .await?;
-            Ok(json!([
-                first.observed_with_raw_numbers(),
-                second.observed_with_raw_numbers()
-            ]))
-        }),
+        op!(
+            "metrics/get-history two pages, raw numbers included",
+            since(
+                3,
+                2,
+                "paged metric history (max_results, page_token) came in MLflow 3.2"
+            ),
+            |s| {
+                let path = format!("{API}/metrics/get-history");
+                let run = s.var("run")?;
+                let query = [
+                    ("run_id", run.as_str()),
+                    ("metric_key", "extreme"),
+                    ("max_results", "4"),
+                ];
+                let first = s.get(&path, &query).await?;
+                let token = first.string_at("/next_page_token")?;
+                let second = s
+                    .get(
+                        &path,
+                        &[query.as_slice(), &[("page_token", token.as_str())]].concat(),
+                    )
+                    .await?;
+                Ok(json!([
+                    first.observed_with_raw_numbers(),
+                    second.observed_with_raw_numbers()
+                ]))
+            }
+        ),
         op!("runs/log-batch with 1001 metrics is refused", |s| {
             let metric =
                 json!({"key": "too_many", "value": 1.0, "timestamp": 1700000000000_i64, "step": 0});
@@ -545,30 +686,42 @@ fn operations() -> Vec<Op> {
             ]))
         }),
         // --- logged models ---
-        op!("logged-models create", |s| {
-            let body = json!({
-                "experiment_id": s.var("exp")?, "name": "compat-model", "source_run_id": s.var("run")?,
-                "model_type": "agent", "params": [{"key": "depth", "value": "3"}],
-                "tags": [{"key": "stage", "value": "draft"}],
-            });
-            let reply = s.post(&format!("{API}/logged-models"), body).await?;
-            s.set("model", reply.string_at("/model/info/model_id")?);
-            Ok(reply.observed())
-        }),
-        op!("logged-models finalize and get", |s| {
-            let model = s.var("model")?;
-            let path = format!("{API}/logged-models/{model}");
-            let body = json!({"model_id": model, "status": "LOGGED_MODEL_READY"});
-            let finalize = s.send(Method::PATCH, &path, |r| r.json(&body)).await?;
-            let get = s.get(&path, &[]).await?;
-            Ok(json!([finalize.observed(), get.observed()]))
-        }),
-        op!("logged-models search", |s| {
-            let body = json!({"experiment_ids": [s.var("exp")?], "max_results": 10});
-            Ok(s.post(&format!("{API}/logged-models/search"), body)
-                .await?
-                .observed())
-        }),
+        op!(
+            "logged-models create",
+            since(3, 0, "logged models came in MLflow 3.0"),
+            |s| {
+                let body = json!({
+                    "experiment_id": s.var("exp")?, "name": "compat-model", "source_run_id": s.var("run")?,
+                    "model_type": "agent", "params": [{"key": "depth", "value": "3"}],
+                    "tags": [{"key": "stage", "value": "draft"}],
+                });
+                let reply = s.post(&format!("{API}/logged-models"), body).await?;
+                s.set("model", reply.string_at("/model/info/model_id")?);
+                Ok(reply.observed())
+            }
+        ),
+        op!(
+            "logged-models finalize and get",
+            since(3, 0, "logged models came in MLflow 3.0"),
+            |s| {
+                let model = s.var("model")?;
+                let path = format!("{API}/logged-models/{model}");
+                let body = json!({"model_id": model, "status": "LOGGED_MODEL_READY"});
+                let finalize = s.send(Method::PATCH, &path, |r| r.json(&body)).await?;
+                let get = s.get(&path, &[]).await?;
+                Ok(json!([finalize.observed(), get.observed()]))
+            }
+        ),
+        op!(
+            "logged-models search",
+            since(3, 0, "logged models came in MLflow 3.0"),
+            |s| {
+                let body = json!({"experiment_ids": [s.var("exp")?], "max_results": 10});
+                Ok(s.post(&format!("{API}/logged-models/search"), body)
+                    .await?
+                    .observed())
+            }
+        ),
         // --- model registry ---
         op!("registered-models/create", |s| {
             let body = json!({"name": s.name("model"), "tags": [{"key": "owner", "value": "compat"}], "description": "compat suite"});
@@ -915,6 +1068,12 @@ impl Side {
         problems
     }
 
+    /// What `/version` answers, trimmed; `None` when it does not answer 200.
+    async fn version(&self) -> Option<String> {
+        let reply = self.get("/version", &[]).await.ok()?;
+        (reply.status == 200).then(|| reply.text().trim().to_owned())
+    }
+
     /// Runs `op` and normalises what it observed.
     async fn observe(&self, op: &Op) -> Observation {
         let observed = (op.run)(self.clone()).await?;
@@ -1166,4 +1325,69 @@ fn pattern_bytes(len: usize) -> Vec<u8> {
     }
     bytes.truncate(len);
     bytes
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const DELETE_AND_LIST: &str = "mlflow-artifacts delete and list";
+
+    fn delete_and_list(files: Value) -> Observation {
+        let mut list = json!({"status": 200, "content_type": "application/json", "body": {}});
+        if !files.is_null() {
+            list["body"]["files"] = files;
+        }
+        Ok(json!([{"status": 200, "content_type": "application/json", "body": {}}, list]))
+    }
+
+    #[test]
+    fn the_phantom_marker_entry_is_an_intended_difference_and_nothing_else_is() {
+        let phantom = delete_and_list(json!([{"path": "data", "is_dir": false}]));
+        let gateway = delete_and_list(Value::Null);
+        assert!(matches!(
+            judge(DELETE_AND_LIST, &phantom, &gateway),
+            Verdict::Intentional(_)
+        ));
+        assert_eq!(judge(DELETE_AND_LIST, &gateway, &gateway), Verdict::Equal);
+        // The same correction in another operation is a difference.
+        assert!(matches!(
+            judge("mlflow-artifacts list (?path=)", &phantom, &gateway),
+            Verdict::Different(_)
+        ));
+        // A real file the gateway leaves out, or the phantom plus anything else, is a difference.
+        let real =
+            delete_and_list(json!([{"path": "data/other.bin", "is_dir": false, "file_size": 3}]));
+        assert!(matches!(
+            judge(DELETE_AND_LIST, &real, &gateway),
+            Verdict::Different(_)
+        ));
+        let both = delete_and_list(
+            json!([{"path": "data", "is_dir": false}, {"path": "data/x", "is_dir": false}]),
+        );
+        assert!(matches!(
+            judge(DELETE_AND_LIST, &both, &gateway),
+            Verdict::Different(_)
+        ));
+        let mut other_status = gateway.as_ref().unwrap().clone();
+        other_status[0]["status"] = json!(500);
+        assert!(matches!(
+            judge(DELETE_AND_LIST, &phantom, &Ok(other_status)),
+            Verdict::Different(_)
+        ));
+        // The gateway showing a phantom MLflow does not have is a difference too.
+        assert!(matches!(
+            judge(DELETE_AND_LIST, &gateway, &phantom),
+            Verdict::Different(_)
+        ));
+    }
+
+    #[test]
+    fn releases_parse_and_order() {
+        assert_eq!(Release::parse("2.22.5\n"), Some(Release(2, 22, 5)));
+        assert_eq!(Release::parse("3.18.0rc0"), Some(Release(3, 18, 0)));
+        assert!(Release(2, 22, 5) < Release(3, 0, 0));
+        assert!(Release(3, 10, 1) > Release(3, 2, 0));
+        assert_eq!(Release::parse("<html>"), None);
+    }
 }

@@ -91,6 +91,21 @@ pub fn preflight(nginx: bool) -> Result<()> {
     Ok(())
 }
 
+/// The virtual environment of the support matrix's MLflow `minor` (e.g. `2.22`): [`venv`] with
+/// the suffix `-mlflow-<minor>`, made by scripts/setup (`test`: 2.22 and 3.15; `matrix`: all).
+pub fn matrix_venv(minor: &str) -> PathBuf {
+    let mut path = venv().into_os_string();
+    path.push(format!("-mlflow-{minor}"));
+    let venv = PathBuf::from(path);
+    if !venv.join("bin/mlflow").exists() {
+        panic!(
+            "{} has no bin/mlflow: run scripts/setup test (MLflow 2.22) or scripts/setup matrix",
+            venv.display()
+        );
+    }
+    venv
+}
+
 /// The virtual environment with MLflow 3.15.2, the last release that lists zero-byte `key/`
 /// directory markers as files: [`venv`] with the suffix `-mlflow-3.15`, made by scripts/setup.
 pub fn legacy_venv() -> PathBuf {
@@ -776,6 +791,9 @@ pub struct StackOptions {
     pub mlflow_backend: Option<String>,
     /// Extra arguments of `mlflow server`, e.g. `--enable-workspaces`.
     pub mlflow_args: Vec<String>,
+    /// The virtual environment whose MLflow serves (e.g. one of the compatibility matrix's);
+    /// default: [`venv`]. SeaweedFS always comes from [`venv`].
+    pub mlflow_venv: Option<PathBuf>,
 }
 
 impl Default for StackOptions {
@@ -785,6 +803,7 @@ impl Default for StackOptions {
             proxy_args: Vec::new(),
             mlflow_backend: None,
             mlflow_args: Vec::new(),
+            mlflow_venv: None,
         }
     }
 }
@@ -825,7 +844,8 @@ impl StackDir {
 impl TestStack {
     /// Starts a stack on free ports and waits until every part is ready.
     pub fn start(opts: StackOptions) -> Result<TestStack> {
-        Self::start_with_mlflow_from(opts, &venv())
+        let mlflow_venv = opts.mlflow_venv.clone().unwrap_or_else(venv);
+        Self::start_with_mlflow_from(opts, &mlflow_venv)
     }
 
     /// As [`TestStack::start`], with the MLflow server of the virtual environment `mlflow_venv`
@@ -850,13 +870,15 @@ impl TestStack {
         opts: &StackOptions,
         ports: StackPorts,
     ) -> Result<TestStack> {
-        Self::launch(StackDir::Temporary(dir), opts, ports, &venv())
+        let mlflow_venv = opts.mlflow_venv.clone().unwrap_or_else(venv);
+        Self::launch(StackDir::Temporary(dir), opts, ports, &mlflow_venv)
     }
 
     /// Starts a stack whose data stays in `dir` when it stops, and starts again from there.
     pub fn start_kept(dir: &Path, opts: &StackOptions, ports: StackPorts) -> Result<TestStack> {
         fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-        Self::launch(StackDir::Kept(dir.to_owned()), opts, ports, &venv())
+        let mlflow_venv = opts.mlflow_venv.clone().unwrap_or_else(venv);
+        Self::launch(StackDir::Kept(dir.to_owned()), opts, ports, &mlflow_venv)
     }
 
     fn launch(

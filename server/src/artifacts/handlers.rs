@@ -25,6 +25,7 @@ use crate::authz::{Action, Authorizer, Decision};
 use crate::error::mlflow_error;
 use crate::proxy::{AnsweredBy, Forwarder};
 use crate::telemetry::Metrics;
+use crate::upstream::{MlflowVersion, UpstreamVersion};
 
 const PREFIXES: [&str; 2] = [
     "/api/2.0/mlflow-artifacts/",
@@ -127,6 +128,8 @@ pub struct Gateway {
     metrics: Metrics,
     /// Whether MLflow has workspaces on (learned by the authorizer's probe).
     workspaces: crate::workspace::Support,
+    /// The version of the MLflow behind the gateway: the gateway answers as it does.
+    upstream: UpstreamVersion,
 }
 
 type Answer = Result<Response, Response>;
@@ -139,6 +142,23 @@ const PATH_SEGMENT: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPHANU
     .remove(b'_')
     .remove(b'.')
     .remove(b'~');
+
+/// A stored upload's answer, as the MLflow behind the gateway gives it: from 3.15 on, MLflow's
+/// server (uvicorn) answers an upload with 200 and nothing else; before, Flask answered `{}` as
+/// JSON (the empty `UploadArtifact` response). Until MLflow's version is known: the current shape.
+fn upload_answer(version: Option<MlflowVersion>) -> Response {
+    match version {
+        Some(v) if v < MlflowVersion::new(3, 15, 0) => (
+            [(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("application/json"),
+            )],
+            "{}",
+        )
+            .into_response(),
+        _ => StatusCode::OK.into_response(),
+    }
+}
 
 fn invalid_path() -> Response {
     mlflow_error(
@@ -155,6 +175,7 @@ impl Gateway {
         store: crate::store::Store,
         authz: Authorizer,
         metrics: Metrics,
+        upstream: UpstreamVersion,
     ) -> Option<Gateway> {
         let destination = config.destination.clone()?;
         let bucket = Bucket::connect(&config.s3, destination).await;
@@ -168,6 +189,7 @@ impl Gateway {
             bucket,
             config: Arc::new(config.clone()),
             metrics,
+            upstream,
         })
     }
 
@@ -640,8 +662,7 @@ impl Gateway {
             Ok(bytes) => {
                 self.metrics.artifact_bytes_uploaded.inc_by(bytes);
                 tracing::info!(path, bytes, "artifact stored");
-                // As MLflow's server answers an upload: 200 with an empty body.
-                Ok(StatusCode::OK.into_response())
+                Ok(upload_answer(self.upstream.get()))
             }
             Err(UploadError::Client(reason)) => {
                 tracing::info!(path, reason, "upload abandoned by the client; nothing was stored");
@@ -1083,6 +1104,30 @@ fn httpdate(when: std::time::SystemTime) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn an_upload_is_answered_in_the_shape_of_the_mlflow_behind_the_gateway() {
+        let answer = |version: Option<MlflowVersion>| async move {
+            let response = upload_answer(version);
+            let content_type = response.headers().get(header::CONTENT_TYPE).cloned();
+            let body = response.into_body().collect().await.unwrap().to_bytes();
+            (content_type, body)
+        };
+        for flask in ["2.22.5", "3.5.1", "3.10.1", "3.14.0"] {
+            let (content_type, body) = answer(MlflowVersion::parse(flask)).await;
+            assert_eq!(
+                content_type.as_ref().map(|v| v.as_bytes()),
+                Some(&b"application/json"[..]),
+                "{flask}"
+            );
+            assert_eq!(&body[..], b"{}", "{flask}");
+        }
+        for uvicorn in [Some("3.15.0"), Some("3.17.2"), None] {
+            let (content_type, body) = answer(uvicorn.and_then(MlflowVersion::parse)).await;
+            assert_eq!(content_type, None, "{uvicorn:?}");
+            assert!(body.is_empty(), "{uvicorn:?}");
+        }
+    }
 
     #[test]
     fn artifact_routes_are_recognised_under_both_prefixes() {

@@ -58,6 +58,7 @@ use crate::error::mlflow_error;
 use crate::proxy::{request_id, Forwarder};
 use crate::rewrite::{is_json, NODE_HEADER, RANK_HEADER};
 use crate::telemetry::Metrics;
+use crate::upstream::{MlflowVersion, UpstreamVersion};
 
 pub use crate::writes::MAX_BATCH_METRICS;
 use crate::writes::{self, Alone, Prepared, Writes};
@@ -181,26 +182,14 @@ impl Coalescer {
         }
     }
 
-    /// Asks MLflow its version until it answers (every 30 s), and sends one batch of a run at a
-    /// time to a version before 3.16, which deadlocks on PostgreSQL when they overlap.
-    pub fn learn_upstream(&self) -> tokio::task::JoinHandle<()> {
+    /// Once MLflow's version is known, sends one batch of a run at a time to a version before
+    /// 3.16, which deadlocks on PostgreSQL when they overlap.
+    pub fn adapt_to(&self, upstream: UpstreamVersion) -> tokio::task::JoinHandle<()> {
         let inner = self.inner.clone();
         tokio::spawn(async move {
-            loop {
-                let answer = inner
-                    .forwarder
-                    .call(Method::GET, "/version", &HeaderMap::new(), None)
-                    .await;
-                if let Ok((status, body)) = answer {
-                    if status.is_success() {
-                        let version = String::from_utf8_lossy(&body).trim().to_owned();
-                        if deadlocks_on_overlapping_writes(&version) {
-                            inner.one_batch_per_run(&format!("MLflow {version}"));
-                        }
-                        return;
-                    }
-                }
-                tokio::time::sleep(Duration::from_secs(30)).await;
+            let version = upstream.learned().await;
+            if deadlocks_on_overlapping_writes(version) {
+                inner.one_batch_per_run(&format!("MLflow {version}"));
             }
         })
     }
@@ -476,14 +465,10 @@ impl Inner {
     }
 }
 
-/// Whether an MLflow of this `/version` deadlocks on PostgreSQL when writes to one run overlap
-/// (fixed in 3.16: MLflow issue 24923). An unreadable version counts as a current one.
-fn deadlocks_on_overlapping_writes(version: &str) -> bool {
-    let mut parts = version.split('.').map(|p| p.parse::<u32>());
-    match (parts.next(), parts.next()) {
-        (Some(Ok(major)), Some(Ok(minor))) => (major, minor) < (3, 16),
-        _ => false,
-    }
+/// Whether an MLflow of this version deadlocks on PostgreSQL when writes to one run overlap
+/// (fixed in 3.16: MLflow issue 24923).
+fn deadlocks_on_overlapping_writes(version: MlflowVersion) -> bool {
+    version < MlflowVersion::new(3, 16, 0)
 }
 
 /// Whether an MLflow error answer is a database deadlock (PostgreSQL 40P01, MySQL 1213).
@@ -546,10 +531,9 @@ mod tests {
             ("3.16.0", false),
             ("3.17.2", false),
             ("4.0.0", false),
-            ("garbage", false),
         ] {
             assert_eq!(
-                deadlocks_on_overlapping_writes(version),
+                deadlocks_on_overlapping_writes(MlflowVersion::parse(version).unwrap()),
                 deadlocks,
                 "{version}"
             );

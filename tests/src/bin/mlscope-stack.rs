@@ -47,6 +47,10 @@ struct Args {
     /// MLflow's backend store URI [default: mlflow.db, SQLite, in the data directory].
     #[arg(long, env = "MLSCOPE_STACK_MLFLOW_BACKEND")]
     mlflow_backend: Option<String>,
+    /// The Python virtual environment whose MLflow to run, e.g. one with another MLflow version
+    /// [default: the project's, scripts/setup's MLSCOPE_VENV].
+    #[arg(long, env = "MLSCOPE_STACK_MLFLOW_VENV", value_name = "DIR")]
+    mlflow_venv: Option<PathBuf>,
     /// Extra arguments for mlscope-proxy, e.g. `--proxy-arg=--log-format=text`.
     #[arg(long = "proxy-arg", allow_hyphen_values = true)]
     proxy_args: Vec<String>,
@@ -97,6 +101,7 @@ fn run(args: Args) -> Result<()> {
         proxy: true,
         proxy_args,
         mlflow_backend: args.mlflow_backend,
+        mlflow_venv: args.mlflow_venv,
         ..StackOptions::default()
     };
     let dir = args.data_dir.unwrap_or_else(|| repo_root().join(".stack"));
