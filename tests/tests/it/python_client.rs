@@ -223,3 +223,51 @@ async fn mlflow3_client_surface_stores_the_same_through_the_proxy_as_directly() 
         "{direct}"
     );
 }
+
+/// OpenTelemetry's OTLP export to MLflow (`POST /v1/traces`): protobuf gzip-compressed and JSON
+/// are stored through the proxy exactly as straight to MLflow (spans, attributes, events, read
+/// back with the MLflow client), and MLflow's own answers to malformed exports (not gzip, no
+/// spans) reach the client unchanged.
+#[tokio::test]
+async fn otlp_trace_exports_store_the_same_through_the_proxy_as_directly() {
+    let stack = TestStack::shared();
+    let suffix = uuid::Uuid::new_v4().simple().to_string();
+    let mut results = Vec::new();
+    for (target, url) in [
+        ("direct", &stack.mlflow.url),
+        ("through", &stack.proxy_url().to_owned()),
+    ] {
+        let child = python(url, &[("SUFFIX", &format!("{target}-{suffix}"))])
+            .arg(repo_root().join("tests/python/otlp_traces.py"))
+            .spawn()
+            .unwrap();
+        let (ok, stdout, stderr) = finish(child, Duration::from_secs(120)).await;
+        assert!(ok, "{target}\n--- stdout\n{stdout}\n--- stderr\n{stderr}");
+        let stored: Value = serde_json::from_str(stdout.lines().last().unwrap_or_default())
+            .unwrap_or_else(|e| panic!("{target}: {e}: {stdout}"));
+        results.push(stored);
+    }
+    assert_eq!(
+        results[1], results[0],
+        "through the proxy (left) and straight to MLflow (right)"
+    );
+    let direct = &results[0];
+    for (export, status) in [
+        ("protobuf, gzip", 200),
+        ("json", 200),
+        ("not gzip", 400),
+        ("no spans", 400),
+    ] {
+        assert_eq!(
+            direct["answers"][export]["status"], status,
+            "{export}: {direct}"
+        );
+    }
+    let spans: Vec<usize> = direct["traces"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["spans"].as_array().unwrap().len())
+        .collect();
+    assert_eq!(spans, [1, 3], "{direct}");
+}
