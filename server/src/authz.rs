@@ -521,6 +521,18 @@ mod tests {
             cache_key(Action::Read, "1/r/artifacts/a", &alice),
             cache_key(Action::Read, "2/r/artifacts/a", &alice)
         );
+        // One credential in two workspaces: MLflow may answer each differently.
+        let in_team_a = headers(&[
+            ("authorization", "Basic YWxpY2U6eA=="),
+            ("x-mlflow-workspace", "team-a"),
+        ]);
+        let in_team_b = headers(&[
+            ("authorization", "Basic YWxpY2U6eA=="),
+            ("x-mlflow-workspace", "team-b"),
+        ]);
+        let read = |h| cache_key(Action::Read, "1/r/artifacts/a", h);
+        assert_ne!(read(&in_team_a), read(&in_team_b));
+        assert_ne!(read(&in_team_a), read(&alice));
     }
 
     #[tokio::test]

@@ -617,6 +617,17 @@ impl MlflowServer {
         dir: &Path,
         s3: &S3Store,
     ) -> Result<MlflowServer> {
+        Self::start_with_basic_auth_args(mlflow_venv, dir, s3, &[])
+    }
+
+    /// As [`MlflowServer::start_with_basic_auth_from`], with extra arguments of `mlflow server`
+    /// (e.g. `--enable-workspaces`).
+    pub fn start_with_basic_auth_args(
+        mlflow_venv: &Path,
+        dir: &Path,
+        s3: &S3Store,
+        extra_args: &[String],
+    ) -> Result<MlflowServer> {
         let port = free_port();
         let ini = dir.join(format!("basic-auth-{port}.ini"));
         std::fs::write(
@@ -627,7 +638,7 @@ impl MlflowServer {
             ),
         )
         .context("writing the basic-auth config")?;
-        let mut server = Self::spawn(mlflow_venv, dir, s3, None, port, Some(&ini), &[])?;
+        let mut server = Self::spawn(mlflow_venv, dir, s3, None, port, Some(&ini), extra_args)?;
         server.wait_ready()?;
         Ok(server)
     }

@@ -53,14 +53,18 @@ enum Version {
     Current,
     /// 3.15.2: artifact paths judged on the experiment alone.
     Legacy,
+    /// 3.17.2 with workspaces on (`--enable-workspaces`): grants per workspace.
+    Workspaces,
 }
 
 fn stack(version: Version) -> &'static AuthStack {
     static CURRENT: OnceLock<Result<AuthStack, String>> = OnceLock::new();
     static LEGACY: OnceLock<Result<AuthStack, String>> = OnceLock::new();
-    let (cell, mlflow_venv) = match version {
-        Version::Current => (&CURRENT, venv()),
-        Version::Legacy => (&LEGACY, legacy_venv()),
+    static WORKSPACES: OnceLock<Result<AuthStack, String>> = OnceLock::new();
+    let (cell, mlflow_venv, mlflow_args) = match version {
+        Version::Current => (&CURRENT, venv(), vec![]),
+        Version::Legacy => (&LEGACY, legacy_venv(), vec![]),
+        Version::Workspaces => (&WORKSPACES, venv(), vec!["--enable-workspaces".to_owned()]),
     };
     let stack = cell.get_or_init(|| {
         let start = || -> anyhow::Result<AuthStack> {
@@ -69,7 +73,12 @@ fn stack(version: Version) -> &'static AuthStack {
                 .tempdir()?;
             let remover = DirRemover::spawn(dir.path())?;
             let s3 = S3Store::start(dir.path())?;
-            let mlflow = MlflowServer::start_with_basic_auth_from(&mlflow_venv, dir.path(), &s3)?;
+            let mlflow = MlflowServer::start_with_basic_auth_args(
+                &mlflow_venv,
+                dir.path(),
+                &s3,
+                &mlflow_args,
+            )?;
             let args = s3.gateway_args(&s3.url);
             let args: Vec<&str> = args.iter().map(String::as_str).collect();
             let proxy = spawn_proxy(&mlflow.url, &args, dir.path())?;
@@ -216,7 +225,9 @@ enum Answer {
     },
 }
 
-async fn send(base: &str, root: &str, op: Op, client: Client) -> Answer {
+/// Sends `op` for `client` on the run artifact root `root`, in `workspace` (the
+/// `X-MLFLOW-WORKSPACE` header; none: the default workspace).
+async fn send(base: &str, root: &str, op: Op, client: Client, workspace: Option<&str>) -> Answer {
     let api = format!("{base}/api/2.0/mlflow-artifacts");
     let file = format!("{root}/shared/readme.txt");
     let builder = match op {
@@ -250,6 +261,10 @@ async fn send(base: &str, root: &str, op: Op, client: Client) -> Answer {
             Method::DELETE,
             format!("{api}/artifacts/{root}/victims/{}.txt", client.name),
         ),
+    };
+    let builder = match workspace {
+        Some(name) => builder.header("x-mlflow-workspace", name),
+        None => builder,
     };
     let response = builder.send().await.unwrap();
     let status = response.status();
@@ -287,23 +302,25 @@ fn clients() -> Vec<Client> {
 }
 
 /// Puts the files the read and delete operations name (as admin, straight into MLflow).
-async fn restore_files(mlflow: &str, root: &str) {
+async fn restore_files(mlflow: &str, root: &str, workspace: Option<&str>) {
     let mut paths = vec![format!("{root}/shared/readme.txt")];
     paths.extend(
         clients()
             .iter()
+            .chain(&workspace_clients())
             .map(|c| format!("{root}/victims/{}.txt", c.name)),
     );
     for path in paths {
-        let response = request(
+        let mut put = request(
             ADMIN,
             Method::PUT,
             format!("{mlflow}/api/2.0/mlflow-artifacts/artifacts/{path}"),
         )
-        .body("content")
-        .send()
-        .await
-        .unwrap();
+        .body("content");
+        if let Some(name) = workspace {
+            put = put.header("x-mlflow-workspace", name);
+        }
+        let response = put.send().await.unwrap();
         assert!(
             response.status().is_success(),
             "restoring {path}: {}",
@@ -335,7 +352,7 @@ async fn parity_matrix(version: Version) {
         (&mut direct, s.mlflow.url.as_str()),
         (&mut through, s.proxy.url.as_str()),
     ] {
-        restore_files(&s.mlflow.url, &root).await;
+        restore_files(&s.mlflow.url, &root, None).await;
         for client in clients() {
             for op in OPS {
                 side.insert(
@@ -346,7 +363,7 @@ async fn parity_matrix(version: Version) {
                             .is_some_and(|p| p != PASSWORD && p != MLFLOW_ADMIN_PASSWORD),
                         op,
                     ),
-                    send(base, &root, op, client).await,
+                    send(base, &root, op, client, None).await,
                 );
             }
         }
@@ -407,7 +424,7 @@ async fn a_refused_delete_through_the_gateway_leaves_the_object_and_an_experimen
 ) {
     let s = stack(Version::Current);
     let (experiment, root) = setup(&s.mlflow.url).await;
-    restore_files(&s.mlflow.url, &root).await;
+    restore_files(&s.mlflow.url, &root, None).await;
     let editor = Client {
         name: "editor",
         password: Some(PASSWORD),
@@ -485,7 +502,7 @@ async fn a_refused_delete_through_the_gateway_leaves_the_object_and_an_experimen
 async fn one_clients_allowed_answer_is_never_reused_for_another_client() {
     let s = stack(Version::Current);
     let (_, root) = setup(&s.mlflow.url).await;
-    restore_files(&s.mlflow.url, &root).await;
+    restore_files(&s.mlflow.url, &root, None).await;
     let url = format!(
         "{}/api/2.0/mlflow-artifacts/artifacts/{root}/shared/readme.txt",
         s.proxy.url
@@ -635,4 +652,323 @@ async fn a_client_mlflow_refuses_cannot_take_a_nodes_reporter_seat_from_the_runs
         })
         .unwrap_or_default();
     assert_eq!(points, [(0, 0.0), (1, 0.0), (2, 0.0)], "{history}");
+}
+
+// === workspaces ===
+
+/// What a user of the workspace matrix holds. Workspace-wide grants come as MLflow's seeded
+/// roles of a workspace (`admin`: MANAGE, `user`: USE); experiment grants are made in the
+/// experiment's workspace (the grant request names it in its header).
+#[derive(Clone, Copy, Debug)]
+enum WorkspaceGrant {
+    Role {
+        workspace: &'static str,
+        role: &'static str,
+    },
+    Experiment(&'static str),
+    Nothing,
+}
+
+/// The experiment lives in `team-a`; `team-b` is another tenant of the same MLflow.
+const TEAM_A: &str = "team-a";
+const TEAM_B: &str = "team-b";
+
+const WORKSPACE_USERS: [(&str, WorkspaceGrant); 7] = [
+    (
+        "a-admin",
+        WorkspaceGrant::Role {
+            workspace: TEAM_A,
+            role: "admin",
+        },
+    ),
+    (
+        "a-user",
+        WorkspaceGrant::Role {
+            workspace: TEAM_A,
+            role: "user",
+        },
+    ),
+    ("a-reader", WorkspaceGrant::Experiment("READ")),
+    ("a-editor", WorkspaceGrant::Experiment("EDIT")),
+    ("a-manager", WorkspaceGrant::Experiment("MANAGE")),
+    (
+        "b-admin",
+        WorkspaceGrant::Role {
+            workspace: TEAM_B,
+            role: "admin",
+        },
+    ),
+    ("nobody", WorkspaceGrant::Nothing),
+];
+
+fn workspace_clients() -> Vec<Client> {
+    let mut clients = vec![
+        ADMIN,
+        Client {
+            name: "anonymous",
+            password: None,
+        },
+        Client {
+            name: "a-admin",
+            password: Some("wrong-password"),
+        },
+    ];
+    clients.extend(WORKSPACE_USERS.iter().map(|(name, _)| Client {
+        name,
+        password: Some(PASSWORD),
+    }));
+    clients
+}
+
+/// An admin call to MLflow in `workspace` that must succeed (or find the thing already there).
+async fn admin_in(
+    base: &str,
+    workspace: Option<&str>,
+    method: Method,
+    path: &str,
+    body: Value,
+) -> Value {
+    let mut call = request(ADMIN, method, format!("{base}{path}")).json(&body);
+    if let Some(name) = workspace {
+        call = call.header("x-mlflow-workspace", name);
+    }
+    let response = call.send().await.unwrap();
+    let status = response.status();
+    let text = response.text().await.unwrap();
+    assert!(
+        status.is_success() || text.contains("RESOURCE_ALREADY_EXISTS") || text.contains("already"),
+        "{path}: {status} {text}"
+    );
+    serde_json::from_str(&text).unwrap_or(Value::Null)
+}
+
+/// Two workspaces, an experiment with a run in `team-a`, and the users with their grants.
+/// Returns `(experiment_id, run_id)`.
+async fn setup_workspaces(mlflow: &str) -> (String, String) {
+    for workspace in [TEAM_A, TEAM_B] {
+        admin_in(
+            mlflow,
+            None,
+            Method::POST,
+            "/api/3.0/mlflow/workspaces",
+            json!({ "name": workspace }),
+        )
+        .await;
+    }
+    let experiment = admin_in(
+        mlflow,
+        Some(TEAM_A),
+        Method::POST,
+        "/api/2.0/mlflow/experiments/create",
+        json!({ "name": format!("authz-ws-{}", uuid::Uuid::new_v4().simple()) }),
+    )
+    .await;
+    let experiment = experiment["experiment_id"].as_str().unwrap().to_owned();
+    let run = admin_in(
+        mlflow,
+        Some(TEAM_A),
+        Method::POST,
+        "/api/2.0/mlflow/runs/create",
+        json!({ "experiment_id": experiment, "start_time": now_ms() }),
+    )
+    .await;
+    let run_id = run["run"]["info"]["run_id"].as_str().unwrap().to_owned();
+    let role_id = |roles: &Value, name: &str| {
+        roles["roles"]
+            .as_array()
+            .and_then(|r| r.iter().find(|role| role["name"] == name))
+            .and_then(|role| role["id"].as_i64())
+            .unwrap_or_else(|| panic!("no role {name}: {roles}"))
+    };
+    for (user, grant) in WORKSPACE_USERS {
+        admin_in(
+            mlflow,
+            None,
+            Method::POST,
+            "/api/2.0/mlflow/users/create",
+            json!({ "username": user, "password": PASSWORD }),
+        )
+        .await;
+        match grant {
+            WorkspaceGrant::Role { workspace, role } => {
+                let roles = admin_in(
+                    mlflow,
+                    None,
+                    Method::GET,
+                    &format!("/api/3.0/mlflow/roles/list?workspace={workspace}"),
+                    Value::Null,
+                )
+                .await;
+                let role_id = role_id(&roles, role);
+                admin_in(
+                    mlflow,
+                    None,
+                    Method::POST,
+                    "/api/3.0/mlflow/roles/assign",
+                    json!({ "username": user, "role_id": role_id }),
+                )
+                .await;
+            }
+            WorkspaceGrant::Experiment(permission) => {
+                admin_in(
+                    mlflow,
+                    Some(TEAM_A),
+                    Method::POST,
+                    "/api/3.0/mlflow/users/permissions/grant",
+                    json!({ "username": user, "resource_type": "experiment", "resource_id": experiment, "permission": permission }),
+                )
+                .await;
+            }
+            WorkspaceGrant::Nothing => {}
+        }
+    }
+    (experiment, run_id)
+}
+
+/// Every client sends every artifact operation in a workspace of MLflow 3.17.2 (workspaces on,
+/// basic-auth app), directly and through the gateway: with the path as the MLflow client sends it
+/// (`workspaces/team-a/...`, from the experiment's artifact location), without the prefix, from
+/// the other workspace, and from the default one. Every cell must agree, with MLflow's own
+/// 401 and 403.
+#[tokio::test]
+async fn every_artifact_operation_in_a_workspace_is_allowed_and_denied_through_the_gateway_as_mlflow_decides(
+) {
+    let s = stack(Version::Workspaces);
+    let (experiment, run) = setup_workspaces(&s.mlflow.url).await;
+    let plain = format!("{experiment}/{run}/artifacts");
+    let prefixed = format!("workspaces/{TEAM_A}/{plain}");
+    // (what the scope is, the workspace header, the run root the client names)
+    let scopes: [(&str, Option<&str>, &str); 4] = [
+        ("team-a, client's path", Some(TEAM_A), &prefixed),
+        ("team-a, unprefixed path", Some(TEAM_A), &plain),
+        ("from team-b", Some(TEAM_B), &prefixed),
+        ("from the default workspace", None, &plain),
+    ];
+    let mut direct = BTreeMap::new();
+    let mut through = BTreeMap::new();
+    for (side, base) in [
+        (&mut direct, s.mlflow.url.as_str()),
+        (&mut through, s.proxy.url.as_str()),
+    ] {
+        for (scope, workspace, root) in scopes {
+            restore_files(&s.mlflow.url, &plain, Some(TEAM_A)).await;
+            for client in workspace_clients() {
+                let wrong_password = client
+                    .password
+                    .is_some_and(|p| p != PASSWORD && p != MLFLOW_ADMIN_PASSWORD);
+                for op in OPS {
+                    let answer = send(base, root, op, client, workspace).await;
+                    side.insert((scope, client.name, wrong_password, op), answer);
+                }
+            }
+        }
+    }
+    // The gateway's write policy (enforce, the default) is stricter than authorization: a write
+    // that names a run MLflow does not have in the request's workspace is refused even for
+    // MLflow's admin, whom MLflow lets write anywhere. Those cells, and only those, may differ.
+    let by_write_policy = |cell: &(&str, &str, bool, Op), answer: Option<&Answer>| {
+        matches!(answer, Some(Answer::Refused { status: 403, body, .. }) if body.contains("but MLflow has no such run"))
+            && cell.0 == "from the default workspace"
+            && cell.1 == "admin"
+            && matches!(cell.3, Op::Put | Op::MpuCreate)
+    };
+    let policy = direct
+        .iter()
+        .filter(|(cell, answer)| {
+            **answer == Answer::Allowed && by_write_policy(cell, through.get(*cell))
+        })
+        .count();
+    assert_eq!(
+        policy, 2,
+        "the admin's PUT and multipart create from the default workspace"
+    );
+    let differences: Vec<String> = direct
+        .iter()
+        .filter(|(cell, answer)| {
+            through.get(*cell) != Some(answer) && !by_write_policy(cell, through.get(*cell))
+        })
+        .map(|(cell, answer)| {
+            format!(
+                "{cell:?}: MLflow {answer:?}, gateway {:?}",
+                through.get(cell)
+            )
+        })
+        .collect();
+    assert!(
+        differences.is_empty(),
+        "{} of {} cells differ:\n{}",
+        differences.len(),
+        direct.len(),
+        differences.join("\n")
+    );
+    let refused = |status: u16| {
+        direct
+            .values()
+            .filter(|a| matches!(a, Answer::Refused { status: s, .. } if *s == status))
+            .count()
+    };
+    let allowed = direct.values().filter(|a| **a == Answer::Allowed).count();
+    eprintln!(
+        "authz workspaces: {} cells, {} equal, {policy} refused by the write policy; MLflow allowed {allowed}, 401 {}, 403 {}",
+        direct.len(),
+        direct.len() - policy,
+        refused(401),
+        refused(403)
+    );
+    // What MLflow decided, so the matrix checks something: grants in team-a count there and
+    // nowhere else, a workspace's USE is not a grant on someone else's experiment, and team-b's
+    // admin is a stranger in team-a.
+    let cell = |scope, user, op| &direct[&(scope, user, false, op)];
+    let here = "team-a, client's path";
+    assert_eq!(cell(here, "a-reader", Op::Get), &Answer::Allowed);
+    assert_ne!(cell(here, "a-reader", Op::Put), &Answer::Allowed);
+    assert_eq!(cell(here, "a-editor", Op::Put), &Answer::Allowed);
+    assert_ne!(cell(here, "a-editor", Op::Delete), &Answer::Allowed);
+    assert_eq!(cell(here, "a-manager", Op::Delete), &Answer::Allowed);
+    assert_eq!(cell(here, "a-admin", Op::Delete), &Answer::Allowed);
+    assert_ne!(cell(here, "a-user", Op::Get), &Answer::Allowed);
+    assert_ne!(cell(here, "b-admin", Op::Get), &Answer::Allowed);
+    assert_ne!(cell(here, "nobody", Op::Get), &Answer::Allowed);
+    assert_eq!(
+        cell("team-a, unprefixed path", "a-reader", Op::Get),
+        &Answer::Allowed
+    );
+    for user in ["a-admin", "a-manager", "a-reader", "b-admin"] {
+        assert_ne!(
+            cell("from team-b", user, Op::Get),
+            &Answer::Allowed,
+            "{user}"
+        );
+        assert_ne!(
+            cell("from the default workspace", user, Op::Get),
+            &Answer::Allowed,
+            "{user}"
+        );
+    }
+    assert!(refused(401) > 0 && refused(403) > 0);
+
+    // MLflow's admin passes every check: what it gets from another workspace is MLflow's answer
+    // too (a path that names another workspace is refused, nothing of team-a is served).
+    let file = format!("{prefixed}/shared/readme.txt");
+    for (workspace, expected_status) in [(TEAM_B, None), (TEAM_A, Some(200))] {
+        let mut statuses = Vec::new();
+        for base in [&s.mlflow.url, &s.proxy.url] {
+            let response = request(
+                ADMIN,
+                Method::GET,
+                format!("{base}/api/2.0/mlflow-artifacts/artifacts/{file}"),
+            )
+            .header("x-mlflow-workspace", workspace)
+            .send()
+            .await
+            .unwrap();
+            statuses.push(response.status().as_u16());
+        }
+        assert_eq!(statuses[0], statuses[1], "{workspace}: MLflow, gateway");
+        if let Some(status) = expected_status {
+            assert_eq!(statuses[0], status, "{workspace}");
+        } else {
+            assert_ne!(statuses[0], 200, "{workspace}");
+        }
+    }
 }
