@@ -1,6 +1,7 @@
 """A training job's MLflow-client steps in one MLflow workspace (WORKSPACE), each reported on its
 own so that a failing step does not hide the others: experiment, run, metric, a checkpoint with
-log_artifact, a logged model, listing and downloading both back, loading the model.
+log_artifact, a logged model, listing and downloading both back, the model's metrics on a
+dataset (log_batch), searching logged models, loading the model.
 
 Prints one JSON object: {step: ["ok", value] | ["error", message]}, where a value is what should
 be the same whichever server answered (names, contents), plus "artifact_uri" and "model_id".
@@ -11,6 +12,7 @@ import sys
 import tempfile
 
 import mlflow
+from mlflow.entities import Metric
 from mlflow.pyfunc import PythonModel
 from mlflow.tracking import MlflowClient
 
@@ -78,6 +80,29 @@ def model_files():
     return "MLmodel" in [f.path for f in client.list_logged_model_artifacts(state["model"].model_id)]
 
 
+def model_metrics():
+    """Metrics of the model on a dataset, logged in one batch with the Metric fields MLflow 3
+    added (model_id, dataset_name, dataset_digest), read back from the logged model."""
+    model_id = state["model"].model_id
+    client.log_batch(
+        state["run"].info.run_id,
+        metrics=[
+            Metric("eval_loss", 0.5 / (step + 1), 1700000000000 + step, step,
+                   model_id=model_id, dataset_name="eval-set", dataset_digest="d1g3st")
+            for step in range(3)
+        ],
+    )
+    return sorted(
+        (m.key, m.value, m.step, m.dataset_name, m.dataset_digest)
+        for m in client.get_logged_model(model_id).metrics or []
+    )
+
+
+def search_models():
+    found = mlflow.search_logged_models(experiment_ids=[state["experiment"]], output_format="list")
+    return sorted((m.name, str(m.status)) for m in found)
+
+
 def load():
     loaded = mlflow.pyfunc.load_model(state["model"].model_uri)
     return list(loaded.predict([1, 2]))
@@ -91,6 +116,8 @@ for name, action in [
     ("listing", listing),
     ("download", download),
     ("model_files", model_files),
+    ("model_metrics", model_metrics),
+    ("search_models", search_models),
     ("load", load),
 ]:
     step(name, action)

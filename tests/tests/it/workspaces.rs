@@ -95,6 +95,22 @@ async fn a_training_job_in_a_workspace_works_through_the_gateway_as_straight_to_
         );
         assert_eq!(outcomes(&through), outcomes(&direct), "in {workspace}");
         assert_eq!(through["listing"][1], json!(["checkpoints/ckpt.bin"]));
+        // The model's metrics on a dataset kept every MLflow 3 field through the coalescer, and
+        // the finalized model is found by search.
+        assert_eq!(
+            through["model_metrics"][1],
+            json!([
+                ["eval_loss", 0.5 / 3.0, 2, "eval-set", "d1g3st"],
+                ["eval_loss", 0.25, 1, "eval-set", "d1g3st"],
+                ["eval_loss", 0.5, 0, "eval-set", "d1g3st"]
+            ]),
+            "{through}"
+        );
+        assert_eq!(
+            through["search_models"][1],
+            json!([["echo", "READY"]]),
+            "{through}"
+        );
 
         // The gateway put the checkpoint where MLflow puts a workspace's files.
         let uri = through["artifact_uri"].as_str().unwrap();
