@@ -329,6 +329,46 @@ async fn restore_files(mlflow: &str, root: &str, workspace: Option<&str>) {
     }
 }
 
+/// Fails with every cell whose answer through the gateway differs from MLflow's, except those
+/// `excused` (the cell and the gateway's answer).
+fn assert_cells_agree<K: Ord + std::fmt::Debug>(
+    direct: &BTreeMap<K, Answer>,
+    through: &BTreeMap<K, Answer>,
+    excused: impl Fn(&K, Option<&Answer>) -> bool,
+) {
+    let differences: Vec<String> = direct
+        .iter()
+        .filter(|(cell, answer)| {
+            through.get(*cell) != Some(answer) && !excused(cell, through.get(*cell))
+        })
+        .map(|(cell, answer)| {
+            format!(
+                "{cell:?}: MLflow {answer:?}, gateway {:?}",
+                through.get(cell)
+            )
+        })
+        .collect();
+    assert!(
+        differences.is_empty(),
+        "{} of {} cells differ:\n{}",
+        differences.len(),
+        direct.len(),
+        differences.join("\n")
+    );
+}
+
+/// How many cells MLflow allowed, and refused with 401 and with 403.
+fn tally<K>(direct: &BTreeMap<K, Answer>) -> (usize, usize, usize) {
+    let refused = |status: u16| {
+        direct
+            .values()
+            .filter(|a| matches!(a, Answer::Refused { status: s, .. } if *s == status))
+            .count()
+    };
+    let allowed = direct.values().filter(|a| **a == Answer::Allowed).count();
+    (allowed, refused(401), refused(403))
+}
+
 #[tokio::test]
 async fn every_artifact_operation_is_allowed_and_denied_through_the_gateway_as_mlflow_3_17_decides()
 {
@@ -368,47 +408,17 @@ async fn parity_matrix(version: Version) {
             }
         }
     }
-    let differences: Vec<String> = direct
-        .iter()
-        .filter(|(cell, answer)| through.get(*cell) != Some(answer))
-        .map(|(cell, answer)| {
-            format!(
-                "{cell:?}: MLflow {answer:?}, gateway {:?}",
-                through.get(cell)
-            )
-        })
-        .collect();
-    assert!(
-        differences.is_empty(),
-        "{} of {} cells differ:\n{}",
-        differences.len(),
-        direct.len(),
-        differences.join("\n")
-    );
+    assert_cells_agree(&direct, &through, |_, _| false);
 
     // The matrix is only a check if MLflow both allowed and refused, with 401 and with 403.
-    let refused = |status: u16| {
-        direct
-            .values()
-            .filter(|a| matches!(a, Answer::Refused { status: s, .. } if *s == status))
-            .count()
-    };
-    let allowed = direct.values().filter(|a| **a == Answer::Allowed).count();
+    let (allowed, unauthenticated, forbidden) = tally(&direct);
     assert!(
-        allowed > 0 && refused(401) > 0 && refused(403) > 0,
-        "allowed {allowed}, 401 {}, 403 {}",
-        refused(401),
-        refused(403)
+        allowed > 0 && unauthenticated > 0 && forbidden > 0,
+        "allowed {allowed}, 401 {unauthenticated}, 403 {forbidden}"
     );
     eprintln!(
-        "authz {version:?}: {} cells, {} equal; MLflow allowed {allowed}, 401 {}, 403 {}",
+        "authz {version:?}: {} cells, all equal; MLflow allowed {allowed}, 401 {unauthenticated}, 403 {forbidden}",
         direct.len(),
-        direct
-            .iter()
-            .filter(|(cell, answer)| through.get(*cell) == Some(answer))
-            .count(),
-        refused(401),
-        refused(403)
     );
     // Reading needs READ: the stranger is refused, the reader is not; writing needs EDIT.
     assert_ne!(direct[&("stranger", false, Op::Get)], Answer::Allowed);
@@ -882,38 +892,14 @@ async fn every_artifact_operation_in_a_workspace_is_allowed_and_denied_through_t
         policy, 2,
         "the admin's PUT and multipart create from the default workspace"
     );
-    let differences: Vec<String> = direct
-        .iter()
-        .filter(|(cell, answer)| {
-            through.get(*cell) != Some(answer) && !by_write_policy(cell, through.get(*cell))
-        })
-        .map(|(cell, answer)| {
-            format!(
-                "{cell:?}: MLflow {answer:?}, gateway {:?}",
-                through.get(cell)
-            )
-        })
-        .collect();
-    assert!(
-        differences.is_empty(),
-        "{} of {} cells differ:\n{}",
-        differences.len(),
-        direct.len(),
-        differences.join("\n")
-    );
-    let refused = |status: u16| {
-        direct
-            .values()
-            .filter(|a| matches!(a, Answer::Refused { status: s, .. } if *s == status))
-            .count()
-    };
-    let allowed = direct.values().filter(|a| **a == Answer::Allowed).count();
+    assert_cells_agree(&direct, &through, by_write_policy);
+    let (allowed, unauthenticated, forbidden) = tally(&direct);
     eprintln!(
         "authz workspaces: {} cells, {} equal, {policy} refused by the write policy; MLflow allowed {allowed}, 401 {}, 403 {}",
         direct.len(),
         direct.len() - policy,
-        refused(401),
-        refused(403)
+        unauthenticated,
+        forbidden
     );
     // What MLflow decided, so the matrix checks something: grants in team-a count there and
     // nowhere else, a workspace's USE is not a grant on someone else's experiment, and team-b's
@@ -945,7 +931,7 @@ async fn every_artifact_operation_in_a_workspace_is_allowed_and_denied_through_t
             "{user}"
         );
     }
-    assert!(refused(401) > 0 && refused(403) > 0);
+    assert!(unauthenticated > 0 && forbidden > 0);
 
     // MLflow's admin passes every check: what it gets from another workspace is MLflow's answer
     // too (a path that names another workspace is refused, nothing of team-a is served).

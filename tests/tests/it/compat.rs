@@ -56,26 +56,27 @@ fn compat_binary() -> std::path::PathBuf {
     mlscope_tests::proxy_binary().with_file_name("mlscope-compat")
 }
 
+/// `mlscope-compat --quiet --direct <direct> --through <through>`: its stdout, after checking
+/// that it exited with `expected` (stderr shown when it did not).
+fn run_compat(direct: &str, through: &str, expected: i32) -> String {
+    let output = Command::new(compat_binary())
+        .args(["--quiet", "--direct", direct, "--through", through])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    assert_eq!(
+        output.status.code(),
+        Some(expected),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    stdout
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn mlscope_compat_exits_0_on_equal_answers_and_1_with_the_differences_and_cleans_up() {
     let stack = TestStack::shared();
-    let same = Command::new(compat_binary())
-        .args([
-            "--quiet",
-            "--direct",
-            &stack.mlflow.url,
-            "--through",
-            stack.proxy_url(),
-        ])
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&same.stdout);
-    assert_eq!(
-        same.status.code(),
-        Some(0),
-        "{stdout}\n{}",
-        String::from_utf8_lossy(&same.stderr)
-    );
+    let stdout = run_compat(&stack.mlflow.url, stack.proxy_url(), 0);
     assert!(
         stdout.contains("operations answered the same directly and through"),
         "{stdout}"
@@ -119,18 +120,7 @@ async fn mlscope_compat_exits_0_on_equal_answers_and_1_with_the_differences_and_
     }
 
     // The S3 store is not MLflow: every answer differs, and the tool says so.
-    let different = Command::new(compat_binary())
-        .args([
-            "--quiet",
-            "--direct",
-            &stack.mlflow.url,
-            "--through",
-            &stack.s3.url,
-        ])
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&different.stdout);
-    assert_eq!(different.status.code(), Some(1), "{stdout}");
+    let stdout = run_compat(&stack.mlflow.url, &stack.s3.url, 1);
     assert!(stdout.contains("DIFFERENT"), "{stdout}");
     assert!(stdout.contains("differences:"), "{stdout}");
 
@@ -158,23 +148,7 @@ fn compat_with_the_gateway(mlflow_venv: std::path::PathBuf) -> String {
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     stack.proxy =
         Some(mlscope_tests::spawn_proxy(&stack.mlflow.url, &args, &dir).expect("the proxy"));
-    let output = Command::new(compat_binary())
-        .args([
-            "--quiet",
-            "--direct",
-            &stack.mlflow.url,
-            "--through",
-            stack.proxy_url(),
-        ])
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
-    assert_eq!(
-        output.status.code(),
-        Some(0),
-        "{stdout}\n{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
+    let stdout = run_compat(&stack.mlflow.url, stack.proxy_url(), 0);
     assert!(!stdout.contains("DIFFERENT"), "{stdout}");
     stdout
 }

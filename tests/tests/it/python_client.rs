@@ -173,31 +173,29 @@ async fn relay(port: u16, upstream: String) {
     }
 }
 
-/// MLflow 3's client surface: metrics with `model_id` and a dataset, asynchronous logging, logged
-/// models and traces store the same through the proxy as straight to MLflow (each run read back
-/// from MLflow itself).
-#[tokio::test]
-async fn mlflow3_client_surface_stores_the_same_through_the_proxy_as_directly() {
+/// Runs the Python `script` against MLflow straight and through the shared stack's proxy (with
+/// `SUFFIX`, its own `TMPDIR` and `env`), and returns what each printed last as JSON, after
+/// checking that both printed the same.
+async fn straight_and_through(script: &str, env: &[(&str, &str)], limit: Duration) -> Vec<Value> {
     let stack = TestStack::shared();
     let suffix = uuid::Uuid::new_v4().simple().to_string();
     let mut results = Vec::new();
     for (target, url) in [
-        ("direct", &stack.mlflow.url),
-        ("through", &stack.proxy_url().to_owned()),
+        ("direct", stack.mlflow.url.clone()),
+        ("through", stack.proxy_url().to_owned()),
     ] {
         let scratch = tempfile::tempdir().unwrap();
-        let child = python(
-            url,
-            &[
-                ("SUFFIX", &format!("{target}-{suffix}")),
-                ("MLFLOW_ENABLE_ASYNC_LOGGING", "true"),
-                ("TMPDIR", scratch.path().to_str().unwrap()),
-            ],
-        )
-        .arg(repo_root().join("tests/python/mlflow3_surface.py"))
-        .spawn()
-        .unwrap();
-        let (ok, stdout, stderr) = finish(child, Duration::from_secs(300)).await;
+        let suffix = format!("{target}-{suffix}");
+        let mut vars = vec![
+            ("SUFFIX", suffix.as_str()),
+            ("TMPDIR", scratch.path().to_str().unwrap()),
+        ];
+        vars.extend_from_slice(env);
+        let child = python(&url, &vars)
+            .arg(repo_root().join(script))
+            .spawn()
+            .unwrap();
+        let (ok, stdout, stderr) = finish(child, limit).await;
         assert!(ok, "{target}\n--- stdout\n{stdout}\n--- stderr\n{stderr}");
         let stored: Value = serde_json::from_str(stdout.lines().last().unwrap_or_default())
             .unwrap_or_else(|e| panic!("{target}: {e}: {stdout}"));
@@ -207,6 +205,20 @@ async fn mlflow3_client_surface_stores_the_same_through_the_proxy_as_directly() 
         results[1], results[0],
         "through the proxy (left) and straight to MLflow (right)"
     );
+    results
+}
+
+/// MLflow 3's client surface: metrics with `model_id` and a dataset, asynchronous logging, logged
+/// models and traces store the same through the proxy as straight to MLflow (each run read back
+/// from MLflow itself).
+#[tokio::test]
+async fn mlflow3_client_surface_stores_the_same_through_the_proxy_as_directly() {
+    let results = straight_and_through(
+        "tests/python/mlflow3_surface.py",
+        &[("MLFLOW_ENABLE_ASYNC_LOGGING", "true")],
+        Duration::from_secs(300),
+    )
+    .await;
     let direct = &results[0];
     assert_eq!(direct["train_loss_count"], 200, "{direct}");
     assert!(
@@ -230,27 +242,8 @@ async fn mlflow3_client_surface_stores_the_same_through_the_proxy_as_directly() 
 /// spans) reach the client unchanged.
 #[tokio::test]
 async fn otlp_trace_exports_store_the_same_through_the_proxy_as_directly() {
-    let stack = TestStack::shared();
-    let suffix = uuid::Uuid::new_v4().simple().to_string();
-    let mut results = Vec::new();
-    for (target, url) in [
-        ("direct", &stack.mlflow.url),
-        ("through", &stack.proxy_url().to_owned()),
-    ] {
-        let child = python(url, &[("SUFFIX", &format!("{target}-{suffix}"))])
-            .arg(repo_root().join("tests/python/otlp_traces.py"))
-            .spawn()
-            .unwrap();
-        let (ok, stdout, stderr) = finish(child, Duration::from_secs(120)).await;
-        assert!(ok, "{target}\n--- stdout\n{stdout}\n--- stderr\n{stderr}");
-        let stored: Value = serde_json::from_str(stdout.lines().last().unwrap_or_default())
-            .unwrap_or_else(|e| panic!("{target}: {e}: {stdout}"));
-        results.push(stored);
-    }
-    assert_eq!(
-        results[1], results[0],
-        "through the proxy (left) and straight to MLflow (right)"
-    );
+    let results =
+        straight_and_through("tests/python/otlp_traces.py", &[], Duration::from_secs(120)).await;
     let direct = &results[0];
     for (export, status) in [
         ("protobuf, gzip", 200),
