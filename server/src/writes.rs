@@ -32,6 +32,17 @@ pub(crate) const MAX_BATCH_PARAMS: usize = 100;
 pub(crate) const MAX_BATCH_TAGS: usize = 100;
 pub(crate) const MAX_BATCH_ITEMS: usize = 1000;
 
+/// Whether MLflow would take `id` as a run id (`_validate_run_id`: `^[a-zA-Z0-9][\w\-]{0,255}$`,
+/// where Python's `\w` is any Unicode letter, digit or `_`). No run MLflow has can have another
+/// id, so nothing the proxy keeps (leases, counters, heartbeats, queues) is made for one: the
+/// request goes to MLflow as it is and gets MLflow's refusal.
+pub fn is_valid_run_id(id: &str) -> bool {
+    let mut chars = id.chars();
+    chars.next().is_some_and(|c| c.is_ascii_alphanumeric())
+        && id.chars().count() <= 256
+        && chars.all(|c| c.is_alphanumeric() || c == '_' || c == '-')
+}
+
 /// The endpoints whose writes the coalescer takes, by the path suffix MLflow serves them at.
 const LOG_BATCH: &str = "/runs/log-batch";
 const LOG_METRIC: &str = "/runs/log-metric";
@@ -86,7 +97,7 @@ pub(crate) struct Mergeable {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Alone {
     /// Not a write shape the coalescer knows: not JSON, unknown or repeated fields, another
-    /// spelling of the run, no run id, nothing to write.
+    /// spelling of the run, no run id or one MLflow would refuse, nothing to write.
     Shape,
     /// An element MLflow's parser would not take exactly as written.
     Element,
@@ -299,7 +310,7 @@ pub(crate) fn parse(path: &str, body: &Bytes) -> Result<Mergeable, Alone> {
         .ok_or(Alone::Shape)?;
     let single: SingleEnvelope = serde_json::from_str(text).map_err(|_| Alone::Shape)?;
     // MLflow acts on `run_id or run_uuid`; merging needs both to name the same run.
-    if single.run_id.is_empty()
+    if !is_valid_run_id(&single.run_id)
         || single
             .run_uuid
             .as_ref()
@@ -412,7 +423,7 @@ fn parse_batch(prefix: &str, body: &Bytes, text: &str) -> Result<Mergeable, Alon
     let metrics = envelope.metrics.unwrap_or_default();
     let params = envelope.params.unwrap_or_default();
     let tags = envelope.tags.unwrap_or_default();
-    if envelope.run_id.is_empty() || metrics.len() + params.len() + tags.len() == 0 {
+    if !is_valid_run_id(&envelope.run_id) || metrics.len() + params.len() + tags.len() == 0 {
         return Err(Alone::Shape);
     }
     if metrics.len() > MAX_BATCH_METRICS
@@ -448,6 +459,43 @@ fn parse_batch(prefix: &str, body: &Bytes, text: &str) -> Result<Mergeable, Alon
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn run_ids_are_judged_by_mlflows_rule() {
+        for valid in [
+            "0123456789abcdef0123456789abcdef",
+            "a",
+            "A_b-c",
+            "r1",
+            "aé",
+            &"a".repeat(256),
+        ] {
+            assert!(is_valid_run_id(valid), "{valid}");
+        }
+        for invalid in [
+            "",
+            "_a",
+            "-a",
+            "é",
+            "a b",
+            "a/b",
+            "a.b",
+            "a\0",
+            &"a".repeat(257),
+            &"x".repeat(100_000),
+        ] {
+            assert!(!is_valid_run_id(invalid), "{invalid:.40}");
+        }
+        // A made-up run id goes to MLflow alone, not into a run's queue.
+        let long = format!(
+            r#"{{"run_id": "{}", "metrics": [{{"key": "a", "value": 1, "timestamp": 5, "step": 0}}]}}"#,
+            "x".repeat(300)
+        );
+        assert_eq!(
+            parse("/api/2.0/mlflow/runs/log-batch", &Bytes::from(long)),
+            Err(Alone::Shape)
+        );
+    }
 
     fn batch(body: &str) -> Result<Mergeable, Alone> {
         parse(

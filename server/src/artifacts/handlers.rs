@@ -1006,12 +1006,18 @@ fn placed_path(path: &str, workspace: Option<&str>) -> Result<String, Response> 
     })
 }
 
+/// An upload id as stores hand them out: 1 to 1024 printable ASCII characters and no path
+/// separator (the ids stores hand out are URL-safe tokens; SeaweedFS keeps an upload in a
+/// directory named after its id, and failed on `/` or `\`, which the client then retried).
 fn check_upload_id(id: &str) -> Result<(), Response> {
-    if id.is_empty() || id.len() > 1024 || !id.bytes().all(|b| b.is_ascii_graphic()) {
+    let printable = id
+        .bytes()
+        .all(|b| b.is_ascii_graphic() && b != b'/' && b != b'\\');
+    if id.is_empty() || id.len() > 1024 || !printable {
         return Err(mlflow_error(
             StatusCode::BAD_REQUEST,
             "INVALID_PARAMETER_VALUE",
-            "upload_id must be the id mpu/create returned (1 to 1024 printable ASCII characters)",
+            "upload_id must be the id mpu/create returned (1 to 1024 printable ASCII characters, no '/' or '\\')",
         ));
     }
     Ok(())

@@ -3,7 +3,7 @@
 
 use std::time::{Duration, UNIX_EPOCH};
 
-use crate::store::RankRow;
+use crate::store::{RankRow, SUPERSEDE_AFTER_MS};
 
 /// Shortest silence that counts as "gone" for the ranks beside one that failed.
 const MIN_SHORT_SILENCE_MS: i64 = 3_000;
@@ -50,7 +50,9 @@ pub struct Judgement {
 }
 
 /// What the ranks of a run say. `None`: alive, or ended in a way that is the client's to
-/// record (every rank exited 0).
+/// record (every rank exited 0). A write MLflow accepted for the run within `stale_after` is a
+/// sign of life as good as a heartbeat: a run still being written to is neither lost nor, after
+/// a rank's reported end, failed.
 pub fn judge(ranks: &[RankRow], now_ms: i64, stale_after: Duration) -> Option<Judgement> {
     if ranks.is_empty() {
         return None;
@@ -67,13 +69,18 @@ pub fn judge(ranks: &[RankRow], now_ms: i64, stale_after: Duration) -> Option<Ju
         None => false,
     };
     let ended = |r: &RankRow| r.outcome.is_some();
+    let last_write = ranks.iter().filter_map(|r| r.last_write_ms).max();
+    let written_to_since =
+        |since: i64| last_write.is_some_and(|w| w > since && now_ms - w < stale_ms);
 
     let failed: Vec<&RankRow> = ranks.iter().filter(|r| abnormal(r)).collect();
     let outcome = if !failed.is_empty() {
         let others_gone = ranks
             .iter()
             .all(|r| ended(r) || silent_for(r) >= short_silence(r));
-        if !others_gone {
+        // Writes go on after the failure (beyond the failed rank's own last ones): alive.
+        let failed_at = failed.iter().filter_map(|r| r.ended_ms).max().unwrap_or(0);
+        if !others_gone || written_to_since(failed_at + SUPERSEDE_AFTER_MS) {
             return None;
         }
         let has = |name: &str| failed.iter().any(|r| r.outcome.as_deref() == Some(name));
@@ -89,7 +96,7 @@ pub fn judge(ranks: &[RankRow], now_ms: i64, stale_after: Duration) -> Option<Ju
     } else {
         let silent_long = |r: &RankRow| !ended(r) && silent_for(r) >= stale_ms;
         let all_done = ranks.iter().all(|r| ended(r) || silent_long(r));
-        if !all_done || !ranks.iter().any(silent_long) {
+        if !all_done || !ranks.iter().any(silent_long) || written_to_since(i64::MIN) {
             return None;
         }
         Outcome::Lost
@@ -98,6 +105,7 @@ pub fn judge(ranks: &[RankRow], now_ms: i64, stale_after: Duration) -> Option<Ju
     let end_time_ms = ranks
         .iter()
         .map(|r| r.ended_ms.unwrap_or(0).max(r.last_heard_ms))
+        .chain(last_write)
         .max()
         .unwrap_or(now_ms);
     let mut silent_nodes: Vec<String> = ranks
@@ -197,7 +205,44 @@ mod tests {
             gpu_idle: None,
             gpu_idle_ms: None,
             workspace: None,
+            last_write_ms: None,
+            last_sample_ms: None,
         }
+    }
+
+    fn written(mut rows: Vec<RankRow>, at: i64) -> Vec<RankRow> {
+        for row in &mut rows {
+            row.last_write_ms = Some(at);
+        }
+        rows
+    }
+
+    #[test]
+    fn a_run_still_written_to_is_neither_lost_nor_failed() {
+        let now = 100 * MIN;
+        // One system sample long ago, the loss logged every 2 s since: alive.
+        let monitor = rank(0, now - 10 * MIN);
+        assert!(judge(&[monitor.clone()], now, STALE).is_some());
+        assert_eq!(
+            judge(&written(vec![monitor.clone()], now - 2_000), now, STALE),
+            None
+        );
+        // Writes that stopped longer ago than --run-stale-after do not keep it alive.
+        let j = judge(&written(vec![monitor], now - 6 * MIN), now, STALE).unwrap();
+        assert_eq!(j.outcome, Outcome::Lost);
+        // A rank killed, others silent: failed, unless writes go on after the kill.
+        let killed = ended(rank(1, now - 60_000), "killed", -9, now - 60_000);
+        let quiet = rank(0, now - 60_000);
+        let rows = vec![quiet, killed];
+        assert_eq!(judge(&rows, now, STALE).unwrap().outcome, Outcome::Killed);
+        // The killed rank's own last writes (just after its end) are not life.
+        assert_eq!(
+            judge(&written(rows.clone(), now - 58_000), now, STALE)
+                .unwrap()
+                .outcome,
+            Outcome::Killed
+        );
+        assert_eq!(judge(&written(rows, now - 5_000), now, STALE), None);
     }
 
     fn ended(mut row: RankRow, outcome: &str, code: i64, at: i64) -> RankRow {

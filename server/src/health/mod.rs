@@ -17,7 +17,7 @@ use serde_json::{json, Value};
 
 use crate::config::Secret;
 use crate::proxy::Forwarder;
-use crate::store::{unix_millis, RankRow, Store, VerdictRow};
+use crate::store::{unix_millis, RankRow, Store, VerdictRow, SUPERSEDE_AFTER_MS};
 use crate::telemetry::Metrics;
 
 pub use judge::{judge, Judgement, Outcome};
@@ -114,6 +114,8 @@ pub struct RankBeat {
     pub exit_code: Option<i64>,
     pub pod: Option<String>,
     pub gpu_model: Option<String>,
+    /// Whether the request carried system samples of this rank (not only its tags).
+    pub sampled: bool,
 }
 
 impl Beat {
@@ -149,6 +151,7 @@ impl Beat {
     /// Reads one system metric of a rank: GPU count and idleness, container limits.
     pub fn observe_metric(&mut self, node: &str, rank: i64, name: &str, value: f64) {
         let entry = self.rank_mut(node, rank);
+        entry.sampled = true;
         if let Some((index, suffix)) = gpu_name(name) {
             entry.gpus = entry.gpus.max(index + 1);
             if suffix == "idle_seconds" && value.is_finite() && value >= 0.0 {
@@ -167,8 +170,16 @@ impl Beat {
         }
     }
 
-    /// Reads one run tag: the collector's `mlscope/rank-<r>/<fact>`; other tags are ignored.
-    pub fn observe_tag(&mut self, header_node: Option<&str>, key: &str, value: &str) {
+    /// Reads one run tag: the collector's `mlscope/rank-<r>/<fact>`, taken only from rank `r`
+    /// itself (the request's `X-Mlscope-Rank` header, `header_rank`): another sender cannot end
+    /// a rank it is not. Other tags are ignored.
+    pub fn observe_tag(
+        &mut self,
+        header_node: Option<&str>,
+        header_rank: Option<u32>,
+        key: &str,
+        value: &str,
+    ) {
         let Some(rest) = key.strip_prefix("mlscope/rank-") else {
             return;
         };
@@ -178,6 +189,9 @@ impl Beat {
         let Ok(rank) = rank.parse::<u32>() else {
             return;
         };
+        if header_rank != Some(rank) {
+            return;
+        }
         let value: String = value.chars().take(256).collect();
         // The node a rank reports itself on; the request's header otherwise.
         let node = header_node.unwrap_or_default().to_owned();
@@ -213,6 +227,8 @@ struct Inner {
     metrics: Metrics,
     replica_id: String,
     pending: Mutex<HashMap<(String, String, i64), RankRow>>,
+    /// Runs written to (any accepted metric write) since the last flush, with the latest time.
+    writes: Mutex<HashMap<String, i64>>,
 }
 
 impl Health {
@@ -231,6 +247,7 @@ impl Health {
                 metrics,
                 replica_id,
                 pending: Mutex::new(HashMap::new()),
+                writes: Mutex::new(HashMap::new()),
             }),
         }
     }
@@ -263,6 +280,19 @@ impl Health {
                 entry.interval_ms = Some(now_ms - entry.last_heard_ms);
                 entry.last_heard_ms = now_ms;
             }
+            if rank.sampled {
+                entry.last_sample_ms = Some(now_ms);
+                // The rank samples again well after its reported end: the end no longer holds
+                // (the store applies the same rule to an end it already has).
+                if entry
+                    .ended_ms
+                    .is_some_and(|ended| now_ms > ended + SUPERSEDE_AFTER_MS)
+                {
+                    entry.outcome = None;
+                    entry.exit_code = None;
+                    entry.ended_ms = None;
+                }
+            }
             if rank.outcome.is_some() {
                 entry.outcome = rank.outcome;
                 entry.ended_ms = Some(now_ms);
@@ -285,8 +315,48 @@ impl Health {
         }
     }
 
+    /// Records that MLflow accepted a write to `run_id` at `now_ms`: a sign of life for the run
+    /// even when it carried no system samples (a training loop logging its loss). Memory only;
+    /// a run the store has no ranks of is not added by it.
+    pub fn touch(&self, run_id: &str, now_ms: i64) {
+        let mut writes = self.inner.writes.lock().expect("health lock");
+        if let Some(latest) = writes.get_mut(run_id) {
+            *latest = (*latest).max(now_ms);
+        } else if writes.len() < MAX_PENDING_RANKS {
+            writes.insert(run_id.to_owned(), now_ms);
+        } else {
+            self.inner.metrics.heartbeat_dropped();
+        }
+    }
+
     /// Writes the buffered heartbeats to the store; on failure they stay buffered.
     pub async fn flush(&self) {
+        self.flush_writes().await;
+        self.flush_ranks().await;
+    }
+
+    async fn flush_writes(&self) {
+        let writes: Vec<(String, i64)> = {
+            let mut writes = self.inner.writes.lock().expect("health lock");
+            writes.drain().collect()
+        };
+        if writes.is_empty() {
+            return;
+        }
+        if let Err(error) = self.inner.store.record_writes(&writes).await {
+            tracing::warn!(%error, runs = writes.len(), "recording writes failed; kept for the next flush");
+            self.inner.metrics.health_error("store");
+            let mut pending = self.inner.writes.lock().expect("health lock");
+            for (run_id, ms) in writes {
+                if pending.len() < MAX_PENDING_RANKS || pending.contains_key(&run_id) {
+                    let latest = pending.entry(run_id).or_insert(ms);
+                    *latest = (*latest).max(ms);
+                }
+            }
+        }
+    }
+
+    async fn flush_ranks(&self) {
         let batch: Vec<RankRow> = {
             let mut pending = self.inner.pending.lock().expect("health lock");
             if pending.is_empty() {
@@ -824,11 +894,14 @@ mod tests {
         beat.observe_metric("n", 3, "container_memory_limit_megabytes", 65536.0);
         beat.observe_metric("n", 3, "container_cpu_limit_cores", 8.0);
         beat.observe_metric("n", 3, "gpu_99_idle_seconds", 1.0);
-        beat.observe_tag(Some("n"), "mlscope/rank-3/outcome", "oom_killed");
-        beat.observe_tag(Some("n"), "mlscope/rank-3/exit_code", "137");
-        beat.observe_tag(Some("n"), "mlscope/rank-3/pod", "train-3");
-        beat.observe_tag(Some("n"), "mlflow.user", "x");
-        beat.observe_tag(Some("n"), "mlscope/rank-x/outcome", "killed");
+        beat.observe_tag(Some("n"), Some(3), "mlscope/rank-3/outcome", "oom_killed");
+        beat.observe_tag(Some("n"), Some(3), "mlscope/rank-3/exit_code", "137");
+        beat.observe_tag(Some("n"), Some(3), "mlscope/rank-3/pod", "train-3");
+        beat.observe_tag(Some("n"), Some(3), "mlflow.user", "x");
+        beat.observe_tag(Some("n"), Some(3), "mlscope/rank-x/outcome", "killed");
+        // Another rank's sender, or one that names no rank, cannot end rank 3 (nor add a rank).
+        beat.observe_tag(Some("n"), Some(0), "mlscope/rank-3/outcome", "killed");
+        beat.observe_tag(None, None, "mlscope/rank-4/outcome", "killed");
         assert_eq!(beat.ranks.len(), 1);
         let rank = &beat.ranks[0];
         assert_eq!(rank.gpus, 2);
@@ -863,7 +936,7 @@ mod tests {
             gpus: 2,
             gpu_idle: Some("[0,100.5]".into()),
             gpu_idle_ms: Some(10_000),
-            workspace: None,
+            ..RankRow::default()
         };
         assert_eq!(gpu_idle_of(&row, 12_000), [Some(0.0), Some(102.5)]);
     }

@@ -240,10 +240,9 @@ impl MetricsRewriter {
         let (edits, beat) = self.plan(&parsed, &identity, &parts, &mut plans).await?;
         let mut parts = parts;
         if let Some(mut beat) = beat {
+            // With no ranks it still says that the run is written to (a sign of life).
             observe_rank_tags(&mut beat, &identity, &bytes);
-            if !beat.ranks.is_empty() {
-                parts.extensions.insert(beat);
-            }
+            parts.extensions.insert(beat);
         }
         if edits.iter().all(|e| *e == Edit::Keep) {
             // Sent as it came: the coalescer gets what it needs of the body from this read.
@@ -312,7 +311,12 @@ impl MetricsRewriter {
             .config
             .keep_original_until
             .is_some_and(|until| SystemTime::now() < until);
-        let run_id = body.run_id.as_deref();
+        // A run id MLflow would refuse gets nothing of the proxy's state: no lease, no counters,
+        // no heartbeat (MLflow answers the request with its refusal).
+        let run_id = body
+            .run_id
+            .as_deref()
+            .filter(|id| crate::writes::is_valid_run_id(id));
 
         // A batch repeats a handful of keys (one set per monitor publish): apply the contract once
         // per distinct key and count, instead of once per sample.
@@ -538,7 +542,10 @@ impl MetricsRewriter {
 /// (GPU idle time, container limits) are looked at per sample.
 fn beat_of(body: &MetricsBody<'_>, plans: &[KeyPlan], metric_plans: &[usize]) -> Option<Beat> {
     let mut beat = Beat {
-        run_id: body.run_id.clone()?,
+        run_id: body
+            .run_id
+            .clone()
+            .filter(|id| crate::writes::is_valid_run_id(id))?,
         ranks: Vec::new(),
         workspace: None,
     };
@@ -608,7 +615,7 @@ fn observe_rank_tags(beat: &mut Beat, request: &Identity, bytes: &[u8]) {
     }
     if let Ok(tags) = serde_json::from_slice::<Tags>(bytes) {
         for tag in tags.tags.iter().take(MAX_ITEMS) {
-            beat.observe_tag(request.node.as_deref(), &tag.key, &tag.value);
+            beat.observe_tag(request.node.as_deref(), request.rank, &tag.key, &tag.value);
         }
     }
 }
@@ -676,7 +683,12 @@ async fn submit(
     });
     let response = coalescer.submit(request, peer).await;
     if let Some(beat) = beat.filter(|_| response.status().is_success()) {
-        health.record(beat, crate::store::unix_millis(SystemTime::now()));
+        let now = crate::store::unix_millis(SystemTime::now());
+        if beat.ranks.is_empty() {
+            health.touch(&beat.run_id, now);
+        } else {
+            health.record(beat, now);
+        }
     }
     response
 }

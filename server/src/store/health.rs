@@ -26,11 +26,19 @@ pub struct RankRow {
     pub gpu_idle_ms: Option<i64>,
     /// The MLflow workspace the run's heartbeats named; `None`: the default one.
     pub workspace: Option<String>,
+    /// The latest write MLflow accepted for the run (any metric), as far as the store knows.
+    pub last_write_ms: Option<i64>,
+    /// The latest system sample of this rank (a heartbeat that is not only tags).
+    pub last_sample_ms: Option<i64>,
 }
+
+/// How long after a rank's reported end a sample of the same rank must come to clear that end:
+/// the collector's last sample may follow its outcome tags by a few seconds.
+pub const SUPERSEDE_AFTER_MS: i64 = 10_000;
 
 const RANK_COLUMNS: &str = "run_id, node, rank, first_heard_ms, last_heard_ms, interval_ms, \
      outcome, exit_code, ended_ms, pod, memory_limit_mb, cpu_limit_cores, gpu_model, gpus, \
-     gpu_idle, gpu_idle_ms, workspace";
+     gpu_idle, gpu_idle_ms, workspace, last_write_ms, last_sample_ms";
 
 /// A `run_verdicts` row.
 #[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
@@ -50,9 +58,15 @@ impl Store {
     /// Merges one replica's heartbeats into the shared rows: the latest heartbeat wins, the
     /// earliest first heartbeat stays, and facts (outcome, placement, GPUs) fill in or update.
     pub async fn record_ranks(&self, updates: &[RankRow]) -> Result<(), StoreError> {
+        // A sample of the rank well after its stored end: the end no longer holds.
+        let revived = format!(
+            "(excluded.last_sample_ms IS NOT NULL AND run_ranks.ended_ms IS NOT NULL \
+             AND excluded.last_sample_ms > run_ranks.ended_ms + {SUPERSEDE_AFTER_MS})"
+        );
         let sql = format!(
             "INSERT INTO run_ranks ({RANK_COLUMNS}) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, \
+               $18, $19) \
              ON CONFLICT (run_id, node, rank) DO UPDATE SET \
                first_heard_ms = CASE WHEN excluded.first_heard_ms < run_ranks.first_heard_ms \
                  THEN excluded.first_heard_ms ELSE run_ranks.first_heard_ms END, \
@@ -62,9 +76,20 @@ impl Store {
                    ELSE run_ranks.interval_ms END), \
                last_heard_ms = CASE WHEN excluded.last_heard_ms > run_ranks.last_heard_ms \
                  THEN excluded.last_heard_ms ELSE run_ranks.last_heard_ms END, \
-               outcome = COALESCE(excluded.outcome, run_ranks.outcome), \
-               exit_code = COALESCE(excluded.exit_code, run_ranks.exit_code), \
-               ended_ms = COALESCE(excluded.ended_ms, run_ranks.ended_ms), \
+               outcome = CASE WHEN excluded.outcome IS NOT NULL THEN excluded.outcome \
+                 WHEN {revived} THEN NULL ELSE run_ranks.outcome END, \
+               exit_code = CASE WHEN excluded.exit_code IS NOT NULL THEN excluded.exit_code \
+                 WHEN {revived} THEN NULL ELSE run_ranks.exit_code END, \
+               ended_ms = CASE WHEN excluded.ended_ms IS NOT NULL THEN excluded.ended_ms \
+                 WHEN {revived} THEN NULL ELSE run_ranks.ended_ms END, \
+               last_write_ms = CASE WHEN run_ranks.last_write_ms IS NULL \
+                 OR excluded.last_write_ms > run_ranks.last_write_ms \
+                 THEN COALESCE(excluded.last_write_ms, run_ranks.last_write_ms) \
+                 ELSE run_ranks.last_write_ms END, \
+               last_sample_ms = CASE WHEN run_ranks.last_sample_ms IS NULL \
+                 OR excluded.last_sample_ms > run_ranks.last_sample_ms \
+                 THEN COALESCE(excluded.last_sample_ms, run_ranks.last_sample_ms) \
+                 ELSE run_ranks.last_sample_ms END, \
                pod = COALESCE(excluded.pod, run_ranks.pod), \
                memory_limit_mb = COALESCE(excluded.memory_limit_mb, run_ranks.memory_limit_mb), \
                cpu_limit_cores = COALESCE(excluded.cpu_limit_cores, run_ranks.cpu_limit_cores), \
@@ -100,6 +125,27 @@ impl Store {
                     .bind(&u.gpu_idle)
                     .bind(u.gpu_idle_ms)
                     .bind(&u.workspace)
+                    .bind(u.last_write_ms)
+                    .bind(u.last_sample_ms)
+                    .execute(&mut *tx)
+                    .await?;
+            }
+            tx.commit().await?;
+        });
+        Ok(())
+    }
+
+    /// Marks the runs' rows with the time of a write MLflow accepted (`(run_id, ms)`): only runs
+    /// that have rows (ranks heard from) are touched, no row is added.
+    pub async fn record_writes(&self, writes: &[(String, i64)]) -> Result<(), StoreError> {
+        let sql = "UPDATE run_ranks SET last_write_ms = $2 \
+                   WHERE run_id = $1 AND (last_write_ms IS NULL OR last_write_ms < $2)";
+        on_backend!(self, |pool| {
+            let mut tx = pool.begin().await?;
+            for (run_id, ms) in writes {
+                sqlx::query(sql)
+                    .bind(run_id)
+                    .bind(ms)
                     .execute(&mut *tx)
                     .await?;
             }
@@ -270,6 +316,50 @@ mod tests {
             (500, 6_000, Some(1_000))
         );
         assert_eq!((row.pod.as_deref(), row.gpus), (Some("train-0"), 2));
+    }
+
+    #[tokio::test]
+    async fn a_ranks_later_samples_supersede_its_end_and_writes_mark_only_known_runs() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = store(&dir).await;
+        let mut ended = beat("r", 0, 1_000, 10_000);
+        ended.outcome = Some("killed".into());
+        ended.exit_code = Some(-9);
+        ended.ended_ms = Some(10_000);
+        store.record_ranks(&[ended]).await.unwrap();
+        // The collector's last sample, just after its end: the end stands.
+        let mut sample = beat("r", 0, 12_000, 12_000);
+        sample.last_sample_ms = Some(12_000);
+        store.record_ranks(&[sample]).await.unwrap();
+        let row = &store.ranks_of_run("r").await.unwrap()[0];
+        assert_eq!(
+            (row.outcome.as_deref(), row.exit_code, row.ended_ms),
+            (Some("killed"), Some(-9), Some(10_000))
+        );
+        // Samples well after it: the rank lives, the end is gone.
+        let mut sample = beat("r", 0, 30_000, 30_000);
+        sample.last_sample_ms = Some(30_000);
+        store.record_ranks(&[sample]).await.unwrap();
+        let row = &store.ranks_of_run("r").await.unwrap()[0];
+        assert_eq!(
+            (row.outcome.as_deref(), row.exit_code, row.ended_ms),
+            (None, None, None)
+        );
+        assert_eq!(
+            (row.last_sample_ms, row.last_heard_ms),
+            (Some(30_000), 30_000)
+        );
+
+        store
+            .record_writes(&[("r".into(), 40_000), ("unknown".into(), 40_000)])
+            .await
+            .unwrap();
+        store.record_writes(&[("r".into(), 35_000)]).await.unwrap();
+        assert_eq!(
+            store.ranks_of_run("r").await.unwrap()[0].last_write_ms,
+            Some(40_000)
+        );
+        assert!(store.ranks_of_run("unknown").await.unwrap().is_empty());
     }
 
     #[tokio::test]

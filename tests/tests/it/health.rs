@@ -545,3 +545,118 @@ async fn with_mlflow_authentication_the_sweep_acts_only_with_its_service_credent
     let (code, _) = health_view(&with_credential, &intruded).await;
     assert_eq!(code, 404, "a refused heartbeat was recorded");
 }
+
+/// Posts a log-batch to the proxy, with the collector's identity headers when `rank` is given
+/// (`(node, rank)`); returns the status.
+async fn log_batch(proxy: &ProxyProcess, rank: Option<(&str, u32)>, body: Value) -> u16 {
+    let mut request = http()
+        .post(format!("{}/api/2.0/mlflow/runs/log-batch", proxy.url))
+        .json(&body);
+    if let Some((node, rank)) = rank {
+        request = request
+            .header("x-mlscope-node", node)
+            .header("x-mlscope-rank", rank.to_string());
+    }
+    request.send().await.unwrap().status().as_u16()
+}
+
+fn sample(run: &str, key: &str, step: i64) -> Value {
+    json!({"run_id": run, "metrics": [{"key": key, "value": 1.0, "timestamp": now_ms(), "step": step}]})
+}
+
+fn outcome_tag(run: &str, rank: u32) -> Value {
+    json!({"run_id": run, "tags": [{"key": format!("mlscope/rank-{rank}/outcome"), "value": "killed"}]})
+}
+
+/// Liveness cannot be forged or missed: tags `mlscope/rank-<r>/outcome=killed` sent by anyone
+/// but rank r itself do not end a live two-rank run (before: FAILED within one sweep); an end
+/// that rank r's identity reported is cleared by its own samples that keep coming; and a run that
+/// got one system sample and then only its loss, every 500 ms, stays RUNNING past
+/// `--run-stale-after` (before: judged lost while still writing), and is judged lost once the
+/// writes stop.
+#[tokio::test(flavor = "multi_thread")]
+async fn forged_ends_do_not_end_a_live_run_and_plain_writes_are_signs_of_life() {
+    let stack = TestStack::shared();
+    let mlflow = stack.mlflow.url.as_str();
+    let dir = tempfile::tempdir().unwrap();
+    let proxy = health_proxy(dir.path(), mlflow, "3s", &[]);
+    let ranked = create_run(mlflow, "health-forged").await;
+    let writing = create_run(mlflow, "health-writing").await;
+    // One sample of MLflow's own monitor (no identity): the run now has a rank row.
+    assert_eq!(
+        log_batch(
+            &proxy,
+            None,
+            sample(&writing, "system/cpu_utilization_percentage", 0)
+        )
+        .await,
+        200
+    );
+
+    let started = Instant::now();
+    let mut step = 0;
+    let mut forged_by_rank_0 = None;
+    while started.elapsed() < Duration::from_secs(16) {
+        step += 1;
+        for rank in [0, 1] {
+            let key = format!("system/node-f/rank-{rank}/cpu_utilization_percentage");
+            assert_eq!(
+                log_batch(&proxy, Some(("node-f", rank)), sample(&ranked, &key, step)).await,
+                200
+            );
+        }
+        assert_eq!(
+            log_batch(&proxy, None, sample(&writing, "loss", step)).await,
+            200
+        );
+        if step == 2 {
+            // Without identity headers, and from another rank's identity: not taken.
+            for rank in [0, 1] {
+                assert_eq!(
+                    log_batch(&proxy, None, outcome_tag(&ranked, rank)).await,
+                    200
+                );
+                assert_eq!(
+                    log_batch(
+                        &proxy,
+                        Some(("node-f", 1 - rank)),
+                        outcome_tag(&ranked, rank)
+                    )
+                    .await,
+                    200
+                );
+            }
+        }
+        if step == 4 {
+            // With rank 0's own identity (all it takes without MLflow authentication): taken,
+            // until rank 0's later samples supersede it.
+            assert_eq!(
+                log_batch(&proxy, Some(("node-f", 0)), outcome_tag(&ranked, 0)).await,
+                200
+            );
+            forged_by_rank_0 = Some(Instant::now());
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    assert!(forged_by_rank_0.unwrap().elapsed() > Duration::from_secs(11));
+    for run in [&ranked, &writing] {
+        assert_eq!(status(&get_run(mlflow, run).await), "RUNNING", "{run}");
+    }
+    let (code, view) = health_view(&proxy, &ranked).await;
+    assert_eq!(code, 200, "{view}");
+    let ranks = view["ranks"].as_array().unwrap_or_else(|| panic!("{view}"));
+    assert_eq!(ranks.len(), 2, "{view}");
+    assert!(
+        ranks.iter().all(|r| r["outcome"].is_null()),
+        "rank 0's end is superseded by its own later samples: {view}"
+    );
+
+    // The writes stop: now the run that only logged its loss is lost after --run-stale-after.
+    wait_for_status(mlflow, &writing, "FAILED", Duration::from_secs(20)).await;
+    let tags = run_tags(mlflow, &writing).await;
+    assert_eq!(
+        tags.get("mlscope.outcome").map(String::as_str),
+        Some("lost"),
+        "{tags:?}"
+    );
+}

@@ -100,6 +100,19 @@ async fn an_overlong_upload_id_is_a_400_not_a_closed_connection() {
         status.is_client_error(),
         "made-up upload id: {status} {code}"
     );
+    // Path separators in an upload id (before: 502, which the client retried for minutes).
+    for made_up in ["a/b", "../x", "a\\b", "bm90/LWFu\\LXVw"] {
+        for op in ["abort", "complete"] {
+            let body = json!({ "path": "big.bin", "upload_id": made_up, "parts": [{ "part_number": 1, "etag": "x" }] });
+            let (status, code) =
+                error_code(http().post(url(op)).json(&body).send().await.unwrap()).await;
+            assert_eq!(
+                (status, code.as_str()),
+                (StatusCode::BAD_REQUEST, "INVALID_PARAMETER_VALUE"),
+                "mpu/{op} with upload id {made_up:?}"
+            );
+        }
+    }
     let body = json!({ "path": "big.bin", "upload_id": "x", "parts": [{ "part_number": 4_294_967_297i64, "etag": "x" }] });
     let (status, _) = error_code(
         http()
@@ -424,4 +437,85 @@ async fn browser_requests_get_mlflows_origin_checks_and_cors_answers_through_the
         .unwrap()
         .status();
     assert_ne!(stored, StatusCode::OK, "nothing was stored");
+}
+
+/// Rows of the proxy's state store: `(node lease rows, rank rows)` whose run id is longer than
+/// any MLflow run id, and `(node lease rows, rank rows)` of `run_id`. Read with Python's sqlite3
+/// (the store is the proxy's SQLite file).
+fn state_rows(database: &std::path::Path, run_id: &str) -> ((i64, i64), (i64, i64)) {
+    let script = r#"
+import json, sqlite3, sys
+db = sqlite3.connect(sys.argv[1])
+q = lambda sql, *a: db.execute(sql, a).fetchone()[0]
+print(json.dumps([
+    [q("select count(*) from node_leases where length(run_id) > 256"),
+     q("select count(*) from run_ranks where length(run_id) > 256")],
+    [q("select count(*) from node_leases where run_id = ?", sys.argv[2]),
+     q("select count(*) from run_ranks where run_id = ?", sys.argv[2])],
+]))
+"#;
+    let output = std::process::Command::new(mlscope_tests::venv().join("bin/python"))
+        .args(["-c", script])
+        .arg(database)
+        .arg(run_id)
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    serde_json::from_slice(&output.stdout).unwrap()
+}
+
+/// One log-batch with a 100,000-character made-up run id and 1,000 node-wide keys, each naming
+/// its own node: MLflow refuses it, and the proxy keeps nothing for it (before: 1,000 lease rows
+/// and 1,000 cache entries, each with its own copy of the run id, about 200 MB per request).
+/// A real run's node series in the same proxy is leased and recorded as always.
+#[tokio::test]
+async fn a_made_up_run_id_gets_mlflows_refusal_and_no_state_in_the_proxy() {
+    let h = hostile();
+    let made_up = "x".repeat(100_000);
+    let metrics: Vec<Value> = (0..1000)
+        .map(|j| json!({"key": format!("system/n{j}/rank-0/cpu_utilization_percentage"), "value": 1.0, "timestamp": now_ms(), "step": 0}))
+        .collect();
+    let mut refusals = Vec::new();
+    for base in [&h.stack.mlflow.url, &h.proxy.url] {
+        let response = http()
+            .post(format!("{base}/api/2.0/mlflow/runs/log-batch"))
+            .json(&json!({"run_id": made_up, "metrics": metrics}))
+            .send()
+            .await
+            .unwrap();
+        refusals.push(error_code(response).await);
+    }
+    assert_eq!(
+        refusals[1], refusals[0],
+        "through the proxy, straight to MLflow"
+    );
+    assert!(refusals[0].0.is_client_error(), "{refusals:?}");
+
+    // A real run's node samples, after the made-up one: their lease and heartbeat are stored
+    // (the heartbeats are flushed every 2 s), so the store has been written since.
+    let (_, run) = create_experiment_and_run(&h.stack.mlflow.url, "made-up-run-id").await;
+    let real = json!({"run_id": run, "metrics": [{"key": "system/node-a/rank-0/cpu_utilization_percentage", "value": 1.0, "timestamp": now_ms(), "step": 0}]});
+    let response = http()
+        .post(format!("{}/api/2.0/mlflow/runs/log-batch", h.proxy.url))
+        .json(&real)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    let port = h.proxy.url.rsplit(':').next().unwrap();
+    let database = h.stack.dir.path().join(format!("mlscope-{port}.db"));
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let (made_up_rows, real_rows) = loop {
+        let rows = state_rows(&database, &run);
+        if rows.1 .1 > 0 || std::time::Instant::now() > deadline {
+            break rows;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
+    assert_eq!(real_rows, (1, 1), "the real run's lease and rank row");
+    assert_eq!(made_up_rows, (0, 0), "rows for the made-up run id");
 }
