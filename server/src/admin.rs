@@ -4,7 +4,7 @@
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use axum::extract::{Path, State};
+use axum::extract::{Path, Query, State};
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
@@ -141,7 +141,31 @@ async fn metrics(State(state): State<AppState>) -> Response {
 }
 
 /// Heartbeats, placement, GPU idleness and the sweep's verdict for one run.
-async fn run_health(State(state): State<AppState>, Path(run_id): Path<String>) -> Response {
+/// The most ranks one `/runs/{id}/health` answer lists.
+const HEALTH_PAGE: usize = 500;
+
+async fn run_health(
+    State(state): State<AppState>,
+    Path(run_id): Path<String>,
+    Query(query): Query<std::collections::HashMap<String, String>>,
+) -> Response {
+    // `?max_results=` ranks per page (default and most: HEALTH_PAGE), from `?page_token=`.
+    let number = |name: &str, default: usize| {
+        match query.get(name) {
+        None => Ok(default),
+        Some(text) => text.parse::<usize>().map_err(|_| {
+            mlflow_error(
+                StatusCode::BAD_REQUEST,
+                "INVALID_PARAMETER_VALUE",
+                &format!("{name} must be a whole number (page_token: the next_page_token of an earlier answer)"),
+            )
+        }),
+    }
+    };
+    let (offset, limit) = match (number("page_token", 0), number("max_results", HEALTH_PAGE)) {
+        (Ok(offset), Ok(limit)) => (offset, limit.clamp(1, HEALTH_PAGE)),
+        (Err(answer), _) | (_, Err(answer)) => return answer,
+    };
     if !state.health.config().enabled {
         return mlflow_error(
             StatusCode::NOT_FOUND,
@@ -150,7 +174,7 @@ async fn run_health(State(state): State<AppState>, Path(run_id): Path<String>) -
         );
     }
     let now = crate::store::unix_millis(std::time::SystemTime::now());
-    match state.health.view(&run_id, now).await {
+    match state.health.view(&run_id, now, offset, limit).await {
         Ok(Some(view)) => Json(view).into_response(),
         Ok(None) => mlflow_error(
             StatusCode::NOT_FOUND,

@@ -30,6 +30,8 @@ const MAX_SWEPT_RUNS: i64 = 5_000;
 pub const MAX_GAUGE_RUNS: usize = 1_000;
 /// Tags per `runs/log-batch` (MLflow's limit is 100).
 const TAGS_PER_BATCH: usize = 100;
+/// Ranks that get their own `mlscope/rank-<r>/last_heard` tag when a run is judged.
+const MAX_RANK_TAGS: usize = 64;
 /// MLflow's longest tag value is 8000 characters (5000 in older versions); stay under both.
 const MAX_TAG_VALUE: usize = 5_000;
 /// The lease name of the stale-run sweep.
@@ -402,21 +404,20 @@ impl Health {
     pub async fn sweep(&self, now_ms: i64) {
         let config = &self.inner.config;
         let stale_ms = config.stale_after.as_millis() as i64;
-        match self
-            .inner
-            .store
-            .ranks_of_open_runs(now_ms - stale_ms, MAX_GAUGE_RUNS as i64)
-            .await
-        {
-            Ok(rows) => self
-                .inner
-                .metrics
-                .set_live_runs(&self.gauges(&rows, now_ms)),
+        // Every open run the store still keeps (retention drops older rows), read once: the
+        // live ones are gauged, and the replica holding the sweep lease judges them all.
+        let rows = match self.inner.store.ranks_of_open_runs(0, MAX_SWEPT_RUNS).await {
+            Ok(rows) => rows,
             Err(error) => {
-                tracing::warn!(%error, "reading live runs failed");
+                tracing::warn!(%error, "reading open runs failed");
                 self.inner.metrics.health_error("store");
+                return;
             }
-        }
+        };
+        let live = by_run(&rows)
+            .filter(|ranks| ranks.iter().any(|r| r.last_heard_ms >= now_ms - stale_ms))
+            .take(MAX_GAUGE_RUNS);
+        self.inner.metrics.set_live_runs(&self.gauges(live, now_ms));
         let lease_until = now_ms + 3 * config.sweep_interval.as_millis() as i64;
         match self
             .inner
@@ -432,15 +433,6 @@ impl Health {
                 return;
             }
         }
-        // Every open run the store still keeps (retention drops older rows).
-        let rows = match self.inner.store.ranks_of_open_runs(0, MAX_SWEPT_RUNS).await {
-            Ok(rows) => rows,
-            Err(error) => {
-                tracing::warn!(%error, "reading runs to judge failed");
-                self.inner.metrics.health_error("store");
-                return;
-            }
-        };
         for ranks in by_run(&rows) {
             if let Some(judgement) = judge(ranks, now_ms, config.stale_after) {
                 self.carry_out(&ranks[0].run_id, ranks, &judgement, now_ms)
@@ -450,23 +442,26 @@ impl Health {
     }
 
     /// Per live run: GPUs allocated and GPUs idle past `--gpu-idle-after`.
-    fn gauges(&self, rows: &[RankRow], now_ms: i64) -> Vec<(String, i64, i64)> {
+    fn gauges<'a>(
+        &self,
+        runs: impl Iterator<Item = &'a [RankRow]>,
+        now_ms: i64,
+    ) -> Vec<(String, i64, i64)> {
         let idle_after = self.inner.config.gpu_idle_after.as_secs_f64();
-        by_run(rows)
-            .map(|ranks| {
-                let live = ranks.iter().filter(|r| r.outcome.is_none());
-                let (mut allocated, mut idle) = (0, 0);
-                for rank in live {
-                    let gpus = gpu_idle_of(rank, now_ms);
-                    allocated += rank.gpus.max(gpus.len() as i64);
-                    idle += gpus
-                        .iter()
-                        .filter(|s| s.is_some_and(|s| s >= idle_after))
-                        .count() as i64;
-                }
-                (ranks[0].run_id.clone(), allocated, idle)
-            })
-            .collect()
+        runs.map(|ranks| {
+            let live = ranks.iter().filter(|r| r.outcome.is_none());
+            let (mut allocated, mut idle) = (0, 0);
+            for rank in live {
+                let gpus = gpu_idle_of(rank, now_ms);
+                allocated += rank.gpus.max(gpus.len() as i64);
+                idle += gpus
+                    .iter()
+                    .filter(|s| s.is_some_and(|s| s >= idle_after))
+                    .count() as i64;
+            }
+            (ranks[0].run_id.clone(), allocated, idle)
+        })
+        .collect()
     }
 
     /// Claims the run, asks MLflow whether it still runs, and tags and ends it.
@@ -657,7 +652,9 @@ impl Health {
             ),
             ("mlflow.note.content".to_owned(), truncate(&description)),
         ];
-        for r in ranks.iter().filter(|r| r.rank >= 0) {
+        // One tag per rank, for the first ranks only: a run's tags stay bounded however many
+        // ranks it had (the health view lists them all).
+        for r in ranks.iter().filter(|r| r.rank >= 0).take(MAX_RANK_TAGS) {
             tags.push((
                 format!("mlscope/rank-{}/last_heard", r.rank),
                 judge::timestamp(r.last_heard_ms),
@@ -718,7 +715,15 @@ impl Health {
     }
 
     /// The admin view of one run; `None` when no heartbeat of it is known.
-    pub async fn view(&self, run_id: &str, now_ms: i64) -> Result<Option<RunHealth>, String> {
+    /// The run's health with the ranks of one page: `ranks[offset..offset + limit]` (the totals
+    /// count every rank).
+    pub async fn view(
+        &self,
+        run_id: &str,
+        now_ms: i64,
+        offset: usize,
+        limit: usize,
+    ) -> Result<Option<RunHealth>, String> {
         let ranks = self
             .inner
             .store
@@ -744,9 +749,19 @@ impl Health {
             (None, None) if ranks.iter().all(|r| r.outcome.is_some()) => "ended",
             (None, None) => "live",
         };
-        let mut gpus_allocated = 0;
-        let mut gpus_idle = 0;
+        let (mut gpus_allocated, mut gpus_idle) = (0, 0);
+        for r in ranks.iter().filter(|r| r.outcome.is_none()) {
+            let idle = gpu_idle_of(r, now_ms);
+            gpus_allocated += r.gpus.max(idle.len() as i64) as usize;
+            gpus_idle += idle
+                .iter()
+                .filter(|s| s.is_some_and(|s| s >= idle_after))
+                .count();
+        }
+        let end = offset.saturating_add(limit).min(ranks.len());
         let rank_views: Vec<RankHealth> = ranks
+            .get(offset.min(end)..end)
+            .unwrap_or_default()
             .iter()
             .map(|r| {
                 let idle = gpu_idle_of(r, now_ms);
@@ -760,10 +775,6 @@ impl Health {
                         }
                     })
                     .collect();
-                if r.outcome.is_none() {
-                    gpus_allocated += gpus.len();
-                    gpus_idle += gpus.iter().filter(|g| g.idle).count();
-                }
                 RankHealth {
                     node: r.node.clone(),
                     rank: r.rank,
@@ -797,7 +808,9 @@ impl Health {
             gpu_idle_after_seconds: idle_after,
             gpus_allocated,
             gpus_idle,
+            rank_count: ranks.len(),
             ranks: rank_views,
+            next_page_token: (end < ranks.len()).then(|| end.to_string()),
         }))
     }
 }
@@ -823,7 +836,12 @@ pub struct RunHealth {
     /// GPUs of ranks that have not ended, and how many of those are idle.
     pub gpus_allocated: usize,
     pub gpus_idle: usize,
+    /// Every rank of the run; `ranks` holds one page of them.
+    pub rank_count: usize,
     pub ranks: Vec<RankHealth>,
+    /// Where the next page starts (`?page_token=`); absent on the last page.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub next_page_token: Option<String>,
 }
 
 #[derive(Debug, Serialize)]

@@ -5,7 +5,7 @@
 pub mod body;
 pub mod stats;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::SystemTime;
 
@@ -334,6 +334,7 @@ impl MetricsRewriter {
             metric_plans.push(index);
         }
         let plans: &'k [KeyPlan] = plans;
+        self.admit(run_id, plans)?;
         let beat = self
             .beats
             .then(|| beat_of(body, plans, &metric_plans))
@@ -503,6 +504,38 @@ impl MetricsRewriter {
         }
     }
 
+    /// Refuses a request whose system metrics name more (node, rank) identities than one
+    /// request, or its run, may have: nothing of it is kept or forwarded, and the client is told
+    /// why. What MLflow itself would refuse (no valid run id) goes on to MLflow's refusal.
+    fn admit(&self, run_id: Option<&str>, plans: &[KeyPlan]) -> Result<(), Response> {
+        let identities: HashSet<&Identity> = plans
+            .iter()
+            .filter(|p| !matches!(p.scoped.outcome, KeyOutcome::Untouched))
+            .map(|p| &p.scoped.identity)
+            .collect();
+        let refuse = |reason: &'static str, message: String| {
+            self.metrics.rejected(reason);
+            Err(mlflow_error(
+                StatusCode::BAD_REQUEST,
+                "INVALID_PARAMETER_VALUE",
+                &format!("{message}. Nothing of this request was stored."),
+            ))
+        };
+        if identities.len() > MAX_IDENTITIES_PER_REQUEST {
+            return refuse(
+                "identities_per_request",
+                format!(
+                    "this request carries system metrics of {} (node, rank) identities; mlscope-proxy takes at most {MAX_IDENTITIES_PER_REQUEST} per request (a collector or MLflow's monitor sends one)",
+                    identities.len()
+                ),
+            );
+        }
+        match run_id.map(|run_id| self.stats.admit(run_id, identities.iter().copied())) {
+            Some(Err(cap)) => refuse("identities_per_run", cap.to_string()),
+            _ => Ok(()),
+        }
+    }
+
     /// Counters and per-run stats for one distinct key of a batch.
     fn account(&self, run_id: Option<&str>, plan: &KeyPlan) {
         let (family, outcome) = match &plan.scoped.outcome {
@@ -651,6 +684,9 @@ pub fn identity_from_headers(headers: &HeaderMap) -> Identity {
         rank: text(RANK_HEADER).and_then(|r| r.parse().ok()),
     }
 }
+
+/// The (node, rank) identities one metrics request may carry system metrics of.
+pub const MAX_IDENTITIES_PER_REQUEST: usize = 16;
 
 /// Shared handle used by the proxy pipeline.
 pub type SharedRewriter = Arc<MetricsRewriter>;

@@ -519,3 +519,115 @@ async fn a_made_up_run_id_gets_mlflows_refusal_and_no_state_in_the_proxy() {
     assert_eq!(real_rows, (1, 1), "the real run's lease and rank row");
     assert_eq!(made_up_rows, (0, 0), "rows for the made-up run id");
 }
+
+/// Rank identities per run are bounded (before: 200 requests of 1,000 keys
+/// `system/fn<i>/rank-<r>/...` made 200,000 identities in one run, 164 MB resident, a 64 MB health
+/// answer). One request may name at most 16 (node, rank) identities and a run at most 1,024
+/// nodes; beyond, the request is refused with a message and nothing of it reaches MLflow. The
+/// health view pages its ranks.
+#[tokio::test]
+async fn identities_per_request_and_nodes_per_run_are_capped_with_a_clear_refusal() {
+    let h = hostile();
+    let (_, run) = create_experiment_and_run(&h.stack.mlflow.url, "hostile-identities").await;
+    let batch = |keys: Vec<String>| {
+        let metrics: Vec<Value> = keys
+            .into_iter()
+            .map(|key| json!({"key": key, "value": 1.0, "timestamp": now_ms(), "step": 0}))
+            .collect();
+        json!({"run_id": run, "metrics": metrics})
+    };
+    let send = |body: Value| async move {
+        error_code(
+            http()
+                .post(format!("{}/api/2.0/mlflow/runs/log-batch", h.proxy.url))
+                .json(&body)
+                .send()
+                .await
+                .unwrap(),
+        )
+        .await
+    };
+    let key = |node: String| format!("system/{node}/rank-0/gpu_0_utilization_percentage");
+    let crowded = batch((0..1000).map(|i| key(format!("fn{i}"))).collect());
+    assert_eq!(
+        send(crowded).await,
+        (
+            StatusCode::BAD_REQUEST,
+            "INVALID_PARAMETER_VALUE".to_owned()
+        )
+    );
+
+    // 16 new nodes per request: 64 requests fill the run's 1,024 nodes, the 65th is refused.
+    for request in 0..64 {
+        let keys = (0..16).map(|j| key(format!("n{request}-{j}"))).collect();
+        assert_eq!(
+            send(batch(keys)).await.0,
+            StatusCode::OK,
+            "request {request}"
+        );
+    }
+    let refused = batch((0..16).map(|j| key(format!("late-{j}"))).collect());
+    let response = http()
+        .post(format!("{}/api/2.0/mlflow/runs/log-batch", h.proxy.url))
+        .json(&refused)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::BAD_REQUEST);
+    let message: Value = response.json().await.unwrap();
+    assert!(
+        message["message"]
+            .as_str()
+            .unwrap()
+            .contains("at most 1024 per run"),
+        "{message}"
+    );
+    // Known nodes still report; nothing of the refused request is in MLflow.
+    assert_eq!(
+        send(batch(vec![key("n0-0".into())])).await.0,
+        StatusCode::OK
+    );
+    let late = history(
+        &h.stack.mlflow.url,
+        &run,
+        "system/late-0/rank-0/gpu_0_utilization_percentage",
+    )
+    .await;
+    assert!(late.is_empty(), "{late:?}");
+
+    // The health view: 1,024 ranks, listed 100 at a time.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let view = loop {
+        let view: Value = http()
+            .get(format!(
+                "{}/runs/{run}/health?max_results=100",
+                h.proxy.admin_url
+            ))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap_or(Value::Null);
+        if view["rank_count"] == 1024 || std::time::Instant::now() > deadline {
+            break view;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
+    assert_eq!(view["rank_count"], 1024, "{view:.300}");
+    assert_eq!(view["ranks"].as_array().map(Vec::len), Some(100));
+    assert_eq!(view["next_page_token"], "100");
+    let last: Value = http()
+        .get(format!(
+            "{}/runs/{run}/health?max_results=100&page_token=1000",
+            h.proxy.admin_url
+        ))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(last["ranks"].as_array().map(Vec::len), Some(24));
+    assert!(last.get("next_page_token").is_none(), "{last:.300}");
+}
