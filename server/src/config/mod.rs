@@ -304,6 +304,11 @@ struct Cli {
     /// and are retried (e.g. 256MiB) [default: 256MiB].
     #[arg(long, env = "MLSCOPE_MAX_INSPECT_TOTAL", value_parser = parse_size, value_name = "SIZE")]
     max_inspect_total: Option<usize>,
+    /// How long a metrics body may take to arrive whole; a slower one gets 408 and frees what it
+    /// held of --max-inspect-total (which bodies are charged as bytes arrive, a quarter at most
+    /// per client address) [default: 60s].
+    #[arg(long, env = "MLSCOPE_INSPECT_BODY_DEADLINE", value_parser = parse_duration, value_name = "DURATION")]
+    inspect_body_deadline: Option<Duration>,
     /// How long a metric-only log-batch or log-metric waits for others to the same run (same
     /// credential) while that run has a batch at MLflow, to go on as one batch (a run with none
     /// sends at once); 0s turns coalescing off [default: 5ms].
@@ -499,6 +504,8 @@ struct FileConfig {
     #[serde(default, deserialize_with = "size_from_toml")]
     max_inspect_total: Option<usize>,
     #[serde(default, with = "humantime_serde")]
+    inspect_body_deadline: Option<Duration>,
+    #[serde(default, with = "humantime_serde")]
     coalesce_window: Option<Duration>,
     coalesce_in_flight_per_run: Option<usize>,
     coalesce_max_pending_per_run: Option<usize>,
@@ -657,6 +664,7 @@ impl Config {
             dedup_failover_timeout => config.scopes.dedup_config.failover_timeout,
             max_inspect_body => config.scopes.max_inspect_bytes,
             max_inspect_total => config.scopes.max_inspect_total,
+            inspect_body_deadline => config.scopes.inspect_deadline,
             coalesce_window => config.coalesce.window,
             coalesce_in_flight_per_run => config.coalesce.in_flight_per_run,
             coalesce_max_pending_per_run => config.coalesce.max_pending_per_run,
@@ -783,6 +791,12 @@ impl Config {
             return invalid(format!(
                 "max-inspect-total ({} bytes) must be at least max-inspect-body ({} bytes)",
                 self.scopes.max_inspect_total, self.scopes.max_inspect_bytes
+            ));
+        }
+        if self.scopes.inspect_deadline < Duration::from_secs(1) {
+            return invalid(format!(
+                "inspect-body-deadline must be at least 1s (a whole metrics body must arrive within it), not {:?}",
+                self.scopes.inspect_deadline
             ));
         }
         let coalesce = &self.coalesce;

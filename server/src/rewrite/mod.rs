@@ -3,21 +3,19 @@
 //! reporting rank per (run, node). Everything else in the body passes through byte for byte.
 
 pub mod body;
+pub mod intake;
 pub mod stats;
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
-use std::time::SystemTime;
-
-use tokio::sync::Semaphore;
+use std::time::{Duration, SystemTime};
 
 use axum::body::Body;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 
 use axum::extract::{ConnectInfo, Request, State};
 use axum::response::Response;
 use http::{header, HeaderMap, HeaderValue, StatusCode};
-use http_body_util::{BodyExt, Limited};
 use mlscope_scopes::{scoped_key, Identity, KeyOutcome, OwnerPattern, ScopedKey};
 
 use crate::authz::{self, Authorizer};
@@ -29,6 +27,7 @@ use crate::proxy::X_REQUEST_ID;
 use crate::telemetry::Metrics;
 use crate::writes::Prepared;
 use body::{BodyError, Edit, Endpoint, MetricsBody};
+use intake::{Intake, IntakeError};
 pub use stats::RunStats;
 
 /// Headers through which the collector (or a platform SDK) says who is sending.
@@ -51,9 +50,12 @@ pub struct ScopeConfig {
     pub dedup_config: DedupConfig,
     /// Largest body read for inspection; larger ones get 413.
     pub max_inspect_bytes: usize,
-    /// Bytes all bodies being inspected at once may hold together; a request that would pass
-    /// it gets 503 and is retried by the client.
+    /// Bytes all bodies being inspected at once may hold together, charged as they arrive; a
+    /// request that would pass it gets 503 and is retried by the client. One client (source
+    /// address) may hold a quarter of it.
     pub max_inspect_total: usize,
+    /// How long a body under inspection may take to arrive whole.
+    pub inspect_deadline: Duration,
 }
 
 impl Default for ScopeConfig {
@@ -66,14 +68,15 @@ impl Default for ScopeConfig {
             dedup_config: DedupConfig::default(),
             max_inspect_bytes: 16 * 1024 * 1024,
             max_inspect_total: 256 * 1024 * 1024,
+            inspect_deadline: Duration::from_secs(60),
         }
     }
 }
 
 pub struct MetricsRewriter {
     config: ScopeConfig,
-    /// The memory budget of bodies under inspection, in KiB.
-    budget: Arc<Semaphore>,
+    /// The memory budget of bodies under inspection.
+    intake: Arc<Intake>,
     dedup: Option<Deduplicator>,
     /// Asks MLflow whether a client may log to a run before its samples change a lease; `None`
     /// trusts every client (tests, and MLflow without authentication).
@@ -127,10 +130,13 @@ impl KeyPlan {
 
 impl MetricsRewriter {
     pub fn new(config: ScopeConfig, dedup: Option<Deduplicator>, metrics: Metrics) -> Self {
-        let budget = Arc::new(Semaphore::new((config.max_inspect_total >> 10).max(1)));
+        let intake = Arc::new(Intake::new(
+            config.max_inspect_total,
+            config.max_inspect_bytes,
+        ));
         Self {
             config,
-            budget,
+            intake,
             dedup,
             authz: None,
             metrics,
@@ -177,40 +183,18 @@ impl MetricsRewriter {
         if declared.is_some_and(|len| len > limit as u64) {
             return Err(self.too_large());
         }
-        // Reserve what this body may hold (its declared length, else the per-body limit) from
-        // the budget shared by all bodies under inspection, so that concurrency cannot multiply
-        // the per-body limit into unbounded memory.
-        let reserve_kib = (declared.map_or(limit, |len| len as usize) >> 10).max(1) as u32;
-        let _reservation = match self.budget.clone().try_acquire_many_owned(reserve_kib) {
-            Ok(reservation) => reservation,
-            Err(_) => {
-                self.metrics.rejected("memory_budget");
-                return Err(mlflow_error(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    "TEMPORARILY_UNAVAILABLE",
-                    &format!(
-                        "mlscope-proxy is holding its limit of {} bytes of metrics bodies under inspection; retry with backoff.",
-                        self.config.max_inspect_total
-                    ),
-                ));
-            }
-        };
         let (parts, body) = request.into_parts();
-        let bytes = match Limited::new(body, limit).collect().await {
-            Ok(collected) => collected.to_bytes(),
-            Err(e)
-                if e.downcast_ref::<http_body_util::LengthLimitError>()
-                    .is_some() =>
-            {
-                return Err(self.too_large())
-            }
-            Err(e) => {
-                return Err(mlflow_error(
-                    StatusCode::BAD_REQUEST,
-                    "BAD_REQUEST",
-                    &format!("the request body could not be read: {e}"),
-                ));
-            }
+        let client = parts
+            .extensions
+            .get::<ConnectInfo<SocketAddr>>()
+            .map_or(IpAddr::from([0, 0, 0, 0]), |c| c.0.ip());
+        let (bytes, _charge) = match self
+            .intake
+            .read(body, client, limit, self.config.inspect_deadline)
+            .await
+        {
+            Ok(read) => read,
+            Err(error) => return Err(self.intake_refusal(error)),
         };
         let parsed = match MetricsBody::parse(&bytes, endpoint) {
             Ok(parsed) => parsed,
@@ -283,6 +267,52 @@ impl MetricsRewriter {
             .headers
             .insert(header::CONTENT_LENGTH, HeaderValue::from(rendered.len()));
         Ok(Request::from_parts(parts, Body::from(rendered)))
+    }
+
+    fn intake_refusal(&self, error: IntakeError) -> Response {
+        match error {
+            IntakeError::TooLarge => self.too_large(),
+            IntakeError::Budget => {
+                self.metrics.rejected("memory_budget");
+                mlflow_error(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "TEMPORARILY_UNAVAILABLE",
+                    &format!(
+                        "mlscope-proxy is holding its limit of {} bytes of metrics bodies under inspection; retry with backoff.",
+                        self.config.max_inspect_total
+                    ),
+                )
+            }
+            IntakeError::ClientShare { held, share } => {
+                self.metrics.rejected("client_share");
+                let mut answer = mlflow_error(
+                    StatusCode::TOO_MANY_REQUESTS,
+                    "REQUEST_LIMIT_EXCEEDED",
+                    &format!(
+                        "this client's metrics bodies under inspection hold {held} of the {share} bytes one client may hold at once; send fewer at a time and retry with backoff."
+                    ),
+                );
+                answer
+                    .headers_mut()
+                    .insert(header::RETRY_AFTER, http::HeaderValue::from_static("1"));
+                answer
+            }
+            IntakeError::TooSlow { deadline, received } => {
+                self.metrics.rejected("too_slow");
+                mlflow_error(
+                    StatusCode::REQUEST_TIMEOUT,
+                    "BAD_REQUEST",
+                    &format!(
+                        "the metrics request body did not arrive whole within {deadline:?} ({received} bytes came); nothing of it was stored. Check the client's connection."
+                    ),
+                )
+            }
+            IntakeError::Unreadable(reason) => mlflow_error(
+                StatusCode::BAD_REQUEST,
+                "BAD_REQUEST",
+                &format!("the request body could not be read: {reason}"),
+            ),
+        }
     }
 
     fn too_large(&self) -> Response {
@@ -748,6 +778,7 @@ mod tests {
     use super::*;
     use crate::dedup::ManualClock;
     use crate::store::Store;
+    use http_body_util::BodyExt;
     use proptest::prelude::*;
     use serde_json::{json, Value};
 
@@ -1043,7 +1074,7 @@ mod tests {
             let rewriter = rewriter_without_dedup();
             let rank = rank_header.map(|r| r.to_string());
             let headers: Vec<(&str, &str)> = rank.iter().map(|r| ("x-mlscope-rank", r.as_str())).collect();
-            let runtime = tokio::runtime::Builder::new_current_thread().build().unwrap();
+            let runtime = tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap();
             let out = runtime.block_on(async {
                 let req = rewriter.prepare(request("/api/2.0/mlflow/runs/log-batch", &headers, &body), Endpoint::LogBatch).await.unwrap();
                 req.into_body().collect().await.unwrap().to_bytes()
