@@ -18,6 +18,7 @@ pub mod admin;
 pub mod app;
 pub mod artifacts;
 pub mod authz;
+pub mod client;
 pub mod coalesce;
 pub mod config;
 pub mod dedup;

@@ -65,7 +65,8 @@ impl AppState {
         let forwarder = Forwarder::new(config, metrics.clone());
         let authorizer = (dedup.is_some() || config.artifacts.destination.is_some())
             .then(|| Authorizer::new(forwarder.clone(), config.artifacts.authz_cache_ttl));
-        let mut rewriter = MetricsRewriter::new(config.scopes.clone(), dedup, metrics.clone());
+        let mut rewriter = MetricsRewriter::new(config.scopes.clone(), dedup, metrics.clone())
+            .with_trusted_proxies(config.trusted_proxies.clone());
         if let Some(authz) = &authorizer {
             rewriter = rewriter.with_authorizer(authz.clone());
         }
@@ -91,6 +92,7 @@ impl AppState {
                     authz.clone(),
                     metrics.clone(),
                     upstream_version.clone(),
+                    config.trusted_proxies.clone(),
                 )
                 .await
             }

@@ -130,6 +130,55 @@ pub struct Gateway {
     workspaces: crate::workspace::Support,
     /// The version of the MLflow behind the gateway: the gateway answers as it does.
     upstream: UpstreamVersion,
+    /// Upload slots held per client address.
+    upload_shares: Arc<ClientShares>,
+}
+
+/// How many of something each client address holds, up to `per_client`.
+struct ClientShares {
+    per_client: usize,
+    held: std::sync::Mutex<std::collections::HashMap<std::net::IpAddr, usize>>,
+    trusted_proxies: crate::client::TrustedProxies,
+}
+
+/// One held share; given back when dropped.
+struct ClientShare {
+    shares: Arc<ClientShares>,
+    client: std::net::IpAddr,
+}
+
+impl ClientShares {
+    /// A share for `client`, unless more than half of the `total` slots are `in_use` and the
+    /// client holds its quarter already.
+    fn take(
+        self: &Arc<Self>,
+        client: std::net::IpAddr,
+        in_use: usize,
+        total: usize,
+    ) -> Option<ClientShare> {
+        let mut held = self.held.lock().expect("shares lock");
+        let count = held.entry(client).or_insert(0);
+        if *count >= self.per_client && in_use >= total / 2 {
+            return None;
+        }
+        *count += 1;
+        Some(ClientShare {
+            shares: self.clone(),
+            client,
+        })
+    }
+}
+
+impl Drop for ClientShare {
+    fn drop(&mut self) {
+        let mut held = self.shares.held.lock().expect("shares lock");
+        if let Some(count) = held.get_mut(&self.client) {
+            *count -= 1;
+            if *count == 0 {
+                held.remove(&self.client);
+            }
+        }
+    }
 }
 
 type Answer = Result<Response, Response>;
@@ -176,6 +225,7 @@ impl Gateway {
         authz: Authorizer,
         metrics: Metrics,
         upstream: UpstreamVersion,
+        trusted_proxies: crate::client::TrustedProxies,
     ) -> Option<Gateway> {
         let destination = config.destination.clone()?;
         let bucket = Bucket::connect(&config.s3, destination).await;
@@ -186,6 +236,11 @@ impl Gateway {
             authz,
             failures: FailureRecorder::new(forwarder, store),
             uploads: Arc::new(Semaphore::new(config.max_concurrent_uploads)),
+            upload_shares: Arc::new(ClientShares {
+                per_client: (config.max_concurrent_uploads / 4).max(1),
+                held: Default::default(),
+                trusted_proxies,
+            }),
             bucket,
             config: Arc::new(config.clone()),
             metrics,
@@ -639,6 +694,30 @@ impl Gateway {
         }
         let owner = self.check_write(&path, request.headers()).await?;
         let credentials = FailureRecorder::credentials(request.headers());
+        // Once half of the upload slots are taken, a client address that holds a quarter of
+        // them gets no more, so that slow clients cannot take them all; the slots themselves
+        // bound what the gateway holds.
+        let peer = request
+            .extensions()
+            .get::<axum::extract::ConnectInfo<std::net::SocketAddr>>()
+            .map_or(std::net::IpAddr::from([0, 0, 0, 0]), |c| c.0.ip());
+        let client = self
+            .upload_shares
+            .trusted_proxies
+            .client(peer, request.headers());
+        let in_use = self.config.max_concurrent_uploads - self.uploads.available_permits();
+        let _share = self
+            .upload_shares
+            .take(client, in_use, self.config.max_concurrent_uploads)
+            .ok_or_else(|| {
+            let mut answer = mlflow_error(
+                StatusCode::TOO_MANY_REQUESTS,
+                "REQUEST_LIMIT_EXCEEDED",
+                &format!("this client has {} artifact uploads in progress, the most one client may have at once; retry with backoff.", self.upload_shares.per_client),
+            );
+            answer.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+            answer
+        })?;
         let _slot = self.uploads.clone().try_acquire_owned().map_err(|_| {
             mlflow_error(
                 StatusCode::SERVICE_UNAVAILABLE,
@@ -667,6 +746,10 @@ impl Gateway {
             Err(UploadError::Client(reason)) => {
                 tracing::info!(path, reason, "upload abandoned by the client; nothing was stored");
                 Err(mlflow_error(StatusCode::BAD_REQUEST, "BAD_REQUEST", &format!("the upload of {path} was not completed: {reason}. Nothing was stored; retry the upload.")))
+            }
+            Err(UploadError::ClientSlow(received)) => {
+                tracing::info!(path, received, "upload too slow; nothing was stored");
+                Err(mlflow_error(StatusCode::REQUEST_TIMEOUT, "BAD_REQUEST", &format!("the upload of {path} came slower than {} KiB/s on average ({received} bytes in all); nothing was stored. Check the client's connection and retry.", upload::MIN_BODY_RATE >> 10)))
             }
             Err(UploadError::ClientIdle(after)) => {
                 tracing::info!(path, ?after, "upload stalled; nothing was stored");

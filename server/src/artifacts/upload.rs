@@ -36,11 +36,21 @@ pub enum UploadError {
     Client(String),
     /// The client's body sent nothing for this long.
     ClientIdle(std::time::Duration),
+    /// The client's body came slower than [`MIN_BODY_RATE`] on average after [`RATE_GRACE`]:
+    /// the bytes that came.
+    ClientSlow(u64),
     /// The store refused or could not be reached.
     Store(StoreError),
     /// More than 10,000 parts would be needed.
     TooLarge { max: u64 },
 }
+
+/// The slowest average a body may arrive at once [`RATE_GRACE`] has passed, in bytes per
+/// second: far below any real link, far above a client that trickles a byte now and then to
+/// hold an upload slot.
+pub const MIN_BODY_RATE: u64 = 16 * 1024;
+/// How long a body may take before [`MIN_BODY_RATE`] applies.
+pub const RATE_GRACE: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// Sends `body` to `key`; returns the number of bytes stored.
 pub async fn upload(
@@ -56,6 +66,7 @@ pub async fn upload(
         carry: None,
         total: 0,
         idle: limits.body_idle,
+        started: tokio::time::Instant::now(),
     };
     // Read one byte past the threshold to tell "exactly at the threshold" from "more to come".
     let expected = length.map_or(limits.threshold, |n| {
@@ -285,9 +296,16 @@ struct BodyReader {
     carry: Option<Bytes>,
     total: u64,
     idle: std::time::Duration,
+    started: tokio::time::Instant,
 }
 
 impl BodyReader {
+    /// Whether the body has come at [`MIN_BODY_RATE`] on average (always, within the grace).
+    fn fast_enough(&self) -> bool {
+        let elapsed = self.started.elapsed();
+        elapsed < RATE_GRACE || self.total >= (MIN_BODY_RATE as f64 * elapsed.as_secs_f64()) as u64
+    }
+
     /// Appends to `buf` until it holds `target` bytes or the body ends; returns true at the end.
     async fn fill(&mut self, buf: &mut BytesMut, target: usize) -> Result<bool, UploadError> {
         while buf.len() < target {
@@ -296,6 +314,9 @@ impl BodyReader {
                 None => match tokio::time::timeout(self.idle, self.stream.next()).await {
                     Ok(Some(Ok(chunk))) => {
                         self.total += chunk.len() as u64;
+                        if !self.fast_enough() {
+                            return Err(UploadError::ClientSlow(self.total));
+                        }
                         chunk
                     }
                     Ok(Some(Err(e))) => return Err(UploadError::Client(client_error(&e))),
@@ -398,6 +419,7 @@ mod tests {
             carry: None,
             total: 0,
             idle: std::time::Duration::from_secs(5),
+            started: tokio::time::Instant::now(),
         };
         let mut parts = Vec::new();
         loop {
@@ -418,5 +440,32 @@ mod tests {
         let expected: Vec<u8> = (0..10u8).flat_map(|i| vec![i; 7]).collect();
         assert_eq!(joined, expected);
         assert_eq!(reader.total, 70);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_body_slower_than_the_minimum_rate_is_cut_after_the_grace() {
+        // A byte every 2 s: within the idle limit, far below the minimum rate.
+        let body = Body::from_stream(futures_util::stream::unfold(0u32, |i| async move {
+            tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+            Some((Ok::<_, std::io::Error>(Bytes::from_static(b"x")), i + 1))
+        }));
+        let mut reader = BodyReader {
+            stream: body.into_data_stream(),
+            carry: None,
+            total: 0,
+            idle: std::time::Duration::from_secs(5),
+            started: tokio::time::Instant::now(),
+        };
+        let mut buf = BytesMut::new();
+        match reader.fill(&mut buf, 1 << 20).await {
+            Err(UploadError::ClientSlow(received)) => {
+                assert_eq!(received, RATE_GRACE.as_secs() / 2)
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(
+            tokio::time::Instant::now() - reader.started
+                < RATE_GRACE + std::time::Duration::from_secs(3)
+        );
     }
 }

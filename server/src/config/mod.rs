@@ -154,6 +154,8 @@ pub struct Config {
     pub upstream: Upstream,
     pub database_url: String,
     pub host_header: HostHeader,
+    /// Gateways whose `X-Forwarded-For` names the client, for the limits one client may hold.
+    pub trusted_proxies: crate::client::TrustedProxies,
     pub timeouts: Timeouts,
     /// Requests handled at once; one more is answered 503 at once instead of queueing.
     pub max_in_flight: usize,
@@ -187,6 +189,7 @@ impl Default for Config {
             upstream: Upstream::parse("http://127.0.0.1:5000").expect("default upstream parses"),
             database_url: "sqlite://mlscope.db".to_owned(),
             host_header: HostHeader::Preserve,
+            trusted_proxies: crate::client::TrustedProxies::default(),
             timeouts: Timeouts {
                 connect: Duration::from_secs(5),
                 response_headers: Duration::from_secs(120),
@@ -239,6 +242,12 @@ struct Cli {
     /// `preserve` forwards the client's Host header; `upstream` sends the upstream's [default: preserve].
     #[arg(long, env = "MLSCOPE_HOST_HEADER", value_enum)]
     host_header: Option<HostHeader>,
+    /// Addresses or networks of gateways in front of the proxy (e.g. 10.0.0.0/8,fd00::/8): a
+    /// request from one is counted against the client its X-Forwarded-For names, for the share
+    /// of inspected bodies and upload slots one client may hold [default: none; every client is
+    /// its source address].
+    #[arg(long, env = "MLSCOPE_TRUSTED_PROXIES", value_name = "NETWORKS")]
+    trusted_proxies: Option<String>,
     /// Upstream TCP connect timeout [default: 5s].
     #[arg(long, env = "MLSCOPE_CONNECT_TIMEOUT", value_parser = parse_duration, value_name = "DURATION")]
     connect_timeout: Option<Duration>,
@@ -471,6 +480,7 @@ struct FileConfig {
     upstream: Option<String>,
     database_url: Option<String>,
     host_header: Option<HostHeader>,
+    trusted_proxies: Option<String>,
     #[serde(default, with = "humantime_serde")]
     connect_timeout: Option<Duration>,
     #[serde(default, with = "humantime_serde")]
@@ -646,6 +656,10 @@ impl Config {
             config_path,
         )? {
             config.admin_listen = admin_listen;
+        }
+        if let Some(networks) = cli.trusted_proxies.or(file.trusted_proxies) {
+            config.trusted_proxies = crate::client::TrustedProxies::parse(&networks)
+                .map_err(|e| ConfigError::Invalid(format!("trusted-proxies: {e}")))?;
         }
         if let Some(pattern) = cli.owner_pattern.or(file.owner_pattern) {
             config.scopes.owner_pattern =

@@ -3,9 +3,10 @@
 //! Every inspected body is held in memory until it is forwarded, so all of them together share
 //! one budget (`--max-inspect-total`). A body is charged for the bytes it has sent so far, not
 //! for what its `Content-Length` declares: a client that declares 16 MiB and trickles one byte
-//! every few seconds holds a few bytes, not 16 MiB of everyone's budget. Each client (its source
-//! address) may hold at most a quarter of the budget (at least one whole body), however many
-//! connections it opens, and a
+//! every few seconds holds a few bytes, not 16 MiB of everyone's budget. Once more than half of
+//! the budget is held, a client (its address, see `crate::client`) that holds a quarter of it
+//! (at least one whole body) gets no more, however many connections it opens, so the rest stays
+//! for others; and a
 //! body must arrive whole within `--inspect-body-deadline`: slow bodies cannot keep what they
 //! hold for long either.
 
@@ -37,6 +38,7 @@ pub enum IntakeError {
 /// The budget all inspected bodies share, in KiB, and what each client holds of it.
 pub struct Intake {
     budget: Arc<Semaphore>,
+    total_kib: usize,
     /// The KiB one client's bodies may hold together.
     share_kib: usize,
     held: Mutex<HashMap<IpAddr, usize>>,
@@ -52,6 +54,7 @@ impl Intake {
             .min(total_kib);
         Self {
             budget: Arc::new(Semaphore::new(total_kib)),
+            total_kib,
             share_kib,
             held: Mutex::new(HashMap::new()),
         }
@@ -116,10 +119,13 @@ impl Charge {
         }
         let more = wanted - self.kib;
         {
-            let share = self.intake.share_kib;
-            let mut held = self.intake.held.lock().expect("intake lock");
+            let intake = &self.intake;
+            let share = intake.share_kib;
+            let in_use = intake.total_kib - intake.budget.available_permits();
+            let pressed = in_use + more > intake.total_kib / 2;
+            let mut held = intake.held.lock().expect("intake lock");
             let client = held.entry(self.client).or_insert(0);
-            if *client + more > share {
+            if pressed && *client + more > share {
                 return Err(IntakeError::ClientShare {
                     held: *client << 10,
                     share: share << 10,
@@ -244,14 +250,18 @@ mod tests {
                     .await
             }
         };
+        // Below half the budget a client may hold more than its quarter.
         let (_, first) = read(ONE, 10 << 10).await.unwrap();
+        let (_, second) = read(ONE, 10 << 10).await.unwrap();
+        let (_, _other) = read(TWO, 8 << 10).await.unwrap();
+        // Past half, a client beyond its quarter gets no more; another client does.
         assert!(matches!(
             read(ONE, 7 << 10).await,
             Err(IntakeError::ClientShare { .. })
         ));
-        // Another client is not affected; giving the first body back frees the share.
-        let (_, _other) = read(TWO, 16 << 10).await.unwrap();
-        drop(first);
+        let (_, _other_again) = read(TWO, 8 << 10).await.unwrap();
+        // Giving bodies back frees the share.
+        drop((first, second));
         let (_, _again) = read(ONE, 16 << 10).await.unwrap();
         assert!(matches!(
             read(TWO, 2 << 20).await,

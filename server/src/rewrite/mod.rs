@@ -77,6 +77,8 @@ pub struct MetricsRewriter {
     config: ScopeConfig,
     /// The memory budget of bodies under inspection.
     intake: Arc<Intake>,
+    /// Gateways whose `X-Forwarded-For` names the client.
+    trusted_proxies: crate::client::TrustedProxies,
     dedup: Option<Deduplicator>,
     /// Asks MLflow whether a client may log to a run before its samples change a lease; `None`
     /// trusts every client (tests, and MLflow without authentication).
@@ -137,12 +139,20 @@ impl MetricsRewriter {
         Self {
             config,
             intake,
+            trusted_proxies: Default::default(),
             dedup,
             authz: None,
             metrics,
             stats: RunStats::default(),
             beats: false,
         }
+    }
+
+    /// Counts a request from one of these gateways against the client its `X-Forwarded-For`
+    /// names.
+    pub fn with_trusted_proxies(mut self, trusted: crate::client::TrustedProxies) -> Self {
+        self.trusted_proxies = trusted;
+        self
     }
 
     /// Attaches to each request what it says about its run's ranks (a [`Beat`] in its
@@ -184,10 +194,11 @@ impl MetricsRewriter {
             return Err(self.too_large());
         }
         let (parts, body) = request.into_parts();
-        let client = parts
+        let peer = parts
             .extensions
             .get::<ConnectInfo<SocketAddr>>()
             .map_or(IpAddr::from([0, 0, 0, 0]), |c| c.0.ip());
+        let client = self.trusted_proxies.client(peer, &parts.headers);
         let (bytes, _charge) = match self
             .intake
             .read(body, client, limit, self.config.inspect_deadline)

@@ -631,3 +631,128 @@ async fn identities_per_request_and_nodes_per_run_are_capped_with_a_clear_refusa
     assert_eq!(last["ranks"].as_array().map(Vec::len), Some(24));
     assert!(last.get("next_page_token").is_none(), "{last:.300}");
 }
+
+/// Slow bodies cannot switch metric logging off for everyone (before: 16 connections declaring
+/// a 16 MiB log-batch and sending a byte every few seconds reserved all of --max-inspect-total,
+/// and every client's log-batch got 503 while they went on). Bodies are charged by what
+/// arrived, and one that does not arrive whole within --inspect-body-deadline gets 408.
+#[tokio::test]
+async fn trickling_bodies_do_not_starve_other_clients_and_time_out() {
+    let h = hostile();
+    let dir = tempfile::tempdir().unwrap();
+    let proxy = spawn_proxy(
+        &h.stack.mlflow.url,
+        &["--inspect-body-deadline", "4s"],
+        dir.path(),
+    )
+    .unwrap();
+    let (_, run) = create_experiment_and_run(&h.stack.mlflow.url, "hostile-slow").await;
+    let address = proxy.url.trim_start_matches("http://").to_owned();
+    let head = format!(
+        "POST /api/2.0/mlflow/runs/log-batch HTTP/1.1\r\nHost: {address}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+        16 << 20
+    );
+    let mut slow = Vec::new();
+    for _ in 0..16 {
+        let mut socket = tokio::net::TcpStream::connect(&address).await.unwrap();
+        socket.write_all(head.as_bytes()).await.unwrap();
+        socket.write_all(b"{").await.unwrap();
+        slow.push(socket);
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    // A well-behaved client meanwhile: stored.
+    let body = json!({"run_id": run, "metrics": [{"key": "loss", "value": 0.5, "timestamp": now_ms(), "step": 1}]});
+    let response = http()
+        .post(format!("{}/api/2.0/mlflow/runs/log-batch", proxy.url))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        response.status(),
+        StatusCode::OK,
+        "{:?}",
+        response.text().await
+    );
+    assert_eq!(history(&h.stack.mlflow.url, &run, "loss").await.len(), 1);
+    // The trickling bodies end with 408 once their deadline passes.
+    for mut socket in slow {
+        let _ = socket.write_all(b" ").await;
+        let mut answer = Vec::new();
+        let _ =
+            tokio::time::timeout(Duration::from_secs(15), socket.read_to_end(&mut answer)).await;
+        let text = String::from_utf8_lossy(&answer);
+        assert!(text.starts_with("HTTP/1.1 408"), "{text}");
+        assert!(text.contains("did not arrive whole within 4s"), "{text}");
+    }
+}
+
+/// Slow artifact uploads cannot take every upload slot (before: as many slow PUTs as
+/// --artifact-max-concurrent-uploads blocked every upload with 503). Once half the slots are
+/// taken, a client that holds a quarter gets 429 for more; another client still uploads. The
+/// clients are told apart by the X-Forwarded-For of a trusted gateway (here, the test itself).
+#[tokio::test]
+async fn slow_uploads_of_one_client_leave_upload_slots_for_others() {
+    let h = hostile();
+    let dir = tempfile::tempdir().unwrap();
+    let mut args = h.stack.s3.gateway_args(&h.stack.s3.url);
+    args.extend(
+        [
+            "--artifact-max-concurrent-uploads",
+            "8",
+            "--trusted-proxies",
+            "127.0.0.1",
+        ]
+        .map(String::from),
+    );
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let proxy = spawn_proxy(&h.stack.mlflow.url, &args, dir.path()).unwrap();
+    let (experiment, run) = create_experiment_and_run(&h.stack.mlflow.url, "hostile-uploads").await;
+    let address = proxy.url.trim_start_matches("http://").to_owned();
+    let mut slow = Vec::new();
+    let mut refused = 0;
+    for i in 0..8 {
+        let head = format!(
+            "PUT /api/2.0/mlflow-artifacts/artifacts/{experiment}/{run}/artifacts/slow-{i}.bin HTTP/1.1\r\nHost: {address}\r\nX-Forwarded-For: 203.0.113.7\r\nContent-Length: {}\r\n\r\n",
+            1u64 << 30
+        );
+        let mut socket = tokio::net::TcpStream::connect(&address).await.unwrap();
+        socket.write_all(head.as_bytes()).await.unwrap();
+        socket.write_all(b"x").await.unwrap();
+        // A refused one is answered at once; a held one waits for its body.
+        let mut answer = [0u8; 12];
+        match tokio::time::timeout(Duration::from_millis(700), socket.read(&mut answer)).await {
+            Ok(Ok(n)) if n > 0 => {
+                assert!(
+                    answer.starts_with(b"HTTP/1.1 429"),
+                    "{}",
+                    String::from_utf8_lossy(&answer)
+                );
+                refused += 1;
+            }
+            _ => slow.push(socket),
+        }
+    }
+    assert_eq!(
+        (slow.len(), refused),
+        (4, 4),
+        "the slow client holds half the slots at most"
+    );
+    let response = http()
+        .put(format!(
+            "{}/api/2.0/mlflow-artifacts/artifacts/{experiment}/{run}/artifacts/checkpoint.bin",
+            proxy.url
+        ))
+        .header("x-forwarded-for", "198.51.100.1")
+        .body(vec![7u8; 1 << 20])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        response.status(),
+        StatusCode::OK,
+        "{:?}",
+        response.text().await
+    );
+    drop(slow);
+}
