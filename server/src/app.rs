@@ -30,10 +30,10 @@ use crate::state::AppState;
 /// metrics; the concurrency limit; refusal of ambiguous requests; MLflow's browser-protection
 /// headers.
 pub fn app(state: AppState, max_in_flight: usize) -> Router {
-    let mut router = Router::new();
+    let mut writes = Router::new();
     // System-metric scoping and node deduplication.
     for prefix in ["/api/2.0/mlflow", "/ajax-api/2.0/mlflow", "/api/3.0/mlflow"] {
-        router = router
+        writes = writes
             .route(
                 &format!("{prefix}/runs/log-batch"),
                 post(rewrite::log_batch),
@@ -49,6 +49,14 @@ pub fn app(state: AppState, max_in_flight: usize) -> Router {
             )
             .route(&format!("{prefix}/runs/set-tag"), post(coalesce::write));
     }
+    // Each client's share of MLflow's writes, when set.
+    if let Some(share) = &state.fair_share {
+        writes = writes.route_layer(middleware::from_fn_with_state(
+            share.clone(),
+            crate::fairshare::admit,
+        ));
+    }
+    let mut router = Router::new().merge(writes);
     match &state.artifacts {
         // The artifact API, answered from the store.
         Some(gateway) => router = router.merge(artifacts::router(gateway.clone())),

@@ -23,6 +23,7 @@ pub mod coalesce;
 pub mod config;
 pub mod dedup;
 pub mod error;
+pub mod fairshare;
 pub mod health;
 pub mod layers;
 pub mod listen;

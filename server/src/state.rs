@@ -37,6 +37,8 @@ pub struct AppState {
     pub authorizer: Option<Authorizer>,
     /// Heartbeats, the stale-run sweep and the run health view (records nothing when off).
     pub health: Health,
+    /// Each client's share of the writes (token buckets); `None`: off.
+    pub fair_share: Option<Arc<crate::fairshare::FairShare>>,
     /// The upstream MLflow's version, once it has answered `/version`.
     pub upstream_version: UpstreamVersion,
     /// Set on shutdown so `/readyz` turns away new traffic while requests drain.
@@ -98,6 +100,11 @@ impl AppState {
             }
             None => None,
         };
+        let fair_share = crate::fairshare::FairShare::new(
+            config.client_write_rate,
+            config.trusted_proxies.clone(),
+            metrics.clone(),
+        );
         Ok(Self {
             forwarder,
             artifacts,
@@ -108,6 +115,7 @@ impl AppState {
             metrics,
             replica: Arc::new(replica),
             health,
+            fair_share,
             upstream_version,
             draining: Arc::new(AtomicBool::new(false)),
         })

@@ -124,6 +124,7 @@ pub struct Metrics {
     elections: Family<ReasonLabels, Counter>,
     bodies_passed_through: Family<ReasonLabels, Counter>,
     bodies_rejected: Family<ReasonLabels, Counter>,
+    fair_share: Family<OutcomeLabels, Counter>,
     coalesce: CoalesceMetrics,
     health: HealthMetrics,
     store_up: Gauge,
@@ -266,6 +267,12 @@ impl Metrics {
             "Metrics requests the proxy refused, by reason",
             bodies_rejected.clone(),
         );
+        let fair_share = Family::<OutcomeLabels, Counter>::default();
+        registry.register(
+            "fair_share_writes",
+            "Writes the per-client share admitted or refused (429), by outcome",
+            fair_share.clone(),
+        );
         let coalesce = CoalesceMetrics {
             batches: Family::default(),
             requests_per_batch: Histogram::new(exponential_buckets(1.0, 2.0, 12)),
@@ -385,6 +392,7 @@ impl Metrics {
             elections,
             bodies_passed_through,
             bodies_rejected,
+            fair_share,
         }
     }
 
@@ -407,6 +415,12 @@ impl Metrics {
     pub fn passed_through(&self, reason: &'static str) {
         self.bodies_passed_through
             .get_or_create(&ReasonLabels { reason })
+            .inc();
+    }
+
+    pub fn fair_share(&self, outcome: &'static str) {
+        self.fair_share
+            .get_or_create(&OutcomeLabels { outcome })
             .inc();
     }
 

@@ -156,6 +156,8 @@ pub struct Config {
     pub host_header: HostHeader,
     /// Gateways whose `X-Forwarded-For` names the client, for the limits one client may hold.
     pub trusted_proxies: crate::client::TrustedProxies,
+    /// Writes per second one client may send (burst: two seconds' worth); 0: no limit.
+    pub client_write_rate: f64,
     pub timeouts: Timeouts,
     /// Requests handled at once; one more is answered 503 at once instead of queueing.
     pub max_in_flight: usize,
@@ -190,6 +192,7 @@ impl Default for Config {
             database_url: "sqlite://mlscope.db".to_owned(),
             host_header: HostHeader::Preserve,
             trusted_proxies: crate::client::TrustedProxies::default(),
+            client_write_rate: 0.0,
             timeouts: Timeouts {
                 connect: Duration::from_secs(5),
                 response_headers: Duration::from_secs(120),
@@ -248,6 +251,11 @@ struct Cli {
     /// its source address].
     #[arg(long, env = "MLSCOPE_TRUSTED_PROXIES", value_name = "NETWORKS")]
     trusted_proxies: Option<String>,
+    /// Metric, param and tag writes per second one client (its MLflow user, else its address)
+    /// may send, with bursts of two seconds' worth; beyond, 429 with Retry-After, which MLflow's
+    /// client retries; 0 turns the limit off [default: 0].
+    #[arg(long, env = "MLSCOPE_CLIENT_WRITE_RATE", value_name = "PER_SECOND")]
+    client_write_rate: Option<f64>,
     /// Upstream TCP connect timeout [default: 5s].
     #[arg(long, env = "MLSCOPE_CONNECT_TIMEOUT", value_parser = parse_duration, value_name = "DURATION")]
     connect_timeout: Option<Duration>,
@@ -481,6 +489,7 @@ struct FileConfig {
     database_url: Option<String>,
     host_header: Option<HostHeader>,
     trusted_proxies: Option<String>,
+    client_write_rate: Option<f64>,
     #[serde(default, with = "humantime_serde")]
     connect_timeout: Option<Duration>,
     #[serde(default, with = "humantime_serde")]
@@ -685,6 +694,7 @@ impl Config {
             coalesce_max_pending => config.coalesce.max_pending_bytes,
             database_url => config.database_url,
             host_header => config.host_header,
+            client_write_rate => config.client_write_rate,
             connect_timeout => config.timeouts.connect,
             response_timeout => config.timeouts.response_headers,
             body_idle_timeout => config.timeouts.body_idle,
@@ -805,6 +815,12 @@ impl Config {
             return invalid(format!(
                 "max-inspect-total ({} bytes) must be at least max-inspect-body ({} bytes)",
                 self.scopes.max_inspect_total, self.scopes.max_inspect_bytes
+            ));
+        }
+        if !(self.client_write_rate >= 0.0 && self.client_write_rate.is_finite()) {
+            return invalid(format!(
+                "client-write-rate must be 0 (off) or a positive number of writes per second, not {}",
+                self.client_write_rate
             ));
         }
         if self.scopes.inspect_deadline < Duration::from_secs(1) {

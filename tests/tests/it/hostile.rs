@@ -756,3 +756,82 @@ async fn slow_uploads_of_one_client_leave_upload_slots_for_others() {
     );
     drop(slow);
 }
+
+/// Each client's share of the writes (`--client-write-rate`): a client flooding log-metric is
+/// refused with 429, `Retry-After` and `REQUEST_LIMIT_EXCEEDED` beyond its share, while a calm
+/// client's writes all succeed; every write answered 200 is in MLflow, once.
+#[tokio::test]
+async fn a_flooding_client_is_refused_its_excess_and_a_calm_one_is_not() {
+    let h = hostile();
+    let dir = tempfile::tempdir().unwrap();
+    let proxy = spawn_proxy(
+        &h.stack.mlflow.url,
+        &[
+            "--client-write-rate",
+            "20",
+            "--trusted-proxies",
+            "127.0.0.1",
+        ],
+        dir.path(),
+    )
+    .unwrap();
+    let (_, flood_run) = create_experiment_and_run(&h.stack.mlflow.url, "fair-flood").await;
+    let (_, calm_run) = create_experiment_and_run(&h.stack.mlflow.url, "fair-calm").await;
+    let write = |run: String, client: &'static str, step: i64| {
+        let url = format!("{}/api/2.0/mlflow/runs/log-metric", proxy.url);
+        async move {
+            let response = http()
+                .post(url)
+                .header("x-forwarded-for", client)
+                .json(&json!({"run_id": run, "key": "loss", "value": 1.0, "timestamp": now_ms(), "step": step}))
+                .send()
+                .await
+                .unwrap();
+            let retry_after = response.headers().get("retry-after").is_some();
+            let (status, code) = error_code(response).await;
+            (status, code, retry_after)
+        }
+    };
+    let flood = futures_util::future::join_all(
+        (0..200).map(|step| write(flood_run.clone(), "203.0.113.9", step)),
+    );
+    let calm = async {
+        let mut answers = Vec::new();
+        for step in 0..6 {
+            answers.push(write(calm_run.clone(), "198.51.100.4", step).await);
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+        answers
+    };
+    let (flood, calm) = tokio::join!(flood, calm);
+    assert!(
+        calm.iter().all(|(status, _, _)| *status == StatusCode::OK),
+        "{calm:?}"
+    );
+    let admitted = flood
+        .iter()
+        .filter(|(s, _, _)| *s == StatusCode::OK)
+        .count();
+    let refused: Vec<_> = flood
+        .iter()
+        .filter(|(s, _, _)| *s != StatusCode::OK)
+        .collect();
+    assert!(
+        refused.iter().all(
+            |(status, code, retry_after)| *status == StatusCode::TOO_MANY_REQUESTS
+                && code == "REQUEST_LIMIT_EXCEEDED"
+                && *retry_after
+        ),
+        "{refused:?}"
+    );
+    assert!((40..200).contains(&admitted), "admitted {admitted} of 200");
+    // Acknowledged means stored: every 200 is one sample in MLflow.
+    assert_eq!(
+        history(&h.stack.mlflow.url, &flood_run, "loss").await.len(),
+        admitted
+    );
+    assert_eq!(
+        history(&h.stack.mlflow.url, &calm_run, "loss").await.len(),
+        6
+    );
+}
