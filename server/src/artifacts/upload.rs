@@ -409,18 +409,22 @@ mod tests {
         assert_eq!(size % (1 << 20), 0);
     }
 
-    #[tokio::test]
-    async fn frames_are_split_at_part_boundaries_without_losing_bytes() {
-        let frames: Vec<Result<Bytes, std::io::Error>> =
-            (0..10u8).map(|i| Ok(Bytes::from(vec![i; 7]))).collect();
-        let body = Body::from_stream(futures_util::stream::iter(frames));
-        let mut reader = BodyReader {
+    fn reader_of(body: Body) -> BodyReader {
+        BodyReader {
             stream: body.into_data_stream(),
             carry: None,
             total: 0,
             idle: std::time::Duration::from_secs(5),
             started: tokio::time::Instant::now(),
-        };
+        }
+    }
+
+    #[tokio::test]
+    async fn frames_are_split_at_part_boundaries_without_losing_bytes() {
+        let frames: Vec<Result<Bytes, std::io::Error>> =
+            (0..10u8).map(|i| Ok(Bytes::from(vec![i; 7]))).collect();
+        let body = Body::from_stream(futures_util::stream::iter(frames));
+        let mut reader = reader_of(body);
         let mut parts = Vec::new();
         loop {
             let mut buf = BytesMut::new();
@@ -449,13 +453,7 @@ mod tests {
             tokio::time::sleep(std::time::Duration::from_secs(2)).await;
             Some((Ok::<_, std::io::Error>(Bytes::from_static(b"x")), i + 1))
         }));
-        let mut reader = BodyReader {
-            stream: body.into_data_stream(),
-            carry: None,
-            total: 0,
-            idle: std::time::Duration::from_secs(5),
-            started: tokio::time::Instant::now(),
-        };
+        let mut reader = reader_of(body);
         let mut buf = BytesMut::new();
         match reader.fill(&mut buf, 1 << 20).await {
             Err(UploadError::ClientSlow(received)) => {

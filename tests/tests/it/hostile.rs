@@ -520,6 +520,16 @@ async fn a_made_up_run_id_gets_mlflows_refusal_and_no_state_in_the_proxy() {
     assert_eq!(made_up_rows, (0, 0), "rows for the made-up run id");
 }
 
+/// One page of `/runs/{run}/health` (`query`: its paging), or null when it is not JSON.
+async fn health_page(admin_url: &str, run: &str, query: &str) -> Value {
+    let response = http()
+        .get(format!("{admin_url}/runs/{run}/health?{query}"))
+        .send()
+        .await
+        .unwrap();
+    response.json().await.unwrap_or(Value::Null)
+}
+
 /// Rank identities per run are bounded (before: 200 requests of 1,000 keys
 /// `system/fn<i>/rank-<r>/...` made 200,000 identities in one run, 164 MB resident, a 64 MB health
 /// answer). One request may name at most 16 (node, rank) identities and a run at most 1,024
@@ -598,17 +608,7 @@ async fn identities_per_request_and_nodes_per_run_are_capped_with_a_clear_refusa
     // The health view: 1,024 ranks, listed 100 at a time.
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
     let view = loop {
-        let view: Value = http()
-            .get(format!(
-                "{}/runs/{run}/health?max_results=100",
-                h.proxy.admin_url
-            ))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap_or(Value::Null);
+        let view = health_page(&h.proxy.admin_url, &run, "max_results=100").await;
         if view["rank_count"] == 1024 || std::time::Instant::now() > deadline {
             break view;
         }
@@ -617,17 +617,7 @@ async fn identities_per_request_and_nodes_per_run_are_capped_with_a_clear_refusa
     assert_eq!(view["rank_count"], 1024, "{view:.300}");
     assert_eq!(view["ranks"].as_array().map(Vec::len), Some(100));
     assert_eq!(view["next_page_token"], "100");
-    let last: Value = http()
-        .get(format!(
-            "{}/runs/{run}/health?max_results=100&page_token=1000",
-            h.proxy.admin_url
-        ))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let last = health_page(&h.proxy.admin_url, &run, "max_results=100&page_token=1000").await;
     assert_eq!(last["ranks"].as_array().map(Vec::len), Some(24));
     assert!(last.get("next_page_token").is_none(), "{last:.300}");
 }
