@@ -75,6 +75,56 @@ pub enum Command {
     /// to MLflow and through mlscope-proxy in alternating rounds; every acknowledged sample
     /// counted back.
     ClientFleet(ClientFleetArgs),
+    /// One client flooding writes (many writers, no pause) beside calm clients, straight to
+    /// MLflow and through mlscope-proxy with a per-client write share: the calm clients' success
+    /// and p99 under the flood against alone; every acknowledged sample counted back.
+    FairShare(FairShareArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct FairShareArgs {
+    /// Concurrent writers of the flooding client, each into its own run.
+    #[arg(long, default_value_t = 32)]
+    pub flood_writers: usize,
+    /// Well-behaved clients, each with its own address and run.
+    #[arg(long, default_value_t = 10)]
+    pub calm_clients: usize,
+    /// Writes per second of each calm client.
+    #[arg(long, default_value_t = 2)]
+    pub calm_rate: u32,
+    /// How long the flood runs.
+    #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
+    pub duration: Duration,
+    /// How long the calm clients run alone first (their unloaded p99).
+    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+    pub alone: Duration,
+    /// mlscope-proxy's `--client-write-rate` for the run.
+    #[arg(long, default_value_t = 20.0)]
+    pub client_write_rate: f64,
+    #[command(flatten)]
+    pub stack: StackArgs,
+}
+
+impl FairShareArgs {
+    fn validate(&self) -> Result<(), String> {
+        if !(1..=256).contains(&self.flood_writers) || !(1..=100).contains(&self.calm_clients) {
+            return Err(
+                "--flood-writers must be within 1..=256 and --calm-clients within 1..=100".into(),
+            );
+        }
+        if !(1..=50).contains(&self.calm_rate) {
+            return Err("--calm-rate must be within 1..=50".into());
+        }
+        for (flag, d) in [("--duration", self.duration), ("--alone", self.alone)] {
+            if d < Duration::from_secs(1) || d > Duration::from_secs(600) {
+                return Err(format!("{flag} must be between 1s and 10m"));
+            }
+        }
+        if !(self.client_write_rate > 0.0 && self.client_write_rate <= 10_000.0) {
+            return Err("--client-write-rate must be above 0 and at most 10000".into());
+        }
+        Ok(())
+    }
 }
 
 #[derive(Debug, Args)]
@@ -529,7 +579,7 @@ pub struct DedupRowsArgs {
     pub stack: StackArgs,
 }
 
-#[derive(Debug, Args)]
+#[derive(Debug, Clone, Args)]
 pub struct StackArgs {
     /// MLflow `--backend-store-uri` (default: the harness's SQLite file).
     #[arg(long)]
@@ -568,6 +618,7 @@ impl Cli {
             Command::Fleet(args) => args.validate(),
             Command::K6LogBatch(args) => args.validate(),
             Command::ClientFleet(args) => args.validate(),
+            Command::FairShare(args) => args.validate(),
         }
     }
 }

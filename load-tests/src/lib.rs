@@ -10,6 +10,7 @@
 mod artifact;
 mod cli;
 mod dedup_rows;
+mod fairshare;
 mod fleet;
 mod gateway;
 mod http;
@@ -27,8 +28,9 @@ mod units;
 mod workload;
 
 pub use cli::{
-    ArtifactArgs, Cli, ClientFleetArgs, Command, DedupRowsArgs, Endpoint, FleetArgs, FleetTarget,
-    GatewayArgs, K6LogBatchArgs, PassthroughArgs, RewriteArgs, SlowlorisArgs, StackArgs,
+    ArtifactArgs, Cli, ClientFleetArgs, Command, DedupRowsArgs, Endpoint, FairShareArgs, FleetArgs,
+    FleetTarget, GatewayArgs, K6LogBatchArgs, PassthroughArgs, RewriteArgs, SlowlorisArgs,
+    StackArgs,
 };
 pub use markdown::shell_words;
 pub use units::ByteSize;
@@ -64,6 +66,7 @@ pub fn run(cli: &Cli, command_line: &str) -> anyhow::Result<Report> {
         Command::Artifact(args) => (&args.stack, StackPlan::default()),
         Command::K6LogBatch(args) => (&args.stack, StackPlan::default()),
         Command::ClientFleet(args) => (&args.stack, StackPlan::default()),
+        Command::FairShare(args) => (&args.stack, StackPlan::default()),
         Command::Slowloris(args) => (
             &args.stack,
             StackPlan {
@@ -109,6 +112,20 @@ pub fn run(cli: &Cli, command_line: &str) -> anyhow::Result<Report> {
             },
         ),
     };
+    // The fair-share bench runs the proxy with a write share, trusting loopback's X-Forwarded-For.
+    let fair_share_args;
+    let stack_args = match &cli.command {
+        Command::FairShare(args) => {
+            let mut owned = args.stack.clone();
+            owned.proxy_args.extend([
+                format!("--client-write-rate={}", args.client_write_rate),
+                "--trusted-proxies=127.0.0.1".to_owned(),
+            ]);
+            fair_share_args = owned;
+            &fair_share_args
+        }
+        _ => stack_args,
+    };
     // A missing environment or binary is one line that says what to run, before anything starts.
     mlscope_tests::preflight(plan.nginx || plan.replicas.is_some())?;
     let starting = progress::spinner(plan.describe());
@@ -132,6 +149,7 @@ pub fn run(cli: &Cli, command_line: &str) -> anyhow::Result<Report> {
             Command::Fleet(args) => fleet::run(args, stack.clone(), command_line).await,
             Command::K6LogBatch(args) => workload::k6::run(args, &stack, command_line).await,
             Command::ClientFleet(args) => workload::client::run(args, &stack, command_line).await,
+            Command::FairShare(args) => fairshare::run(args, &stack, command_line).await,
             Command::Rewrite(_) => unreachable!("rewrite returned above"),
         }
     })

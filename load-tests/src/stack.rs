@@ -292,6 +292,11 @@ impl BenchStack {
         targets
     }
 
+    /// MLflow itself (or the stub in its place).
+    pub(crate) fn upstream_url(&self) -> &str {
+        &self.upstream_url
+    }
+
     pub(crate) fn target(&self, kind: TargetKind) -> Option<Target> {
         self.targets().into_iter().find(|t| t.kind == kind)
     }

@@ -148,8 +148,8 @@ struct ClientShare {
 }
 
 impl ClientShares {
-    /// A share for `client`, unless more than half of the `total` slots are `in_use` and the
-    /// client holds its quarter already.
+    /// A share for `client`, unless the client holds its quarter already and no more than a
+    /// quarter of the `total` slots is free: the last quarter is kept for clients below theirs.
     fn take(
         self: &Arc<Self>,
         client: std::net::IpAddr,
@@ -158,7 +158,7 @@ impl ClientShares {
     ) -> Option<ClientShare> {
         let mut held = self.held.lock().expect("shares lock");
         let count = held.entry(client).or_insert(0);
-        if *count >= self.per_client && in_use >= total / 2 {
+        if *count >= self.per_client && total - in_use <= total / 4 {
             return None;
         }
         *count += 1;
@@ -694,9 +694,9 @@ impl Gateway {
         }
         let owner = self.check_write(&path, request.headers()).await?;
         let credentials = FailureRecorder::credentials(request.headers());
-        // Once half of the upload slots are taken, a client address that holds a quarter of
-        // them gets no more, so that slow clients cannot take them all; the slots themselves
-        // bound what the gateway holds.
+        // The last quarter of the upload slots is kept for clients that hold less than a quarter
+        // of them, so that slow clients of one address cannot take them all; the slots
+        // themselves bound what the gateway holds.
         let peer = request
             .extensions()
             .get::<axum::extract::ConnectInfo<std::net::SocketAddr>>()

@@ -322,8 +322,8 @@ struct Cli {
     #[arg(long, env = "MLSCOPE_MAX_INSPECT_TOTAL", value_parser = parse_size, value_name = "SIZE")]
     max_inspect_total: Option<usize>,
     /// How long a metrics body may take to arrive whole; a slower one gets 408 and frees what it
-    /// held of --max-inspect-total (which bodies are charged as bytes arrive, a quarter at most
-    /// per client address) [default: 60s].
+    /// held of --max-inspect-total (which bodies are charged as bytes arrive; its last quarter is
+    /// kept for clients holding less than a quarter) [default: 60s].
     #[arg(long, env = "MLSCOPE_INSPECT_BODY_DEADLINE", value_parser = parse_duration, value_name = "DURATION")]
     inspect_body_deadline: Option<Duration>,
     /// How long a metric-only log-batch or log-metric waits for others to the same run (same

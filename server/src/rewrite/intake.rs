@@ -3,10 +3,10 @@
 //! Every inspected body is held in memory until it is forwarded, so all of them together share
 //! one budget (`--max-inspect-total`). A body is charged for the bytes it has sent so far, not
 //! for what its `Content-Length` declares: a client that declares 16 MiB and trickles one byte
-//! every few seconds holds a few bytes, not 16 MiB of everyone's budget. Once more than half of
-//! the budget is held, a client (its address, see `crate::client`) that holds a quarter of it
-//! (at least one whole body) gets no more, however many connections it opens, so the rest stays
-//! for others; and a
+//! every few seconds holds a few bytes, not 16 MiB of everyone's budget. The last quarter of the
+//! budget is kept for clients that hold less than a quarter of it (at least one whole body): a
+//! client (its address, see `crate::client`) beyond that gets no more of the last quarter,
+//! however many connections it opens; and a
 //! body must arrive whole within `--inspect-body-deadline`: slow bodies cannot keep what they
 //! hold for long either.
 
@@ -121,8 +121,9 @@ impl Charge {
         {
             let intake = &self.intake;
             let share = intake.share_kib;
-            let in_use = intake.total_kib - intake.budget.available_permits();
-            let pressed = in_use + more > intake.total_kib / 2;
+            // The last quarter of the budget is kept for clients below their share.
+            let free_after = intake.budget.available_permits().saturating_sub(more);
+            let pressed = free_after < intake.total_kib / 4;
             let mut held = intake.held.lock().expect("intake lock");
             let client = held.entry(self.client).or_insert(0);
             if pressed && *client + more > share {
@@ -250,11 +251,11 @@ mod tests {
                     .await
             }
         };
-        // Below half the budget a client may hold more than its quarter.
-        let (_, first) = read(ONE, 10 << 10).await.unwrap();
-        let (_, second) = read(ONE, 10 << 10).await.unwrap();
+        // Above the last quarter a client may hold more than its quarter.
+        let (_, first) = read(ONE, 20 << 10).await.unwrap();
+        let (_, second) = read(ONE, 20 << 10).await.unwrap();
         let (_, _other) = read(TWO, 8 << 10).await.unwrap();
-        // Past half, a client beyond its quarter gets no more; another client does.
+        // The last quarter is for others: a client beyond its quarter gets none of it.
         assert!(matches!(
             read(ONE, 7 << 10).await,
             Err(IntakeError::ClientShare { .. })

@@ -678,8 +678,9 @@ async fn trickling_bodies_do_not_starve_other_clients_and_time_out() {
 }
 
 /// Slow artifact uploads cannot take every upload slot (before: as many slow PUTs as
-/// --artifact-max-concurrent-uploads blocked every upload with 503). Once half the slots are
-/// taken, a client that holds a quarter gets 429 for more; another client still uploads. The
+/// --artifact-max-concurrent-uploads blocked every upload with 503). The last quarter of the
+/// slots is kept for clients below their quarter: the slow client gets 429 for it, another
+/// client still uploads. The
 /// clients are told apart by the X-Forwarded-For of a trusted gateway (here, the test itself).
 #[tokio::test]
 async fn slow_uploads_of_one_client_leave_upload_slots_for_others() {
@@ -725,8 +726,8 @@ async fn slow_uploads_of_one_client_leave_upload_slots_for_others() {
     }
     assert_eq!(
         (slow.len(), refused),
-        (4, 4),
-        "the slow client holds half the slots at most"
+        (6, 2),
+        "the last quarter of the slots is kept for other clients"
     );
     let response = http()
         .put(format!(

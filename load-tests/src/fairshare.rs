@@ -1,0 +1,325 @@
+//! `fair-share`: one client flooding MLflow with writes (many concurrent writers, each into its
+//! own run, a tag and 100 metrics per batch, no pause) while well-behaved clients write a few
+//! times a second, straight to MLflow and through mlscope-proxy with a per-client write share
+//! (`--client-write-rate`). Reported per target: the calm clients' success and p99 latency under
+//! the flood against their p99 alone, what the flood got, and whether every acknowledged sample
+//! is stored (counted back from MLflow).
+//!
+//! Clients are told apart by `X-Forwarded-For` (the proxy trusts loopback here); MLflow ignores
+//! the header, so straight to MLflow the flood is not told apart at all.
+
+use std::time::{Duration, Instant};
+
+use hdrhistogram::Histogram;
+use serde_json::{json, Value};
+
+use crate::cli::FairShareArgs;
+use crate::markdown::{command_block, Align, Table};
+use crate::stack::{BenchStack, Target, TargetKind};
+use crate::Report;
+
+const FLOOD_CLIENT: &str = "203.0.113.9";
+/// Metrics per flood batch, as the workload.
+const FLOOD_METRICS: usize = 100;
+/// Longest a single request may take before it counts as failed.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// What the calm clients saw in one phase.
+#[derive(Default)]
+struct Calm {
+    sent: u64,
+    ok: u64,
+    latency: Option<Histogram<u64>>,
+}
+
+impl Calm {
+    fn p99_ms(&self) -> f64 {
+        self.latency
+            .as_ref()
+            .map_or(0.0, |h| h.value_at_quantile(0.99) as f64 / 1e3)
+    }
+}
+
+struct Outcome {
+    target: Target,
+    alone: Calm,
+    loaded: Calm,
+    flood_ok: u64,
+    flood_refused: u64,
+    flood_failed: u64,
+    acknowledged: u64,
+    stored: u64,
+}
+
+pub(crate) async fn run(
+    args: &FairShareArgs,
+    stack: &BenchStack,
+    command_line: &str,
+) -> anyhow::Result<Report> {
+    let mut outcomes = Vec::new();
+    for kind in [TargetKind::Direct, TargetKind::Proxy] {
+        let target = stack
+            .target(kind)
+            .ok_or_else(|| anyhow::anyhow!("no {kind} target"))?;
+        eprintln!("fair-share: {} alone, then under the flood", kind.label());
+        outcomes.push(one_target(args, stack, target).await?);
+    }
+    let mut table = Table::new(&[
+        ("target", Align::Left),
+        ("calm writes ok (under flood)", Align::Right),
+        ("calm p99 alone → under flood", Align::Right),
+        ("ratio", Align::Right),
+        ("flood batches: ok / 429 / failed", Align::Right),
+        ("acknowledged samples stored", Align::Right),
+    ]);
+    let mut problems = Vec::new();
+    for o in &outcomes {
+        let ratio = o.loaded.p99_ms() / o.alone.p99_ms().max(0.001);
+        table.row(vec![
+            o.target.kind.label().to_owned(),
+            format!(
+                "{} / {} ({:.1} %)",
+                o.loaded.ok,
+                o.loaded.sent,
+                100.0 * o.loaded.ok as f64 / o.loaded.sent.max(1) as f64
+            ),
+            format!("{:.1} → {:.1} ms", o.alone.p99_ms(), o.loaded.p99_ms()),
+            format!("{ratio:.2}×"),
+            format!("{} / {} / {}", o.flood_ok, o.flood_refused, o.flood_failed),
+            format!("{} / {}", o.stored, o.acknowledged),
+        ]);
+        if o.stored != o.acknowledged {
+            problems.push(format!(
+                "{}: {} samples acknowledged, {} stored",
+                o.target.kind.label(),
+                o.acknowledged,
+                o.stored
+            ));
+        }
+    }
+    let markdown = format!(
+        "## One client flooding writes, ten calm ones (fair-share)\n\n{} flood writers of one client (each into its own run, a tag and {FLOOD_METRICS} metrics per log-batch, no pause) and {} calm clients writing a one-metric log-batch {} times a second each, for {:?}; the calm clients' p99 alone was measured first, for {:?}. Through mlscope-proxy with `--client-write-rate {}`; clients told apart by `X-Forwarded-For` (trusted from loopback). \"Stored\": samples counted back from MLflow for every write answered 200.\n\n{}\n{}",
+        args.flood_writers,
+        args.calm_clients,
+        args.calm_rate,
+        args.duration,
+        args.alone,
+        args.client_write_rate,
+        table.render(),
+        command_block(command_line)
+    );
+    Ok(Report { markdown, problems })
+}
+
+async fn one_target(
+    args: &FairShareArgs,
+    stack: &BenchStack,
+    target: Target,
+) -> anyhow::Result<Outcome> {
+    let mlflow = stack.upstream_url();
+    let client = crate::http::client(args.flood_writers + args.calm_clients + 4)?;
+    let experiment = create(&client, mlflow, "experiments/create", json!({"name": format!("fair-share-{}-{}", target.kind.slug(), uuid::Uuid::new_v4().simple())}))
+        .await?["experiment_id"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    let new_run = |client: reqwest::Client, experiment: String| async move {
+        create(
+            &client,
+            mlflow,
+            "runs/create",
+            json!({"experiment_id": experiment, "start_time": now_ms()}),
+        )
+        .await
+        .map(|run| {
+            run["run"]["info"]["run_id"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned()
+        })
+    };
+    let mut calm_runs = Vec::new();
+    for _ in 0..args.calm_clients {
+        calm_runs.push(new_run(client.clone(), experiment.clone()).await?);
+    }
+    let mut flood_runs = Vec::new();
+    for _ in 0..args.flood_writers {
+        flood_runs.push(new_run(client.clone(), experiment.clone()).await?);
+    }
+    let url = format!("{}/api/2.0/mlflow/runs/log-batch", target.base_url);
+
+    // The calm clients alone, then under the flood; steps continue across both phases.
+    let alone = calm_phase(&client, &url, &calm_runs, args, args.alone, 0).await;
+    let stop = Instant::now() + args.duration;
+    let flood = futures_util::future::join_all(flood_runs.iter().map(|run| {
+        let (client, url, run) = (client.clone(), url.clone(), run.clone());
+        async move {
+            let (mut ok, mut refused, mut failed) = (0u64, 0u64, 0u64);
+            let mut batch = 0i64;
+            while Instant::now() < stop {
+                let metrics: Vec<Value> = (0..FLOOD_METRICS as i64)
+                    .map(|j| json!({"key": "flood", "value": j as f64, "timestamp": now_ms(), "step": batch * FLOOD_METRICS as i64 + j}))
+                    .collect();
+                let body = json!({"run_id": run, "metrics": metrics, "tags": [{"key": "batch", "value": batch.to_string()}]});
+                match send(&client, &url, FLOOD_CLIENT, &body).await {
+                    Some(200) => {
+                        ok += 1;
+                        batch += 1;
+                    }
+                    Some(429) => {
+                        refused += 1;
+                        // Straight back, as a hostile client would: no backoff.
+                    }
+                    _ => failed += 1,
+                }
+            }
+            (ok, refused, failed)
+        }
+    }));
+    let steps_before = (args.alone.as_secs_f64() * args.calm_rate as f64).ceil() as i64 + 1;
+    let calm = calm_phase(&client, &url, &calm_runs, args, args.duration, steps_before);
+    let (flood, loaded) = tokio::join!(flood, calm);
+    let (flood_ok, flood_refused, flood_failed) = flood
+        .iter()
+        .fold((0, 0, 0), |a, b| (a.0 + b.0, a.1 + b.1, a.2 + b.2));
+
+    // Acknowledged means stored: count back every run's samples.
+    let acknowledged = flood_ok * FLOOD_METRICS as u64 + alone.ok + loaded.ok;
+    let mut stored = 0u64;
+    for run in &flood_runs {
+        stored += count(&client, mlflow, run, "flood").await?;
+    }
+    for run in &calm_runs {
+        stored += count(&client, mlflow, run, "calm").await?;
+    }
+    Ok(Outcome {
+        target,
+        alone,
+        loaded,
+        flood_ok,
+        flood_refused,
+        flood_failed,
+        acknowledged,
+        stored,
+    })
+}
+
+/// The calm clients, each writing one metric `calm_rate` times a second for `duration`, from
+/// step `first_step`.
+async fn calm_phase(
+    client: &reqwest::Client,
+    url: &str,
+    runs: &[String],
+    args: &FairShareArgs,
+    duration: Duration,
+    first_step: i64,
+) -> Calm {
+    let interval = Duration::from_secs_f64(1.0 / args.calm_rate as f64);
+    let results = futures_util::future::join_all(runs.iter().enumerate().map(|(i, run)| {
+        let address = format!("198.51.100.{}", i + 1);
+        async move {
+            let mut latencies = Vec::new();
+            let mut sent = 0u64;
+            let end = Instant::now() + duration;
+            let mut step = first_step;
+            let mut next = Instant::now();
+            while next < end {
+                tokio::time::sleep_until(next.into()).await;
+                next += interval;
+                let body = json!({"run_id": run, "metrics": [{"key": "calm", "value": 1.0, "timestamp": now_ms(), "step": step}]});
+                step += 1;
+                sent += 1;
+                let started = Instant::now();
+                if send(client, url, &address, &body).await == Some(200) {
+                    latencies.push(started.elapsed());
+                }
+            }
+            (sent, latencies)
+        }
+    }))
+    .await;
+    let mut calm = Calm::default();
+    let mut histogram = Histogram::<u64>::new(3).expect("a histogram");
+    for (sent, latencies) in results {
+        calm.sent += sent;
+        calm.ok += latencies.len() as u64;
+        for latency in latencies {
+            let _ = histogram.record(latency.as_micros() as u64);
+        }
+    }
+    calm.latency = Some(histogram);
+    calm
+}
+
+/// POSTs `body` as client `address`; the status, `None` when no answer came.
+async fn send(client: &reqwest::Client, url: &str, address: &str, body: &Value) -> Option<u16> {
+    let response = client
+        .post(url)
+        .header("x-forwarded-for", address)
+        .json(body)
+        .timeout(REQUEST_TIMEOUT)
+        .send()
+        .await
+        .ok()?;
+    let status = response.status().as_u16();
+    let _ = response.bytes().await;
+    Some(status)
+}
+
+async fn create(
+    client: &reqwest::Client,
+    mlflow: &str,
+    path: &str,
+    body: Value,
+) -> anyhow::Result<Value> {
+    let response = client
+        .post(format!("{mlflow}/api/2.0/mlflow/{path}"))
+        .json(&body)
+        .send()
+        .await?;
+    anyhow::ensure!(
+        response.status().is_success(),
+        "{path}: {}",
+        response.status()
+    );
+    Ok(response.json().await?)
+}
+
+/// Samples of `key` MLflow stores for `run`, every page.
+async fn count(
+    client: &reqwest::Client,
+    mlflow: &str,
+    run: &str,
+    key: &str,
+) -> anyhow::Result<u64> {
+    let mut total = 0u64;
+    let mut token: Option<String> = None;
+    loop {
+        let mut query = vec![
+            ("run_id", run.to_owned()),
+            ("metric_key", key.to_owned()),
+            ("max_results", "25000".to_owned()),
+        ];
+        if let Some(token) = &token {
+            query.push(("page_token", token.clone()));
+        }
+        let page: Value = client
+            .get(format!("{mlflow}/api/2.0/mlflow/metrics/get-history"))
+            .query(&query)
+            .send()
+            .await?
+            .json()
+            .await?;
+        total += page["metrics"].as_array().map_or(0, |m| m.len() as u64);
+        match page["next_page_token"].as_str() {
+            Some(next) if !next.is_empty() => token = Some(next.to_owned()),
+            _ => return Ok(total),
+        }
+    }
+}
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
+}
