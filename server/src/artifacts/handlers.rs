@@ -713,7 +713,7 @@ impl Gateway {
             let mut answer = mlflow_error(
                 StatusCode::TOO_MANY_REQUESTS,
                 "REQUEST_LIMIT_EXCEEDED",
-                &format!("this client has {} artifact uploads in progress, the most one client may have at once; retry with backoff.", self.upload_shares.per_client),
+                &format!("this client has {} or more artifact uploads in progress, the most one client may have while the upload slots are nearly all taken; retry with backoff.", self.upload_shares.per_client),
             );
             answer.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
             answer

@@ -51,8 +51,8 @@ pub struct ScopeConfig {
     /// Largest body read for inspection; larger ones get 413.
     pub max_inspect_bytes: usize,
     /// Bytes all bodies being inspected at once may hold together, charged as they arrive; a
-    /// request that would pass it gets 503 and is retried by the client. One client (source
-    /// address) may hold a quarter of it.
+    /// request that would pass it gets 503 and is retried by the client. Its last quarter is kept
+    /// for clients that hold less than a quarter of it.
     pub max_inspect_total: usize,
     /// How long a body under inspection may take to arrive whole.
     pub inspect_deadline: Duration,
@@ -300,7 +300,7 @@ impl MetricsRewriter {
                     StatusCode::TOO_MANY_REQUESTS,
                     "REQUEST_LIMIT_EXCEEDED",
                     &format!(
-                        "this client's metrics bodies under inspection hold {held} of the {share} bytes one client may hold at once; send fewer at a time and retry with backoff."
+                        "this client's metrics bodies under inspection hold {held} bytes, more than the {share} one client may hold while the budget is nearly full; send fewer at a time and retry with backoff."
                     ),
                 );
                 answer

@@ -107,20 +107,21 @@ impl RunStats {
         let runs = self.runs.lock().expect("run stats lock");
         let empty = RunEntry::default();
         let run = runs.get(run_id).unwrap_or(&empty);
-        let known_nodes = run.nodes();
-        let mut new_identities = BTreeSet::new();
-        let mut new_nodes = BTreeSet::new();
-        for identity in identities {
-            let key = (identity.node.clone(), identity.rank);
-            if !run.identities.contains_key(&key) {
-                if let Some(node) = identity.node.as_deref() {
-                    if !known_nodes.contains(node) {
-                        new_nodes.insert(node.to_owned());
-                    }
-                }
-                new_identities.insert(key);
-            }
+        let new_identities: BTreeSet<(Option<String>, Option<u32>)> = identities
+            .into_iter()
+            .map(|identity| (identity.node.clone(), identity.rank))
+            .filter(|key| !run.identities.contains_key(key))
+            .collect();
+        // A steady fleet sends identities its run has: nothing more to count.
+        if new_identities.is_empty() {
+            return Ok(());
         }
+        let known_nodes = run.nodes();
+        let new_nodes: BTreeSet<&str> = new_identities
+            .iter()
+            .filter_map(|(node, _)| node.as_deref())
+            .filter(|node| !known_nodes.contains(node))
+            .collect();
         let had = run.identities.len();
         if had + new_identities.len() > MAX_IDENTITIES_PER_RUN {
             return Err(CapExceeded::Ranks {

@@ -283,6 +283,15 @@ async fn send(base: &str, root: &str, op: Op, client: Client, workspace: Option<
 }
 
 fn clients() -> Vec<Client> {
+    clients_of("manager", USERS.iter().map(|(name, _)| *name))
+}
+
+/// MLflow's admin, an anonymous client, `wrong_password_user` with a wrong password, and
+/// `users` with the test's password.
+fn clients_of(
+    wrong_password_user: &'static str,
+    users: impl Iterator<Item = &'static str>,
+) -> Vec<Client> {
     let mut clients = vec![
         ADMIN,
         Client {
@@ -290,11 +299,11 @@ fn clients() -> Vec<Client> {
             password: None,
         },
         Client {
-            name: "manager",
+            name: wrong_password_user,
             password: Some("wrong-password"),
         },
     ];
-    clients.extend(USERS.iter().map(|(name, _)| Client {
+    clients.extend(users.map(|name| Client {
         name,
         password: Some(PASSWORD),
     }));
@@ -712,22 +721,7 @@ const WORKSPACE_USERS: [(&str, WorkspaceGrant); 7] = [
 ];
 
 fn workspace_clients() -> Vec<Client> {
-    let mut clients = vec![
-        ADMIN,
-        Client {
-            name: "anonymous",
-            password: None,
-        },
-        Client {
-            name: "a-admin",
-            password: Some("wrong-password"),
-        },
-    ];
-    clients.extend(WORKSPACE_USERS.iter().map(|(name, _)| Client {
-        name,
-        password: Some(PASSWORD),
-    }));
-    clients
+    clients_of("a-admin", WORKSPACE_USERS.iter().map(|(name, _)| *name))
 }
 
 /// An admin call to MLflow in `workspace` that must succeed (or find the thing already there).

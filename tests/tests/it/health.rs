@@ -593,10 +593,11 @@ async fn forged_ends_do_not_end_a_live_run_and_plain_writes_are_signs_of_life() 
         200
     );
 
-    let started = Instant::now();
     let mut step = 0;
     let mut forged_by_rank_0 = None;
-    while started.elapsed() < Duration::from_secs(16) {
+    // Samples go on until rank 0's own samples have come for longer than the supersede window
+    // (10 s) after its forged end.
+    while forged_by_rank_0.is_none_or(|at: Instant| at.elapsed() < Duration::from_secs(12)) {
         step += 1;
         for rank in [0, 1] {
             let key = format!("system/node-f/rank-{rank}/cpu_utilization_percentage");
@@ -638,7 +639,6 @@ async fn forged_ends_do_not_end_a_live_run_and_plain_writes_are_signs_of_life() 
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
-    assert!(forged_by_rank_0.unwrap().elapsed() > Duration::from_secs(11));
     for run in [&ranked, &writing] {
         assert_eq!(status(&get_run(mlflow, run).await), "RUNNING", "{run}");
     }

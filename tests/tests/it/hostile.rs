@@ -74,16 +74,20 @@ async fn an_overlong_upload_id_is_a_400_not_a_closed_connection() {
             h.proxy.url
         )
     };
+    // Overlong, and with path separators (before: 502, which the client retried for minutes).
     let long_id = "A".repeat(70_000);
-    for op in ["abort", "complete"] {
-        let body = json!({ "path": "big.bin", "upload_id": long_id, "parts": [{ "part_number": 1, "etag": "x" }] });
-        let (status, code) =
-            error_code(http().post(url(op)).json(&body).send().await.unwrap()).await;
-        assert_eq!(
-            (status, code.as_str()),
-            (StatusCode::BAD_REQUEST, "INVALID_PARAMETER_VALUE"),
-            "mpu/{op}"
-        );
+    for made_up in [long_id.as_str(), "a/b", "../x", "a\\b", "bm90/LWFu\\LXVw"] {
+        for op in ["abort", "complete"] {
+            let body = json!({ "path": "big.bin", "upload_id": made_up, "parts": [{ "part_number": 1, "etag": "x" }] });
+            let (status, code) =
+                error_code(http().post(url(op)).json(&body).send().await.unwrap()).await;
+            assert_eq!(
+                (status, code.as_str()),
+                (StatusCode::BAD_REQUEST, "INVALID_PARAMETER_VALUE"),
+                "mpu/{op} with upload id {:.40?}",
+                made_up
+            );
+        }
     }
     // A made-up but well-formed id is the client's mistake too: 404, not a retryable 5xx.
     let body = json!({ "path": "big.bin", "upload_id": "bm90LWFuLXVwbG9hZA", "parts": [{ "part_number": 1, "etag": "x" }] });
@@ -100,19 +104,6 @@ async fn an_overlong_upload_id_is_a_400_not_a_closed_connection() {
         status.is_client_error(),
         "made-up upload id: {status} {code}"
     );
-    // Path separators in an upload id (before: 502, which the client retried for minutes).
-    for made_up in ["a/b", "../x", "a\\b", "bm90/LWFu\\LXVw"] {
-        for op in ["abort", "complete"] {
-            let body = json!({ "path": "big.bin", "upload_id": made_up, "parts": [{ "part_number": 1, "etag": "x" }] });
-            let (status, code) =
-                error_code(http().post(url(op)).json(&body).send().await.unwrap()).await;
-            assert_eq!(
-                (status, code.as_str()),
-                (StatusCode::BAD_REQUEST, "INVALID_PARAMETER_VALUE"),
-                "mpu/{op} with upload id {made_up:?}"
-            );
-        }
-    }
     let body = json!({ "path": "big.bin", "upload_id": "x", "parts": [{ "part_number": 4_294_967_297i64, "etag": "x" }] });
     let (status, _) = error_code(
         http()
