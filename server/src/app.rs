@@ -17,7 +17,6 @@ use tokio::net::TcpListener;
 
 use crate::artifacts::{self, legacy_listing};
 use crate::authz::{AuthMode, Authorizer};
-use crate::coalesce;
 use crate::config::Config;
 use crate::layers::{self, ConcurrencyLimit};
 use crate::proxy;
@@ -27,8 +26,8 @@ use crate::state::AppState;
 /// The MLflow-facing route table: the requests mlscope changes, each answered by its capability,
 /// and forwarding to MLflow as the fallback for everything else (methods a route does not take
 /// included). Every route gets the same layers, outermost first: request id, span, log line and
-/// metrics; the concurrency limit; refusal of ambiguous requests; MLflow's browser-protection
-/// headers.
+/// metrics; the concurrency limit (with a quarter kept for reads); refusal of ambiguous requests;
+/// MLflow's browser-protection headers; each client's share of MLflow's writes.
 pub fn app(state: AppState, max_in_flight: usize) -> Router {
     let mut writes = Router::new();
     // System-metric scoping and node deduplication.
@@ -42,19 +41,12 @@ pub fn app(state: AppState, max_in_flight: usize) -> Router {
                 &format!("{prefix}/runs/log-metric"),
                 post(rewrite::log_metric),
             )
-            // Write coalescing: params and tags join their run's queue.
+            // Write coalescing: params and tags join their run's queue (and are signs of life).
             .route(
                 &format!("{prefix}/runs/log-parameter"),
-                post(coalesce::write),
+                post(rewrite::log_pair),
             )
-            .route(&format!("{prefix}/runs/set-tag"), post(coalesce::write));
-    }
-    // Each client's share of MLflow's writes, when set.
-    if let Some(share) = &state.fair_share {
-        writes = writes.route_layer(middleware::from_fn_with_state(
-            share.clone(),
-            crate::fairshare::admit,
-        ));
+            .route(&format!("{prefix}/runs/set-tag"), post(rewrite::log_pair));
     }
     let mut router = Router::new().merge(writes);
     match &state.artifacts {
@@ -75,6 +67,13 @@ pub fn app(state: AppState, max_in_flight: usize) -> Router {
         router = router.layer(middleware::from_fn_with_state(
             authz.mode().clone(),
             watch_unauthorized,
+        ));
+    }
+    // Each client's share of MLflow's writes, on every route (reads count as activity).
+    if let Some(share) = &state.fair_share {
+        router = router.layer(middleware::from_fn_with_state(
+            share.clone(),
+            crate::fairshare::admit,
         ));
     }
     let limit = ConcurrencyLimit::new(max_in_flight, state.metrics.clone());

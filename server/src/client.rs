@@ -1,12 +1,47 @@
 //! Which client a request comes from, for the limits one client may hold (bodies under
-//! inspection, upload slots): its source address, or, when that is a trusted gateway in front of
-//! the proxy (`--trusted-proxies`), the address the gateway says it served (`X-Forwarded-For`,
-//! read from the right, skipping trusted hops). Without trusted proxies a client cannot claim
-//! another address: the header is ignored.
+//! inspection, upload slots, its share of MLflow's writes): its source address, or, when that is
+//! a trusted gateway in front of the proxy (`--trusted-proxies`), the address the gateway says it
+//! served (`X-Forwarded-For`, read from the right, skipping trusted hops). Without trusted
+//! proxies a client cannot claim another address: the header is ignored. For the write share a
+//! client is first its credential ([`Credential`]).
 
 use std::net::IpAddr;
 
-use http::HeaderMap;
+use http::{header, HeaderMap};
+use sha2::{Digest, Sha256};
+
+/// The credential a request carries in `Authorization` (Basic or Bearer), as a digest of the whole
+/// header value, with the user name of a Basic credential. Two requests with the same user and
+/// another password are two credentials: a client that does not know a user's password cannot
+/// spend that user's share.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Credential {
+    pub user: Option<Box<str>>,
+    pub digest: [u8; 16],
+}
+
+impl Credential {
+    /// `None` without an `Authorization` header of scheme Basic or Bearer.
+    pub fn of(headers: &HeaderMap) -> Option<Credential> {
+        let value = headers.get(header::AUTHORIZATION)?.to_str().ok()?.trim();
+        let (scheme, rest) = value.split_once(' ')?;
+        let user = if scheme.eq_ignore_ascii_case("basic") {
+            use base64::Engine as _;
+            let raw = base64::engine::general_purpose::STANDARD
+                .decode(rest.trim())
+                .ok()?;
+            let text = String::from_utf8(raw).ok()?;
+            Some(text.split_once(':')?.0.into())
+        } else if scheme.eq_ignore_ascii_case("bearer") {
+            None
+        } else {
+            return None;
+        };
+        let mut digest = [0u8; 16];
+        digest.copy_from_slice(&Sha256::digest(value.as_bytes())[..16]);
+        Some(Credential { user, digest })
+    }
+}
 
 /// A set of networks, `address/prefix-length`.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

@@ -67,10 +67,12 @@ pub async fn observe(State(metrics): State<Metrics>, mut request: Request, next:
 /// The one concurrency limit of everything the proxy does: forwarded requests, inspected metric
 /// bodies and every gateway operation. A request over the limit is answered 503 with
 /// `Retry-After` at once (the MLflow client retries it); a request counts until its response
-/// body has been sent.
+/// body has been sent. Writes may hold three quarters of it: the last quarter is kept for reads,
+/// so the UI answers while writers take everything else.
 #[derive(Clone)]
 pub struct ConcurrencyLimit {
     permits: std::sync::Arc<Semaphore>,
+    write_permits: std::sync::Arc<Semaphore>,
     limit: usize,
     metrics: Metrics,
 }
@@ -79,6 +81,7 @@ impl ConcurrencyLimit {
     pub fn new(limit: usize, metrics: Metrics) -> Self {
         Self {
             permits: std::sync::Arc::new(Semaphore::new(limit)),
+            write_permits: std::sync::Arc::new(Semaphore::new((limit * 3 / 4).max(1))),
             limit,
             metrics,
         }
@@ -90,25 +93,35 @@ pub async fn limit_concurrency(
     request: Request,
     next: Next,
 ) -> Response {
+    let write_permit = if crate::proxy::is_write(request.method(), request.uri().path()) {
+        match limit.write_permits.clone().try_acquire_owned() {
+            Ok(permit) => Some(permit),
+            Err(_) => return limit.refuse(),
+        }
+    } else {
+        None
+    };
     let Ok(permit) = limit.permits.clone().try_acquire_owned() else {
-        tracing::warn!(
-            limit = limit.limit,
-            "concurrency limit reached; answered 503"
-        );
-        let error = crate::error::ProxyError::Overloaded { limit: limit.limit };
+        return limit.refuse();
+    };
+    let guard = InFlight::new(&limit.metrics, permit, write_permit);
+    let response = next.run(request).await;
+    let (parts, body) = response.into_parts();
+    Response::from_parts(parts, Body::new(Guarded::new(body, Box::new(guard))))
+}
+
+impl ConcurrencyLimit {
+    fn refuse(&self) -> Response {
+        tracing::warn!(limit = self.limit, "concurrency limit reached; answered 503");
+        let error = crate::error::ProxyError::Overloaded { limit: self.limit };
         if let Some(kind) = error.kind() {
-            limit
-                .metrics
+            self.metrics
                 .upstream_errors
                 .get_or_create(&ErrorLabels { kind })
                 .inc();
         }
-        return error.into_response();
-    };
-    let guard = InFlight::new(&limit.metrics, permit);
-    let response = next.run(request).await;
-    let (parts, body) = response.into_parts();
-    Response::from_parts(parts, Body::new(Guarded::new(body, Box::new(guard))))
+        error.into_response()
+    }
 }
 
 /// Counts a request as in flight from the moment it gets a permit until its response body is
@@ -116,14 +129,20 @@ pub async fn limit_concurrency(
 struct InFlight {
     metrics: Metrics,
     _permit: OwnedSemaphorePermit,
+    _write_permit: Option<OwnedSemaphorePermit>,
 }
 
 impl InFlight {
-    fn new(metrics: &Metrics, permit: OwnedSemaphorePermit) -> Self {
+    fn new(
+        metrics: &Metrics,
+        permit: OwnedSemaphorePermit,
+        write_permit: Option<OwnedSemaphorePermit>,
+    ) -> Self {
         metrics.in_flight.inc();
         Self {
             metrics: metrics.clone(),
             _permit: permit,
+            _write_permit: write_permit,
         }
     }
 }

@@ -101,7 +101,7 @@ impl AppState {
             None => None,
         };
         let fair_share = crate::fairshare::FairShare::new(
-            config.client_write_rate,
+            &config.fair_share,
             config.trusted_proxies.clone(),
             metrics.clone(),
         );

@@ -124,7 +124,7 @@ pub struct Metrics {
     elections: Family<ReasonLabels, Counter>,
     bodies_passed_through: Family<ReasonLabels, Counter>,
     bodies_rejected: Family<ReasonLabels, Counter>,
-    fair_share: Family<OutcomeLabels, Counter>,
+    fair_share: FairShareMetrics,
     coalesce: CoalesceMetrics,
     health: HealthMetrics,
     store_up: Gauge,
@@ -152,6 +152,30 @@ pub struct RunLabels {
 pub struct JudgedLabels {
     pub outcome: &'static str,
     pub action: &'static str,
+}
+
+/// Each client's share of MLflow's writes: what was admitted and refused (and why), per team
+/// named in the configuration, and the learned limit on writes at MLflow at once.
+#[derive(Clone)]
+struct FairShareMetrics {
+    writes: Family<ShareLabels, Counter>,
+    team_writes: Family<TeamLabels, Counter>,
+    write_limit: Gauge,
+    writes_at_mlflow: Gauge,
+}
+
+/// `reason` is `none` for admitted writes, else one of a fixed set (see `crate::fairshare`).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ShareLabels {
+    pub outcome: &'static str,
+    pub reason: &'static str,
+}
+
+/// `team` is a name from the configuration file: the label set is bounded by it.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TeamLabels {
+    pub team: String,
+    pub outcome: &'static str,
 }
 
 /// Write coalescing: what was merged, how much, after how long, and what was turned away.
@@ -267,11 +291,31 @@ impl Metrics {
             "Metrics requests the proxy refused, by reason",
             bodies_rejected.clone(),
         );
-        let fair_share = Family::<OutcomeLabels, Counter>::default();
+        let fair_share = FairShareMetrics {
+            writes: Family::default(),
+            team_writes: Family::default(),
+            write_limit: Gauge::default(),
+            writes_at_mlflow: Gauge::default(),
+        };
         registry.register(
             "fair_share_writes",
-            "Writes the per-client share admitted or refused (429), by outcome",
-            fair_share.clone(),
+            "Writes to MLflow admitted or refused (429) by the per-client share, by outcome and reason (client_rate, client_samples, team_rate, team_samples, saturation)",
+            fair_share.writes.clone(),
+        );
+        registry.register(
+            "fair_share_team_writes",
+            "Writes of the members of each team of the configuration, admitted or refused",
+            fair_share.team_writes.clone(),
+        );
+        registry.register(
+            "fair_share_write_limit",
+            "Writes allowed at MLflow at once before the heaviest client is refused, learned from MLflow's latency",
+            fair_share.write_limit.clone(),
+        );
+        registry.register(
+            "fair_share_writes_at_mlflow",
+            "Writes admitted by the share and not yet answered",
+            fair_share.writes_at_mlflow.clone(),
         );
         let coalesce = CoalesceMetrics {
             batches: Family::default(),
@@ -418,10 +462,28 @@ impl Metrics {
             .inc();
     }
 
-    pub fn fair_share(&self, outcome: &'static str) {
+    /// A write admitted (`reason` `none`) or refused by the share; `team` when its client is a
+    /// member of one.
+    pub fn fair_share(&self, outcome: &'static str, reason: &'static str, team: Option<&str>) {
         self.fair_share
-            .get_or_create(&OutcomeLabels { outcome })
+            .writes
+            .get_or_create(&ShareLabels { outcome, reason })
             .inc();
+        if let Some(team) = team {
+            self.fair_share
+                .team_writes
+                .get_or_create(&TeamLabels {
+                    team: team.to_owned(),
+                    outcome,
+                })
+                .inc();
+        }
+    }
+
+    /// The learned write limit and the writes at MLflow now.
+    pub fn fair_share_load(&self, limit: usize, at_mlflow: usize) {
+        self.fair_share.write_limit.set(limit as i64);
+        self.fair_share.writes_at_mlflow.set(at_mlflow as i64);
     }
 
     pub fn rejected(&self, reason: &'static str) {

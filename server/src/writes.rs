@@ -43,6 +43,24 @@ pub fn is_valid_run_id(id: &str) -> bool {
         && chars.all(|c| c.is_alphanumeric() || c == '_' || c == '-')
 }
 
+/// The run a write names, as MLflow picks it (`run_id`, else `run_uuid`), when MLflow would take
+/// it as a run id; `None` for a body that is not such an object.
+pub(crate) fn run_of(body: &[u8]) -> Option<String> {
+    #[derive(Deserialize)]
+    struct Target<'a> {
+        #[serde(borrow, default)]
+        run_id: Option<Cow<'a, str>>,
+        #[serde(borrow, default)]
+        run_uuid: Option<Cow<'a, str>>,
+    }
+    let target: Target<'_> = serde_json::from_slice(body).ok()?;
+    let run = target
+        .run_id
+        .filter(|id| !id.is_empty())
+        .or(target.run_uuid)?;
+    is_valid_run_id(&run).then(|| run.into_owned())
+}
+
 /// The endpoints whose writes the coalescer takes, by the path suffix MLflow serves them at.
 const LOG_BATCH: &str = "/runs/log-batch";
 const LOG_METRIC: &str = "/runs/log-metric";
@@ -459,6 +477,16 @@ fn parse_batch(prefix: &str, body: &Bytes, text: &str) -> Result<Mergeable, Alon
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_run_of_a_write_is_its_run_id_else_its_run_uuid() {
+        assert_eq!(run_of(br#"{"run_id": "a1", "key": "k", "value": "v"}"#).as_deref(), Some("a1"));
+        assert_eq!(run_of(br#"{"run_id": "", "run_uuid": "b2"}"#).as_deref(), Some("b2"));
+        assert_eq!(run_of(br#"{"run_uuid": "b2", "run_id": "a1"}"#).as_deref(), Some("a1"));
+        assert_eq!(run_of(br#"{"run_id": "../x"}"#), None);
+        assert_eq!(run_of(br#"{"run_id": "a1", "run_id": "b2"}"#), None);
+        assert_eq!(run_of(b"not json"), None);
+    }
 
     #[test]
     fn run_ids_are_judged_by_mlflows_rule() {

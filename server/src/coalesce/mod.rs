@@ -46,7 +46,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use axum::body::Body;
-use axum::extract::{ConnectInfo, Request, State};
+use axum::extract::Request;
 use axum::response::Response;
 use bytes::Bytes;
 use http::{header, HeaderMap, HeaderValue, Method, StatusCode, Uri};
@@ -155,15 +155,6 @@ impl Original {
         *request.headers_mut() = self.headers.clone();
         request
     }
-}
-
-/// `POST runs/log-param` and `runs/set-tag`: queued with the run's other writes.
-pub async fn write(
-    State(coalescer): State<Coalescer>,
-    ConnectInfo(peer): ConnectInfo<SocketAddr>,
-    request: Request,
-) -> Response {
-    coalescer.submit(request, peer).await
 }
 
 impl Coalescer {

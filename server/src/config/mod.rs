@@ -12,6 +12,7 @@ use serde::Deserialize;
 
 use crate::artifacts::{ArtifactsConfig, Destination, Quirks, WritePolicy};
 use crate::coalesce::CoalesceConfig;
+use crate::fairshare::{FairShareConfig, Team};
 use crate::health::{HealthConfig, ServiceCredential, StaleAction};
 use crate::listen::ListenAddr;
 use crate::rewrite::ScopeConfig;
@@ -156,8 +157,8 @@ pub struct Config {
     pub host_header: HostHeader,
     /// Gateways whose `X-Forwarded-For` names the client, for the limits one client may hold.
     pub trusted_proxies: crate::client::TrustedProxies,
-    /// Writes per second one client may send (burst: two seconds' worth); 0: no limit.
-    pub client_write_rate: f64,
+    /// Each client's share of MLflow's writes.
+    pub fair_share: FairShareConfig,
     pub timeouts: Timeouts,
     /// Requests handled at once; one more is answered 503 at once instead of queueing.
     pub max_in_flight: usize,
@@ -192,7 +193,7 @@ impl Default for Config {
             database_url: "sqlite://mlscope.db".to_owned(),
             host_header: HostHeader::Preserve,
             trusted_proxies: crate::client::TrustedProxies::default(),
-            client_write_rate: 0.0,
+            fair_share: FairShareConfig::default(),
             timeouts: Timeouts {
                 connect: Duration::from_secs(5),
                 response_headers: Duration::from_secs(120),
@@ -251,11 +252,21 @@ struct Cli {
     /// its source address].
     #[arg(long, env = "MLSCOPE_TRUSTED_PROXIES", value_name = "NETWORKS")]
     trusted_proxies: Option<String>,
-    /// Metric, param and tag writes per second one client (its MLflow user, else its address)
-    /// may send, with bursts of two seconds' worth; beyond, 429 with Retry-After, which MLflow's
-    /// client retries; 0 turns the limit off [default: 0].
+    /// Writes to MLflow's tracking API per second one client (its credential once MLflow
+    /// accepted it, else its address) may send, with bursts of two seconds' worth; beyond, 429
+    /// with Retry-After, which MLflow's client retries; 0 turns the limit off [default: 200].
     #[arg(long, env = "MLSCOPE_CLIENT_WRITE_RATE", value_name = "PER_SECOND")]
     client_write_rate: Option<f64>,
+    /// Metrics, params and tags per second one client may write, with bursts of two seconds'
+    /// worth; a batch is charged once answered, so its client's next write waits until the bucket
+    /// has paid for it; 0 turns the limit off [default: 20000].
+    #[arg(long, env = "MLSCOPE_CLIENT_SAMPLE_RATE", value_name = "PER_SECOND")]
+    client_sample_rate: Option<f64>,
+    /// Ceiling of the number of writes at MLflow at once, a limit learned from MLflow's latency:
+    /// once it is reached, the client with the most writes waiting is refused (429) while others
+    /// are active; 0 turns saturation control off [default: 64].
+    #[arg(long, env = "MLSCOPE_MAX_WRITES_AT_MLFLOW", value_name = "N")]
+    max_writes_at_mlflow: Option<usize>,
     /// Upstream TCP connect timeout [default: 5s].
     #[arg(long, env = "MLSCOPE_CONNECT_TIMEOUT", value_parser = parse_duration, value_name = "DURATION")]
     connect_timeout: Option<Duration>,
@@ -490,6 +501,11 @@ struct FileConfig {
     host_header: Option<HostHeader>,
     trusted_proxies: Option<String>,
     client_write_rate: Option<f64>,
+    client_sample_rate: Option<f64>,
+    max_writes_at_mlflow: Option<usize>,
+    /// Per-team quotas (`[[teams]]` tables): only in the file.
+    #[serde(default)]
+    teams: Vec<Team>,
     #[serde(default, with = "humantime_serde")]
     connect_timeout: Option<Duration>,
     #[serde(default, with = "humantime_serde")]
@@ -694,7 +710,9 @@ impl Config {
             coalesce_max_pending => config.coalesce.max_pending_bytes,
             database_url => config.database_url,
             host_header => config.host_header,
-            client_write_rate => config.client_write_rate,
+            client_write_rate => config.fair_share.client_write_rate,
+            client_sample_rate => config.fair_share.client_sample_rate,
+            max_writes_at_mlflow => config.fair_share.max_writes_at_mlflow,
             connect_timeout => config.timeouts.connect,
             response_timeout => config.timeouts.response_headers,
             body_idle_timeout => config.timeouts.body_idle,
@@ -722,6 +740,7 @@ impl Config {
             health_sweep_interval => config.health.sweep_interval,
             health_flush_interval => config.health.flush_interval,
         }
+        config.fair_share.teams = file.teams;
         config.health.credential = match (
             cli.mlflow_service_token,
             cli.mlflow_service_username,
@@ -817,12 +836,7 @@ impl Config {
                 self.scopes.max_inspect_total, self.scopes.max_inspect_bytes
             ));
         }
-        if !(self.client_write_rate >= 0.0 && self.client_write_rate.is_finite()) {
-            return invalid(format!(
-                "client-write-rate must be 0 (off) or a positive number of writes per second, not {}",
-                self.client_write_rate
-            ));
-        }
+        self.fair_share.validate().map_err(ConfigError::Invalid)?;
         if self.scopes.inspect_deadline < Duration::from_secs(1) {
             return invalid(format!(
                 "inspect-body-deadline must be at least 1s (a whole metrics body must arrive within it), not {:?}",

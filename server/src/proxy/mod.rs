@@ -20,7 +20,7 @@ use hyper_util::rt::TokioExecutor;
 
 pub use body::{find_idle_timeout, Direction, Guard, Guarded, IdleTimeoutError, StreamingBody};
 pub use headers::{request_id, strip_hop_by_hop, X_REQUEST_ID};
-pub use route::RouteClass;
+pub use route::{is_write, RouteClass};
 
 use crate::config::{Config, HostHeader, Timeouts, Upstream};
 use crate::error::ProxyError;

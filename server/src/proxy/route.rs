@@ -64,6 +64,28 @@ impl RouteClass {
     }
 }
 
+/// Whether a request changes what MLflow (or the artifact store) holds. A read is `GET`, `HEAD`,
+/// `OPTIONS`, GraphQL (the UI's queries) or one of the tracking API's `POST` reads: searches
+/// (`runs/search`, `logged-models/search`, `traces/search`, ...) and gets (`batch-get`).
+pub fn is_write(method: &http::Method, path: &str) -> bool {
+    if matches!(
+        *method,
+        http::Method::GET | http::Method::HEAD | http::Method::OPTIONS
+    ) {
+        return false;
+    }
+    match RouteClass::of(path) {
+        RouteClass::Graphql | RouteClass::Health | RouteClass::Ui => false,
+        RouteClass::Tracking => {
+            let operation = path.rsplit('/').next().unwrap_or(path);
+            !(operation.starts_with("search")
+                || operation.starts_with("get")
+                || operation.starts_with("batch-get"))
+        }
+        _ => true,
+    }
+}
+
 impl fmt::Display for RouteClass {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.as_str())
@@ -101,6 +123,28 @@ mod tests {
             ("/something/else", Other),
         ] {
             assert_eq!(RouteClass::of(path), class, "{path}");
+        }
+    }
+
+    #[test]
+    fn searches_and_gets_are_reads_even_when_posted() {
+        use http::Method;
+        for (method, path, write) in [
+            (Method::POST, "/api/2.0/mlflow/runs/log-batch", true),
+            (Method::POST, "/api/2.0/mlflow/runs/create", true),
+            (Method::POST, "/api/2.0/mlflow/runs/set-tag", true),
+            (Method::POST, "/v1/traces", true),
+            (Method::PUT, "/api/2.0/mlflow-artifacts/artifacts/0/r/artifacts/a", true),
+            (Method::POST, "/ajax-api/2.0/mlflow/runs/search", false),
+            (Method::POST, "/api/2.0/mlflow/experiments/search", false),
+            (Method::POST, "/api/3.0/mlflow/traces/search", false),
+            (Method::POST, "/ajax-api/2.0/mlflow/experiments/search-datasets", false),
+            (Method::POST, "/api/2.0/mlflow/logged-models/batch-get", false),
+            (Method::POST, "/graphql", false),
+            (Method::GET, "/api/2.0/mlflow/runs/get", false),
+            (Method::DELETE, "/api/2.0/mlflow-artifacts/artifacts/0/r/artifacts/a", true),
+        ] {
+            assert_eq!(is_write(&method, path), write, "{method} {path}");
         }
     }
 }

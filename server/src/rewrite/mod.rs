@@ -22,6 +22,7 @@ use crate::authz::{self, Authorizer};
 use crate::coalesce::Coalescer;
 use crate::dedup::{Decision, DedupConfig, Deduplicator, Event};
 use crate::error::mlflow_error;
+use crate::fairshare::WriteWeight;
 use crate::health::{Beat, Health};
 use crate::proxy::X_REQUEST_ID;
 use crate::telemetry::Metrics;
@@ -180,9 +181,21 @@ impl MetricsRewriter {
     /// Inspects a metrics request. `Ok` is the request to forward (rewritten or as it came);
     /// `Err` is an answer the proxy gives itself.
     pub async fn prepare(&self, request: Request, endpoint: Endpoint) -> Result<Request, Response> {
+        self.prepare_weighed(request, endpoint)
+            .await
+            .map(|(request, _)| request)
+    }
+
+    /// As [`MetricsRewriter::prepare`], with what the request weighs: the metrics, params and
+    /// tags it carries (1 when its body was not read).
+    pub async fn prepare_weighed(
+        &self,
+        request: Request,
+        endpoint: Endpoint,
+    ) -> Result<(Request, usize), Response> {
         if !is_json(request.headers()) {
             self.metrics.passed_through("content_type");
-            return Ok(request);
+            return Ok((request, 1));
         }
         let limit = self.config.max_inspect_bytes;
         let declared = request
@@ -220,14 +233,13 @@ impl MetricsRewriter {
             Err(BodyError::Unreadable(reason)) => {
                 tracing::debug!(reason, "metrics body passed through unread");
                 self.metrics.passed_through("unreadable");
-                return Ok(Request::from_parts(parts, Body::from(bytes)));
+                return Ok((Request::from_parts(parts, Body::from(bytes)), 1));
             }
         };
-        if parsed.metrics.len() > MAX_METRICS
-            || parsed.metrics.len() + parsed.other_items > MAX_ITEMS
-        {
+        let weight = parsed.metrics.len() + parsed.other_items;
+        if parsed.metrics.len() > MAX_METRICS || weight > MAX_ITEMS {
             self.metrics.passed_through("over_mlflow_limits");
-            return Ok(Request::from_parts(parts, Body::from(bytes)));
+            return Ok((Request::from_parts(parts, Body::from(bytes)), weight));
         }
 
         let identity = identity_from_headers(&parts.headers);
@@ -244,7 +256,7 @@ impl MetricsRewriter {
             if let Some(prepared) = parsed.writes(parts.uri.path(), &bytes, None, edits.first()) {
                 parts.extensions.insert(Prepared(prepared));
             }
-            return Ok(Request::from_parts(parts, Body::from(bytes)));
+            return Ok((Request::from_parts(parts, Body::from(bytes)), weight));
         }
         let (target, rendered, spans) = parsed.render_spans(&edits);
         let rendered = bytes::Bytes::from(rendered);
@@ -277,7 +289,7 @@ impl MetricsRewriter {
         parts
             .headers
             .insert(header::CONTENT_LENGTH, HeaderValue::from(rendered.len()));
-        Ok(Request::from_parts(parts, Body::from(rendered)))
+        Ok((Request::from_parts(parts, Body::from(rendered)), weight))
     }
 
     fn intake_refusal(&self, error: IntakeError) -> Response {
@@ -741,24 +753,27 @@ pub async fn log_batch(
     ConnectInfo(peer): ConnectInfo<SocketAddr>,
     request: Request,
 ) -> Response {
-    match rewriter.prepare(request, Endpoint::LogBatch).await {
-        Ok(request) => submit(&coalescer, &health, request, peer).await,
+    match rewriter.prepare_weighed(request, Endpoint::LogBatch).await {
+        Ok((request, weight)) => submit(&coalescer, &health, request, peer, weight).await,
         Err(answer) => answer,
     }
 }
 
-/// Sends a prepared request on, and records its heartbeats once MLflow stored them.
+/// Sends a prepared request on, records its heartbeats once MLflow stored them, and marks the
+/// answer with the request's weight for the client's share of samples.
 async fn submit(
     coalescer: &Coalescer,
     health: &Health,
     mut request: Request,
     peer: SocketAddr,
+    weight: usize,
 ) -> Response {
     let beat = request.extensions_mut().remove::<Beat>().map(|mut beat| {
         beat.workspace = crate::workspace::of_request(request.headers()).map(str::to_owned);
         beat
     });
-    let response = coalescer.submit(request, peer).await;
+    let mut response = coalescer.submit(request, peer).await;
+    response.extensions_mut().insert(WriteWeight(weight));
     if let Some(beat) = beat.filter(|_| response.status().is_success()) {
         let now = crate::store::unix_millis(SystemTime::now());
         if beat.ranks.is_empty() {
@@ -766,6 +781,40 @@ async fn submit(
         } else {
             health.record(beat, now);
         }
+    }
+    response
+}
+
+/// `POST runs/log-parameter` and `runs/set-tag`: through the coalescer; once MLflow accepted
+/// one, it is a sign of life for its run, as a metric write is (a run that logs only params and
+/// tags for a while is not lost).
+pub async fn log_pair(
+    State(coalescer): State<Coalescer>,
+    State(health): State<Health>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    request: Request,
+) -> Response {
+    use http_body_util::BodyExt as _;
+    let (parts, body) = request.into_parts();
+    let body = match http_body_util::Limited::new(body, crate::coalesce::MAX_BATCH_BYTES)
+        .collect()
+        .await
+    {
+        Ok(collected) => collected.to_bytes(),
+        Err(e) => {
+            return mlflow_error(
+                StatusCode::BAD_REQUEST,
+                "BAD_REQUEST",
+                &format!("the request body could not be read: {e}"),
+            )
+        }
+    };
+    let run_id = crate::writes::run_of(&body);
+    let response = coalescer
+        .submit(Request::from_parts(parts, Body::from(body)), peer)
+        .await;
+    if let Some(run_id) = run_id.filter(|_| response.status().is_success()) {
+        health.touch(&run_id, crate::store::unix_millis(SystemTime::now()));
     }
     response
 }
@@ -778,8 +827,8 @@ pub async fn log_metric(
     ConnectInfo(peer): ConnectInfo<SocketAddr>,
     request: Request,
 ) -> Response {
-    match rewriter.prepare(request, Endpoint::LogMetric).await {
-        Ok(request) => submit(&coalescer, &health, request, peer).await,
+    match rewriter.prepare_weighed(request, Endpoint::LogMetric).await {
+        Ok((request, weight)) => submit(&coalescer, &health, request, peer, weight).await,
         Err(answer) => answer,
     }
 }

@@ -1,0 +1,604 @@
+//! Fair share of MLflow among clients, so that no client's writes starve the others':
+//!
+//! - **per-client buckets**: writes (requests) and samples (metrics, params and tags) per second
+//!   per client, by token bucket. A write is admitted while its client's buckets are not empty and
+//!   charged what it carried once answered (a log-batch's weight is known only once its body was
+//!   read), so a heavy batch goes through and its client waits for the next one;
+//! - **per-team quotas** from the configuration file: a team's members share the team's buckets,
+//!   on top of their own;
+//! - **saturation control** ([`governor`]): how many writes may be at MLflow at once is learned from
+//!   MLflow's latency, and once they are all taken the client holding the most of them is refused
+//!   first; a client with nothing at MLflow, or alone, is not.
+//!
+//! A refusal is 429 with `Retry-After` and MLflow's `REQUEST_LIMIT_EXCEEDED`, which MLflow's
+//! client retries; nothing of a refused write reaches MLflow. Reads (GET, searches, GraphQL) are
+//! never refused here, and count as activity: a client browsing the UI makes a flooding writer
+//! give way. Artifact uploads have their own share (upload slots), not this one.
+//!
+//! A client is its credential (`crate::client::Credential`) once MLflow accepted that credential
+//! (answered a request that carried it with anything but 401), else its address. Without MLflow
+//! authentication every credential is accepted, so a user name is only a claim there: a client can
+//! then spend another user's or team's share by naming it, and escape its own by inventing names.
+
+mod bucket;
+mod governor;
+
+use std::collections::{HashMap, HashSet};
+use std::net::{IpAddr, SocketAddr};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use axum::extract::{ConnectInfo, Request, State};
+use axum::middleware::Next;
+use axum::response::Response;
+use http::{header, HeaderValue, StatusCode};
+use serde::Deserialize;
+
+use crate::client::{Credential, TrustedProxies};
+use crate::error::mlflow_error;
+use crate::proxy::RouteClass;
+use crate::telemetry::Metrics;
+
+use bucket::{Bucket, Rate};
+use governor::{Governor, Verdict};
+
+/// Clients remembered at once; beyond, the longest idle is forgotten (full buckets again).
+const MAX_CLIENTS: usize = 50_000;
+/// Credentials remembered as accepted by MLflow; beyond, the set starts again.
+const MAX_VERIFIED: usize = 100_000;
+/// Buckets hold this many seconds of their rate.
+const BURST_SECONDS: f64 = 2.0;
+
+/// What a write weighs in samples (metrics, params and tags), set on its response by the route
+/// that read its body; a write without it weighs one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WriteWeight(pub usize);
+
+/// The share's settings.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FairShareConfig {
+    /// Writes per second one client may send (bursts of two seconds' worth); 0: no limit.
+    pub client_write_rate: f64,
+    /// Samples (metrics, params, tags) per second one client may write; 0: no limit.
+    pub client_sample_rate: f64,
+    /// Ceiling of the learned number of writes at MLflow at once; 0 turns saturation control off.
+    pub max_writes_at_mlflow: usize,
+    /// Quotas of teams, from the configuration file.
+    pub teams: Vec<Team>,
+}
+
+impl Default for FairShareConfig {
+    fn default() -> Self {
+        Self {
+            client_write_rate: 200.0,
+            client_sample_rate: 20_000.0,
+            max_writes_at_mlflow: 64,
+            teams: Vec::new(),
+        }
+    }
+}
+
+/// A team's quota: what its members may write together, per second.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Team {
+    pub name: String,
+    /// MLflow user names (of Basic credentials).
+    pub users: Vec<String>,
+    /// Writes per second of all members together; 0: no limit.
+    #[serde(default)]
+    pub write_rate: f64,
+    /// Samples per second of all members together; 0: no limit.
+    #[serde(default)]
+    pub sample_rate: f64,
+}
+
+impl FairShareConfig {
+    pub fn validate(&self) -> Result<(), String> {
+        let rate_ok = |r: f64| r >= 0.0 && r.is_finite();
+        for (name, rate) in [
+            ("client-write-rate", self.client_write_rate),
+            ("client-sample-rate", self.client_sample_rate),
+        ] {
+            if !rate_ok(rate) {
+                return Err(format!(
+                    "{name} must be 0 (off) or a positive number per second, not {rate}"
+                ));
+            }
+        }
+        if self.max_writes_at_mlflow == 1 {
+            return Err(format!(
+                "max-writes-at-mlflow must be 0 (off) or at least {}",
+                governor::MIN_LIMIT
+            ));
+        }
+        let mut names = HashSet::new();
+        let mut members = HashMap::new();
+        for team in &self.teams {
+            if team.name.is_empty() || team.name.len() > 64 {
+                return Err("a team's name must be 1 to 64 characters".into());
+            }
+            if !names.insert(team.name.as_str()) {
+                return Err(format!("team {:?} is named twice", team.name));
+            }
+            if !rate_ok(team.write_rate) || !rate_ok(team.sample_rate) {
+                return Err(format!(
+                    "team {:?}: write_rate and sample_rate must be 0 (off) or positive",
+                    team.name
+                ));
+            }
+            for user in &team.users {
+                if let Some(other) = members.insert(user.as_str(), team.name.as_str()) {
+                    return Err(format!(
+                        "user {user:?} is a member of teams {other:?} and {:?}; a user belongs to one team",
+                        team.name
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Who a write is charged to.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+enum ClientKey {
+    Credential([u8; 16]),
+    Address(IpAddr),
+}
+
+/// One client's buckets.
+struct ClientShare {
+    writes: Option<Bucket>,
+    samples: Option<Bucket>,
+}
+
+struct TeamShare {
+    writes: Option<(Rate, Bucket)>,
+    samples: Option<(Rate, Bucket)>,
+}
+
+#[derive(Default)]
+struct Shares {
+    clients: HashMap<ClientKey, ClientShare>,
+    verified: HashSet<[u8; 16]>,
+    teams: Vec<TeamShare>,
+}
+
+/// Why a write was refused: a label of `mlscope_fair_share_writes_total` and the client's message.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Refusal {
+    ClientRate(Duration),
+    ClientSamples(Duration),
+    TeamRate(Duration),
+    TeamSamples(Duration),
+    Saturation { limit: usize },
+}
+
+impl Refusal {
+    fn reason(self) -> &'static str {
+        match self {
+            Refusal::ClientRate(_) => "client_rate",
+            Refusal::ClientSamples(_) => "client_samples",
+            Refusal::TeamRate(_) => "team_rate",
+            Refusal::TeamSamples(_) => "team_samples",
+            Refusal::Saturation { .. } => "saturation",
+        }
+    }
+
+    fn wait(self) -> Duration {
+        match self {
+            Refusal::ClientRate(w)
+            | Refusal::ClientSamples(w)
+            | Refusal::TeamRate(w)
+            | Refusal::TeamSamples(w) => w,
+            Refusal::Saturation { .. } => Duration::from_secs(1),
+        }
+    }
+}
+
+/// The share: buckets per client and team, and the saturation governor.
+pub struct FairShare {
+    config: FairShareConfig,
+    write_rate: Option<Rate>,
+    sample_rate: Option<Rate>,
+    team_of: HashMap<String, usize>,
+    trusted: TrustedProxies,
+    shares: Mutex<Shares>,
+    governor: Option<Mutex<Governor<ClientKey>>>,
+    metrics: Metrics,
+}
+
+impl FairShare {
+    /// `None` when every part of the share is off.
+    pub fn new(
+        config: &FairShareConfig,
+        trusted: TrustedProxies,
+        metrics: Metrics,
+    ) -> Option<Arc<FairShare>> {
+        let now = Instant::now();
+        let team_rate = |per_second: f64, min_burst: f64| {
+            Rate::new(per_second, BURST_SECONDS, min_burst).map(|r| (r, Bucket::full(r, now)))
+        };
+        let teams: Vec<TeamShare> = config
+            .teams
+            .iter()
+            .map(|t| TeamShare {
+                writes: team_rate(t.write_rate, 1.0),
+                samples: team_rate(t.sample_rate, 1.0),
+            })
+            .collect();
+        let share = FairShare {
+            write_rate: Rate::new(config.client_write_rate, BURST_SECONDS, 1.0),
+            sample_rate: Rate::new(config.client_sample_rate, BURST_SECONDS, 1.0),
+            team_of: config
+                .teams
+                .iter()
+                .enumerate()
+                .flat_map(|(i, t)| t.users.iter().map(move |u| (u.clone(), i)))
+                .collect(),
+            trusted,
+            shares: Mutex::new(Shares {
+                teams,
+                ..Shares::default()
+            }),
+            governor: (config.max_writes_at_mlflow > 0)
+                .then(|| Mutex::new(Governor::new(config.max_writes_at_mlflow, now))),
+            metrics,
+            config: config.clone(),
+        };
+        let off = share.write_rate.is_none()
+            && share.sample_rate.is_none()
+            && share.governor.is_none()
+            && config.teams.is_empty();
+        (!off).then(|| Arc::new(share))
+    }
+
+    /// Who `credential` from `address` is charged to, and its team.
+    fn key(&self, credential: Option<&Credential>, address: IpAddr) -> (ClientKey, Option<usize>) {
+        if let Some(credential) = credential {
+            let shares = self.shares.lock().expect("fair share lock");
+            if shares.verified.contains(&credential.digest) {
+                let team = credential
+                    .user
+                    .as_deref()
+                    .and_then(|u| self.team_of.get(u).copied());
+                return (ClientKey::Credential(credential.digest), team);
+            }
+        }
+        (ClientKey::Address(address), None)
+    }
+
+    /// MLflow answered a request carrying `credential` with `status`.
+    fn learn(&self, credential: &Credential, status: StatusCode) {
+        if status == StatusCode::UNAUTHORIZED {
+            return;
+        }
+        let mut shares = self.shares.lock().expect("fair share lock");
+        if !shares.verified.contains(&credential.digest) {
+            if shares.verified.len() >= MAX_VERIFIED {
+                shares.verified.clear();
+            }
+            shares.verified.insert(credential.digest);
+        }
+    }
+
+    /// Admits a write of `client` at `now`, taking one write from its buckets, or says why not.
+    fn admit(&self, client: &ClientKey, team: Option<usize>, now: Instant) -> Result<(), Refusal> {
+        let mut shares = self.shares.lock().expect("fair share lock");
+        let Shares { clients, teams, .. } = &mut *shares;
+        if clients.len() >= MAX_CLIENTS && !clients.contains_key(client) {
+            let idle = clients
+                .iter()
+                .min_by_key(|(_, c)| {
+                    let at = |b: &Option<Bucket>| b.as_ref().map(Bucket::updated);
+                    at(&c.writes).max(at(&c.samples))
+                })
+                .map(|(k, _)| k.clone());
+            if let Some(idle) = idle {
+                clients.remove(&idle);
+            }
+        }
+        let (write_rate, sample_rate) = (self.write_rate, self.sample_rate);
+        let own = clients.entry(client.clone()).or_insert_with(|| ClientShare {
+            writes: write_rate.map(|r| Bucket::full(r, now)),
+            samples: sample_rate.map(|r| Bucket::full(r, now)),
+        });
+        if let (Some(rate), Some(bucket)) = (write_rate, own.writes.as_mut()) {
+            bucket.check(rate, 1.0, now).map_err(Refusal::ClientRate)?;
+        }
+        if let (Some(rate), Some(bucket)) = (sample_rate, own.samples.as_mut()) {
+            bucket.check(rate, 1.0, now).map_err(Refusal::ClientSamples)?;
+        }
+        if let Some(team) = team.and_then(|t| teams.get_mut(t)) {
+            if let Some((rate, bucket)) = team.writes.as_mut() {
+                bucket.check(*rate, 1.0, now).map_err(Refusal::TeamRate)?;
+            }
+            if let Some((rate, bucket)) = team.samples.as_mut() {
+                bucket.check(*rate, 1.0, now).map_err(Refusal::TeamSamples)?;
+            }
+        }
+        if let Some(governor) = &self.governor {
+            let mut governor = governor.lock().expect("governor lock");
+            if let Verdict::Heaviest { limit } = governor.admit(client, now) {
+                return Err(Refusal::Saturation { limit });
+            }
+            self.metrics
+                .fair_share_load(governor.limit(), governor.in_flight());
+        }
+        if let (Some(rate), Some(bucket)) = (write_rate, own.writes.as_mut()) {
+            bucket.charge(rate, 1.0, now);
+        }
+        if let Some((rate, bucket)) = team
+            .and_then(|t| teams.get_mut(t))
+            .and_then(|t| t.writes.as_mut())
+        {
+            bucket.charge(*rate, 1.0, now);
+        }
+        Ok(())
+    }
+
+    /// An admitted write was answered after `latency` (`None`: abandoned), weighing `samples`.
+    fn answered(
+        &self,
+        client: &ClientKey,
+        team: Option<usize>,
+        samples: usize,
+        latency: Option<Duration>,
+    ) {
+        let now = Instant::now();
+        if let Some(governor) = &self.governor {
+            let mut governor = governor.lock().expect("governor lock");
+            governor.answered(client, latency, now);
+            self.metrics
+                .fair_share_load(governor.limit(), governor.in_flight());
+        }
+        let mut shares = self.shares.lock().expect("fair share lock");
+        let Shares { clients, teams, .. } = &mut *shares;
+        if let (Some(rate), Some(bucket)) = (
+            self.sample_rate,
+            clients.get_mut(client).and_then(|c| c.samples.as_mut()),
+        ) {
+            bucket.charge(rate, samples as f64, now);
+        }
+        if let Some((rate, bucket)) = team
+            .and_then(|t| teams.get_mut(t))
+            .and_then(|t| t.samples.as_mut())
+        {
+            bucket.charge(*rate, samples as f64, now);
+        }
+    }
+
+    fn saw(&self, client: &ClientKey, now: Instant) {
+        if let Some(governor) = &self.governor {
+            governor.lock().expect("governor lock").saw(client, now);
+        }
+    }
+
+    fn team_name(&self, team: Option<usize>) -> Option<&str> {
+        team.and_then(|t| self.config.teams.get(t))
+            .map(|t| t.name.as_str())
+    }
+
+    fn refuse(&self, refusal: Refusal, team: Option<usize>) -> Response {
+        self.metrics
+            .fair_share("refused", refusal.reason(), self.team_name(team));
+        let wait = refusal.wait().as_secs_f64();
+        let team_name = self.team_name(team).unwrap_or_default();
+        let message = match refusal {
+            Refusal::ClientRate(_) => format!(
+                "this client is sending more than the {} writes per second one client may send through mlscope-proxy; retry after {wait:.1} s",
+                self.config.client_write_rate
+            ),
+            Refusal::ClientSamples(_) => format!(
+                "this client is writing more than the {} metrics, params and tags per second one client may write through mlscope-proxy; retry after {wait:.1} s",
+                self.config.client_sample_rate
+            ),
+            Refusal::TeamRate(_) => format!(
+                "team {team_name:?} is using all of its writes per second (its quota in mlscope-proxy's configuration); retry after {wait:.1} s"
+            ),
+            Refusal::TeamSamples(_) => format!(
+                "team {team_name:?} is using all of its samples per second (its quota in mlscope-proxy's configuration); retry after {wait:.1} s"
+            ),
+            Refusal::Saturation { limit } => format!(
+                "MLflow is saturated ({limit} writes at once, a limit learned from its latency) and this client has the most writes waiting; retry after 1 s, or wait for each answer before sending the next write"
+            ),
+        };
+        let mut answer = mlflow_error(
+            StatusCode::TOO_MANY_REQUESTS,
+            "REQUEST_LIMIT_EXCEEDED",
+            &message,
+        );
+        let seconds = wait.ceil().max(1.0) as u64;
+        if let Ok(value) = HeaderValue::from_str(&seconds.to_string()) {
+            answer.headers_mut().insert(header::RETRY_AFTER, value);
+        }
+        answer
+    }
+}
+
+/// Whether the share governs this request: a write to MLflow's tracking API (artifact uploads
+/// have upload slots of their own).
+fn governs(request: &Request) -> bool {
+    let path = request.uri().path();
+    crate::proxy::is_write(request.method(), path)
+        && !matches!(RouteClass::of(path), RouteClass::Artifacts)
+}
+
+/// Counts an admitted write until it is answered, also when the client goes away first.
+struct Admitted<'a> {
+    share: &'a FairShare,
+    client: ClientKey,
+    team: Option<usize>,
+    done: bool,
+}
+
+impl Drop for Admitted<'_> {
+    fn drop(&mut self) {
+        if !self.done {
+            self.share.answered(&self.client, self.team, 0, None);
+        }
+    }
+}
+
+/// The layer on every route: writes admitted or refused by the share, reads seen as activity,
+/// credentials learned from MLflow's answers.
+pub async fn admit(State(share): State<Arc<FairShare>>, request: Request, next: Next) -> Response {
+    let peer = request
+        .extensions()
+        .get::<ConnectInfo<SocketAddr>>()
+        .map_or(IpAddr::from([0, 0, 0, 0]), |c| c.0.ip());
+    let credential = Credential::of(request.headers());
+    let address = share.trusted.client(peer, request.headers());
+    let (client, team) = share.key(credential.as_ref(), address);
+    let now = Instant::now();
+    let response = if governs(&request) {
+        if let Err(refusal) = share.admit(&client, team, now) {
+            return share.refuse(refusal, team);
+        }
+        share
+            .metrics
+            .fair_share("admitted", "none", share.team_name(team));
+        let mut admitted = Admitted {
+            share: &share,
+            client,
+            team,
+            done: false,
+        };
+        let response = next.run(request).await;
+        let weight = response
+            .extensions()
+            .get::<WriteWeight>()
+            .map_or(1, |w| w.0.max(1));
+        admitted.done = true;
+        share.answered(&admitted.client, team, weight, Some(now.elapsed()));
+        response
+    } else {
+        share.saw(&client, now);
+        next.run(request).await
+    };
+    if let Some(credential) = &credential {
+        share.learn(credential, response.status());
+    }
+    response
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(rate: f64, samples: f64) -> FairShareConfig {
+        FairShareConfig {
+            client_write_rate: rate,
+            client_sample_rate: samples,
+            max_writes_at_mlflow: 0,
+            teams: Vec::new(),
+        }
+    }
+
+    fn share(config: &FairShareConfig) -> Arc<FairShare> {
+        FairShare::new(config, TrustedProxies::default(), Metrics::new()).unwrap()
+    }
+
+    fn basic(user_password: &str) -> Credential {
+        use base64::Engine as _;
+        let mut headers = http::HeaderMap::new();
+        let value = format!(
+            "Basic {}",
+            base64::engine::general_purpose::STANDARD.encode(user_password)
+        );
+        headers.insert(header::AUTHORIZATION, value.parse().unwrap());
+        Credential::of(&headers).unwrap()
+    }
+
+    #[test]
+    fn a_client_is_its_accepted_credential_else_its_address() {
+        let share = share(&config(10.0, 0.0));
+        let address: IpAddr = "10.1.2.3".parse().unwrap();
+        let alice = basic("alice:secret");
+        assert_eq!(alice.user.as_deref(), Some("alice"));
+        assert_ne!(alice, basic("alice:guess"), "another password, another credential");
+        // Not yet accepted by MLflow: charged to the address.
+        assert_eq!(share.key(Some(&alice), address).0, ClientKey::Address(address));
+        // MLflow refused it: still the address.
+        share.learn(&alice, StatusCode::UNAUTHORIZED);
+        assert_eq!(share.key(Some(&alice), address).0, ClientKey::Address(address));
+        share.learn(&alice, StatusCode::OK);
+        assert_eq!(
+            share.key(Some(&alice), address).0,
+            ClientKey::Credential(alice.digest)
+        );
+        assert_eq!(share.key(None, address).0, ClientKey::Address(address));
+        let mut bearer = http::HeaderMap::new();
+        bearer.insert(header::AUTHORIZATION, "Bearer abc".parse().unwrap());
+        let token = Credential::of(&bearer).unwrap();
+        assert_eq!(token.user, None);
+        bearer.insert(header::AUTHORIZATION, "Negotiate abc".parse().unwrap());
+        assert_eq!(Credential::of(&bearer), None);
+    }
+
+    #[test]
+    fn writes_are_admitted_at_their_rate_and_samples_charged_once_answered() {
+        let share = share(&config(10.0, 500.0));
+        let start = Instant::now();
+        let flood = ClientKey::Address("203.0.113.9".parse().unwrap());
+        let calm = ClientKey::Address("198.51.100.1".parse().unwrap());
+        for _ in 0..20 {
+            share.admit(&flood, None, start).unwrap();
+        }
+        assert!(matches!(
+            share.admit(&flood, None, start),
+            Err(Refusal::ClientRate(_))
+        ));
+        share.admit(&calm, None, start).unwrap();
+        // A write of 2,000 samples (twice the bucket) goes through, then its client waits two
+        // seconds for its bucket to pay.
+        share.answered(&calm, None, 2000, Some(Duration::from_millis(5)));
+        let refused = share.admit(&calm, None, Instant::now()).unwrap_err();
+        assert_eq!(refused.reason(), "client_samples");
+        assert!(refused.wait() > Duration::from_millis(1900), "{refused:?}");
+        let answer = share.refuse(refused, None);
+        assert_eq!(answer.status(), StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(answer.headers()[header::RETRY_AFTER], "2");
+        assert!(FairShare::new(&config(0.0, 0.0), TrustedProxies::default(), Metrics::new()).is_none());
+    }
+
+    #[test]
+    fn a_team_shares_its_quota_and_its_members_keep_their_own() {
+        let mut settings = config(0.0, 0.0);
+        settings.teams = vec![Team {
+            name: "vision".into(),
+            users: vec!["alice".into(), "bob".into()],
+            write_rate: 5.0,
+            sample_rate: 0.0,
+        }];
+        settings.validate().unwrap();
+        let share = share(&settings);
+        let address: IpAddr = "10.0.0.1".parse().unwrap();
+        let (alice, bob, carol) = (basic("alice:a"), basic("bob:b"), basic("carol:c"));
+        for c in [&alice, &bob, &carol] {
+            share.learn(c, StatusCode::OK);
+        }
+        let (alice, team) = share.key(Some(&alice), address);
+        assert_eq!(team, Some(0));
+        let (bob, _) = share.key(Some(&bob), address);
+        let (carol, none) = share.key(Some(&carol), address);
+        assert_eq!(none, None);
+        let now = Instant::now();
+        for i in 0..10 {
+            let member = if i % 2 == 0 { &alice } else { &bob };
+            share.admit(member, team, now).unwrap();
+        }
+        assert!(matches!(share.admit(&bob, team, now), Err(Refusal::TeamRate(_))));
+        share.admit(&carol, none, now).unwrap();
+
+        let mut twice = settings.clone();
+        twice.teams.push(Team {
+            name: "nlp".into(),
+            users: vec!["bob".into()],
+            write_rate: 1.0,
+            sample_rate: 0.0,
+        });
+        assert!(twice.validate().unwrap_err().contains("\"bob\""));
+    }
+}
