@@ -112,7 +112,10 @@ pub async fn limit_concurrency(
 
 impl ConcurrencyLimit {
     fn refuse(&self) -> Response {
-        tracing::warn!(limit = self.limit, "concurrency limit reached; answered 503");
+        tracing::warn!(
+            limit = self.limit,
+            "concurrency limit reached; answered 503"
+        );
         let error = crate::error::ProxyError::Overloaded { limit: self.limit };
         if let Some(kind) = error.kind() {
             self.metrics

@@ -480,9 +480,18 @@ mod tests {
 
     #[test]
     fn the_run_of_a_write_is_its_run_id_else_its_run_uuid() {
-        assert_eq!(run_of(br#"{"run_id": "a1", "key": "k", "value": "v"}"#).as_deref(), Some("a1"));
-        assert_eq!(run_of(br#"{"run_id": "", "run_uuid": "b2"}"#).as_deref(), Some("b2"));
-        assert_eq!(run_of(br#"{"run_uuid": "b2", "run_id": "a1"}"#).as_deref(), Some("a1"));
+        assert_eq!(
+            run_of(br#"{"run_id": "a1", "key": "k", "value": "v"}"#).as_deref(),
+            Some("a1")
+        );
+        assert_eq!(
+            run_of(br#"{"run_id": "", "run_uuid": "b2"}"#).as_deref(),
+            Some("b2")
+        );
+        assert_eq!(
+            run_of(br#"{"run_uuid": "b2", "run_id": "a1"}"#).as_deref(),
+            Some("a1")
+        );
         assert_eq!(run_of(br#"{"run_id": "../x"}"#), None);
         assert_eq!(run_of(br#"{"run_id": "a1", "run_id": "b2"}"#), None);
         assert_eq!(run_of(b"not json"), None);

@@ -33,7 +33,9 @@ const MAX_ACTIVE: usize = 10_000;
 pub(crate) enum Verdict {
     Admitted,
     /// The limit is reached and this client holds the most writes at MLflow.
-    Heaviest { limit: usize },
+    Heaviest {
+        limit: usize,
+    },
 }
 
 #[derive(Debug)]

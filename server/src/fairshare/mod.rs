@@ -300,22 +300,28 @@ impl FairShare {
             }
         }
         let (write_rate, sample_rate) = (self.write_rate, self.sample_rate);
-        let own = clients.entry(client.clone()).or_insert_with(|| ClientShare {
-            writes: write_rate.map(|r| Bucket::full(r, now)),
-            samples: sample_rate.map(|r| Bucket::full(r, now)),
-        });
+        let own = clients
+            .entry(client.clone())
+            .or_insert_with(|| ClientShare {
+                writes: write_rate.map(|r| Bucket::full(r, now)),
+                samples: sample_rate.map(|r| Bucket::full(r, now)),
+            });
         if let (Some(rate), Some(bucket)) = (write_rate, own.writes.as_mut()) {
             bucket.check(rate, 1.0, now).map_err(Refusal::ClientRate)?;
         }
         if let (Some(rate), Some(bucket)) = (sample_rate, own.samples.as_mut()) {
-            bucket.check(rate, 1.0, now).map_err(Refusal::ClientSamples)?;
+            bucket
+                .check(rate, 1.0, now)
+                .map_err(Refusal::ClientSamples)?;
         }
         if let Some(team) = team.and_then(|t| teams.get_mut(t)) {
             if let Some((rate, bucket)) = team.writes.as_mut() {
                 bucket.check(*rate, 1.0, now).map_err(Refusal::TeamRate)?;
             }
             if let Some((rate, bucket)) = team.samples.as_mut() {
-                bucket.check(*rate, 1.0, now).map_err(Refusal::TeamSamples)?;
+                bucket
+                    .check(*rate, 1.0, now)
+                    .map_err(Refusal::TeamSamples)?;
             }
         }
         if let Some(governor) = &self.governor {
@@ -517,12 +523,22 @@ mod tests {
         let address: IpAddr = "10.1.2.3".parse().unwrap();
         let alice = basic("alice:secret");
         assert_eq!(alice.user.as_deref(), Some("alice"));
-        assert_ne!(alice, basic("alice:guess"), "another password, another credential");
+        assert_ne!(
+            alice,
+            basic("alice:guess"),
+            "another password, another credential"
+        );
         // Not yet accepted by MLflow: charged to the address.
-        assert_eq!(share.key(Some(&alice), address).0, ClientKey::Address(address));
+        assert_eq!(
+            share.key(Some(&alice), address).0,
+            ClientKey::Address(address)
+        );
         // MLflow refused it: still the address.
         share.learn(&alice, StatusCode::UNAUTHORIZED);
-        assert_eq!(share.key(Some(&alice), address).0, ClientKey::Address(address));
+        assert_eq!(
+            share.key(Some(&alice), address).0,
+            ClientKey::Address(address)
+        );
         share.learn(&alice, StatusCode::OK);
         assert_eq!(
             share.key(Some(&alice), address).0,
@@ -559,8 +575,13 @@ mod tests {
         assert!(refused.wait() > Duration::from_millis(1900), "{refused:?}");
         let answer = share.refuse(refused, None);
         assert_eq!(answer.status(), StatusCode::TOO_MANY_REQUESTS);
-        assert_eq!(answer.headers()[header::RETRY_AFTER], "2");
-        assert!(FairShare::new(&config(0.0, 0.0), TrustedProxies::default(), Metrics::new()).is_none());
+        assert_eq!(
+            answer.headers()[header::RETRY_AFTER],
+            refused.wait().as_secs_f64().ceil().to_string().as_str()
+        );
+        assert!(
+            FairShare::new(&config(0.0, 0.0), TrustedProxies::default(), Metrics::new()).is_none()
+        );
     }
 
     #[test]
@@ -589,7 +610,10 @@ mod tests {
             let member = if i % 2 == 0 { &alice } else { &bob };
             share.admit(member, team, now).unwrap();
         }
-        assert!(matches!(share.admit(&bob, team, now), Err(Refusal::TeamRate(_))));
+        assert!(matches!(
+            share.admit(&bob, team, now),
+            Err(Refusal::TeamRate(_))
+        ));
         share.admit(&carol, none, now).unwrap();
 
         let mut twice = settings.clone();

@@ -134,15 +134,31 @@ mod tests {
             (Method::POST, "/api/2.0/mlflow/runs/create", true),
             (Method::POST, "/api/2.0/mlflow/runs/set-tag", true),
             (Method::POST, "/v1/traces", true),
-            (Method::PUT, "/api/2.0/mlflow-artifacts/artifacts/0/r/artifacts/a", true),
+            (
+                Method::PUT,
+                "/api/2.0/mlflow-artifacts/artifacts/0/r/artifacts/a",
+                true,
+            ),
             (Method::POST, "/ajax-api/2.0/mlflow/runs/search", false),
             (Method::POST, "/api/2.0/mlflow/experiments/search", false),
             (Method::POST, "/api/3.0/mlflow/traces/search", false),
-            (Method::POST, "/ajax-api/2.0/mlflow/experiments/search-datasets", false),
-            (Method::POST, "/api/2.0/mlflow/logged-models/batch-get", false),
+            (
+                Method::POST,
+                "/ajax-api/2.0/mlflow/experiments/search-datasets",
+                false,
+            ),
+            (
+                Method::POST,
+                "/api/2.0/mlflow/logged-models/batch-get",
+                false,
+            ),
             (Method::POST, "/graphql", false),
             (Method::GET, "/api/2.0/mlflow/runs/get", false),
-            (Method::DELETE, "/api/2.0/mlflow-artifacts/artifacts/0/r/artifacts/a", true),
+            (
+                Method::DELETE,
+                "/api/2.0/mlflow-artifacts/artifacts/0/r/artifacts/a",
+                true,
+            ),
         ] {
             assert_eq!(is_write(&method, path), write, "{method} {path}");
         }
