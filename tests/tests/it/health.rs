@@ -573,7 +573,7 @@ fn outcome_tag(run: &str, rank: u32) -> Value {
 /// that rank r's identity reported is cleared by its own samples that keep coming; and a run that
 /// got one system sample and then only its loss, every 500 ms, stays RUNNING past
 /// `--run-stale-after` (before: judged lost while still writing), and is judged lost once the
-/// writes stop.
+/// writes stop; so does a run that writes only params and tags (`log-parameter`, `set-tag`).
 #[tokio::test(flavor = "multi_thread")]
 async fn forged_ends_do_not_end_a_live_run_and_plain_writes_are_signs_of_life() {
     let stack = TestStack::shared();
@@ -582,16 +582,32 @@ async fn forged_ends_do_not_end_a_live_run_and_plain_writes_are_signs_of_life() 
     let proxy = health_proxy(dir.path(), mlflow, "3s", &[]);
     let ranked = create_run(mlflow, "health-forged").await;
     let writing = create_run(mlflow, "health-writing").await;
-    // One sample of MLflow's own monitor (no identity): the run now has a rank row.
-    assert_eq!(
-        log_batch(
-            &proxy,
-            None,
-            sample(&writing, "system/cpu_utilization_percentage", 0)
-        )
-        .await,
-        200
-    );
+    let tagging = create_run(mlflow, "health-tagging").await;
+    // One sample of MLflow's own monitor (no identity): the runs now have a rank row.
+    for run in [&writing, &tagging] {
+        assert_eq!(
+            log_batch(
+                &proxy,
+                None,
+                sample(run, "system/cpu_utilization_percentage", 0)
+            )
+            .await,
+            200
+        );
+    }
+    let write_pair = |operation: &'static str, body: Value| {
+        let url = format!("{}/api/2.0/mlflow/runs/{operation}", proxy.url);
+        async move {
+            http()
+                .post(url)
+                .json(&body)
+                .send()
+                .await
+                .unwrap()
+                .status()
+                .as_u16()
+        }
+    };
 
     let mut step = 0;
     let mut forged_by_rank_0 = None;
@@ -608,6 +624,19 @@ async fn forged_ends_do_not_end_a_live_run_and_plain_writes_are_signs_of_life() 
         }
         assert_eq!(
             log_batch(&proxy, None, sample(&writing, "loss", step)).await,
+            200
+        );
+        let (operation, key) = if step % 2 == 0 {
+            ("log-parameter", format!("p{step}"))
+        } else {
+            ("set-tag", format!("t{step}"))
+        };
+        assert_eq!(
+            write_pair(
+                operation,
+                json!({"run_id": tagging, "key": key, "value": "v"})
+            )
+            .await,
             200
         );
         if step == 2 {
@@ -639,7 +668,7 @@ async fn forged_ends_do_not_end_a_live_run_and_plain_writes_are_signs_of_life() 
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
-    for run in [&ranked, &writing] {
+    for run in [&ranked, &writing, &tagging] {
         assert_eq!(status(&get_run(mlflow, run).await), "RUNNING", "{run}");
     }
     let (code, view) = health_view(&proxy, &ranked).await;
@@ -651,12 +680,15 @@ async fn forged_ends_do_not_end_a_live_run_and_plain_writes_are_signs_of_life() 
         "rank 0's end is superseded by its own later samples: {view}"
     );
 
-    // The writes stop: now the run that only logged its loss is lost after --run-stale-after.
-    wait_for_status(mlflow, &writing, "FAILED", Duration::from_secs(20)).await;
-    let tags = run_tags(mlflow, &writing).await;
-    assert_eq!(
-        tags.get("mlscope.outcome").map(String::as_str),
-        Some("lost"),
-        "{tags:?}"
-    );
+    // The writes stop: now the runs that only logged their loss, or params and tags, are lost
+    // after --run-stale-after.
+    for run in [&writing, &tagging] {
+        wait_for_status(mlflow, run, "FAILED", Duration::from_secs(20)).await;
+        let tags = run_tags(mlflow, run).await;
+        assert_eq!(
+            tags.get("mlscope.outcome").map(String::as_str),
+            Some("lost"),
+            "{tags:?}"
+        );
+    }
 }

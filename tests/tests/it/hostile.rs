@@ -817,3 +817,138 @@ async fn a_flooding_client_is_refused_its_excess_and_a_calm_one_is_not() {
         6
     );
 }
+
+/// Saturation control with the proxy's defaults: one client flooding heavy batches with 32
+/// concurrent writers (each into its own run, a tag and 100 metrics per batch) fills the writes
+/// MLflow takes at once, and is refused first (429, `Retry-After`, `REQUEST_LIMIT_EXCEEDED`,
+/// counted as `reason="saturation"`), while a calm client that waits for each answer, and a UI
+/// reader, get every request answered 200; every batch answered 200 is in MLflow, once.
+#[tokio::test(flavor = "multi_thread")]
+async fn under_a_flood_of_heavy_batches_the_heaviest_client_gives_way_and_nothing_acknowledged_is_lost(
+) {
+    const WRITERS: usize = 32;
+    const METRICS: i64 = 100;
+    let h = hostile();
+    let dir = tempfile::tempdir().unwrap();
+    let proxy = spawn_proxy(
+        &h.stack.mlflow.url,
+        &["--trusted-proxies", "127.0.0.1"],
+        dir.path(),
+    )
+    .unwrap();
+    let mlflow = h.stack.mlflow.url.as_str();
+    let mut flood_runs = Vec::new();
+    for _ in 0..WRITERS {
+        flood_runs.push(
+            create_experiment_and_run(mlflow, "saturation-flood")
+                .await
+                .1,
+        );
+    }
+    let (experiment, calm_run) = create_experiment_and_run(mlflow, "saturation-calm").await;
+    let url = format!("{}/api/2.0/mlflow/runs/log-batch", proxy.url);
+    let stop = std::time::Instant::now() + Duration::from_secs(8);
+    let flood = futures_util::future::join_all(flood_runs.iter().map(|run| {
+        let (url, run) = (url.clone(), run.clone());
+        async move {
+            let client = http();
+            let (mut ok, mut refused, mut other) = (0i64, Vec::new(), Vec::new());
+            while std::time::Instant::now() < stop {
+                let metrics: Vec<Value> = (0..METRICS)
+                    .map(|j| json!({"key": "flood", "value": j, "timestamp": now_ms(), "step": ok * METRICS + j}))
+                    .collect();
+                let response = client
+                    .post(&url)
+                    .header("x-forwarded-for", "203.0.113.9")
+                    .json(&json!({"run_id": run, "metrics": metrics, "tags": [{"key": "batch", "value": ok.to_string()}]}))
+                    .send()
+                    .await
+                    .unwrap();
+                let retry_after = response.headers().get("retry-after").is_some();
+                match error_code(response).await {
+                    (StatusCode::OK, _) => ok += 1,
+                    (StatusCode::TOO_MANY_REQUESTS, code) => {
+                        refused.push((code, retry_after));
+                        tokio::time::sleep(Duration::from_millis(10)).await;
+                    }
+                    (status, code) => other.push((status, code)),
+                }
+            }
+            (run, ok, refused, other)
+        }
+    }));
+    let calm = async {
+        let client = http();
+        let mut statuses = Vec::new();
+        let mut step = 0;
+        while std::time::Instant::now() < stop {
+            let status = client
+                .post(&url)
+                .header("x-forwarded-for", "198.51.100.7")
+                .json(&json!({"run_id": calm_run, "metrics": [{"key": "calm", "value": 1, "timestamp": now_ms(), "step": step}]}))
+                .send()
+                .await
+                .unwrap()
+                .status();
+            statuses.push(status);
+            step += 1;
+            let read = client
+                .post(format!("{}/ajax-api/2.0/mlflow/runs/search", proxy.url))
+                .header("x-forwarded-for", "198.51.100.8")
+                .json(&json!({"experiment_ids": [experiment], "max_results": 10}))
+                .send()
+                .await
+                .unwrap()
+                .status();
+            statuses.push(read);
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+        statuses
+    };
+    let (flood, calm) = tokio::join!(flood, calm);
+    assert!(
+        calm.iter().all(|s| *s == StatusCode::OK),
+        "the calm client and the reader: {calm:?}"
+    );
+    let mut refusals = 0;
+    for (run, ok, refused, other) in &flood {
+        assert!(
+            other.is_empty(),
+            "neither 5xx nor another refusal: {other:?}"
+        );
+        assert!(
+            refused
+                .iter()
+                .all(|(code, retry_after)| code == "REQUEST_LIMIT_EXCEEDED" && *retry_after),
+            "{refused:?}"
+        );
+        refusals += refused.len();
+        // Acknowledged means stored: every batch answered 200 is in MLflow, once.
+        assert_eq!(
+            history(mlflow, run, "flood").await.len() as i64,
+            ok * METRICS,
+            "run {run}"
+        );
+    }
+    assert!(refusals > 0, "the flood was never refused");
+    assert_eq!(
+        history(mlflow, &calm_run, "calm").await.len(),
+        calm.len() / 2
+    );
+    let metrics = scrape(&proxy.admin_url).await;
+    let saturation = metrics
+        .lines()
+        .find(|l| {
+            l.starts_with("mlscope_fair_share_writes_total")
+                && l.contains("outcome=\"refused\"")
+                && l.contains("reason=\"saturation\"")
+        })
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse::<f64>().ok())
+        .unwrap_or(0.0);
+    assert_eq!(saturation as usize, refusals, "{metrics}");
+    assert!(
+        metrics.contains("mlscope_fair_share_write_limit "),
+        "{metrics}"
+    );
+}
