@@ -98,9 +98,9 @@ pub struct FairShareArgs {
     /// How long the calm clients run alone first (their unloaded p99).
     #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
     pub alone: Duration,
-    /// mlscope-proxy's `--client-write-rate` for the run.
-    #[arg(long, default_value_t = 20.0)]
-    pub client_write_rate: f64,
+    /// mlscope-proxy's `--client-write-rate` for the run [default: the proxy's own].
+    #[arg(long)]
+    pub client_write_rate: Option<f64>,
     #[command(flatten)]
     pub stack: StackArgs,
 }
@@ -120,7 +120,10 @@ impl FairShareArgs {
                 return Err(format!("{flag} must be between 1s and 10m"));
             }
         }
-        if !(self.client_write_rate > 0.0 && self.client_write_rate <= 10_000.0) {
+        if self
+            .client_write_rate
+            .is_some_and(|r| !(r > 0.0 && r <= 10_000.0))
+        {
             return Err("--client-write-rate must be above 0 and at most 10000".into());
         }
         Ok(())

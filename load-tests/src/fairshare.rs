@@ -1,12 +1,13 @@
 //! `fair-share`: one client flooding MLflow with writes (many concurrent writers, each into its
 //! own run, a tag and 100 metrics per batch, no pause) while well-behaved clients write a few
-//! times a second, straight to MLflow and through mlscope-proxy with a per-client write share
-//! (`--client-write-rate`). Reported per target: the calm clients' success and p99 latency under
-//! the flood against their p99 alone, what the flood got, and whether every acknowledged sample
-//! is stored (counted back from MLflow).
+//! times a second and a UI reader searches runs, straight to MLflow and through mlscope-proxy
+//! (its defaults unless `--client-write-rate` is given). Reported per target: the calm clients'
+//! and the reader's success and p99 latency under the flood against their p99 alone, what the
+//! flood got, and whether every acknowledged sample is stored (counted back from MLflow).
 //!
-//! Clients are told apart by `X-Forwarded-For` (the proxy trusts loopback here); MLflow ignores
-//! the header, so straight to MLflow the flood is not told apart at all.
+//! Every client has its own credential (`Authorization: Basic`, which an MLflow without
+//! authentication ignores) and its own `X-Forwarded-For` address (the proxy trusts loopback
+//! here); straight to MLflow the flood is not told apart at all.
 
 use std::time::{Duration, Instant};
 
@@ -18,7 +19,21 @@ use crate::markdown::{command_block, Align, Table};
 use crate::stack::{BenchStack, Target, TargetKind};
 use crate::Report;
 
-const FLOOD_CLIENT: &str = "203.0.113.9";
+const FLOOD_CLIENT: Client<'static> = Client {
+    address: "203.0.113.9",
+    user: "flood",
+};
+const READER: Client<'static> = Client {
+    address: "198.51.100.200",
+    user: "ui-reader",
+};
+
+/// Who sends a request: its `X-Forwarded-For` address and its Basic credential's user.
+#[derive(Clone, Copy)]
+struct Client<'a> {
+    address: &'a str,
+    user: &'a str,
+}
 /// Metrics per flood batch, as the workload.
 const FLOOD_METRICS: usize = 100;
 /// Longest a single request may take before it counts as failed.
@@ -44,6 +59,8 @@ struct Outcome {
     target: Target,
     alone: Calm,
     loaded: Calm,
+    reads_alone: Calm,
+    reads_loaded: Calm,
     flood_ok: u64,
     flood_refused: u64,
     flood_failed: u64,
@@ -69,22 +86,34 @@ pub(crate) async fn run(
         ("calm writes ok (under flood)", Align::Right),
         ("calm p99 alone → under flood", Align::Right),
         ("ratio", Align::Right),
+        ("UI reads ok (under flood)", Align::Right),
+        ("UI read p99 alone → under flood", Align::Right),
         ("flood batches: ok / 429 / failed", Align::Right),
         ("samples stored ≥ acknowledged", Align::Right),
     ]);
     let mut problems = Vec::new();
     for o in &outcomes {
-        let ratio = o.loaded.p99_ms() / o.alone.p99_ms().max(0.001);
-        table.row(vec![
-            o.target.kind.label().to_owned(),
+        let ratio = |alone: &Calm, loaded: &Calm| loaded.p99_ms() / alone.p99_ms().max(0.001);
+        let ok = |c: &Calm| {
             format!(
                 "{} / {} ({:.1} %)",
-                o.loaded.ok,
-                o.loaded.sent,
-                100.0 * o.loaded.ok as f64 / o.loaded.sent.max(1) as f64
-            ),
+                c.ok,
+                c.sent,
+                100.0 * c.ok as f64 / c.sent.max(1) as f64
+            )
+        };
+        table.row(vec![
+            o.target.kind.label().to_owned(),
+            ok(&o.loaded),
             format!("{:.1} → {:.1} ms", o.alone.p99_ms(), o.loaded.p99_ms()),
-            format!("{ratio:.2}×"),
+            format!("{:.2}×", ratio(&o.alone, &o.loaded)),
+            ok(&o.reads_loaded),
+            format!(
+                "{:.1} → {:.1} ms ({:.2}×)",
+                o.reads_alone.p99_ms(),
+                o.reads_loaded.p99_ms(),
+                ratio(&o.reads_alone, &o.reads_loaded)
+            ),
             format!("{} / {} / {}", o.flood_ok, o.flood_refused, o.flood_failed),
             format!("{} ≥ {}", o.stored, o.acknowledged),
         ]);
@@ -98,14 +127,17 @@ pub(crate) async fn run(
             ));
         }
     }
+    let settings = match args.client_write_rate {
+        Some(rate) => format!("with `--client-write-rate {rate}`"),
+        None => "with its defaults".to_owned(),
+    };
     let markdown = format!(
-        "## One client flooding writes, ten calm ones (fair-share)\n\n{} flood writers of one client (each into its own run, a tag and {FLOOD_METRICS} metrics per log-batch, no pause) and {} calm clients writing a one-metric log-batch {} times a second each, for {:?}; the calm clients' p99 alone was measured first, for {:?}. Through mlscope-proxy with `--client-write-rate {}`; clients told apart by `X-Forwarded-For` (trusted from loopback). \"Stored\": samples counted back from MLflow, at least those of every write answered 200 (a write that timed out may be stored too). \"failed\": no answer within 30 s.\n\n{}\n{}",
+        "## One client flooding writes, ten calm ones (fair-share)\n\n{} flood writers of one client (each into its own run, a tag and {FLOOD_METRICS} metrics per log-batch, no pause) and {} calm clients writing a one-metric log-batch {} times a second each, with a UI reader searching the runs as often, for {:?}; the calm clients' and the reader's p99 alone was measured first, for {:?}. Through mlscope-proxy {settings}; every client has its own credential and `X-Forwarded-For` address (trusted from loopback). \"Stored\": samples counted back from MLflow, at least those of every write answered 200 (a write that timed out may be stored too). \"failed\": no answer within 30 s.\n\n{}\n{}",
         args.flood_writers,
         args.calm_clients,
         args.calm_rate,
         args.duration,
         args.alone,
-        args.client_write_rate,
         table.render(),
         command_block(command_line)
     );
@@ -148,9 +180,14 @@ async fn one_target(
         flood_runs.push(new_run(client.clone(), experiment.clone()).await?);
     }
     let url = format!("{}/api/2.0/mlflow/runs/log-batch", target.base_url);
+    let search = format!("{}/ajax-api/2.0/mlflow/runs/search", target.base_url);
+    let search_body = json!({"experiment_ids": [experiment], "max_results": 25});
 
     // The calm clients alone, then under the flood; steps continue across both phases.
-    let alone = calm_phase(&client, &url, &calm_runs, args, args.alone, 0).await;
+    let (alone, reads_alone) = tokio::join!(
+        calm_phase(&client, &url, &calm_runs, args, args.alone, 0),
+        read_phase(&client, &search, &search_body, args, args.alone)
+    );
     let stop = Instant::now() + args.duration;
     let flood = futures_util::future::join_all(flood_runs.iter().map(|run| {
         let (client, url, run) = (client.clone(), url.clone(), run.clone());
@@ -179,7 +216,8 @@ async fn one_target(
     }));
     let steps_before = (args.alone.as_secs_f64() * args.calm_rate as f64).ceil() as i64 + 1;
     let calm = calm_phase(&client, &url, &calm_runs, args, args.duration, steps_before);
-    let (flood, loaded) = tokio::join!(flood, calm);
+    let reads = read_phase(&client, &search, &search_body, args, args.duration);
+    let (flood, loaded, reads_loaded) = tokio::join!(flood, calm, reads);
     let (flood_ok, flood_refused, flood_failed) = flood
         .iter()
         .fold((0, 0, 0), |a, b| (a.0 + b.0, a.1 + b.1, a.2 + b.2));
@@ -197,6 +235,8 @@ async fn one_target(
         target,
         alone,
         loaded,
+        reads_alone,
+        reads_loaded,
         flood_ok,
         flood_refused,
         flood_failed,
@@ -218,7 +258,12 @@ async fn calm_phase(
     let interval = Duration::from_secs_f64(1.0 / args.calm_rate as f64);
     let results = futures_util::future::join_all(runs.iter().enumerate().map(|(i, run)| {
         let address = format!("198.51.100.{}", i + 1);
+        let user = format!("calm-{}", i + 1);
         async move {
+            let me = Client {
+                address: &address,
+                user: &user,
+            };
             let mut latencies = Vec::new();
             let mut sent = 0u64;
             let end = Instant::now() + duration;
@@ -231,7 +276,7 @@ async fn calm_phase(
                 step += 1;
                 sent += 1;
                 let started = Instant::now();
-                if send(client, url, &address, &body).await == Some(200) {
+                if send(client, url, me, &body).await == Some(200) {
                     latencies.push(started.elapsed());
                 }
             }
@@ -252,11 +297,39 @@ async fn calm_phase(
     calm
 }
 
-/// POSTs `body` as client `address`; the status, `None` when no answer came.
-async fn send(client: &reqwest::Client, url: &str, address: &str, body: &Value) -> Option<u16> {
+/// A UI reader searching the runs `calm_rate` times a second for `duration`.
+async fn read_phase(
+    client: &reqwest::Client,
+    url: &str,
+    body: &Value,
+    args: &FairShareArgs,
+    duration: Duration,
+) -> Calm {
+    let interval = Duration::from_secs_f64(1.0 / args.calm_rate as f64);
+    let mut reads = Calm::default();
+    let mut histogram = Histogram::<u64>::new(3).expect("a histogram");
+    let end = Instant::now() + duration;
+    let mut next = Instant::now();
+    while next < end {
+        tokio::time::sleep_until(next.into()).await;
+        next += interval;
+        reads.sent += 1;
+        let started = Instant::now();
+        if send(client, url, READER, body).await == Some(200) {
+            reads.ok += 1;
+            let _ = histogram.record(started.elapsed().as_micros() as u64);
+        }
+    }
+    reads.latency = Some(histogram);
+    reads
+}
+
+/// POSTs `body` as `who`; the status, `None` when no answer came.
+async fn send(client: &reqwest::Client, url: &str, who: Client<'_>, body: &Value) -> Option<u16> {
     let response = client
         .post(url)
-        .header("x-forwarded-for", address)
+        .header("x-forwarded-for", who.address)
+        .basic_auth(who.user, Some("bench"))
         .json(body)
         .timeout(REQUEST_TIMEOUT)
         .send()

@@ -112,15 +112,17 @@ pub fn run(cli: &Cli, command_line: &str) -> anyhow::Result<Report> {
             },
         ),
     };
-    // The fair-share bench runs the proxy with a write share, trusting loopback's X-Forwarded-For.
+    // The fair-share bench trusts loopback's X-Forwarded-For, and may set the proxy's write share.
     let fair_share_args;
     let stack_args = match &cli.command {
         Command::FairShare(args) => {
             let mut owned = args.stack.clone();
-            owned.proxy_args.extend([
-                format!("--client-write-rate={}", args.client_write_rate),
-                "--trusted-proxies=127.0.0.1".to_owned(),
-            ]);
+            owned
+                .proxy_args
+                .push("--trusted-proxies=127.0.0.1".to_owned());
+            if let Some(rate) = args.client_write_rate {
+                owned.proxy_args.push(format!("--client-write-rate={rate}"));
+            }
             fair_share_args = owned;
             &fair_share_args
         }
