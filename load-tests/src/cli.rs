@@ -101,6 +101,9 @@ pub struct FairShareArgs {
     /// mlscope-proxy's `--client-write-rate` for the run [default: the proxy's own].
     #[arg(long)]
     pub client_write_rate: Option<f64>,
+    /// Run only the mlscope-proxy target (for tuning; a recorded figure needs both side by side).
+    #[arg(long)]
+    pub proxy_only: bool,
     #[command(flatten)]
     pub stack: StackArgs,
 }

@@ -36,6 +36,8 @@ struct Client<'a> {
 }
 /// Metrics per flood batch, as the workload.
 const FLOOD_METRICS: usize = 100;
+/// How long the calm clients and the reader write before their p99 alone is measured.
+const WARM_UP: Duration = Duration::from_secs(3);
 /// Longest a single request may take before it counts as failed.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -66,6 +68,8 @@ struct Outcome {
     flood_failed: u64,
     acknowledged: u64,
     stored: u64,
+    /// The proxy's learned write limit, sampled every half second under the flood.
+    limits: Vec<f64>,
 }
 
 pub(crate) async fn run(
@@ -74,7 +78,12 @@ pub(crate) async fn run(
     command_line: &str,
 ) -> anyhow::Result<Report> {
     let mut outcomes = Vec::new();
-    for kind in [TargetKind::Direct, TargetKind::Proxy] {
+    let kinds: &[TargetKind] = if args.proxy_only {
+        &[TargetKind::Proxy]
+    } else {
+        &[TargetKind::Direct, TargetKind::Proxy]
+    };
+    for &kind in kinds {
         let target = stack
             .target(kind)
             .ok_or_else(|| anyhow::anyhow!("no {kind} target"))?;
@@ -90,6 +99,7 @@ pub(crate) async fn run(
         ("UI read p99 alone → under flood", Align::Right),
         ("flood batches: ok / 429 / failed", Align::Right),
         ("samples stored ≥ acknowledged", Align::Right),
+        ("learned limit: min / median / max", Align::Right),
     ]);
     let mut problems = Vec::new();
     for o in &outcomes {
@@ -116,6 +126,13 @@ pub(crate) async fn run(
             ),
             format!("{} / {} / {}", o.flood_ok, o.flood_refused, o.flood_failed),
             format!("{} ≥ {}", o.stored, o.acknowledged),
+            if o.limits.is_empty() {
+                "–".to_owned()
+            } else {
+                let mut l = o.limits.clone();
+                l.sort_by(f64::total_cmp);
+                format!("{} / {} / {}", l[0], l[l.len() / 2], l[l.len() - 1])
+            },
         ]);
         // Writes that timed out may have been stored too: stored can exceed acknowledged.
         if o.stored < o.acknowledged {
@@ -132,7 +149,7 @@ pub(crate) async fn run(
         None => "with its defaults".to_owned(),
     };
     let markdown = format!(
-        "## One client flooding writes, ten calm ones (fair-share)\n\n{} flood writers of one client (each into its own run, a tag and {FLOOD_METRICS} metrics per log-batch, no pause) and {} calm clients writing a one-metric log-batch {} times a second each, with a UI reader searching the runs as often, for {:?}; the calm clients' and the reader's p99 alone was measured first, for {:?}. Through mlscope-proxy {settings}; every client has its own credential and `X-Forwarded-For` address (trusted from loopback). \"Stored\": samples counted back from MLflow, at least those of every write answered 200 (a write that timed out may be stored too). \"failed\": no answer within 30 s.\n\n{}\n{}",
+        "## One client flooding writes, ten calm ones (fair-share)\n\n{} flood writers of one client (each into its own run, a tag and {FLOOD_METRICS} metrics per log-batch, no pause) and {} calm clients writing a one-metric log-batch {} times a second each, with a UI reader searching the runs as often, for {:?}; the calm clients' and the reader's p99 alone was measured first, for {:?}, after {WARM_UP:?} of warming up. Through mlscope-proxy {settings}; every client has its own credential and `X-Forwarded-For` address (trusted from loopback). \"Stored\": samples counted back from MLflow, at least those of every write answered 200 (a write that timed out may be stored too). \"failed\": no answer within 30 s.\n\n{}\n{}",
         args.flood_writers,
         args.calm_clients,
         args.calm_rate,
@@ -183,9 +200,15 @@ async fn one_target(
     let search = format!("{}/ajax-api/2.0/mlflow/runs/search", target.base_url);
     let search_body = json!({"experiment_ids": [experiment], "max_results": 25});
 
-    // The calm clients alone, then under the flood; steps continue across both phases.
+    // The calm clients warm up (connections, MLflow's first lookups of each run; not counted),
+    // run alone, then under the flood; steps continue across the phases.
+    let warm_steps = (WARM_UP.as_secs_f64() * args.calm_rate as f64).ceil() as i64 + 1;
+    let (warm, _) = tokio::join!(
+        calm_phase(&client, &url, &calm_runs, args, WARM_UP, 0),
+        read_phase(&client, &search, &search_body, args, WARM_UP)
+    );
     let (alone, reads_alone) = tokio::join!(
-        calm_phase(&client, &url, &calm_runs, args, args.alone, 0),
+        calm_phase(&client, &url, &calm_runs, args, args.alone, warm_steps),
         read_phase(&client, &search, &search_body, args, args.alone)
     );
     let stop = Instant::now() + args.duration;
@@ -214,16 +237,35 @@ async fn one_target(
             (ok, refused, failed)
         }
     }));
-    let steps_before = (args.alone.as_secs_f64() * args.calm_rate as f64).ceil() as i64 + 1;
+    let steps_before =
+        warm_steps + (args.alone.as_secs_f64() * args.calm_rate as f64).ceil() as i64 + 1;
     let calm = calm_phase(&client, &url, &calm_runs, args, args.duration, steps_before);
     let reads = read_phase(&client, &search, &search_body, args, args.duration);
-    let (flood, loaded, reads_loaded) = tokio::join!(flood, calm, reads);
+    let admin = stack
+        .admin_url(target.kind)
+        .filter(|_| target.kind == TargetKind::Proxy);
+    let limits = async {
+        let mut limits = Vec::new();
+        if let Some(admin) = &admin {
+            while Instant::now() < stop {
+                tokio::time::sleep(Duration::from_millis(500)).await;
+                if let Some(text) = crate::prometheus::scrape(&client, admin).await {
+                    limits.push(crate::prometheus::sum(
+                        &text,
+                        "mlscope_fair_share_write_limit ",
+                    ));
+                }
+            }
+        }
+        limits
+    };
+    let (flood, loaded, reads_loaded, limits) = tokio::join!(flood, calm, reads, limits);
     let (flood_ok, flood_refused, flood_failed) = flood
         .iter()
         .fold((0, 0, 0), |a, b| (a.0 + b.0, a.1 + b.1, a.2 + b.2));
 
     // Acknowledged means stored: count back every run's samples.
-    let acknowledged = flood_ok * FLOOD_METRICS as u64 + alone.ok + loaded.ok;
+    let acknowledged = flood_ok * FLOOD_METRICS as u64 + warm.ok + alone.ok + loaded.ok;
     let mut stored = 0u64;
     for run in &flood_runs {
         stored += count(&client, mlflow, run, "flood").await?;
@@ -242,6 +284,7 @@ async fn one_target(
         flood_failed,
         acknowledged,
         stored,
+        limits,
     })
 }
 

@@ -6,9 +6,10 @@
 //!   read), so a heavy batch goes through and its client waits for the next one;
 //! - **per-team quotas** from the configuration file: a team's members share the team's buckets,
 //!   on top of their own;
-//! - **saturation control** ([`governor`]): how many writes may be at MLflow at once is learned from
-//!   MLflow's latency, and once they are all taken the client holding the most of them is refused
-//!   first; a client with nothing at MLflow, or alone, is not.
+//! - **saturation control** ([`governor`]): how many writes MLflow takes at once is learned from
+//!   its latency, each active client's fair share of them is that limit divided among them, and a
+//!   client taking more than its share, and the most of all, is refused first; a client alone, or
+//!   within its share, is not.
 //!
 //! A refusal is 429 with `Retry-After` and MLflow's `REQUEST_LIMIT_EXCEEDED`, which MLflow's
 //! client retries; nothing of a refused write reaches MLflow. Reads (GET, searches, GraphQL) are
@@ -106,12 +107,6 @@ impl FairShareConfig {
                 ));
             }
         }
-        if self.max_writes_at_mlflow == 1 {
-            return Err(format!(
-                "max-writes-at-mlflow must be 0 (off) or at least {}",
-                governor::MIN_LIMIT
-            ));
-        }
         let mut names = HashSet::new();
         let mut members = HashMap::new();
         for team in &self.teams {
@@ -172,7 +167,7 @@ enum Refusal {
     ClientSamples(Duration),
     TeamRate(Duration),
     TeamSamples(Duration),
-    Saturation { limit: usize },
+    Saturation { limit: usize, active: usize },
 }
 
 impl Refusal {
@@ -284,7 +279,13 @@ impl FairShare {
     }
 
     /// Admits a write of `client` at `now`, taking one write from its buckets, or says why not.
-    fn admit(&self, client: &ClientKey, team: Option<usize>, now: Instant) -> Result<(), Refusal> {
+    fn admit(
+        &self,
+        client: &ClientKey,
+        team: Option<usize>,
+        bytes: u64,
+        now: Instant,
+    ) -> Result<(), Refusal> {
         let mut shares = self.shares.lock().expect("fair share lock");
         let Shares { clients, teams, .. } = &mut *shares;
         if clients.len() >= MAX_CLIENTS && !clients.contains_key(client) {
@@ -326,8 +327,8 @@ impl FairShare {
         }
         if let Some(governor) = &self.governor {
             let mut governor = governor.lock().expect("governor lock");
-            if let Verdict::Heaviest { limit } = governor.admit(client, now) {
-                return Err(Refusal::Saturation { limit });
+            if let Verdict::Heaviest { limit, active } = governor.admit(client, bytes, now) {
+                return Err(Refusal::Saturation { limit, active });
             }
             self.metrics
                 .fair_share_load(governor.limit(), governor.in_flight());
@@ -344,18 +345,20 @@ impl FairShare {
         Ok(())
     }
 
-    /// An admitted write was answered after `latency` (`None`: abandoned), weighing `samples`.
+    /// An admitted write of `bytes` was answered after `latency` (`None`: abandoned), weighing
+    /// `samples`.
     fn answered(
         &self,
         client: &ClientKey,
         team: Option<usize>,
+        bytes: u64,
         samples: usize,
         latency: Option<Duration>,
     ) {
         let now = Instant::now();
         if let Some(governor) = &self.governor {
             let mut governor = governor.lock().expect("governor lock");
-            governor.answered(client, latency, now);
+            governor.answered(client, bytes, latency, samples, now);
             self.metrics
                 .fair_share_load(governor.limit(), governor.in_flight());
         }
@@ -406,8 +409,8 @@ impl FairShare {
             Refusal::TeamSamples(_) => format!(
                 "team {team_name:?} is using all of its samples per second (its quota in mlscope-proxy's configuration); retry after {wait:.1} s"
             ),
-            Refusal::Saturation { limit } => format!(
-                "MLflow is saturated ({limit} writes at once, a limit learned from its latency) and this client has the most writes waiting; retry after 1 s, or wait for each answer before sending the next write"
+            Refusal::Saturation { limit, active } => format!(
+                "MLflow takes about {limit} writes at once (learned from its latency), shared by {active} active clients, and this client takes more than its share and the most of all; retry after 1 s, or send fewer writes at once"
             ),
         };
         let mut answer = mlflow_error(
@@ -436,15 +439,28 @@ struct Admitted<'a> {
     share: &'a FairShare,
     client: ClientKey,
     team: Option<usize>,
+    bytes: u64,
     done: bool,
 }
 
 impl Drop for Admitted<'_> {
     fn drop(&mut self) {
         if !self.done {
-            self.share.answered(&self.client, self.team, 0, None);
+            self.share
+                .answered(&self.client, self.team, self.bytes, 0, None);
         }
     }
+}
+
+/// What a request body weighs for the governor before it is read: its declared length (a body
+/// without one, chunked, counts as 1 KiB).
+fn declared_bytes(request: &Request) -> u64 {
+    request
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1024)
 }
 
 /// The layer on every route: writes admitted or refused by the share, reads seen as activity,
@@ -459,7 +475,8 @@ pub async fn admit(State(share): State<Arc<FairShare>>, request: Request, next: 
     let (client, team) = share.key(credential.as_ref(), address);
     let now = Instant::now();
     let response = if governs(&request) {
-        if let Err(refusal) = share.admit(&client, team, now) {
+        let bytes = declared_bytes(&request);
+        if let Err(refusal) = share.admit(&client, team, bytes, now) {
             return share.refuse(refusal, team);
         }
         share
@@ -469,6 +486,7 @@ pub async fn admit(State(share): State<Arc<FairShare>>, request: Request, next: 
             share: &share,
             client,
             team,
+            bytes,
             done: false,
         };
         let response = next.run(request).await;
@@ -477,7 +495,7 @@ pub async fn admit(State(share): State<Arc<FairShare>>, request: Request, next: 
             .get::<WriteWeight>()
             .map_or(1, |w| w.0.max(1));
         admitted.done = true;
-        share.answered(&admitted.client, team, weight, Some(now.elapsed()));
+        share.answered(&admitted.client, team, bytes, weight, Some(now.elapsed()));
         response
     } else {
         share.saw(&client, now);
@@ -560,17 +578,17 @@ mod tests {
         let flood = ClientKey::Address("203.0.113.9".parse().unwrap());
         let calm = ClientKey::Address("198.51.100.1".parse().unwrap());
         for _ in 0..20 {
-            share.admit(&flood, None, start).unwrap();
+            share.admit(&flood, None, 100, start).unwrap();
         }
         assert!(matches!(
-            share.admit(&flood, None, start),
+            share.admit(&flood, None, 100, start),
             Err(Refusal::ClientRate(_))
         ));
-        share.admit(&calm, None, start).unwrap();
+        share.admit(&calm, None, 100, start).unwrap();
         // A write of 2,000 samples (twice the bucket) goes through, then its client waits two
         // seconds for its bucket to pay.
-        share.answered(&calm, None, 2000, Some(Duration::from_millis(5)));
-        let refused = share.admit(&calm, None, Instant::now()).unwrap_err();
+        share.answered(&calm, None, 100, 2000, Some(Duration::from_millis(5)));
+        let refused = share.admit(&calm, None, 100, Instant::now()).unwrap_err();
         assert_eq!(refused.reason(), "client_samples");
         assert!(refused.wait() > Duration::from_millis(1900), "{refused:?}");
         let answer = share.refuse(refused, None);
@@ -608,13 +626,13 @@ mod tests {
         let now = Instant::now();
         for i in 0..10 {
             let member = if i % 2 == 0 { &alice } else { &bob };
-            share.admit(member, team, now).unwrap();
+            share.admit(member, team, 100, now).unwrap();
         }
         assert!(matches!(
-            share.admit(&bob, team, now),
+            share.admit(&bob, team, 100, now),
             Err(Refusal::TeamRate(_))
         ));
-        share.admit(&carol, none, now).unwrap();
+        share.admit(&carol, none, 100, now).unwrap();
 
         let mut twice = settings.clone();
         twice.teams.push(Team {
