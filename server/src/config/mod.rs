@@ -254,7 +254,7 @@ struct Cli {
     trusted_proxies: Option<String>,
     /// Writes to MLflow's tracking API per second one client (its credential once MLflow
     /// accepted it, else its address) may send, with bursts of two seconds' worth; beyond, 429
-    /// with Retry-After, which MLflow's client retries; 0 turns the limit off [default: 200].
+    /// with Retry-After, which MLflow's client retries; 0 turns the limit off [default: 1000].
     #[arg(long, env = "MLSCOPE_CLIENT_WRITE_RATE", value_name = "PER_SECOND")]
     client_write_rate: Option<f64>,
     /// Metrics, params and tags per second one client may write, with bursts of two seconds'

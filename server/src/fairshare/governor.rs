@@ -50,6 +50,10 @@ const HEAVY: f64 = 2.0;
 const ACTIVE_FOR: Duration = Duration::from_secs(2);
 /// Clients remembered at once, so the map stays bounded.
 const MAX_CLIENTS: usize = 10_000;
+/// With more clients than this, the active clients are counted (and weighed) at most every
+/// `CENSUS_EVERY`, not on every write: a write costs a map lookup, not a walk over the map.
+const EXACT_UP_TO: usize = 64;
+const CENSUS_EVERY: Duration = Duration::from_millis(20);
 
 /// What the governor decided for one write.
 #[derive(Debug, PartialEq)]
@@ -111,6 +115,8 @@ pub(crate) struct Governor<K> {
     in_flight: usize,
     clients: HashMap<K, ClientLoad>,
     window: Window,
+    /// The last count of active clients and their total weight, with more than `EXACT_UP_TO`.
+    census: Option<(Instant, usize, f64)>,
     /// (window end, window mean in seconds), oldest first.
     means: VecDeque<(Instant, f64)>,
 }
@@ -145,6 +151,7 @@ impl<K: Hash + Eq + Clone> Governor<K> {
             in_flight: 0,
             clients: HashMap::new(),
             window: Window::new(now, 0),
+            census: None,
             means: VecDeque::new(),
         }
     }
@@ -192,11 +199,31 @@ impl<K: Hash + Eq + Clone> Governor<K> {
     /// Admits a write of `client` of `bytes` (it then counts until [`Governor::answered`]) or
     /// refuses it.
     pub(crate) fn admit(&mut self, client: &K, bytes: u64, now: Instant) -> Verdict {
-        let (mut active, mut others_weight) = (1usize, 0.0f64);
-        for (k, c) in &self.clients {
-            if k != client && c.active(now) {
-                active += 1;
-                others_weight += c.weight_at(now);
+        let exact = self.clients.len() <= EXACT_UP_TO;
+        let (mut active, mut total_weight) = (1usize, 0.0f64);
+        if exact {
+            for (k, c) in &self.clients {
+                if k != client && c.active(now) {
+                    active += 1;
+                    total_weight += c.weight_at(now);
+                }
+            }
+        } else {
+            let stale = self
+                .census
+                .is_none_or(|(at, _, _)| now.saturating_duration_since(at) >= CENSUS_EVERY);
+            if stale {
+                let (mut n, mut w) = (0usize, 0.0f64);
+                for c in self.clients.values().filter(|c| c.active(now)) {
+                    n += 1;
+                    w += c.weight_at(now);
+                }
+                self.census = Some((now, n, w));
+            }
+            if let Some((_, n, w)) = self.census {
+                // The census counted this client too (when it was active).
+                active = n.max(1);
+                total_weight = w;
             }
         }
         let limit = self.limit;
@@ -206,7 +233,12 @@ impl<K: Hash + Eq + Clone> Governor<K> {
         };
         own.seen = now;
         let (load, weight) = (own.load_at(now), own.weight_at(now));
-        let average = (others_weight + weight) / active as f64;
+        let everyone = if exact {
+            total_weight + weight
+        } else {
+            total_weight.max(weight)
+        };
+        let average = everyone / active as f64;
         if active > 1 && load > limit / active as f64 && weight > HEAVY * average {
             self.window.refused = true;
             return Verdict::Heaviest {
@@ -384,6 +416,22 @@ mod tests {
             Verdict::Admitted,
             "the readers are no longer active"
         );
+    }
+
+    #[test]
+    fn with_many_clients_the_census_still_finds_the_heavy_one() {
+        let start = Instant::now();
+        let mut g = Governor::new(8, start);
+        for i in 0..200u32 {
+            g.saw(&format!("reader-{i}"), start);
+        }
+        assert_eq!(g.admit(&"flood".to_owned(), 8000, start), Verdict::Admitted);
+        let later = start + CENSUS_EVERY;
+        assert!(matches!(
+            g.admit(&"flood".to_owned(), 8000, later),
+            Verdict::Heaviest { active: 201, .. }
+        ));
+        assert_eq!(g.admit(&"reader-7".to_owned(), 150, later), Verdict::Admitted);
     }
 
     #[test]

@@ -71,7 +71,7 @@ pub struct FairShareConfig {
 impl Default for FairShareConfig {
     fn default() -> Self {
         Self {
-            client_write_rate: 200.0,
+            client_write_rate: 1000.0,
             client_sample_rate: 20_000.0,
             max_writes_at_mlflow: 64,
             teams: Vec::new(),
