@@ -370,22 +370,6 @@ pub struct FleetArgs {
 }
 
 impl FleetArgs {
-    /// The stack's targets, in the order given.
-    pub(crate) fn target_kinds(&self) -> Vec<crate::stack::TargetKind> {
-        use crate::stack::TargetKind;
-        self.targets
-            .iter()
-            .map(|t| match t {
-                FleetTarget::Direct => TargetKind::Direct,
-                FleetTarget::Nginx => TargetKind::Nginx,
-                FleetTarget::MlscopePlain => TargetKind::ProxyCoalesceOff,
-                FleetTarget::MlscopeCoalesce => TargetKind::ProxyDedupOff,
-                FleetTarget::Mlscope => TargetKind::Proxy,
-                FleetTarget::MlscopeReplicas => TargetKind::ProxyReplicas,
-            })
-            .collect()
-    }
-
     pub(crate) fn validate(&self) -> Result<(), String> {
         if self.nodes == 0 || self.runs == 0 || self.runs > self.nodes {
             return Err(

@@ -82,7 +82,7 @@ pub fn run(cli: &Cli, command_line: &str) -> anyhow::Result<Report> {
             },
         ),
         Command::Fleet(args) => {
-            let kinds = args.target_kinds();
+            let kinds = crate::stack::fleet_target_kinds(args);
             (
                 &args.stack,
                 StackPlan {

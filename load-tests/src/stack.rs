@@ -11,7 +11,7 @@ use std::fmt;
 use anyhow::Context as _;
 use mlscope_tests::{MlflowServer, Nginx, PostgresDatabase, ProxyProcess, StackOptions, TestStack};
 
-use crate::cli::StackArgs;
+use crate::cli::{FleetArgs, FleetTarget, StackArgs};
 
 /// Where a benchmark sends its requests. The order is the report's row order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -566,4 +566,19 @@ mod tests {
             "starting S3 store, MLflow and mlscope-proxy (artifact gateway)"
         );
     }
+}
+
+/// The targets a fleet run names, in the order given.
+pub(crate) fn fleet_target_kinds(args: &FleetArgs) -> Vec<TargetKind> {
+    args.targets
+        .iter()
+        .map(|t| match t {
+            FleetTarget::Direct => TargetKind::Direct,
+            FleetTarget::Nginx => TargetKind::Nginx,
+            FleetTarget::MlscopePlain => TargetKind::ProxyCoalesceOff,
+            FleetTarget::MlscopeCoalesce => TargetKind::ProxyDedupOff,
+            FleetTarget::Mlscope => TargetKind::Proxy,
+            FleetTarget::MlscopeReplicas => TargetKind::ProxyReplicas,
+        })
+        .collect()
 }

@@ -42,7 +42,7 @@ async fn readyz(State(state): State<AppState>) -> Response {
     };
     let (upstream, store, artifacts) = tokio::join!(
         check_upstream(&state),
-        state.store.heartbeat(&state.replica),
+        state.store.refresh_replica(&state.replica),
         artifacts
     );
     let upstream_json = match &upstream {

@@ -141,7 +141,7 @@ pub async fn run(
         .into_future();
     let mut main = tokio::spawn(main);
     let admin = tokio::spawn(admin);
-    let heartbeat = tokio::spawn(heartbeat(state.clone()));
+    let replica_row = tokio::spawn(refresh_replica(state.clone()));
     let sweeper = tokio::spawn(sweep(state.clone(), config.state_retention));
     let auth_detector = state.authorizer.as_ref().map(Authorizer::spawn_detector);
     let upstream_check = state
@@ -173,7 +173,7 @@ pub async fn run(
         }
     }
     let _ = stop_tx.send(true);
-    heartbeat.abort();
+    replica_row.abort();
     sweeper.abort();
     if let Some(health) = health {
         health.abort();
@@ -191,14 +191,14 @@ pub async fn run(
 }
 
 /// Refreshes this replica's row so the store lists live replicas.
-async fn heartbeat(state: AppState) {
+async fn refresh_replica(state: AppState) {
     let mut tick = tokio::time::interval(Duration::from_secs(15));
     loop {
         tick.tick().await;
-        let written = state.store.heartbeat(&state.replica).await;
+        let written = state.store.refresh_replica(&state.replica).await;
         state.metrics.store_reachable(written.is_ok());
         if let Err(e) = written {
-            tracing::warn!(error = %e, "state store heartbeat failed");
+            tracing::warn!(error = %e, "refreshing this replica's row in the state store failed");
         }
     }
 }

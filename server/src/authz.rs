@@ -38,7 +38,7 @@ use std::time::{Duration, Instant};
 use axum::body::Body;
 use axum::response::Response;
 use bytes::Bytes;
-use http::{header, HeaderMap, HeaderName, HeaderValue, Method, StatusCode};
+use http::{header, HeaderMap, HeaderValue, Method, StatusCode};
 use sha2::{Digest, Sha256};
 
 use crate::error::mlflow_error;
@@ -242,7 +242,12 @@ impl Authorizer {
         let mut headers = self
             .forwarder
             .upstream_headers(client, peer, None, request_id);
-        for name in REQUEST_SPECIFIC.iter().chain(BODY_HEADERS.iter()) {
+        let drop: Vec<_> = headers
+            .keys()
+            .filter(|n| crate::credential::not_identifying(n))
+            .cloned()
+            .collect();
+        for name in drop {
             headers.remove(name);
         }
         let (method, uri, body) = self.probe_request(action, raw);
@@ -254,7 +259,7 @@ impl Authorizer {
         }
         let answer = match self.forwarder.ask(method, &uri, headers, body).await {
             Ok(answer) => answer,
-            Err(e) => return Decision::Unverifiable(unverifiable(&e)),
+            Err(e) => return Decision::Unverifiable(unverifiable(&e.to_string())),
         };
         let status = answer.status();
         // MLflow refuses the empty batch for its own reasons too (no such run, a deleted run):
@@ -397,72 +402,9 @@ fn query_safe(raw: &str) -> String {
     raw.replace('+', "%2B").replace('&', "%26")
 }
 
-/// Headers that describe the request's body or its transfer, not the client.
-static BODY_HEADERS: [HeaderName; 10] = [
-    header::CONTENT_LENGTH,
-    header::CONTENT_TYPE,
-    header::CONTENT_ENCODING,
-    header::RANGE,
-    header::IF_MATCH,
-    header::IF_NONE_MATCH,
-    header::IF_MODIFIED_SINCE,
-    header::IF_UNMODIFIED_SINCE,
-    header::IF_RANGE,
-    header::ACCEPT_ENCODING,
-];
-
-/// Headers that change from request to request of one client and carry no credential: left out
-/// of the cache key, so one client's requests share its cached answers.
-static REQUEST_SPECIFIC: [HeaderName; 8] = [
-    HeaderName::from_static("x-request-id"),
-    HeaderName::from_static("x-forwarded-for"),
-    HeaderName::from_static("x-forwarded-proto"),
-    HeaderName::from_static("x-forwarded-host"),
-    HeaderName::from_static("traceparent"),
-    HeaderName::from_static("tracestate"),
-    header::USER_AGENT,
-    header::ACCEPT,
-];
-
-/// Everything a client sends that could identify it to MLflow or its auth plugin, hashed: every
-/// header except those that only describe the request or its body. An unknown header is part of
-/// the key, so a plugin's own credential header is never shared between clients.
-pub fn credential_fingerprint(client: &HeaderMap) -> [u8; 32] {
-    let mut pairs: Vec<(&str, &[u8])> = client
-        .iter()
-        .filter(|(name, _)| {
-            !REQUEST_SPECIFIC.contains(name) && !BODY_HEADERS.contains(name) && !is_hop_by_hop(name)
-        })
-        .map(|(name, value)| (name.as_str(), value.as_bytes()))
-        .collect();
-    pairs.sort();
-    let mut hash = Sha256::new();
-    for (name, value) in pairs {
-        hash.update((name.len() as u64).to_le_bytes());
-        hash.update(name.as_bytes());
-        hash.update((value.len() as u64).to_le_bytes());
-        hash.update(value);
-    }
-    hash.finalize().into()
-}
-
-fn is_hop_by_hop(name: &HeaderName) -> bool {
-    matches!(
-        name.as_str(),
-        "connection"
-            | "keep-alive"
-            | "proxy-connection"
-            | "te"
-            | "trailer"
-            | "transfer-encoding"
-            | "upgrade"
-            | "expect"
-    )
-}
-
 fn cache_key(action: Action, raw: &str, client: &HeaderMap) -> [u8; 32] {
     let mut hash = Sha256::new();
-    hash.update(credential_fingerprint(client));
+    hash.update(crate::credential::fingerprint(client));
     hash.update([action as u8]);
     hash.update(raw.as_bytes());
     hash.finalize().into()
@@ -475,39 +417,13 @@ mod tests {
     fn headers(pairs: &[(&'static str, &'static str)]) -> HeaderMap {
         pairs
             .iter()
-            .map(|(k, v)| (HeaderName::from_static(k), HeaderValue::from_static(v)))
+            .map(|(k, v)| {
+                (
+                    http::HeaderName::from_static(k),
+                    HeaderValue::from_static(v),
+                )
+            })
             .collect()
-    }
-
-    #[test]
-    fn fingerprints_differ_per_credential_and_ignore_request_specific_headers() {
-        let alice = headers(&[
-            ("authorization", "Basic YWxpY2U6eA=="),
-            ("x-request-id", "1"),
-            ("content-length", "5"),
-        ]);
-        let alice_again = headers(&[
-            ("authorization", "Basic YWxpY2U6eA=="),
-            ("x-request-id", "2"),
-            ("user-agent", "mlflow"),
-        ]);
-        let bob = headers(&[("authorization", "Basic Ym9iOng=")]);
-        let anonymous = headers(&[]);
-        let plugin_key = headers(&[("x-api-key", "k1")]);
-        let other_plugin_key = headers(&[("x-api-key", "k2")]);
-        assert_eq!(
-            credential_fingerprint(&alice),
-            credential_fingerprint(&alice_again)
-        );
-        assert_ne!(credential_fingerprint(&alice), credential_fingerprint(&bob));
-        assert_ne!(
-            credential_fingerprint(&alice),
-            credential_fingerprint(&anonymous)
-        );
-        assert_ne!(
-            credential_fingerprint(&plugin_key),
-            credential_fingerprint(&other_plugin_key)
-        );
     }
 
     #[test]
@@ -539,7 +455,7 @@ mod tests {
     async fn probes_keep_the_path_and_add_a_child_that_names_no_tier() {
         let authorizer = Authorizer::new(
             Forwarder::new(
-                &crate::config::Config::default(),
+                &crate::proxy::ForwarderSettings::default(),
                 crate::telemetry::Metrics::new(),
             ),
             Duration::ZERO,

@@ -3,44 +3,18 @@
 //! a trusted gateway in front of the proxy (`--trusted-proxies`), the address the gateway says it
 //! served (`X-Forwarded-For`, read from the right, skipping trusted hops). Without trusted
 //! proxies a client cannot claim another address: the header is ignored. For the write share a
-//! client is first its credential ([`Credential`]).
+//! client is first its credential ([`crate::credential::Credential`]).
 
 use std::net::IpAddr;
 
-use http::{header, HeaderMap};
-use sha2::{Digest, Sha256};
+use http::HeaderMap;
 
-/// The credential a request carries in `Authorization` (Basic or Bearer), as a digest of the whole
-/// header value, with the user name of a Basic credential. Two requests with the same user and
-/// another password are two credentials: a client that does not know a user's password cannot
-/// spend that user's share.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct Credential {
-    pub user: Option<Box<str>>,
-    pub digest: [u8; 16],
-}
-
-impl Credential {
-    /// `None` without an `Authorization` header of scheme Basic or Bearer.
-    pub fn of(headers: &HeaderMap) -> Option<Credential> {
-        let value = headers.get(header::AUTHORIZATION)?.to_str().ok()?.trim();
-        let (scheme, rest) = value.split_once(' ')?;
-        let user = if scheme.eq_ignore_ascii_case("basic") {
-            use base64::Engine as _;
-            let raw = base64::engine::general_purpose::STANDARD
-                .decode(rest.trim())
-                .ok()?;
-            let text = String::from_utf8(raw).ok()?;
-            Some(text.split_once(':')?.0.into())
-        } else if scheme.eq_ignore_ascii_case("bearer") {
-            None
-        } else {
-            return None;
-        };
-        let mut digest = [0u8; 16];
-        digest.copy_from_slice(&Sha256::digest(value.as_bytes())[..16]);
-        Some(Credential { user, digest })
-    }
+/// The peer of a request's connection (axum's `ConnectInfo`), or `0.0.0.0:0` where there is none
+/// (a request built in a test, or routed without a connection).
+pub fn peer_of(extensions: &http::Extensions) -> std::net::SocketAddr {
+    extensions
+        .get::<axum::extract::ConnectInfo<std::net::SocketAddr>>()
+        .map_or(std::net::SocketAddr::from(([0, 0, 0, 0], 0)), |c| c.0)
 }
 
 /// A set of networks, `address/prefix-length`.

@@ -9,7 +9,32 @@ use std::time::Duration;
 use axum::response::{IntoResponse, Response};
 use http::{header, HeaderValue, StatusCode};
 
-use crate::telemetry::UpstreamErrorKind;
+use prometheus_client::encoding::{EncodeLabelValue, LabelValueEncoder};
+
+/// Why a request did not get an upstream answer.
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
+pub enum UpstreamErrorKind {
+    Connect,
+    ConnectTimeout,
+    ResponseTimeout,
+    Reset,
+    BodyIdle,
+    Overload,
+}
+
+impl EncodeLabelValue for UpstreamErrorKind {
+    fn encode(&self, encoder: &mut LabelValueEncoder<'_>) -> std::fmt::Result {
+        let name = match self {
+            UpstreamErrorKind::Connect => "connect",
+            UpstreamErrorKind::ConnectTimeout => "connect_timeout",
+            UpstreamErrorKind::ResponseTimeout => "response_timeout",
+            UpstreamErrorKind::Reset => "reset",
+            UpstreamErrorKind::BodyIdle => "body_idle",
+            UpstreamErrorKind::Overload => "overload",
+        };
+        std::fmt::Write::write_str(encoder, name)
+    }
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum ProxyError {

@@ -258,7 +258,7 @@ fn listings_of_any_names_are_ascii_json_that_reads_back_the_same_entries() {
 fn any_client_headers_are_prepared_for_mlflow_without_panic_or_hop_by_hop_leaks() {
     use http::{HeaderMap, HeaderName, HeaderValue};
     let forwarder = crate::proxy::Forwarder::new(
-        &crate::config::Config::default(),
+        &crate::proxy::ForwarderSettings::default(),
         crate::telemetry::Metrics::new(),
     );
     let name = prop_oneof![

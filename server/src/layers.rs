@@ -271,8 +271,8 @@ mod tests {
     /// and the log line's `answered_by`.
     async fn answer_through(upstream: std::net::SocketAddr) -> (u16, String) {
         use tower::ServiceExt;
-        let config = crate::config::Config {
-            upstream: crate::config::Upstream::parse(&format!("http://{upstream}")).unwrap(),
+        let config = crate::proxy::ForwarderSettings {
+            upstream: crate::proxy::Upstream::parse(&format!("http://{upstream}")).unwrap(),
             ..Default::default()
         };
         let metrics = Metrics::new();

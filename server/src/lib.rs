@@ -1,18 +1,33 @@
-//! mlscope-proxy: an MLflow-compatible reverse proxy.
+//! mlscope-proxy: an MLflow-compatible reverse proxy, built in three floors that look only down.
 //!
-//! - [`proxy`] forwards every MLflow route, streaming, with pooled upstream connections;
+//! **Plumbing** knows no capability and no configuration:
+//! - [`proxy`] forwards every MLflow route, streaming, with pooled upstream connections (and owns
+//!   its settings: the upstream, the `Host` policy, the timeouts);
+//! - [`route`] classifies requests (route classes for metrics and logs, reads and writes);
 //! - [`store`] keeps the proxy's own state in SQLite or PostgreSQL;
-//! - [`admin`] serves `/healthz`, `/readyz` and `/metrics` on their own listener;
-//! - [`listen`] reads the listeners' `HOST:PORT` addresses and binds them at startup;
-//! - [`app`] is the route table: which requests [`rewrite`] and [`artifacts`] answer, with
-//!   [`layers`] around every route and forwarding as the fallback; it runs until shutdown;
-//! - [`authz`] asks MLflow, with the client's credentials, whether what the proxy does itself is
-//!   allowed;
+//! - [`telemetry`] sets up logging and holds the Prometheus registry; [`error`] turns the proxy's
+//!   own failures into MLflow's error JSON;
+//! - [`credential`] holds secrets, service credentials and client fingerprints; [`client`] says
+//!   which client a request comes from; [`identity`] reads the collector's identity headers;
 //! - [`writes`] reads MLflow's write bodies (`log-batch`, `log-metric`, `log-parameter`,
-//!   `set-tag`) the way MLflow's parser does, so a capability knows which ones MLflow stores as sent;
-//! - [`coalesce`] merges concurrent writes to one run into MLflow batches;
-//! - [`health`] records every rank's heartbeats and judges runs whose ranks all went silent;
-//! - [`relocate`] is a tool (not on the request path) that copies stray objects into a run.
+//!   `set-tag`) the way MLflow's parser does; [`upstream`] learns MLflow's version;
+//!   [`workspace`] reads MLflow workspaces; [`listen`] binds listeners; [`layers`] are the
+//!   cross-cutting layers every route gets.
+//!
+//! **Capabilities** use plumbing, and one another only through a named seam ([`floors`] lists
+//! them):
+//! - the metric routes: [`rewrite`] (the scope contract), [`dedup`] (one reporter per node) and
+//!   [`coalesce`] (merged writes per run);
+//! - [`artifacts`], the gateway on an S3-compatible store; [`health`], heartbeats and the
+//!   stale-run sweep; [`fairshare`], each client's share of MLflow's writes;
+//! - [`authz`], the seam every capability that acts for a client uses: it asks MLflow, with the
+//!   client's credentials, whether what the proxy does itself is allowed.
+//!
+//! **The shell** composes them: [`config`] gathers every component's settings, [`state`] builds the
+//! components, [`app`] is the route table (which requests a capability answers, with [`layers`]
+//! around every route and forwarding as the fallback) and runs until shutdown, [`serve`] accepts
+//! connections, [`admin`] serves `/healthz`, `/readyz` and `/metrics`, and [`relocate`] is a tool
+//! (not on the request path) that copies stray objects into a run.
 
 pub mod admin;
 pub mod app;
@@ -21,15 +36,18 @@ pub mod authz;
 pub mod client;
 pub mod coalesce;
 pub mod config;
+pub mod credential;
 pub mod dedup;
 pub mod error;
 pub mod fairshare;
 pub mod health;
+pub mod identity;
 pub mod layers;
 pub mod listen;
 pub mod proxy;
 pub mod relocate;
 pub mod rewrite;
+pub mod route;
 pub mod serve;
 pub mod state;
 
@@ -40,6 +58,9 @@ pub mod telemetry;
 pub mod upstream;
 pub mod workspace;
 pub mod writes;
+
+#[cfg(test)]
+mod floors;
 
 pub use app::{app, run};
 pub use config::Config;

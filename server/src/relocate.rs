@@ -20,12 +20,12 @@ use std::process::ExitCode;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+use crate::credential::ServiceCredential;
 use anyhow::{anyhow, Context};
 use aws_sdk_s3::types::{CompletedMultipartUpload, CompletedPart};
 use aws_sdk_s3::Client;
-use base64::Engine;
 use futures_util::{StreamExt, TryStreamExt};
-use http::{HeaderMap, HeaderValue, StatusCode};
+use http::{HeaderMap, StatusCode};
 use indicatif::{HumanBytes, ProgressBar, ProgressDrawTarget, ProgressStyle};
 use percent_encoding::{AsciiSet, NON_ALPHANUMERIC};
 use tokio::sync::Semaphore;
@@ -306,23 +306,23 @@ struct RunInfo {
 }
 
 async fn lookup_run(config: &crate::Config, args: &RelocateArgs) -> anyhow::Result<RunInfo> {
-    let forwarder = Forwarder::new(config, Metrics::new());
+    let forwarder = Forwarder::new(&config.forwarder(), Metrics::new());
     let mut headers = HeaderMap::new();
     let credential = match (
         &args.mlflow_token,
         &args.mlflow_username,
         &args.mlflow_password,
     ) {
-        (Some(token), _, _) => Some(format!("Bearer {}", token.expose())),
-        (None, Some(user), Some(password)) => Some(format!(
-            "Basic {}",
-            base64::engine::general_purpose::STANDARD
-                .encode(format!("{user}:{}", password.expose()))
-        )),
-        _ => None,
+        (Some(token), _, _) => ServiceCredential::Token(token.clone()),
+        (None, Some(user), Some(password)) => ServiceCredential::Basic {
+            username: user.clone(),
+            password: password.clone(),
+        },
+        _ => ServiceCredential::None,
     };
-    if let Some(credential) = credential {
-        let value = HeaderValue::from_str(&credential)
+    if !matches!(credential, ServiceCredential::None) {
+        let value = credential
+            .header()
             .context("the MLflow credentials contain characters an HTTP header cannot carry")?;
         headers.insert(http::header::AUTHORIZATION, value);
     }

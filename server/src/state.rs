@@ -53,7 +53,7 @@ impl AppState {
             .context("opening the state store")?;
         let replica = Replica::new();
         store
-            .heartbeat(&replica)
+            .refresh_replica(&replica)
             .await
             .context("registering this replica in the state store")?;
         let metrics = Metrics::new();
@@ -64,7 +64,7 @@ impl AppState {
                 config.scopes.dedup_config,
             )
         });
-        let forwarder = Forwarder::new(config, metrics.clone());
+        let forwarder = Forwarder::new(&config.forwarder(), metrics.clone());
         let authorizer = (dedup.is_some() || config.artifacts.destination.is_some())
             .then(|| Authorizer::new(forwarder.clone(), config.artifacts.authz_cache_ttl));
         let mut rewriter = MetricsRewriter::new(config.scopes.clone(), dedup, metrics.clone())

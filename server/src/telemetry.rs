@@ -6,7 +6,7 @@ use std::io::IsTerminal;
 use std::sync::atomic::AtomicI64;
 use std::sync::Arc;
 
-use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue, LabelValueEncoder};
+use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
@@ -14,8 +14,16 @@ use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 use tracing_subscriber::EnvFilter;
 
-use crate::config::LogFormat;
-use crate::proxy::RouteClass;
+pub use crate::error::UpstreamErrorKind;
+use crate::route::RouteClass;
+
+/// How log lines are written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    Pretty,
+    Json,
+}
 
 /// Installs the global `tracing` subscriber. Called once by `main`; tests leave it alone.
 pub fn init_logging(format: LogFormat, filter: &str) {
@@ -57,31 +65,6 @@ pub struct RequestLabels {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RouteLabels {
     pub route: RouteClass,
-}
-
-/// Why a request did not get an upstream answer.
-#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
-pub enum UpstreamErrorKind {
-    Connect,
-    ConnectTimeout,
-    ResponseTimeout,
-    Reset,
-    BodyIdle,
-    Overload,
-}
-
-impl EncodeLabelValue for UpstreamErrorKind {
-    fn encode(&self, encoder: &mut LabelValueEncoder<'_>) -> std::fmt::Result {
-        let name = match self {
-            UpstreamErrorKind::Connect => "connect",
-            UpstreamErrorKind::ConnectTimeout => "connect_timeout",
-            UpstreamErrorKind::ResponseTimeout => "response_timeout",
-            UpstreamErrorKind::Reset => "reset",
-            UpstreamErrorKind::BodyIdle => "body_idle",
-            UpstreamErrorKind::Overload => "overload",
-        };
-        std::fmt::Write::write_str(encoder, name)
-    }
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -142,7 +125,7 @@ struct HealthMetrics {
 }
 
 /// One live run. Only runs heard from within `--run-stale-after`, at most
-/// [`crate::health::MAX_GAUGE_RUNS`], carry this label.
+/// run health's `MAX_GAUGE_RUNS`, carry this label.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RunLabels {
     pub run_id: String,
@@ -164,7 +147,7 @@ struct FairShareMetrics {
     writes_at_mlflow: Gauge,
 }
 
-/// `reason` is `none` for admitted writes, else one of a fixed set (see `crate::fairshare`).
+/// `reason` is `none` for admitted writes, else one of the fair share's fixed set of reasons.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ShareLabels {
     pub outcome: &'static str,

@@ -32,6 +32,12 @@ pub(crate) const MAX_BATCH_PARAMS: usize = 100;
 pub(crate) const MAX_BATCH_TAGS: usize = 100;
 pub(crate) const MAX_BATCH_ITEMS: usize = 1000;
 
+/// What a write weighs in samples (metrics, params and tags), set on its response by the route
+/// that read its body, for the client's share of samples (the fair share); a write without it
+/// weighs one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WriteWeight(pub usize);
+
 /// Whether MLflow would take `id` as a run id (`_validate_run_id`: `^[a-zA-Z0-9][\w\-]{0,255}$`,
 /// where Python's `\w` is any Unicode letter, digit or `_`). No run MLflow has can have another
 /// id, so nothing the proxy keeps (leases, counters, heartbeats, queues) is made for one: the

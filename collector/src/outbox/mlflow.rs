@@ -7,8 +7,8 @@ use std::time::Duration;
 use serde_json::{json, Value};
 use ureq::tls::{Certificate, RootCerts, TlsConfig};
 
+use super::Auth;
 use super::{Payload, SendError, Transport};
-use crate::config::Auth;
 
 /// How to reach MLflow.
 #[derive(Clone, Debug)]

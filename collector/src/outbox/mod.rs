@@ -2,6 +2,7 @@
 //! without ever waiting on MLflow, and a sender thread that posts in order, retrying with
 //! backoff while MLflow (or the proxy) is unreachable.
 
+mod auth;
 mod backoff;
 mod mlflow;
 mod sender;
@@ -10,6 +11,7 @@ use std::collections::VecDeque;
 use std::sync::{Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+pub use auth::Auth;
 pub use backoff::Backoff;
 pub use mlflow::{log_batch_body, HttpSettings, MlflowTransport};
 pub use sender::{spawn_sender, SendError, SenderStats, Transport};

@@ -320,7 +320,7 @@ pub(crate) async fn run(
     .await?;
     let mlflow_version = mlflow::version(&direct).await;
     let mut outcomes = Vec::new();
-    for kind in args.target_kinds() {
+    for kind in crate::stack::fleet_target_kinds(args) {
         let target = stack
             .target(kind)
             .with_context(|| format!("{kind} was not started"))?;
@@ -1099,7 +1099,10 @@ mod tests {
             "mlscope-replicas",
         ]);
         assert!(only.validate().is_ok());
-        assert_eq!(only.target_kinds(), [TargetKind::ProxyReplicas]);
+        assert_eq!(
+            crate::stack::fleet_target_kinds(&only),
+            [TargetKind::ProxyReplicas]
+        );
         let mixed = args(&[
             "--scenario",
             "replica-kill",

@@ -333,7 +333,7 @@ impl Engines {
             health: Health::new(
                 config.health.clone(),
                 store,
-                Forwarder::new(&config, metrics.clone()),
+                Forwarder::new(&config.forwarder(), metrics.clone()),
                 metrics,
                 "bench".into(),
             ),

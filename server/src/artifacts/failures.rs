@@ -24,8 +24,6 @@ impl FailureRecorder {
         Self { forwarder, store }
     }
 
-    /// Counts the failure in the shared store (so replicas agree on the count) and tags the run.
-    /// Failures to record are logged, never raised: the client already gets the upload's error.
     /// The client's credentials, kept to tag the run as that client (MLflow's authorization).
     pub fn credentials(headers: &HeaderMap) -> HeaderMap {
         let mut kept = HeaderMap::new();
@@ -41,6 +39,8 @@ impl FailureRecorder {
         kept
     }
 
+    /// Counts the failure in the shared store (so replicas agree on the count) and tags the run.
+    /// Failures to record are logged, never raised: the client already gets the upload's error.
     pub async fn record(&self, run_id: &str, path: &str, error: &str, credentials: &HeaderMap) {
         let error: String = error.chars().take(MAX_ERROR_CHARS).collect();
         let count = match self.store.record_upload_failure(run_id, path, &error).await {

@@ -590,7 +590,7 @@ impl Gateway {
         }
         if let Some(secs) = modified.and_then(|s| u64::try_from(s).ok()) {
             let when = std::time::UNIX_EPOCH + std::time::Duration::from_secs(secs);
-            if let Ok(v) = HeaderValue::from_str(&httpdate(when)) {
+            if let Ok(v) = HeaderValue::from_str(&httpdate::fmt_http_date(when)) {
                 h.insert(header::LAST_MODIFIED, v);
             }
         }
@@ -697,10 +697,7 @@ impl Gateway {
         // The last quarter of the upload slots is kept for clients that hold less than a quarter
         // of them, so that slow clients of one address cannot take them all; the slots
         // themselves bound what the gateway holds.
-        let peer = request
-            .extensions()
-            .get::<axum::extract::ConnectInfo<std::net::SocketAddr>>()
-            .map_or(std::net::IpAddr::from([0, 0, 0, 0]), |c| c.0.ip());
+        let peer = crate::client::peer_of(request.extensions()).ip();
         let client = self
             .upload_shares
             .trusted_proxies
@@ -1143,10 +1140,7 @@ async fn serve_route(State(gateway): State<Gateway>, request: Request) -> Respon
 }
 
 fn peer_of(request: &Request) -> std::net::SocketAddr {
-    request
-        .extensions()
-        .get::<axum::extract::ConnectInfo<std::net::SocketAddr>>()
-        .map_or(std::net::SocketAddr::from(([127, 0, 0, 1], 0)), |c| c.0)
+    crate::client::peer_of(request.extensions())
 }
 
 /// The raw (still percent-encoded) value of the first `name` parameter of a query string.
@@ -1162,32 +1156,6 @@ fn first_query_value<'q>(query: &'q str, name: &str) -> Option<&'q str> {
 struct Credential {
     url: String,
     part_number: i32,
-}
-
-/// An IMF-fixdate (`Sun, 06 Nov 1994 08:49:37 GMT`).
-fn httpdate(when: std::time::SystemTime) -> String {
-    let secs = when
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0);
-    let days = secs / 86_400;
-    let rem = secs % 86_400;
-    let (h, m, s) = (rem / 3600, (rem % 3600) / 60, rem % 60);
-    let weekday = ["Thu", "Fri", "Sat", "Sun", "Mon", "Tue", "Wed"][(days % 7) as usize];
-    // Civil from days (Howard Hinnant's algorithm).
-    let z = days as i64 + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    let name = [
-        "Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec",
-    ][(month - 1) as usize];
-    format!("{weekday}, {day:02} {name} {year} {h:02}:{m:02}:{s:02} GMT")
 }
 
 #[cfg(test)]
@@ -1253,6 +1221,6 @@ mod tests {
     #[test]
     fn http_dates_are_imf_fixdates() {
         let t = std::time::UNIX_EPOCH + std::time::Duration::from_secs(784_111_777);
-        assert_eq!(httpdate(t), "Sun, 06 Nov 1994 08:49:37 GMT");
+        assert_eq!(httpdate::fmt_http_date(t), "Sun, 06 Nov 1994 08:49:37 GMT");
     }
 }

@@ -33,8 +33,8 @@ use percent_encoding::{utf8_percent_encode, NON_ALPHANUMERIC};
 use serde::{Deserialize, Serialize};
 
 use super::{listing, path};
-use crate::config::Upstream;
 use crate::error::ProxyError;
+use crate::proxy::Upstream;
 use crate::proxy::{Forwarder, RouteClass};
 
 /// Listings larger than this pass through unfiltered, so the proxy never holds more per request.
@@ -155,7 +155,7 @@ fn listed_path(uri: &Uri) -> Option<String> {
 
 fn is_plain_json_ok(response: &Response) -> bool {
     let headers = response.headers();
-    let is_json = crate::rewrite::is_json(headers);
+    let is_json = crate::proxy::is_json(headers);
     let encoded = headers
         .get(header::CONTENT_ENCODING)
         .is_some_and(|v| !v.as_bytes().eq_ignore_ascii_case(b"identity"));

@@ -47,7 +47,7 @@ impl OwnerCheck {
     }
 
     pub async fn check(&self, owner: &Owner, headers: &HeaderMap) -> Verdict {
-        let key = (crate::authz::credential_fingerprint(headers), owner.clone());
+        let key = (crate::credential::fingerprint(headers), owner.clone());
         if let Some((verdict, at)) = self.cache.lock().expect("owner cache").get(&key) {
             let ttl = if *verdict == Verdict::Owned {
                 self.ttl
@@ -94,7 +94,7 @@ impl OwnerCheck {
         };
         let (status, body) = match self.forwarder.call(Method::GET, &path, headers, None).await {
             Ok(answer) => answer,
-            Err(e) => return Verdict::Unverifiable(e),
+            Err(e) => return Verdict::Unverifiable(e.to_string()),
         };
         let json: serde_json::Value = serde_json::from_slice(&body).unwrap_or_default();
         match status {

@@ -18,7 +18,7 @@
 //!   accepts a param re-logged with its value, so resending after a partly written batch
 //!   duplicates nothing.
 //! - **Never across credentials.** Requests merge only with requests carrying the same credential
-//!   headers (see [`crate::authz::credential_fingerprint`]; the workspace header is one of them)
+//!   headers (see [`crate::credential::fingerprint`]; the workspace header is one of them)
 //!   and the same API path, so MLflow authorizes the batch exactly as each request.
 //! - **A run's writes keep their order.** All writes of a run share one queue. A batch with params
 //!   or tags leaves only when nothing else of the run is at MLflow, and nothing leaves while it
@@ -52,11 +52,13 @@ use bytes::Bytes;
 use http::{header, HeaderMap, HeaderValue, Method, StatusCode, Uri};
 use http_body_util::{BodyExt, Limited};
 use tokio::sync::{oneshot, OwnedSemaphorePermit, Semaphore};
+use tracing::Instrument as _;
 
-use crate::authz::credential_fingerprint;
+use crate::credential::fingerprint as credential_fingerprint;
 use crate::error::mlflow_error;
+use crate::identity::{NODE_HEADER, RANK_HEADER};
+use crate::proxy::is_json;
 use crate::proxy::{request_id, Forwarder};
-use crate::rewrite::{is_json, NODE_HEADER, RANK_HEADER};
 use crate::telemetry::Metrics;
 use crate::upstream::{MlflowVersion, UpstreamVersion};
 
@@ -340,15 +342,20 @@ impl Inner {
                     let this = this.clone();
                     let run_id = run_id.clone();
                     let wait = this.config.window - waited;
-                    tokio::spawn(async move {
-                        tokio::time::sleep(wait).await;
-                        if let Some(run) =
-                            this.runs.lock().expect("coalescer lock").get_mut(&run_id)
-                        {
-                            run.timer = false;
+                    // The batch's log lines carry the span (the request id) of the request that
+                    // armed the timer.
+                    tokio::spawn(
+                        async move {
+                            tokio::time::sleep(wait).await;
+                            if let Some(run) =
+                                this.runs.lock().expect("coalescer lock").get_mut(&run_id)
+                            {
+                                run.timer = false;
+                            }
+                            Inner::pump(&this, &run_id);
                         }
-                        Inner::pump(&this, &run_id);
-                    });
+                        .in_current_span(),
+                    );
                 }
                 return;
             }
@@ -360,16 +367,20 @@ impl Inner {
             drop(runs);
             let this = this.clone();
             let run_id = run_id.clone();
-            tokio::spawn(async move {
-                this.send(&run_id, batch).await;
-                if let Some(run) = this.runs.lock().expect("coalescer lock").get_mut(&run_id) {
-                    run.in_flight -= 1;
-                    if ordered {
-                        run.ordered_in_flight = false;
+            // Sent in the span of the request that completed the batch (its request id).
+            tokio::spawn(
+                async move {
+                    this.send(&run_id, batch).await;
+                    if let Some(run) = this.runs.lock().expect("coalescer lock").get_mut(&run_id) {
+                        run.in_flight -= 1;
+                        if ordered {
+                            run.ordered_in_flight = false;
+                        }
                     }
+                    Inner::pump(&this, &run_id);
                 }
-                Inner::pump(&this, &run_id);
-            });
+                .in_current_span(),
+            );
         }
     }
 

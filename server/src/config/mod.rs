@@ -38,91 +38,8 @@ pub enum ConfigError {
     Cli(#[from] clap::Error),
 }
 
-/// How the proxy sets the `Host` header on upstream requests.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, clap::ValueEnum)]
-#[serde(rename_all = "lowercase")]
-pub enum HostHeader {
-    /// Forward the client's `Host` unchanged (MLflow 3 checks it against `--allowed-hosts`).
-    Preserve,
-    /// Replace it with the upstream's authority.
-    Upstream,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, clap::ValueEnum)]
-#[serde(rename_all = "lowercase")]
-pub enum LogFormat {
-    Pretty,
-    Json,
-}
-
-/// The MLflow server requests are forwarded to, split once at startup.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Upstream {
-    /// `host:port` as written in the URL.
-    pub authority: http::uri::Authority,
-    /// Path prefix without a trailing slash (`""` for a server at the root).
-    pub base_path: String,
-}
-
-impl Upstream {
-    pub fn parse(url: &str) -> Result<Self, ConfigError> {
-        let uri: http::Uri = url
-            .parse()
-            .map_err(|e| ConfigError::Invalid(format!("upstream {url:?} is not a URL: {e}")))?;
-        match uri.scheme_str() {
-            Some("http") => {}
-            Some(other) => {
-                return Err(ConfigError::Invalid(format!(
-                    "upstream {url:?}: scheme {other:?} is not supported; use http:// (terminate TLS in the gateway)"
-                )))
-            }
-            None => {
-                return Err(ConfigError::Invalid(format!(
-                    "upstream {url:?} needs a scheme, e.g. http://127.0.0.1:5000"
-                )))
-            }
-        }
-        let authority = uri
-            .authority()
-            .cloned()
-            .ok_or_else(|| ConfigError::Invalid(format!("upstream {url:?} has no host")))?;
-        if uri.query().is_some() {
-            return Err(ConfigError::Invalid(format!(
-                "upstream {url:?} must not carry a query string"
-            )));
-        }
-        let base_path = uri.path().trim_end_matches('/').to_owned();
-        Ok(Self {
-            authority,
-            base_path,
-        })
-    }
-
-    /// The upstream URI for a client request's path and query, kept byte for byte.
-    pub fn uri_for(&self, path_and_query: &str) -> Result<http::Uri, http::Error> {
-        http::Uri::builder()
-            .scheme("http")
-            .authority(self.authority.clone())
-            .path_and_query(format!("{}{}", self.base_path, path_and_query))
-            .build()
-    }
-
-    pub fn url(&self) -> String {
-        format!("http://{}{}", self.authority, self.base_path)
-    }
-}
-
-/// Timeouts around the upstream exchange. None of them limits the total length of a transfer:
-/// a slow upload that is still moving is never cut.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Timeouts {
-    /// TCP connect to the upstream.
-    pub connect: Duration,
-    /// From the request being sent until the upstream's response headers arrive.
-    pub response_headers: Duration,
-    /// Longest pause between two chunks of a request or response body.
-    pub body_idle: Duration,
-}
+pub use crate::proxy::{ForwarderSettings, HostHeader, Timeouts, Upstream};
+pub use crate::telemetry::LogFormat;
 
 /// What one client connection may hold. None of it limits a transfer that keeps moving.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -628,9 +545,14 @@ fn parse_duration(s: &str) -> Result<Duration, String> {
 }
 
 impl Config {
-    /// Loads from the process's arguments and environment.
-    pub fn from_env_and_args() -> Result<Self, ConfigError> {
-        Self::from_args(std::env::args_os())
+    /// What the forwarder to MLflow is built from.
+    pub fn forwarder(&self) -> ForwarderSettings {
+        ForwarderSettings {
+            upstream: self.upstream.clone(),
+            host_header: self.host_header,
+            timeouts: self.timeouts,
+            max_idle: self.upstream_max_idle,
+        }
     }
 
     /// Loads from the given arguments (environment still applies through clap's `env`) for
@@ -663,7 +585,7 @@ impl Config {
         let mut config = Config::default();
         let upstream = cli.upstream.or(file.upstream);
         if let Some(url) = upstream {
-            config.upstream = Upstream::parse(&url)?;
+            config.upstream = Upstream::parse(&url).map_err(ConfigError::Invalid)?;
         }
         macro_rules! layer {
             ($($field:ident => $target:expr),* $(,)?) => {

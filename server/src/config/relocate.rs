@@ -1,8 +1,6 @@
 //! Arguments of `mlscope-proxy relocate` (the tool lives in [`crate::relocate`]); here so that
 //! the command line is declared in one module and the tool depends on it, not the other way.
 
-use std::fmt;
-
 use crate::artifacts::upload::{MAX_PART_SIZE, MIN_PART_SIZE};
 use crate::config::parse_size;
 
@@ -92,34 +90,4 @@ fn parse_single_copy_limit(s: &str) -> Result<u64, String> {
     Ok(size as u64)
 }
 
-/// A credential from the command line or environment; never shown in debug output.
-#[derive(Clone)]
-pub struct Secret(String);
-
-impl Secret {
-    pub(crate) fn expose(&self) -> &str {
-        &self.0
-    }
-}
-
-impl From<String> for Secret {
-    fn from(value: String) -> Self {
-        Secret(value)
-    }
-}
-
-impl fmt::Debug for Secret {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("Secret(***)")
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn credentials_never_show_in_debug_output() {
-        assert_eq!(format!("{:?}", Secret("hunter2".into())), "Secret(***)");
-    }
-}
+pub use crate::credential::Secret;

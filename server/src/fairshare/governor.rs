@@ -431,7 +431,10 @@ mod tests {
             g.admit(&"flood".to_owned(), 8000, later),
             Verdict::Heaviest { active: 201, .. }
         ));
-        assert_eq!(g.admit(&"reader-7".to_owned(), 150, later), Verdict::Admitted);
+        assert_eq!(
+            g.admit(&"reader-7".to_owned(), 150, later),
+            Verdict::Admitted
+        );
     }
 
     #[test]

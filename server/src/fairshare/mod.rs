@@ -16,7 +16,7 @@
 //! never refused here, and count as activity: a client browsing the UI makes a flooding writer
 //! give way. Artifact uploads have their own share (upload slots), not this one.
 //!
-//! A client is its credential (`crate::client::Credential`) once MLflow accepted that credential
+//! A client is its credential (`crate::credential::Credential`) once MLflow accepted that credential
 //! (answered a request that carried it with anything but 401), else its address. Without MLflow
 //! authentication every credential is accepted, so a user name is only a claim there: a client can
 //! then spend another user's or team's share by naming it, and escape its own by inventing names.
@@ -25,17 +25,18 @@ mod bucket;
 mod governor;
 
 use std::collections::{HashMap, HashSet};
-use std::net::{IpAddr, SocketAddr};
+use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use axum::extract::{ConnectInfo, Request, State};
+use axum::extract::{Request, State};
 use axum::middleware::Next;
 use axum::response::Response;
 use http::{header, HeaderValue, StatusCode};
 use serde::Deserialize;
 
-use crate::client::{Credential, TrustedProxies};
+use crate::client::TrustedProxies;
+use crate::credential::Credential;
 use crate::error::mlflow_error;
 use crate::proxy::RouteClass;
 use crate::telemetry::Metrics;
@@ -50,10 +51,7 @@ const MAX_VERIFIED: usize = 100_000;
 /// Buckets hold this many seconds of their rate.
 const BURST_SECONDS: f64 = 2.0;
 
-/// What a write weighs in samples (metrics, params and tags), set on its response by the route
-/// that read its body; a write without it weighs one.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct WriteWeight(pub usize);
+pub use crate::writes::WriteWeight;
 
 /// The share's settings.
 #[derive(Debug, Clone, PartialEq)]
@@ -466,10 +464,7 @@ fn declared_bytes(request: &Request) -> u64 {
 /// The layer on every route: writes admitted or refused by the share, reads seen as activity,
 /// credentials learned from MLflow's answers.
 pub async fn admit(State(share): State<Arc<FairShare>>, request: Request, next: Next) -> Response {
-    let peer = request
-        .extensions()
-        .get::<ConnectInfo<SocketAddr>>()
-        .map_or(IpAddr::from([0, 0, 0, 0]), |c| c.0.ip());
+    let peer = crate::client::peer_of(request.extensions()).ip();
     let credential = Credential::of(request.headers());
     let address = share.trusted.client(peer, request.headers());
     let (client, team) = share.key(credential.as_ref(), address);

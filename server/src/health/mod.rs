@@ -11,11 +11,10 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
-use http::{HeaderMap, HeaderValue, Method, StatusCode};
+use http::{HeaderMap, Method, StatusCode};
 use serde::Serialize;
 use serde_json::{json, Value};
 
-use crate::config::Secret;
 use crate::proxy::Forwarder;
 use crate::store::{unix_millis, RankRow, Store, VerdictRow, SUPERSEDE_AFTER_MS};
 use crate::telemetry::Metrics;
@@ -59,12 +58,7 @@ impl StaleAction {
 }
 
 /// The credential the sweep uses for MLflow when MLflow requires one.
-#[derive(Debug, Clone)]
-pub enum ServiceCredential {
-    None,
-    Token(Secret),
-    Basic { username: String, password: Secret },
-}
+pub use crate::credential::ServiceCredential;
 
 #[derive(Debug, Clone)]
 pub struct HealthConfig {
@@ -675,7 +669,7 @@ impl Health {
             .forwarder
             .call(method, path, headers, body)
             .await
-            .map_err(|e| ("mlflow", e))?;
+            .map_err(|e| ("mlflow", e.to_string()))?;
         if status == StatusCode::UNAUTHORIZED || status == StatusCode::FORBIDDEN {
             return Err((
                 "refused",
@@ -696,19 +690,7 @@ impl Health {
 
     fn service_headers(&self) -> HeaderMap {
         let mut headers = HeaderMap::new();
-        let value = match &self.inner.config.credential {
-            ServiceCredential::None => None,
-            ServiceCredential::Token(token) => Some(format!("Bearer {}", token.expose())),
-            ServiceCredential::Basic { username, password } => {
-                use base64::Engine as _;
-                let pair = format!("{username}:{}", password.expose());
-                Some(format!(
-                    "Basic {}",
-                    base64::engine::general_purpose::STANDARD.encode(pair)
-                ))
-            }
-        };
-        if let Some(value) = value.and_then(|v| HeaderValue::from_str(&v).ok()) {
+        if let Some(value) = self.inner.config.credential.header() {
             headers.insert(http::header::AUTHORIZATION, value);
         }
         headers

@@ -5,7 +5,7 @@ use std::net::SocketAddr;
 
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 
-use crate::config::HostHeader;
+use super::HostHeader;
 
 pub static X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
@@ -102,6 +102,15 @@ pub(crate) fn to_upstream(
         headers.insert(X_FORWARDED_PROTO.clone(), HeaderValue::from_static("http"));
     }
     headers.insert(X_REQUEST_ID.clone(), request_id.clone());
+}
+
+/// Whether a message's content type is JSON (`application/json`, any parameters).
+pub fn is_json(headers: &HeaderMap) -> bool {
+    headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split(';').next())
+        .is_some_and(|mime| mime.trim().eq_ignore_ascii_case("application/json"))
 }
 
 #[cfg(test)]

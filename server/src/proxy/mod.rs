@@ -3,7 +3,6 @@
 
 mod body;
 mod headers;
-mod route;
 
 use std::error::Error as StdError;
 use std::net::SocketAddr;
@@ -18,13 +17,15 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 
+pub use crate::route::{is_write, RouteClass};
 pub use body::{find_idle_timeout, Direction, Guard, Guarded, IdleTimeoutError, StreamingBody};
-pub use headers::{request_id, strip_hop_by_hop, X_REQUEST_ID};
-pub use route::{is_write, RouteClass};
+pub use headers::{is_json, request_id, strip_hop_by_hop, X_REQUEST_ID};
 
-use crate::config::{Config, HostHeader, Timeouts, Upstream};
+mod settings;
+
 use crate::error::ProxyError;
 use crate::telemetry::{ErrorLabels, Metrics};
+pub use settings::{ForwarderSettings, HostHeader, Timeouts, Upstream};
 
 type UpstreamBody = StreamingBody<Body>;
 
@@ -47,6 +48,21 @@ impl AnsweredBy {
     pub const ARTIFACT_STORE: Self = Self("artifact_store");
 }
 
+/// Why one of the proxy's own requests to MLflow ([`Forwarder::ask`], [`Forwarder::call`]) got
+/// no answer; the kind decides whether it is sent again.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum AskError {
+    #[error("the request to MLflow could not be built: {0}")]
+    Request(String),
+    /// The connection was closed as the request went out: sent once more on a fresh one.
+    #[error("MLflow at {upstream} closed the connection before answering: {reason}")]
+    Closed { upstream: String, reason: String },
+    #[error("MLflow at {upstream} did not answer: {reason}")]
+    Exchange { upstream: String, reason: String },
+    #[error("MLflow at {upstream} did not answer within {after:?}")]
+    Timeout { upstream: String, after: Duration },
+}
+
 /// The upstream MLflow server and the pooled client that reaches it.
 #[derive(Clone)]
 pub struct Forwarder {
@@ -58,7 +74,7 @@ pub struct Forwarder {
 }
 
 impl Forwarder {
-    pub fn new(config: &Config, metrics: Metrics) -> Self {
+    pub fn new(config: &ForwarderSettings, metrics: Metrics) -> Self {
         let mut connector = HttpConnector::new();
         connector.set_connect_timeout(Some(config.timeouts.connect));
         connector.set_nodelay(true);
@@ -68,7 +84,7 @@ impl Forwarder {
         // closed before message completed".
         let client = Client::builder(TokioExecutor::new())
             .pool_idle_timeout(UPSTREAM_IDLE_TIMEOUT)
-            .pool_max_idle_per_host(config.upstream_max_idle)
+            .pool_max_idle_per_host(config.max_idle)
             .build(connector);
         Self {
             client,
@@ -149,11 +165,12 @@ impl Forwarder {
         path_and_query: &str,
         client_headers: &http::HeaderMap,
         json: Option<serde_json::Value>,
-    ) -> Result<(http::StatusCode, bytes::Bytes), String> {
+    ) -> Result<(http::StatusCode, bytes::Bytes), AskError> {
         let mut headers = http::HeaderMap::new();
         headers.insert(
             http::header::HOST,
-            HeaderValue::from_str(self.upstream.authority.as_str()).map_err(|e| e.to_string())?,
+            HeaderValue::from_str(self.upstream.authority.as_str())
+                .map_err(|e| AskError::Request(e.to_string()))?,
         );
         // The client's credentials, and its workspace: MLflow looks a run up in the workspace
         // the request names, and finds nothing of another one.
@@ -172,7 +189,9 @@ impl Forwarder {
                     http::header::CONTENT_TYPE,
                     HeaderValue::from_static("application/json"),
                 );
-                bytes::Bytes::from(serde_json::to_vec(&value).map_err(|e| e.to_string())?)
+                bytes::Bytes::from(
+                    serde_json::to_vec(&value).map_err(|e| AskError::Request(e.to_string()))?,
+                )
             }
             None => bytes::Bytes::new(),
         };
@@ -190,7 +209,7 @@ impl Forwarder {
         path_and_query: &str,
         headers: http::HeaderMap,
         body: bytes::Bytes,
-    ) -> Result<http::Response<bytes::Bytes>, String> {
+    ) -> Result<http::Response<bytes::Bytes>, AskError> {
         match self
             .ask_once(
                 method.clone(),
@@ -200,7 +219,7 @@ impl Forwarder {
             )
             .await
         {
-            Err(e) if e.contains("connection closed before message completed") => {
+            Err(AskError::Closed { .. }) => {
                 self.ask_once(method, path_and_query, headers, body).await
             }
             other => other,
@@ -213,12 +232,12 @@ impl Forwarder {
         path_and_query: &str,
         headers: http::HeaderMap,
         body: bytes::Bytes,
-    ) -> Result<http::Response<bytes::Bytes>, String> {
+    ) -> Result<http::Response<bytes::Bytes>, AskError> {
         use http_body_util::BodyExt;
         let uri = self
             .upstream
             .uri_for(path_and_query)
-            .map_err(|e| e.to_string())?;
+            .map_err(|e| AskError::Request(e.to_string()))?;
         let mut request = http::Request::new(StreamingBody::new(
             Body::from(body),
             self.timeouts.body_idle,
@@ -227,29 +246,42 @@ impl Forwarder {
         *request.method_mut() = method;
         *request.uri_mut() = uri;
         *request.headers_mut() = headers;
+        let upstream = || self.upstream.url();
         let exchange = async {
-            let response = self
-                .client
-                .request(request)
-                .await
-                .map_err(|e| root_cause(&e).to_string())?;
+            let response = self.client.request(request).await.map_err(|e| {
+                let reason = root_cause(&e).to_string();
+                // A pooled connection MLflow was closing as the request went out.
+                if find_in_chain::<hyper::Error>(&e)
+                    .is_some_and(hyper::Error::is_incomplete_message)
+                {
+                    AskError::Closed {
+                        upstream: upstream(),
+                        reason,
+                    }
+                } else {
+                    AskError::Exchange {
+                        upstream: upstream(),
+                        reason,
+                    }
+                }
+            })?;
             let (parts, body) = response.into_parts();
             let body = http_body_util::Limited::new(body, 16 << 20)
                 .collect()
                 .await
-                .map_err(|e| e.to_string())?
+                .map_err(|e| AskError::Exchange {
+                    upstream: upstream(),
+                    reason: e.to_string(),
+                })?
                 .to_bytes();
-            Ok::<_, String>(http::Response::from_parts(parts, body))
+            Ok::<_, AskError>(http::Response::from_parts(parts, body))
         };
         match tokio::time::timeout(self.timeouts.response_headers, exchange).await {
-            Ok(result) => {
-                result.map_err(|e| format!("MLflow at {} did not answer: {e}", self.upstream.url()))
-            }
-            Err(_) => Err(format!(
-                "MLflow at {} did not answer within {:?}",
-                self.upstream.url(),
-                self.timeouts.response_headers
-            )),
+            Ok(result) => result,
+            Err(_) => Err(AskError::Timeout {
+                upstream: upstream(),
+                after: self.timeouts.response_headers,
+            }),
         }
     }
 

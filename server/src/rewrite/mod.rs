@@ -11,34 +11,34 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use axum::body::Body;
-use std::net::{IpAddr, SocketAddr};
+use std::net::SocketAddr;
 
 use axum::extract::{ConnectInfo, Request, State};
 use axum::response::Response;
-use http::{header, HeaderMap, HeaderValue, StatusCode};
+use http::{header, HeaderValue, StatusCode};
 use mlscope_scopes::{scoped_key, Identity, KeyOutcome, OwnerPattern, ScopedKey};
 
 use crate::authz::{self, Authorizer};
 use crate::coalesce::Coalescer;
 use crate::dedup::{Decision, DedupConfig, Deduplicator, Event};
 use crate::error::mlflow_error;
-use crate::fairshare::WriteWeight;
 use crate::health::{Beat, Health};
 use crate::proxy::X_REQUEST_ID;
 use crate::telemetry::Metrics;
-use crate::writes::Prepared;
+use crate::writes::{Prepared, WriteWeight};
 use body::{BodyError, Edit, Endpoint, MetricsBody};
 use intake::{Intake, IntakeError};
 pub use stats::RunStats;
 
-/// Headers through which the collector (or a platform SDK) says who is sending.
-pub const NODE_HEADER: &str = "x-mlscope-node";
-pub const RANK_HEADER: &str = "x-mlscope-rank";
+pub use crate::identity::{identity_from_headers, NODE_HEADER, RANK_HEADER};
+use crate::proxy::is_json;
 
-/// MLflow's own limits on one log-batch; larger batches go through untouched so MLflow answers.
-const MAX_METRICS: usize = 1000;
-const MAX_ITEMS: usize = 1000;
+// MLflow's own limits on one log-batch; larger batches go through untouched so MLflow answers.
+use crate::writes::{MAX_BATCH_ITEMS as MAX_ITEMS, MAX_BATCH_METRICS as MAX_METRICS};
 
+/// The metric routes' settings: whether and how `system/` keys are scoped (the owner pattern, the
+/// migration period that keeps original keys), node deduplication, and the limits on bodies under
+/// inspection.
 #[derive(Debug, Clone)]
 pub struct ScopeConfig {
     /// Rename ambiguous `system/` keys.
@@ -74,6 +74,10 @@ impl Default for ScopeConfig {
     }
 }
 
+/// The metric routes' rewriter: reads a `log-batch` or `log-metric` body once (within the
+/// inspection budget), applies the scope contract to its `system/` keys, keeps node-wide samples
+/// from one reporter per (run, node), caps the identities a request and a run may carry, and hands
+/// the coalescer what it found (with the rank's beat for run health).
 pub struct MetricsRewriter {
     config: ScopeConfig,
     /// The memory budget of bodies under inspection.
@@ -207,10 +211,7 @@ impl MetricsRewriter {
             return Err(self.too_large());
         }
         let (parts, body) = request.into_parts();
-        let peer = parts
-            .extensions
-            .get::<ConnectInfo<SocketAddr>>()
-            .map_or(IpAddr::from([0, 0, 0, 0]), |c| c.0.ip());
+        let peer = crate::client::peer_of(&parts.extensions).ip();
         let client = self.trusted_proxies.client(peer, &parts.headers);
         let (bytes, _charge) = match self
             .intake
@@ -532,10 +533,7 @@ impl MetricsRewriter {
         let Some(authz) = &self.authz else {
             return Ok(true);
         };
-        let peer = request
-            .extensions
-            .get::<ConnectInfo<SocketAddr>>()
-            .map_or(SocketAddr::from(([0, 0, 0, 0], 0)), |c| c.0);
+        let peer = crate::client::peer_of(&request.extensions);
         let request_id = request
             .headers
             .get(&X_REQUEST_ID)
@@ -703,38 +701,6 @@ fn observe_rank_tags(beat: &mut Beat, request: &Identity, bytes: &[u8]) {
         for tag in tags.tags.iter().take(MAX_ITEMS) {
             beat.observe_tag(request.node.as_deref(), request.rank, &tag.key, &tag.value);
         }
-    }
-}
-
-/// Whether a message's content type is JSON (`application/json`, any parameters).
-pub(crate) fn is_json(headers: &HeaderMap) -> bool {
-    headers
-        .get(header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.split(';').next())
-        .is_some_and(|mime| mime.trim().eq_ignore_ascii_case("application/json"))
-}
-
-/// The identity request headers declare; parts that are absent or malformed stay unknown.
-pub fn identity_from_headers(headers: &HeaderMap) -> Identity {
-    let text = |name: &str| {
-        headers
-            .get(name)
-            .and_then(|v| v.to_str().ok())
-            .map(str::trim)
-            .filter(|v| !v.is_empty())
-    };
-    Identity {
-        // Any spelling of a node name (upper case, `_`) names the same node as its contract
-        // form; names that are not names at all stay unknown.
-        node: text(NODE_HEADER)
-            .filter(|n| {
-                n.len() <= 253
-                    && n.bytes()
-                        .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'-' | b'_'))
-            })
-            .map(mlscope_scopes::normalize_node),
-        rank: text(RANK_HEADER).and_then(|r| r.parse().ok()),
     }
 }
 
@@ -1142,7 +1108,7 @@ mod tests {
             let before: Value = serde_json::from_str(&body).unwrap();
             let mut after: Value = serde_json::from_slice(&out).unwrap();
             let identity = identity_from_headers(&{
-                let mut h = HeaderMap::new();
+                let mut h = http::HeaderMap::new();
                 for (k, v) in &headers { h.insert(*k, v.parse().unwrap()); }
                 h
             });

@@ -80,7 +80,6 @@ pub enum Store {
 pub const SQL_TIMEOUT: Duration = Duration::from_secs(5);
 
 impl Store {
-    /// Opens (creating a SQLite file if needed) and migrates the store.
     /// Opens (creating an SQLite file when needed) and migrates the store. Every acquire and
     /// statement is bounded by [`SQL_TIMEOUT`].
     pub async fn open(url: &str) -> Result<Self, StoreError> {
@@ -153,7 +152,7 @@ impl Store {
 
     /// Records this replica as alive. Doubles as the readiness write check: a store that cannot
     /// take this write cannot take lease updates either.
-    pub async fn heartbeat(&self, replica: &Replica) -> Result<(), StoreError> {
+    pub async fn refresh_replica(&self, replica: &Replica) -> Result<(), StoreError> {
         let now = unix_millis(SystemTime::now());
         let sql = "INSERT INTO proxy_replicas (replica_id, version, started_at, last_seen_at) \
                    VALUES ($1, $2, $3, $4) \
@@ -220,13 +219,13 @@ mod tests {
     use super::*;
 
     #[tokio::test]
-    async fn sqlite_store_is_created_migrated_and_takes_heartbeats() {
+    async fn sqlite_store_is_created_migrated_and_lists_live_replicas() {
         let dir = tempfile::tempdir().unwrap();
         let url = format!("sqlite://{}/state.db", dir.path().display());
         let store = Store::open(&url).await.unwrap();
         let replica = Replica::new();
-        store.heartbeat(&replica).await.unwrap();
-        store.heartbeat(&replica).await.unwrap();
+        store.refresh_replica(&replica).await.unwrap();
+        store.refresh_replica(&replica).await.unwrap();
         assert_eq!(
             store.live_replicas(Duration::from_secs(60)).await.unwrap(),
             vec![replica.id.clone()]
@@ -263,8 +262,8 @@ mod tests {
         let (a, b) = tokio::join!(Store::open(&url), Store::open(&url));
         let (a, b) = (a.unwrap(), b.unwrap());
         let (ra, rb) = (Replica::new(), Replica::new());
-        a.heartbeat(&ra).await.unwrap();
-        b.heartbeat(&rb).await.unwrap();
+        a.refresh_replica(&ra).await.unwrap();
+        b.refresh_replica(&rb).await.unwrap();
         let mut live = a.live_replicas(Duration::from_secs(60)).await.unwrap();
         live.sort();
         let mut expected = vec![ra.id.clone(), rb.id.clone()];

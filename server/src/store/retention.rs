@@ -74,7 +74,7 @@ mod tests {
             .record_upload_failure("new-run", "a", "e")
             .await
             .unwrap();
-        store.heartbeat(&Replica::new()).await.unwrap();
+        store.refresh_replica(&Replica::new()).await.unwrap();
         store
             .record_ranks(&[crate::store::RankRow {
                 run_id: "old-run".into(),
