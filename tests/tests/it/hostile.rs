@@ -847,13 +847,21 @@ async fn under_a_flood_of_heavy_batches_the_heaviest_client_gives_way_and_nothin
     }
     let (experiment, calm_run) = create_experiment_and_run(mlflow, "saturation-calm").await;
     let url = format!("{}/api/2.0/mlflow/runs/log-batch", proxy.url);
-    let stop = std::time::Instant::now() + Duration::from_secs(8);
+    // The calm client and the reader are active first (a client alone is never refused: it
+    // competes with nobody); the flood starts once they are, and goes on until the calm client
+    // has written its 16 writes and the reader read as often, however slow MLflow is.
+    use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+    let (calm_started, calm_done) = (AtomicBool::new(false), AtomicBool::new(false));
     let flood = futures_util::future::join_all(flood_runs.iter().map(|run| {
         let (url, run) = (url.clone(), run.clone());
+        let (calm_started, calm_done) = (&calm_started, &calm_done);
         async move {
             let client = http();
             let (mut ok, mut refused, mut other) = (0i64, Vec::new(), Vec::new());
-            while std::time::Instant::now() < stop {
+            while !calm_started.load(Relaxed) {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            while !calm_done.load(Relaxed) {
                 let metrics: Vec<Value> = (0..METRICS)
                     .map(|j| json!({"key": "flood", "value": j, "timestamp": now_ms(), "step": ok * METRICS + j}))
                     .collect();
@@ -879,36 +887,39 @@ async fn under_a_flood_of_heavy_batches_the_heaviest_client_gives_way_and_nothin
     }));
     let calm = async {
         let client = http();
-        let mut statuses = Vec::new();
-        let mut step = 0;
-        while std::time::Instant::now() < stop {
-            let status = client
+        let mut answers = Vec::new();
+        for step in 0..16 {
+            let response = client
                 .post(&url)
                 .header("x-forwarded-for", "198.51.100.7")
                 .json(&json!({"run_id": calm_run, "metrics": [{"key": "calm", "value": 1, "timestamp": now_ms(), "step": step}]}))
                 .send()
                 .await
-                .unwrap()
-                .status();
-            statuses.push(status);
-            step += 1;
+                .unwrap();
+            answers.push((response.status(), response.text().await.unwrap_or_default()));
             let read = client
                 .post(format!("{}/ajax-api/2.0/mlflow/runs/search", proxy.url))
                 .header("x-forwarded-for", "198.51.100.8")
                 .json(&json!({"experiment_ids": [experiment], "max_results": 10}))
                 .send()
                 .await
-                .unwrap()
-                .status();
-            statuses.push(read);
+                .unwrap();
+            answers.push((read.status(), read.text().await.unwrap_or_default()));
+            if step == 1 {
+                calm_started.store(true, Relaxed);
+            }
             tokio::time::sleep(Duration::from_millis(250)).await;
         }
-        statuses
+        calm_done.store(true, Relaxed);
+        answers
     };
     let (flood, calm) = tokio::join!(flood, calm);
     assert!(
-        calm.iter().all(|s| *s == StatusCode::OK),
-        "the calm client and the reader: {calm:?}"
+        calm.iter().all(|(s, _)| *s == StatusCode::OK),
+        "the calm client and the reader: {:?}",
+        calm.iter()
+            .filter(|(s, _)| *s != StatusCode::OK)
+            .collect::<Vec<_>>()
     );
     let mut refusals = 0;
     for (run, ok, refused, other) in &flood {
