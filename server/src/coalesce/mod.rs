@@ -198,15 +198,9 @@ impl Coalescer {
         // What the rewriter read of the body, when it did: the body is not read again.
         let prepared = parts.extensions.remove::<Prepared>();
         // The rewriter left the body in memory with its length: collecting it copies nothing.
-        let body = match Limited::new(body, MAX_BATCH_BYTES).collect().await {
-            Ok(collected) => collected.to_bytes(),
-            Err(e) => {
-                return mlflow_error(
-                    StatusCode::BAD_REQUEST,
-                    "BAD_REQUEST",
-                    &format!("the request body could not be read: {e}"),
-                )
-            }
+        let body = match read_body(body).await {
+            Ok(body) => body,
+            Err(answer) => return answer,
         };
         let parsed = match prepared.map_or_else(|| writes::parse(parts.uri.path(), &body), |p| p.0)
         {
@@ -249,6 +243,19 @@ impl Coalescer {
                 "mlscope-proxy lost this request's batch while shutting down; retry",
             )
         })
+    }
+}
+
+/// A write's body, whole (at most one batch's bytes); a body that cannot be read is the client's
+/// 400.
+pub async fn read_body(body: Body) -> Result<Bytes, Response> {
+    match Limited::new(body, MAX_BATCH_BYTES).collect().await {
+        Ok(collected) => Ok(collected.to_bytes()),
+        Err(e) => Err(mlflow_error(
+            StatusCode::BAD_REQUEST,
+            "BAD_REQUEST",
+            &format!("the request body could not be read: {e}"),
+        )),
     }
 }
 

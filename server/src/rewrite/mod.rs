@@ -760,20 +760,10 @@ pub async fn log_pair(
     ConnectInfo(peer): ConnectInfo<SocketAddr>,
     request: Request,
 ) -> Response {
-    use http_body_util::BodyExt as _;
     let (parts, body) = request.into_parts();
-    let body = match http_body_util::Limited::new(body, crate::coalesce::MAX_BATCH_BYTES)
-        .collect()
-        .await
-    {
-        Ok(collected) => collected.to_bytes(),
-        Err(e) => {
-            return mlflow_error(
-                StatusCode::BAD_REQUEST,
-                "BAD_REQUEST",
-                &format!("the request body could not be read: {e}"),
-            )
-        }
+    let body = match crate::coalesce::read_body(body).await {
+        Ok(body) => body,
+        Err(answer) => return answer,
     };
     let run_id = crate::writes::run_of(&body);
     let response = coalescer
