@@ -17,11 +17,13 @@ pub enum RouteClass {
     Other,
 }
 
-/// Tracking API prefixes: the UI uses `/ajax-api`, newer endpoints also live under `/api/3.0`.
-const TRACKING_PREFIXES: [&str; 3] = [
+/// Tracking API prefixes: the UI uses `/ajax-api`, newer endpoints also live under `/api/3.0`
+/// (and `/ajax-api/3.0`).
+const TRACKING_PREFIXES: [&str; 4] = [
     "/api/2.0/mlflow/",
     "/ajax-api/2.0/mlflow/",
     "/api/3.0/mlflow/",
+    "/ajax-api/3.0/mlflow/",
 ];
 const ARTIFACT_PREFIXES: [&str; 3] = [
     "/api/2.0/mlflow-artifacts/",
@@ -142,6 +144,11 @@ mod tests {
             (Method::POST, "/ajax-api/2.0/mlflow/runs/search", false),
             (Method::POST, "/api/2.0/mlflow/experiments/search", false),
             (Method::POST, "/api/3.0/mlflow/traces/search", false),
+            (
+                Method::POST,
+                "/ajax-api/3.0/mlflow/logged-models/search",
+                false,
+            ),
             (
                 Method::POST,
                 "/ajax-api/2.0/mlflow/experiments/search-datasets",

@@ -116,7 +116,7 @@ pub(crate) struct Governor<K> {
     clients: HashMap<K, ClientLoad>,
     window: Window,
     /// The last count of active clients and their total weight, with more than `EXACT_UP_TO`.
-    census: Option<(Instant, usize, f64)>,
+    census: Option<(Instant, usize, usize, f64)>,
     /// (window end, window mean in seconds), oldest first.
     means: VecDeque<(Instant, f64)>,
 }
@@ -200,29 +200,36 @@ impl<K: Hash + Eq + Clone> Governor<K> {
     /// refuses it.
     pub(crate) fn admit(&mut self, client: &K, bytes: u64, now: Instant) -> Verdict {
         let exact = self.clients.len() <= EXACT_UP_TO;
-        let (mut active, mut total_weight) = (1usize, 0.0f64);
+        // Active clients share the limit; the average weight is over those that write (readers
+        // weigh nothing and would make every writer look heavy), at least three.
+        let (mut active, mut writers, mut total_weight) = (1usize, 1usize, 0.0f64);
         if exact {
             for (k, c) in &self.clients {
                 if k != client && c.active(now) {
                     active += 1;
-                    total_weight += c.weight_at(now);
+                    let w = c.weight_at(now);
+                    writers += usize::from(w > 0.0);
+                    total_weight += w;
                 }
             }
         } else {
             let stale = self
                 .census
-                .is_none_or(|(at, _, _)| now.saturating_duration_since(at) >= CENSUS_EVERY);
+                .is_none_or(|(at, ..)| now.saturating_duration_since(at) >= CENSUS_EVERY);
             if stale {
-                let (mut n, mut w) = (0usize, 0.0f64);
+                let (mut n, mut writing, mut w) = (0usize, 0usize, 0.0f64);
                 for c in self.clients.values().filter(|c| c.active(now)) {
                     n += 1;
-                    w += c.weight_at(now);
+                    let weight = c.weight_at(now);
+                    writing += usize::from(weight > 0.0);
+                    w += weight;
                 }
-                self.census = Some((now, n, w));
+                self.census = Some((now, n, writing, w));
             }
-            if let Some((_, n, w)) = self.census {
+            if let Some((_, n, writing, w)) = self.census {
                 // The census counted this client too (when it was active).
                 active = n.max(1);
+                writers = writing.max(1);
                 total_weight = w;
             }
         }
@@ -238,7 +245,7 @@ impl<K: Hash + Eq + Clone> Governor<K> {
         } else {
             total_weight.max(weight)
         };
-        let average = everyone / active as f64;
+        let average = everyone / writers.max(3) as f64;
         if active > 1 && load > limit / active as f64 && weight > HEAVY * average {
             self.window.refused = true;
             return Verdict::Heaviest {
@@ -248,7 +255,7 @@ impl<K: Hash + Eq + Clone> Governor<K> {
         }
         own.advance(now);
         own.holds += 1;
-        own.held_bytes += bytes;
+        own.held_bytes = own.held_bytes.saturating_add(bytes);
         self.in_flight += 1;
         self.window.peak_in_flight = self.window.peak_in_flight.max(self.in_flight);
         Verdict::Admitted
@@ -438,7 +445,7 @@ mod tests {
     }
 
     #[test]
-    fn ten_clients_writing_alike_are_never_refused_however_slow_mlflow_answers() {
+    fn ten_clients_writing_alike_are_never_refused_however_slow_mlflow_answers_or_many_read() {
         let start = Instant::now();
         let mut g = Governor::new(64, start);
         let clients = ["c0", "c1", "c2", "c3", "c4", "c5", "c6", "c7", "c8", "c9"];
@@ -446,8 +453,13 @@ mod tests {
         // at its floor.
         g.limit = 1.0;
         let mut pending: VecDeque<(Instant, &str)> = VecDeque::new();
+        let readers: Vec<String> = (0..100).map(|i| format!("reader-{i}")).collect();
         for tick in 0..400u32 {
             let now = start + 50 * MS * tick;
+            // A hundred people browsing the UI make the share smaller, not the writers heavier.
+            for reader in &readers {
+                g.saw(&reader.as_str(), now);
+            }
             while pending.front().is_some_and(|(at, _)| *at <= now) {
                 let (at, client) = pending.pop_front().unwrap();
                 g.answered(&client, 150, Some(300 * MS), 1, at);

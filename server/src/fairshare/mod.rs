@@ -450,15 +450,17 @@ impl Drop for Admitted<'_> {
     }
 }
 
-/// What a request body weighs for the governor before it is read: its declared length (a body
-/// without one, chunked, counts as 1 KiB).
+/// What a request body weighs for the governor before it is read: its declared length, at most
+/// 64 MiB (a body without one, chunked, counts as 1 KiB). Bounded, so no declared length can
+/// overflow a client's sums.
 fn declared_bytes(request: &Request) -> u64 {
     request
         .headers()
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse().ok())
+        .and_then(|v| v.parse::<u64>().ok())
         .unwrap_or(1024)
+        .min(64 << 20)
 }
 
 /// The layer on every route: writes admitted or refused by the share, reads seen as activity,
@@ -496,7 +498,13 @@ pub async fn admit(State(share): State<Arc<FairShare>>, request: Request, next: 
         share.saw(&client, now);
         next.run(request).await
     };
-    if let Some(credential) = &credential {
+    // Only MLflow's own answer says whether it accepted the credential (the proxy's refusals,
+    // before MLflow saw the request, say nothing about it).
+    let from_mlflow = response
+        .extensions()
+        .get::<crate::proxy::AnsweredBy>()
+        .is_some_and(|a| *a == crate::proxy::AnsweredBy::UPSTREAM);
+    if let Some(credential) = credential.as_ref().filter(|_| from_mlflow) {
         share.learn(credential, response.status());
     }
     response
