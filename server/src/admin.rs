@@ -11,7 +11,7 @@ use axum::routing::get;
 use axum::{Json, Router};
 use serde_json::json;
 
-use crate::error::mlflow_error;
+use crate::error::Error;
 use crate::rewrite::stats::{ReporterView, RunView};
 use crate::state::AppState;
 
@@ -97,11 +97,7 @@ async fn run_scopes(State(state): State<AppState>, Path(run_id): Path<String>) -
         Some(dedup) => match dedup.leases_of_run(&run_id).await {
             Ok(leases) => leases,
             Err(e) => {
-                return mlflow_error(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    "TEMPORARILY_UNAVAILABLE",
-                    &format!("state store: {e}"),
-                )
+                return Error::Unavailable(format!("state store: {e}")).into_response()
             }
         },
         None => Vec::new(),
@@ -154,11 +150,8 @@ async fn run_health(
         match query.get(name) {
         None => Ok(default),
         Some(text) => text.parse::<usize>().map_err(|_| {
-            mlflow_error(
-                StatusCode::BAD_REQUEST,
-                "INVALID_PARAMETER_VALUE",
-                &format!("{name} must be a whole number (page_token: the next_page_token of an earlier answer)"),
-            )
+            Error::InvalidParameter(format!("{name} must be a whole number (page_token: the next_page_token of an earlier answer)"))
+                .into_response()
         }),
     }
     };
@@ -167,26 +160,18 @@ async fn run_health(
         (Err(answer), _) | (_, Err(answer)) => return answer,
     };
     if !state.health.config().enabled {
-        return mlflow_error(
-            StatusCode::NOT_FOUND,
-            "RESOURCE_DOES_NOT_EXIST",
-            "run health is off on this proxy (--run-health false)",
-        );
+        return Error::NotFound("run health is off on this proxy (--run-health false)".into())
+            .into_response();
     }
     let now = crate::store::unix_millis(std::time::SystemTime::now());
     match state.health.view(&run_id, now, offset, limit).await {
         Ok(Some(view)) => Json(view).into_response(),
-        Ok(None) => mlflow_error(
-            StatusCode::NOT_FOUND,
-            "RESOURCE_DOES_NOT_EXIST",
-            &format!(
-                "no heartbeat of run {run_id} is known: no system metrics of it passed through this proxy's replicas (or they are older than --state-retention)"
-            ),
-        ),
-        Err(error) => mlflow_error(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "TEMPORARILY_UNAVAILABLE",
-            &format!("the state store could not be read: {error}"),
-        ),
+        Ok(None) => Error::NotFound(format!(
+            "no heartbeat of run {run_id} is known: no system metrics of it passed through this proxy's replicas (or they are older than --state-retention)"
+        ))
+        .into_response(),
+        Err(error) => {
+            Error::Unavailable(format!("the state store could not be read: {error}")).into_response()
+        }
     }
 }

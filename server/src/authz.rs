@@ -36,12 +36,12 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use axum::body::Body;
-use axum::response::Response;
+use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use http::{header, HeaderMap, HeaderValue, Method, StatusCode};
 use sha2::{Digest, Sha256};
 
-use crate::error::mlflow_error;
+use crate::error::Error;
 use crate::proxy::{AnsweredBy, Forwarder};
 
 /// The name the probes append to a path. Not a number (experiment id), not a tier folder, not 32
@@ -368,13 +368,10 @@ fn is_refusal(status: StatusCode) -> bool {
 
 fn unverifiable(reason: &str) -> Response {
     tracing::warn!(reason, "could not ask MLflow whether a request is allowed");
-    mlflow_error(
-        StatusCode::SERVICE_UNAVAILABLE,
-        "TEMPORARILY_UNAVAILABLE",
-        &format!(
-            "mlscope-proxy could not ask MLflow whether this request is allowed ({reason}); retry."
-        ),
-    )
+    Error::Unavailable(format!(
+        "mlscope-proxy could not ask MLflow whether this request is allowed ({reason}); retry."
+    ))
+    .into_response()
 }
 
 /// MLflow's refusal as the client would have had it: status, the headers that matter, body.

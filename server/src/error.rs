@@ -1,7 +1,10 @@
 //! Every error the proxy itself answers with, turned into an HTTP response in exactly one place.
 //!
-//! Bodies use MLflow's error JSON so the MLflow client shows the message to the user, and the
-//! statuses follow the side that failed: the Python client retries 502/503/504 with backoff.
+//! [`Error`] is the one type: each kind names what went wrong and so its status and MLflow
+//! `error_code`; [`ProxyError`] is the forwarder's own (the upstream could not be reached or the
+//! client's body failed). Bodies use MLflow's error JSON so the MLflow client shows the message
+//! to the user, and the statuses follow the side that failed: a client's mistake is a 4xx it
+//! must not retry, and the Python client retries 429/502/503/504 with backoff.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -19,7 +22,6 @@ pub enum UpstreamErrorKind {
     ResponseTimeout,
     Reset,
     BodyIdle,
-    Overload,
 }
 
 impl EncodeLabelValue for UpstreamErrorKind {
@@ -30,7 +32,6 @@ impl EncodeLabelValue for UpstreamErrorKind {
             UpstreamErrorKind::ResponseTimeout => "response_timeout",
             UpstreamErrorKind::Reset => "reset",
             UpstreamErrorKind::BodyIdle => "body_idle",
-            UpstreamErrorKind::Overload => "overload",
         };
         std::fmt::Write::write_str(encoder, name)
     }
@@ -92,8 +93,10 @@ impl ProxyError {
             ProxyError::UpstreamResponseTimeout { .. } => UpstreamErrorKind::ResponseTimeout,
             ProxyError::UpstreamReset { .. } => UpstreamErrorKind::Reset,
             ProxyError::ClientBodyIdle { .. } => UpstreamErrorKind::BodyIdle,
-            ProxyError::Overloaded { .. } => UpstreamErrorKind::Overload,
-            ProxyError::ClientBody { .. } | ProxyError::Internal { .. } => return None,
+            // The proxy's own refusal: MLflow was never asked (counted by the limit itself).
+            ProxyError::Overloaded { .. }
+            | ProxyError::ClientBody { .. }
+            | ProxyError::Internal { .. } => return None,
         })
     }
 }
@@ -140,21 +143,137 @@ pub fn error_body(error_code: &str, message: &str, classified: bool) -> serde_js
     body
 }
 
-/// An MLflow error response in the shape of the MLflow behind the proxy (see [`error_body`]).
-pub fn mlflow_error(status: StatusCode, error_code: &str, message: &str) -> Response {
+/// An MLflow error response in the shape of the MLflow behind the proxy (see [`error_body`]),
+/// with `Retry-After` when the client should come back.
+fn respond(
+    status: StatusCode,
+    error_code: &str,
+    message: &str,
+    retry_after: Option<u64>,
+) -> Response {
     let body = error_body(error_code, message, CLASSIFIED.load(Ordering::Relaxed));
     let mut response = (status, axum::Json(body)).into_response();
-    if status == StatusCode::SERVICE_UNAVAILABLE {
+    if let Some(seconds) = retry_after {
         response
             .headers_mut()
-            .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+            .insert(header::RETRY_AFTER, HeaderValue::from(seconds.max(1)));
     }
     response
 }
 
+/// Every error the proxy answers itself. The kind decides the status and MLflow's
+/// `error_code`; the message is for the person reading it and says what to do.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A value MLflow refuses too (or would, were it asked): 400 `INVALID_PARAMETER_VALUE`.
+    #[error("{0}")]
+    InvalidParameter(String),
+    /// A request the proxy cannot read or will not pass on: 400 `BAD_REQUEST`.
+    #[error("{0}")]
+    BadRequest(String),
+    /// A request framing the proxy does not implement: 501 `BAD_REQUEST`.
+    #[error("{0}")]
+    Unsupported(String),
+    /// Something the request names does not exist: 404 `RESOURCE_DOES_NOT_EXIST`.
+    #[error("{0}")]
+    NotFound(String),
+    /// A body over a stated bound: 413 `REQUEST_LIMIT_EXCEEDED`.
+    #[error("{0}")]
+    TooLarge(String),
+    /// A body that did not arrive in time: 408 `BAD_REQUEST`; nothing of it was kept.
+    #[error("{0}")]
+    TooSlow(String),
+    /// This client is over its share: 429 `REQUEST_LIMIT_EXCEEDED`, come back after
+    /// `retry_after` seconds.
+    #[error("{message}")]
+    OverShare { message: String, retry_after: u64 },
+    /// The proxy (or a store it needs) cannot take this now: 503 `TEMPORARILY_UNAVAILABLE`
+    /// with `Retry-After: 1`.
+    #[error("{0}")]
+    Unavailable(String),
+    /// The proxy's own fault: 500 `INTERNAL_ERROR`.
+    #[error("{0}")]
+    Internal(String),
+    /// MLflow's own answer to the same request, reproduced where its status and code are not
+    /// those of a kind above (e.g. a 404 carrying `INVALID_PARAMETER_VALUE`): a client gets what
+    /// MLflow alone would have sent it.
+    #[error("{message}")]
+    AsMlflow {
+        status: StatusCode,
+        error_code: &'static str,
+        message: String,
+    },
+    /// The forwarder's own failure.
+    #[error(transparent)]
+    Proxy(#[from] ProxyError),
+}
+
+impl Error {
+    /// The HTTP status of this error.
+    pub fn status(&self) -> StatusCode {
+        match self {
+            Error::InvalidParameter(_) | Error::BadRequest(_) => StatusCode::BAD_REQUEST,
+            Error::Unsupported(_) => StatusCode::NOT_IMPLEMENTED,
+            Error::NotFound(_) => StatusCode::NOT_FOUND,
+            Error::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
+            Error::TooSlow(_) => StatusCode::REQUEST_TIMEOUT,
+            Error::OverShare { .. } => StatusCode::TOO_MANY_REQUESTS,
+            Error::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+            Error::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+            Error::AsMlflow { status, .. } => *status,
+            Error::Proxy(e) => e.status(),
+        }
+    }
+
+    /// MLflow's `error_code` for this error.
+    pub fn error_code(&self) -> &'static str {
+        match self {
+            Error::InvalidParameter(_) => "INVALID_PARAMETER_VALUE",
+            Error::BadRequest(_) | Error::Unsupported(_) | Error::TooSlow(_) => "BAD_REQUEST",
+            Error::NotFound(_) => "RESOURCE_DOES_NOT_EXIST",
+            Error::TooLarge(_) | Error::OverShare { .. } => "REQUEST_LIMIT_EXCEEDED",
+            Error::Unavailable(_) => "TEMPORARILY_UNAVAILABLE",
+            Error::Internal(_) => "INTERNAL_ERROR",
+            Error::AsMlflow { error_code, .. } => error_code,
+            Error::Proxy(e) => e.error_code(),
+        }
+    }
+
+    /// Seconds the client should wait before retrying, when it should.
+    fn retry_after(&self) -> Option<u64> {
+        match self {
+            Error::OverShare { retry_after, .. } => Some(*retry_after),
+            _ if self.status() == StatusCode::SERVICE_UNAVAILABLE => Some(1),
+            _ => None,
+        }
+    }
+}
+
+impl IntoResponse for Error {
+    fn into_response(self) -> Response {
+        respond(
+            self.status(),
+            self.error_code(),
+            &self.to_string(),
+            self.retry_after(),
+        )
+    }
+}
+
+/// An error answer with a status and code given by the caller: the artifact gateway's, until its
+/// errors are kinds of [`Error`].
+pub fn mlflow_error(status: StatusCode, error_code: &'static str, message: &str) -> Response {
+    Error::AsMlflow {
+        status,
+        error_code,
+        message: message.to_owned(),
+    }
+    .into_response()
+}
+
 impl IntoResponse for ProxyError {
     fn into_response(self) -> Response {
-        mlflow_error(self.status(), self.error_code(), &self.to_string())
+        Error::Proxy(self).into_response()
     }
 }
 
@@ -190,6 +309,60 @@ mod tests {
             error_body("MADE_UP", "x", true),
         ] {
             assert_eq!(body.as_object().unwrap().len(), 2, "{body}");
+        }
+    }
+
+    #[tokio::test]
+    async fn every_kind_answers_with_its_status_code_and_retry_after() {
+        let cases = [
+            (Error::InvalidParameter("m".into()), 400, "INVALID_PARAMETER_VALUE", None),
+            (Error::BadRequest("m".into()), 400, "BAD_REQUEST", None),
+            (Error::Unsupported("m".into()), 501, "BAD_REQUEST", None),
+            (Error::NotFound("m".into()), 404, "RESOURCE_DOES_NOT_EXIST", None),
+            (Error::TooLarge("m".into()), 413, "REQUEST_LIMIT_EXCEEDED", None),
+            (Error::TooSlow("m".into()), 408, "BAD_REQUEST", None),
+            (
+                Error::OverShare { message: "m".into(), retry_after: 7 },
+                429,
+                "REQUEST_LIMIT_EXCEEDED",
+                Some("7"),
+            ),
+            (Error::Unavailable("m".into()), 503, "TEMPORARILY_UNAVAILABLE", Some("1")),
+            (Error::Internal("m".into()), 500, "INTERNAL_ERROR", None),
+            (
+                Error::AsMlflow {
+                    status: StatusCode::NOT_FOUND,
+                    error_code: "INVALID_PARAMETER_VALUE",
+                    message: "m".into(),
+                },
+                404,
+                "INVALID_PARAMETER_VALUE",
+                None,
+            ),
+            (
+                Error::Proxy(ProxyError::Overloaded { limit: 1 }),
+                503,
+                "TEMPORARILY_UNAVAILABLE",
+                Some("1"),
+            ),
+        ];
+        for (error, status, code, retry_after) in cases {
+            let what = format!("{error:?}");
+            let message = error.to_string();
+            let response = error.into_response();
+            assert_eq!(response.status().as_u16(), status, "{what}");
+            assert_eq!(
+                response
+                    .headers()
+                    .get(header::RETRY_AFTER)
+                    .map(|v| v.to_str().unwrap()),
+                retry_after,
+                "{what}"
+            );
+            let body = response.into_body().collect().await.unwrap().to_bytes();
+            let json: serde_json::Value = serde_json::from_slice(&body).unwrap();
+            assert_eq!(json["error_code"], code, "{what}");
+            assert_eq!(json["message"].as_str(), Some(message.as_str()), "{what}");
         }
     }
 

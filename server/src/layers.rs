@@ -8,13 +8,13 @@ use axum::body::Body;
 use axum::extract::{Request, State};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use http::{header, HeaderValue, Method, StatusCode};
+use http::{header, HeaderValue, Method};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tracing::Instrument;
 
-use crate::error::mlflow_error;
+use crate::error::{Error, ProxyError};
 use crate::proxy::{request_id, AnsweredBy, Guarded, RouteClass, X_REQUEST_ID};
-use crate::telemetry::{ErrorLabels, Metrics, RequestLabels, RouteLabels};
+use crate::telemetry::{Metrics, RequestLabels, RouteLabels};
 
 /// Request id (the client's own when sane, else a new one, sent upstream and back), a span
 /// carrying it with the route class, method and path, one log line per request and the request
@@ -116,14 +116,8 @@ impl ConcurrencyLimit {
             limit = self.limit,
             "concurrency limit reached; answered 503"
         );
-        let error = crate::error::ProxyError::Overloaded { limit: self.limit };
-        if let Some(kind) = error.kind() {
-            self.metrics
-                .upstream_errors
-                .get_or_create(&ErrorLabels { kind })
-                .inc();
-        }
-        error.into_response()
+        self.metrics.overload_refusals.inc();
+        ProxyError::Overloaded { limit: self.limit }.into_response()
     }
 }
 
@@ -162,11 +156,10 @@ impl Drop for InFlight {
 pub async fn refuse_ambiguous(request: Request, next: Next) -> Response {
     if request.headers().get_all(header::HOST).iter().count() > 1 {
         tracing::info!("request with two Host headers refused");
-        return mlflow_error(
-            StatusCode::BAD_REQUEST,
-            "BAD_REQUEST",
-            "the request carries more than one Host header; send exactly one",
-        );
+        return Error::BadRequest(
+            "the request carries more than one Host header; send exactly one".into(),
+        )
+        .into_response();
     }
     let unsupported = request
         .headers()
@@ -177,11 +170,10 @@ pub async fn refuse_ambiguous(request: Request, next: Next) -> Response {
         .any(|coding| !coding.eq_ignore_ascii_case("chunked") && !coding.is_empty());
     if unsupported {
         tracing::info!("request with an unsupported transfer coding refused");
-        return mlflow_error(
-            StatusCode::NOT_IMPLEMENTED,
-            "BAD_REQUEST",
-            "only the chunked transfer coding is supported; send the body uncompressed (Content-Encoding is not applied either)",
-        );
+        return Error::Unsupported(
+            "only the chunked transfer coding is supported; send the body uncompressed (Content-Encoding is not applied either)".into(),
+        )
+        .into_response();
     }
     next.run(request).await
 }
@@ -310,7 +302,7 @@ mod tests {
     async fn an_error_mlflow_sent_is_logged_as_the_upstreams() {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let upstream = listener.local_addr().unwrap();
-        let mlflow = axum::Router::new().fallback(|| async { StatusCode::NOT_FOUND });
+        let mlflow = axum::Router::new().fallback(|| async { http::StatusCode::NOT_FOUND });
         let server = tokio::spawn(async move { axum::serve(listener, mlflow).await });
         assert_eq!(answer_through(upstream).await, (404, "upstream".to_owned()));
         server.abort();

@@ -96,6 +96,8 @@ pub struct Metrics {
     pub requests: Family<RequestLabels, Counter>,
     pub latency: Family<RouteLabels, Histogram, fn() -> Histogram>,
     pub upstream_errors: Family<ErrorLabels, Counter>,
+    /// Requests refused with 503 because `--max-in-flight` requests were in flight already.
+    pub overload_refusals: Counter,
     pub in_flight: Gauge<i64, AtomicI64>,
     pub open_connections: Gauge<i64, AtomicI64>,
     pub artifact_requests: Family<ArtifactLabels, Counter>,
@@ -207,6 +209,12 @@ impl Metrics {
             "upstream_errors",
             "Requests the upstream did not answer, by cause",
             upstream_errors.clone(),
+        );
+        let overload_refusals = Counter::default();
+        registry.register(
+            "overload_refusals",
+            "Requests refused with 503 because --max-in-flight requests were in flight already (MLflow was not asked)",
+            overload_refusals.clone(),
         );
         let in_flight = Gauge::<i64, AtomicI64>::default();
         registry.register(
@@ -412,6 +420,7 @@ impl Metrics {
             artifact_policy_violations,
             artifact_authz_denials,
             upstream_errors,
+            overload_refusals,
             in_flight,
             open_connections,
             metric_keys,

@@ -47,15 +47,15 @@ use std::time::{Duration, Instant};
 
 use axum::body::Body;
 use axum::extract::Request;
-use axum::response::Response;
+use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
-use http::{header, HeaderMap, HeaderValue, Method, StatusCode, Uri};
+use http::{header, HeaderMap, HeaderValue, Method, Uri};
 use http_body_util::{BodyExt, Limited};
 use tokio::sync::{oneshot, OwnedSemaphorePermit, Semaphore};
 use tracing::Instrument as _;
 
 use crate::credential::fingerprint as credential_fingerprint;
-use crate::error::mlflow_error;
+use crate::error::Error;
 use crate::identity::{NODE_HEADER, RANK_HEADER};
 use crate::proxy::is_json;
 use crate::proxy::{request_id, Forwarder};
@@ -237,11 +237,10 @@ impl Coalescer {
         }
         // The batch is sent by its own task: a client that goes away loses only its answer.
         answer.await.unwrap_or_else(|_| {
-            mlflow_error(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "TEMPORARILY_UNAVAILABLE",
-                "mlscope-proxy lost this request's batch while shutting down; retry",
+            Error::Unavailable(
+                "mlscope-proxy lost this request's batch while shutting down; retry".into(),
             )
+            .into_response()
         })
     }
 }
@@ -251,11 +250,9 @@ impl Coalescer {
 pub async fn read_body(body: Body) -> Result<Bytes, Response> {
     match Limited::new(body, MAX_BATCH_BYTES).collect().await {
         Ok(collected) => Ok(collected.to_bytes()),
-        Err(e) => Err(mlflow_error(
-            StatusCode::BAD_REQUEST,
-            "BAD_REQUEST",
-            &format!("the request body could not be read: {e}"),
-        )),
+        Err(e) => Err(
+            Error::BadRequest(format!("the request body could not be read: {e}")).into_response(),
+        ),
     }
 }
 
@@ -273,11 +270,10 @@ impl Inner {
 
     fn reject(&self, reason: &'static str, what: &str) -> Response {
         self.metrics.coalesce_rejected(reason);
-        mlflow_error(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "TEMPORARILY_UNAVAILABLE",
-            &format!("mlscope-proxy is holding {what} while MLflow catches up; retry with backoff"),
-        )
+        Error::Unavailable(format!(
+            "mlscope-proxy is holding {what} while MLflow catches up; retry with backoff"
+        ))
+        .into_response()
     }
 
     /// A request that cannot share a batch goes to MLflow as it came.

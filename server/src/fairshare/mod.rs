@@ -31,13 +31,13 @@ use std::time::{Duration, Instant};
 
 use axum::extract::{Request, State};
 use axum::middleware::Next;
-use axum::response::Response;
-use http::{header, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use http::{header, StatusCode};
 use serde::Deserialize;
 
 use crate::client::TrustedProxies;
 use crate::credential::Credential;
-use crate::error::mlflow_error;
+use crate::error::Error;
 use crate::proxy::RouteClass;
 use crate::telemetry::Metrics;
 
@@ -411,16 +411,11 @@ impl FairShare {
                 "MLflow takes about {limit} writes at once (learned from its latency), shared by {active} active clients, and this client takes more than its share and the most of all; retry after 1 s, or send fewer writes at once"
             ),
         };
-        let mut answer = mlflow_error(
-            StatusCode::TOO_MANY_REQUESTS,
-            "REQUEST_LIMIT_EXCEEDED",
-            &message,
-        );
-        let seconds = wait.ceil().max(1.0) as u64;
-        if let Ok(value) = HeaderValue::from_str(&seconds.to_string()) {
-            answer.headers_mut().insert(header::RETRY_AFTER, value);
+        Error::OverShare {
+            message,
+            retry_after: wait.ceil().max(1.0) as u64,
         }
-        answer
+        .into_response()
     }
 }
 

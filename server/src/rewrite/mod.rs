@@ -14,14 +14,14 @@ use axum::body::Body;
 use std::net::SocketAddr;
 
 use axum::extract::{ConnectInfo, Request, State};
-use axum::response::Response;
-use http::{header, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use http::{header, HeaderValue};
 use mlscope_scopes::{scoped_key, Identity, KeyOutcome, OwnerPattern, ScopedKey};
 
 use crate::authz::{self, Authorizer};
 use crate::coalesce::Coalescer;
 use crate::dedup::{Decision, DedupConfig, Deduplicator, Event};
-use crate::error::mlflow_error;
+use crate::error::Error;
 use crate::health::{Beat, Health};
 use crate::proxy::X_REQUEST_ID;
 use crate::telemetry::Metrics;
@@ -208,7 +208,7 @@ impl MetricsRewriter {
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.parse::<u64>().ok());
         if declared.is_some_and(|len| len > limit as u64) {
-            return Err(self.too_large());
+            return Err(self.too_large().into_response());
         }
         let (parts, body) = request.into_parts();
         let peer = crate::client::peer_of(&parts.extensions).ip();
@@ -225,11 +225,7 @@ impl MetricsRewriter {
             Ok(parsed) => parsed,
             Err(BodyError::Conflict(message)) => {
                 self.metrics.rejected("conflict");
-                return Err(mlflow_error(
-                    StatusCode::BAD_REQUEST,
-                    "INVALID_PARAMETER_VALUE",
-                    &message,
-                ));
+                return Err(Error::InvalidParameter(message).into_response());
             }
             Err(BodyError::Unreadable(reason)) => {
                 tracing::debug!(reason, "metrics body passed through unread");
@@ -277,11 +273,7 @@ impl MetricsRewriter {
                 None => path,
             };
             parts.uri = pq.parse().map_err(|_| {
-                mlflow_error(
-                    StatusCode::BAD_REQUEST,
-                    "BAD_REQUEST",
-                    "invalid request path",
-                )
+                Error::BadRequest("invalid request path".into()).into_response()
             })?;
         }
         if let Some(prepared) = prepared {
@@ -294,61 +286,43 @@ impl MetricsRewriter {
     }
 
     fn intake_refusal(&self, error: IntakeError) -> Response {
-        match error {
+        let error = match error {
             IntakeError::TooLarge => self.too_large(),
             IntakeError::Budget => {
                 self.metrics.rejected("memory_budget");
-                mlflow_error(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    "TEMPORARILY_UNAVAILABLE",
-                    &format!(
-                        "mlscope-proxy is holding its limit of {} bytes of metrics bodies under inspection; retry with backoff.",
-                        self.config.max_inspect_total
-                    ),
-                )
+                Error::Unavailable(format!(
+                    "mlscope-proxy is holding its limit of {} bytes of metrics bodies under inspection; retry with backoff.",
+                    self.config.max_inspect_total
+                ))
             }
             IntakeError::ClientShare { held, share } => {
                 self.metrics.rejected("client_share");
-                let mut answer = mlflow_error(
-                    StatusCode::TOO_MANY_REQUESTS,
-                    "REQUEST_LIMIT_EXCEEDED",
-                    &format!(
+                Error::OverShare {
+                    message: format!(
                         "this client's metrics bodies under inspection hold {held} bytes, more than the {share} one client may hold while the budget is nearly full; send fewer at a time and retry with backoff."
                     ),
-                );
-                answer
-                    .headers_mut()
-                    .insert(header::RETRY_AFTER, http::HeaderValue::from_static("1"));
-                answer
+                    retry_after: 1,
+                }
             }
             IntakeError::TooSlow { deadline, received } => {
                 self.metrics.rejected("too_slow");
-                mlflow_error(
-                    StatusCode::REQUEST_TIMEOUT,
-                    "BAD_REQUEST",
-                    &format!(
-                        "the metrics request body did not arrive whole within {deadline:?} ({received} bytes came); nothing of it was stored. Check the client's connection."
-                    ),
-                )
+                Error::TooSlow(format!(
+                    "the metrics request body did not arrive whole within {deadline:?} ({received} bytes came); nothing of it was stored. Check the client's connection."
+                ))
             }
-            IntakeError::Unreadable(reason) => mlflow_error(
-                StatusCode::BAD_REQUEST,
-                "BAD_REQUEST",
-                &format!("the request body could not be read: {reason}"),
-            ),
-        }
+            IntakeError::Unreadable(reason) => {
+                Error::BadRequest(format!("the request body could not be read: {reason}"))
+            }
+        };
+        error.into_response()
     }
 
-    fn too_large(&self) -> Response {
+    fn too_large(&self) -> Error {
         self.metrics.rejected("too_large");
-        mlflow_error(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            "REQUEST_LIMIT_EXCEEDED",
-            &format!(
-                "the metrics request body is larger than {} bytes, the most mlscope-proxy inspects; send smaller batches (MLflow accepts at most 1000 metrics per log-batch)",
-                self.config.max_inspect_bytes
-            ),
-        )
+        Error::TooLarge(format!(
+            "the metrics request body is larger than {} bytes, the most mlscope-proxy inspects; send smaller batches (MLflow accepts at most 1000 metrics per log-batch)",
+            self.config.max_inspect_bytes
+        ))
     }
 
     /// One edit per metric: the contract's key, and for node-wide samples the dedup decision.
@@ -449,11 +423,10 @@ impl MetricsRewriter {
                     .await
                     .map_err(|e| {
                         tracing::error!(error = %e, "lease store unavailable");
-                        mlflow_error(
-                            StatusCode::SERVICE_UNAVAILABLE,
-                            "TEMPORARILY_UNAVAILABLE",
-                            "mlscope-proxy could not reach its state store to deduplicate node metrics; retry shortly",
+                        Error::Unavailable(
+                            "mlscope-proxy could not reach its state store to deduplicate node metrics; retry shortly".into(),
                         )
+                        .into_response()
                     })?;
                 match event {
                     Event::Elected => self.metrics.election("elected"),
@@ -462,17 +435,14 @@ impl MetricsRewriter {
                 }
                 if decision == Decision::StepOutOfRange {
                     self.metrics.rejected("step_out_of_range");
-                    return Err(mlflow_error(
-                        StatusCode::BAD_REQUEST,
-                        "INVALID_PARAMETER_VALUE",
-                        &format!(
+                    return Err(Error::InvalidParameter(format!(
                             "the node-wide metrics of node {} carry steps {}..{}; node series take steps between -{max} and {max} (after any handover offset). Nothing of this request was stored.",
                             batch.node,
                             batch.first_step,
                             batch.last_step,
                             max = crate::dedup::MAX_NODE_STEP
-                        ),
-                    ));
+                        ))
+                        .into_response());
                 }
                 let kept = matches!(decision, Decision::Report { .. });
                 self.metrics
@@ -566,11 +536,10 @@ impl MetricsRewriter {
             .collect();
         let refuse = |reason: &'static str, message: String| {
             self.metrics.rejected(reason);
-            Err(mlflow_error(
-                StatusCode::BAD_REQUEST,
-                "INVALID_PARAMETER_VALUE",
-                &format!("{message}. Nothing of this request was stored."),
-            ))
+            Err(
+                Error::InvalidParameter(format!("{message}. Nothing of this request was stored."))
+                    .into_response(),
+            )
         };
         if identities.len() > MAX_IDENTITIES_PER_REQUEST {
             return refuse(

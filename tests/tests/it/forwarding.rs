@@ -470,6 +470,18 @@ async fn requests_over_the_concurrency_limit_get_503_with_retry_after() {
             .contains("limit of 1 concurrent"),
         "{json}"
     );
+    // The proxy's own refusal is counted as such, never as MLflow failing to answer.
+    let metrics = reqwest::get(format!("{}/metrics", proxy.admin_url))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metrics.contains("mlscope_overload_refusals_total 1"),
+        "{metrics}"
+    );
+    assert!(!metrics.contains("mlscope_upstream_errors_total{"), "{metrics}");
 
     script.release.notify_one();
     assert_eq!(held.await.unwrap(), "released");
