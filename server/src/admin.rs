@@ -96,9 +96,7 @@ async fn run_scopes(State(state): State<AppState>, Path(run_id): Path<String>) -
     let leases = match rewriter.deduplicator() {
         Some(dedup) => match dedup.leases_of_run(&run_id).await {
             Ok(leases) => leases,
-            Err(e) => {
-                return Error::Unavailable(format!("state store: {e}")).into_response()
-            }
+            Err(e) => return Error::Unavailable(format!("state store: {e}")).into_response(),
         },
         None => Vec::new(),
     };

@@ -315,19 +315,42 @@ mod tests {
     #[tokio::test]
     async fn every_kind_answers_with_its_status_code_and_retry_after() {
         let cases = [
-            (Error::InvalidParameter("m".into()), 400, "INVALID_PARAMETER_VALUE", None),
+            (
+                Error::InvalidParameter("m".into()),
+                400,
+                "INVALID_PARAMETER_VALUE",
+                None,
+            ),
             (Error::BadRequest("m".into()), 400, "BAD_REQUEST", None),
             (Error::Unsupported("m".into()), 501, "BAD_REQUEST", None),
-            (Error::NotFound("m".into()), 404, "RESOURCE_DOES_NOT_EXIST", None),
-            (Error::TooLarge("m".into()), 413, "REQUEST_LIMIT_EXCEEDED", None),
+            (
+                Error::NotFound("m".into()),
+                404,
+                "RESOURCE_DOES_NOT_EXIST",
+                None,
+            ),
+            (
+                Error::TooLarge("m".into()),
+                413,
+                "REQUEST_LIMIT_EXCEEDED",
+                None,
+            ),
             (Error::TooSlow("m".into()), 408, "BAD_REQUEST", None),
             (
-                Error::OverShare { message: "m".into(), retry_after: 7 },
+                Error::OverShare {
+                    message: "m".into(),
+                    retry_after: 7,
+                },
                 429,
                 "REQUEST_LIMIT_EXCEEDED",
                 Some("7"),
             ),
-            (Error::Unavailable("m".into()), 503, "TEMPORARILY_UNAVAILABLE", Some("1")),
+            (
+                Error::Unavailable("m".into()),
+                503,
+                "TEMPORARILY_UNAVAILABLE",
+                Some("1"),
+            ),
             (Error::Internal("m".into()), 500, "INTERNAL_ERROR", None),
             (
                 Error::AsMlflow {

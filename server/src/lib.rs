@@ -5,8 +5,9 @@
 //!   its settings: the upstream, the `Host` policy, the timeouts);
 //! - [`route`] classifies requests (route classes for metrics and logs, reads and writes);
 //! - [`store`] keeps the proxy's own state in SQLite or PostgreSQL;
-//! - [`telemetry`] sets up logging and holds the Prometheus registry; [`error`] turns the proxy's
-//!   own failures into MLflow's error JSON;
+//! - [`telemetry`] sets up logging and holds the Prometheus registry; [`error`] is the one error
+//!   type, `Error`, whose kind decides the status and MLflow's error JSON of every answer the proxy
+//!   gives itself;
 //! - [`credential`] holds secrets, service credentials and client fingerprints; [`client`] says
 //!   which client a request comes from; [`identity`] reads the collector's identity headers;
 //! - [`writes`] reads MLflow's write bodies (`log-batch`, `log-metric`, `log-parameter`,

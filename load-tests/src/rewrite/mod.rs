@@ -20,7 +20,7 @@ use axum::http::header::{CONTENT_LENGTH, CONTENT_TYPE};
 use bytes::Bytes;
 use hdrhistogram::Histogram;
 use http_body_util::BodyExt as _;
-use mlscope_proxy::health::{Beat, Health};
+use mlscope_proxy::health::Health;
 use mlscope_proxy::proxy::Forwarder;
 use mlscope_proxy::rewrite::body::Endpoint;
 use mlscope_proxy::rewrite::{MetricsRewriter, ScopeConfig};
@@ -204,16 +204,17 @@ async fn one_body(path: Path, engines: &Engines, body: &Bytes) -> anyhow::Result
             // Building the request is the server's work, not the rewriter's: outside the clock.
             let request = json_request(body.clone());
             let start = Instant::now();
-            let mut rewritten = rewriter
-                .prepare(request, Endpoint::LogBatch)
+            let inspected = rewriter
+                .inspect(request, Endpoint::LogBatch)
                 .await
                 .map_err(|answer| anyhow!("the rewriter answered {} itself", answer.status()))?;
-            if let Some(beat) = rewritten.extensions_mut().remove::<Beat>() {
+            if let Some(beat) = inspected.beat {
                 engines.health.record(beat, 1_800_000_000_000);
             } else if path == Path::RewriteHeartbeats {
-                bail!("the rewriter with heartbeats attached no heartbeat");
+                bail!("the rewriter with heartbeats handed on no heartbeat");
             }
-            let bytes = rewritten
+            let bytes = inspected
+                .request
                 .into_body()
                 .collect()
                 .await

@@ -187,16 +187,19 @@ impl Coalescer {
         })
     }
 
-    /// Answers a prepared write request: through a batch when it can be merged, else forwarded
-    /// as it is.
-    pub async fn submit(&self, request: Request, peer: SocketAddr) -> Response {
+    /// Answers a write request: through a batch when it can be merged, else forwarded as it is.
+    /// `prepared` is what the rewriter read of the body, when it did: the body is not read again.
+    pub async fn submit(
+        &self,
+        request: Request,
+        prepared: Option<Prepared>,
+        peer: SocketAddr,
+    ) -> Response {
         let inner = &self.inner;
         if inner.config.window.is_zero() || !mergeable_head(&request) {
             return inner.forwarder.forward(request, peer).await;
         }
-        let (mut parts, body) = request.into_parts();
-        // What the rewriter read of the body, when it did: the body is not read again.
-        let prepared = parts.extensions.remove::<Prepared>();
+        let (parts, body) = request.into_parts();
         // The rewriter left the body in memory with its length: collecting it copies nothing.
         let body = match read_body(body).await {
             Ok(body) => body,

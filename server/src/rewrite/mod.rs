@@ -160,8 +160,8 @@ impl MetricsRewriter {
         self
     }
 
-    /// Attaches to each request what it says about its run's ranks (a [`Beat`] in its
-    /// extensions), for run health to record once MLflow accepted it.
+    /// Hands on with each request what it says about its run's ranks (the [`Inspected::beat`]),
+    /// for run health to record once MLflow accepted it.
     pub fn with_beats(mut self) -> Self {
         self.beats = true;
         self
@@ -185,21 +185,21 @@ impl MetricsRewriter {
     /// Inspects a metrics request. `Ok` is the request to forward (rewritten or as it came);
     /// `Err` is an answer the proxy gives itself.
     pub async fn prepare(&self, request: Request, endpoint: Endpoint) -> Result<Request, Response> {
-        self.prepare_weighed(request, endpoint)
+        self.inspect(request, endpoint)
             .await
-            .map(|(request, _)| request)
+            .map(|inspected| inspected.request)
     }
 
-    /// As [`MetricsRewriter::prepare`], with what the request weighs: the metrics, params and
-    /// tags it carries (1 when its body was not read).
-    pub async fn prepare_weighed(
+    /// As [`MetricsRewriter::prepare`], with what the rewriter found in the request, handed on
+    /// with it so that nothing downstream reads the body again.
+    pub async fn inspect(
         &self,
         request: Request,
         endpoint: Endpoint,
-    ) -> Result<(Request, usize), Response> {
+    ) -> Result<Inspected, Response> {
         if !is_json(request.headers()) {
             self.metrics.passed_through("content_type");
-            return Ok((request, 1));
+            return Ok(Inspected::unread(request, 1));
         }
         let limit = self.config.max_inspect_bytes;
         let declared = request
@@ -230,30 +230,42 @@ impl MetricsRewriter {
             Err(BodyError::Unreadable(reason)) => {
                 tracing::debug!(reason, "metrics body passed through unread");
                 self.metrics.passed_through("unreadable");
-                return Ok((Request::from_parts(parts, Body::from(bytes)), 1));
+                return Ok(Inspected::unread(
+                    Request::from_parts(parts, Body::from(bytes)),
+                    1,
+                ));
             }
         };
         let weight = parsed.metrics.len() + parsed.other_items;
         if parsed.metrics.len() > MAX_METRICS || weight > MAX_ITEMS {
             self.metrics.passed_through("over_mlflow_limits");
-            return Ok((Request::from_parts(parts, Body::from(bytes)), weight));
+            return Ok(Inspected::unread(
+                Request::from_parts(parts, Body::from(bytes)),
+                weight,
+            ));
         }
 
         let identity = identity_from_headers(&parts.headers);
         let mut plans = Vec::new();
         let (edits, beat) = self.plan(&parsed, &identity, &parts, &mut plans).await?;
         let mut parts = parts;
-        if let Some(mut beat) = beat {
+        let beat = beat.map(|mut beat| {
             // With no ranks it still says that the run is written to (a sign of life).
             observe_rank_tags(&mut beat, &identity, &bytes);
-            parts.extensions.insert(beat);
-        }
+            beat.workspace = crate::workspace::of_request(&parts.headers).map(str::to_owned);
+            beat
+        });
         if edits.iter().all(|e| *e == Edit::Keep) {
             // Sent as it came: the coalescer gets what it needs of the body from this read.
-            if let Some(prepared) = parsed.writes(parts.uri.path(), &bytes, None, edits.first()) {
-                parts.extensions.insert(Prepared(prepared));
-            }
-            return Ok((Request::from_parts(parts, Body::from(bytes)), weight));
+            let writes = parsed
+                .writes(parts.uri.path(), &bytes, None, edits.first())
+                .map(Prepared);
+            return Ok(Inspected {
+                request: Request::from_parts(parts, Body::from(bytes)),
+                weight,
+                beat,
+                writes,
+            });
         }
         let (target, rendered, spans) = parsed.render_spans(&edits);
         let rendered = bytes::Bytes::from(rendered);
@@ -272,17 +284,19 @@ impl MetricsRewriter {
                 Some(q) => format!("{path}?{q}"),
                 None => path,
             };
-            parts.uri = pq.parse().map_err(|_| {
-                Error::BadRequest("invalid request path".into()).into_response()
-            })?;
-        }
-        if let Some(prepared) = prepared {
-            parts.extensions.insert(Prepared(prepared));
+            parts.uri = pq
+                .parse()
+                .map_err(|_| Error::BadRequest("invalid request path".into()).into_response())?;
         }
         parts
             .headers
             .insert(header::CONTENT_LENGTH, HeaderValue::from(rendered.len()));
-        Ok((Request::from_parts(parts, Body::from(rendered)), weight))
+        Ok(Inspected {
+            request: Request::from_parts(parts, Body::from(rendered)),
+            weight,
+            beat,
+            writes: prepared.map(Prepared),
+        })
     }
 
     fn intake_refusal(&self, error: IntakeError) -> Response {
@@ -688,9 +702,32 @@ pub async fn log_batch(
     ConnectInfo(peer): ConnectInfo<SocketAddr>,
     request: Request,
 ) -> Response {
-    match rewriter.prepare_weighed(request, Endpoint::LogBatch).await {
-        Ok((request, weight)) => submit(&coalescer, &health, request, peer, weight).await,
+    match rewriter.inspect(request, Endpoint::LogBatch).await {
+        Ok(inspected) => submit(&coalescer, &health, inspected, peer).await,
         Err(answer) => answer,
+    }
+}
+
+/// A metrics request as the rewriter hands it on: the request to send (rewritten or as it came)
+/// and what its one read of the body found.
+pub struct Inspected {
+    pub request: Request,
+    /// The metrics, params and tags it carries (1 when its body was not read).
+    pub weight: usize,
+    /// What it says about its run's ranks (with run health on), to record once MLflow accepted it.
+    pub beat: Option<Beat>,
+    /// Its run and writes as sent, for the coalescer; `None` when the body was not read.
+    pub writes: Option<Prepared>,
+}
+
+impl Inspected {
+    fn unread(request: Request, weight: usize) -> Inspected {
+        Inspected {
+            request,
+            weight,
+            beat: None,
+            writes: None,
+        }
     }
 }
 
@@ -699,15 +736,16 @@ pub async fn log_batch(
 async fn submit(
     coalescer: &Coalescer,
     health: &Health,
-    mut request: Request,
+    inspected: Inspected,
     peer: SocketAddr,
-    weight: usize,
 ) -> Response {
-    let beat = request.extensions_mut().remove::<Beat>().map(|mut beat| {
-        beat.workspace = crate::workspace::of_request(request.headers()).map(str::to_owned);
-        beat
-    });
-    let mut response = coalescer.submit(request, peer).await;
+    let Inspected {
+        request,
+        weight,
+        beat,
+        writes,
+    } = inspected;
+    let mut response = coalescer.submit(request, writes, peer).await;
     response.extensions_mut().insert(WriteWeight(weight));
     if let Some(beat) = beat.filter(|_| response.status().is_success()) {
         let now = crate::store::unix_millis(SystemTime::now());
@@ -736,7 +774,7 @@ pub async fn log_pair(
     };
     let run_id = crate::writes::run_of(&body);
     let response = coalescer
-        .submit(Request::from_parts(parts, Body::from(body)), peer)
+        .submit(Request::from_parts(parts, Body::from(body)), None, peer)
         .await;
     if let Some(run_id) = run_id.filter(|_| response.status().is_success()) {
         health.touch(&run_id, crate::store::unix_millis(SystemTime::now()));
@@ -752,8 +790,8 @@ pub async fn log_metric(
     ConnectInfo(peer): ConnectInfo<SocketAddr>,
     request: Request,
 ) -> Response {
-    match rewriter.prepare_weighed(request, Endpoint::LogMetric).await {
-        Ok((request, weight)) => submit(&coalescer, &health, request, peer, weight).await,
+    match rewriter.inspect(request, Endpoint::LogMetric).await {
+        Ok(inspected) => submit(&coalescer, &health, inspected, peer).await,
         Err(answer) => answer,
     }
 }

@@ -481,7 +481,10 @@ async fn requests_over_the_concurrency_limit_get_503_with_retry_after() {
         metrics.contains("mlscope_overload_refusals_total 1"),
         "{metrics}"
     );
-    assert!(!metrics.contains("mlscope_upstream_errors_total{"), "{metrics}");
+    assert!(
+        !metrics.contains("mlscope_upstream_errors_total{"),
+        "{metrics}"
+    );
 
     script.release.notify_one();
     assert_eq!(held.await.unwrap(), "released");

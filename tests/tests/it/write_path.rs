@@ -354,12 +354,19 @@ async fn a_changed_param_in_a_merged_batch_fails_only_its_sender() {
         join_all(answers).await
     });
     assert_eq!(opened.0, 200);
+    let mut answers = vec![answer(&opened)];
+    answers.extend(got.into_iter().map(|a| answer(&a.unwrap())));
+    // The two values of `batch_size` race: 5 ms apart, a loaded machine may deliver the second
+    // first. Whichever the proxy took first, the reference straight to MLflow sends first.
+    let (first, second) = (queued.len() - 2, queued.len() - 1);
+    if answers[second + 1].0 == 200 && answers[first + 1].0 != 200 {
+        queued.swap(first, second);
+        answers.swap(first + 1, second + 1);
+    }
     let mut alone = vec![answer(&send(mlflow, &opener, &direct).await)];
     for w in &queued {
         alone.push(answer(&send(mlflow, w, &direct).await));
     }
-    let mut answers = vec![answer(&opened)];
-    answers.extend(got.into_iter().map(|a| answer(&a.unwrap())));
     assert_eq!(answers, alone);
     assert_eq!(alone[3], (400, json!("INVALID_PARAMETER_VALUE")));
     assert_eq!(alone[7], (400, json!("INVALID_PARAMETER_VALUE")));
