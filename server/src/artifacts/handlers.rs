@@ -1,117 +1,39 @@
-//! The artifact routes, answered from the store.
+//! The gateway: each artifact operation answered from the store, after MLflow authorized it and
+//! its path was placed in the request's workspace. Which request is which operation is the route
+//! table's business ([`super::routes`]); what the store is asked goes through the object-store
+//! facade ([`super::objects`]).
 
+use std::future::Future;
 use std::sync::Arc;
 
-use aws_sdk_s3::presigning::PresigningConfig;
-use aws_sdk_s3::types::{CompletedMultipartUpload, CompletedPart};
 use axum::body::Body;
-use axum::extract::{Request, State};
+use axum::extract::Request;
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
-use axum::Router;
-use http::{header, HeaderMap, HeaderValue, Method, StatusCode};
+use http::{header, HeaderMap, HeaderValue, StatusCode};
 use http_body_util::{BodyExt, Limited};
 use serde::Deserialize;
 use tokio::sync::Semaphore;
 
 use super::failures::FailureRecorder;
 use super::listing;
+use super::objects::{Bucket, ContentHeaders, Part, PresignError, StoreError};
 use super::path::{self, Owner};
 use super::policy::{OwnerCheck, Verdict};
-use super::s3::{Bucket, StoreError};
+use super::routes::Op;
 use super::upload::{self, UploadError, UploadLimits};
 use super::{ArtifactsConfig, WritePolicy};
-use crate::authz::{Action, Authorizer, Decision};
+use crate::authz::{Authorizer, Decision};
 use crate::error::mlflow_error;
 use crate::proxy::{AnsweredBy, Forwarder};
 use crate::telemetry::Metrics;
 use crate::upstream::{MlflowVersion, UpstreamVersion};
 
-const PREFIXES: [&str; 2] = [
-    "/api/2.0/mlflow-artifacts/",
-    "/ajax-api/2.0/mlflow-artifacts/",
-];
 /// Longest object key S3 (and every S3-compatible store) accepts.
 const MAX_KEY_BYTES: usize = 1024;
 /// Largest JSON body of an mpu request.
 const MAX_JSON_BODY: usize = 4 << 20;
 /// Validity of presigned download URLs, as MLflow's default.
 const PRESIGNED_DOWNLOAD_TTL: std::time::Duration = std::time::Duration::from_secs(300);
-
-/// One artifact operation, with the still-encoded path it names.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum ArtifactOp {
-    List,
-    Download(String),
-    Head(String),
-    Upload(String),
-    Delete(String),
-    MpuCreate(String),
-    MpuComplete(String),
-    MpuAbort(String),
-    Presigned(String),
-}
-
-impl ArtifactOp {
-    /// The operation a request asks for, if it is one the gateway serves.
-    pub fn of(method: &Method, path: &str) -> Option<ArtifactOp> {
-        let rest = PREFIXES.iter().find_map(|p| path.strip_prefix(p))?;
-        if rest == "artifacts" || rest == "artifacts/" {
-            return (method == Method::GET).then_some(ArtifactOp::List);
-        }
-        if let Some(p) = rest.strip_prefix("artifacts/") {
-            let p = p.to_owned();
-            return match *method {
-                Method::GET => Some(ArtifactOp::Download(p)),
-                Method::HEAD => Some(ArtifactOp::Head(p)),
-                Method::PUT => Some(ArtifactOp::Upload(p)),
-                Method::DELETE => Some(ArtifactOp::Delete(p)),
-                _ => None,
-            };
-        }
-        if let Some(p) = rest.strip_prefix("presigned/") {
-            return (method == Method::GET).then(|| ArtifactOp::Presigned(p.to_owned()));
-        }
-        if method != Method::POST {
-            return None;
-        }
-        let (kind, p) = rest.strip_prefix("mpu/")?.split_once('/')?;
-        let p = p.to_owned();
-        match kind {
-            "create" => Some(ArtifactOp::MpuCreate(p)),
-            "complete" => Some(ArtifactOp::MpuComplete(p)),
-            "abort" => Some(ArtifactOp::MpuAbort(p)),
-            _ => None,
-        }
-    }
-
-    /// The permission MLflow requires for this operation.
-    fn action(&self) -> Action {
-        match self {
-            ArtifactOp::List | ArtifactOp::Download(_) | ArtifactOp::Presigned(_) => Action::Read,
-            ArtifactOp::Head(_) => Action::Head,
-            ArtifactOp::Upload(_)
-            | ArtifactOp::MpuCreate(_)
-            | ArtifactOp::MpuComplete(_)
-            | ArtifactOp::MpuAbort(_) => Action::Update,
-            ArtifactOp::Delete(_) => Action::Manage,
-        }
-    }
-
-    fn name(&self) -> &'static str {
-        match self {
-            ArtifactOp::List => "list",
-            ArtifactOp::Download(_) => "download",
-            ArtifactOp::Head(_) => "head",
-            ArtifactOp::Upload(_) => "upload",
-            ArtifactOp::Delete(_) => "delete",
-            ArtifactOp::MpuCreate(_) => "mpu_create",
-            ArtifactOp::MpuComplete(_) => "mpu_complete",
-            ArtifactOp::MpuAbort(_) => "mpu_abort",
-            ArtifactOp::Presigned(_) => "presigned",
-        }
-    }
-}
 
 /// The gateway: the store, the write policy and the upload limits.
 #[derive(Clone)]
@@ -254,56 +176,44 @@ impl Gateway {
 
     /// Readiness: the bucket answers (HeadBucket) within `limit`.
     pub async fn check_store(&self, limit: std::time::Duration) -> Result<(), String> {
-        let head = self
-            .bucket
-            .client
-            .head_bucket()
-            .bucket(self.bucket.name())
-            .send();
-        match tokio::time::timeout(limit, head).await {
-            Ok(Ok(_)) => Ok(()),
+        match tokio::time::timeout(limit, self.bucket.check()).await {
+            Ok(Ok(())) => Ok(()),
             Ok(Err(e)) => Err(format!(
-                "HeadBucket {} at {}: {}",
+                "HeadBucket {} at {}: {e}",
                 self.bucket.name(),
-                self.bucket.endpoint,
-                StoreError::from_sdk(e)
+                self.bucket.endpoint()
             )),
             Err(_) => Err(format!(
                 "HeadBucket {} at {} took longer than {limit:?}",
                 self.bucket.name(),
-                self.bucket.endpoint
+                self.bucket.endpoint()
             )),
         }
     }
 
-    /// Answers one artifact request: MLflow authorizes it first (when MLflow authenticates),
-    /// then the store answers it. Every error is MLflow's error JSON.
-    pub async fn serve(&self, op: ArtifactOp, request: Request) -> Response {
-        let name = op.name();
+    /// Answers one artifact operation: MLflow authorizes it first (when MLflow authenticates),
+    /// its path is placed in the request's workspace, then `work` answers it from the store with
+    /// that path (still encoded; for a listing, the query's path, which it places itself). Every
+    /// error is MLflow's error JSON, and the answer is counted under the operation's name.
+    pub(super) async fn serve<F>(
+        &self,
+        op: Op,
+        request: Request,
+        work: impl FnOnce(String, Request) -> F,
+    ) -> Response
+    where
+        F: Future<Output = Answer>,
+    {
+        let raw = op.raw_path(request.uri());
         let peer = peer_of(&request);
         let mut cors = HeaderMap::new();
-        let result = match self
-            .authorize(&op, request.uri(), request.headers(), peer)
-            .await
-        {
+        let result = match self.authorize(op, &raw, request.headers(), peer).await {
             Err(refusal) => Err(refusal),
             Ok(allowed_cors) => {
                 cors = allowed_cors;
-                match self.place(op, request.headers()) {
+                match self.place(op, raw, request.headers()) {
                     Err(refusal) => Err(refusal),
-                    Ok(op) => match op {
-                        ArtifactOp::List => self.list(request).await,
-                        ArtifactOp::Download(p) => {
-                            self.download(&p, request.headers(), false).await
-                        }
-                        ArtifactOp::Head(p) => self.download(&p, request.headers(), true).await,
-                        ArtifactOp::Upload(p) => self.upload(&p, request).await,
-                        ArtifactOp::Delete(p) => self.delete(&p, request.headers()).await,
-                        ArtifactOp::MpuCreate(p) => self.mpu_create(&p, request).await,
-                        ArtifactOp::MpuComplete(p) => self.mpu_complete(&p, request).await,
-                        ArtifactOp::MpuAbort(p) => self.mpu_abort(&p, request).await,
-                        ArtifactOp::Presigned(p) => self.presigned(&p).await,
-                    },
+                    Ok(path) => work(path, request).await,
                 }
             }
         };
@@ -313,11 +223,22 @@ impl Gateway {
         self.metrics
             .artifact_requests
             .get_or_create(&crate::telemetry::ArtifactLabels {
-                op: name,
+                op: op.name(),
                 status: response.status().as_u16(),
             })
             .inc();
+        // MLflow's refusal of the client, relayed by the authorizer, stays marked as MLflow's.
+        if response.extensions().get::<AnsweredBy>().is_none() {
+            response.extensions_mut().insert(AnsweredBy::ARTIFACT_STORE);
+        }
         response
+    }
+
+    /// A request on the gateway's paths that is no artifact operation (e.g. `POST` to
+    /// `artifacts/...`): MLflow answers it, as before the gateway.
+    pub(super) async fn forward(&self, request: Request) -> Response {
+        let peer = peer_of(&request);
+        self.forwarder.forward(request, peer).await
     }
 
     /// Whether workspaces apply to a request with these headers, and its workspace.
@@ -326,11 +247,12 @@ impl Gateway {
         (self.workspaces.apply(workspace), workspace)
     }
 
-    /// `op` with its path where MLflow's artifact API places it for this request's workspace
-    /// (see [`crate::workspace::artifact_path`]); a path naming another workspace is refused
-    /// with MLflow's message, and so is a workspace sent to an MLflow without workspaces. A path
-    /// that is not valid is left for the operation to refuse.
-    fn place(&self, op: ArtifactOp, headers: &HeaderMap) -> Result<ArtifactOp, Response> {
+    /// `raw`, the path `op` names, where MLflow's artifact API places it for this request's
+    /// workspace (see [`crate::workspace::artifact_path`]); a path naming another workspace is
+    /// refused with MLflow's message, and so is a workspace sent to an MLflow without
+    /// workspaces. A path that is not valid is left for the operation to refuse, and a listing's
+    /// path is left for the listing to place.
+    fn place(&self, op: Op, raw: String, headers: &HeaderMap) -> Result<String, Response> {
         let (on, workspace) = self.workspace(headers);
         if workspace.is_some() && self.workspaces.enabled() == Some(false) {
             // MLflow answers this with a 500; the client's mistake is a 400 here.
@@ -340,28 +262,15 @@ impl Gateway {
                 "Workspace APIs are not available: workspaces are not enabled on this server",
             ));
         }
-        if !on {
-            return Ok(op);
+        if !on || op == Op::List {
+            return Ok(raw);
         }
-        let placed = |raw: String| -> Result<String, Response> {
-            let Ok(path) = path::validate(&raw) else {
-                return Ok(raw);
-            };
-            let placed = placed_path(&path, workspace)?;
-            // Encoded again for the operation, which validates (decodes) it once more.
-            Ok(percent_encoding::utf8_percent_encode(&placed, PATH_SEGMENT).to_string())
+        let Ok(path) = path::validate(&raw) else {
+            return Ok(raw);
         };
-        Ok(match op {
-            ArtifactOp::List => ArtifactOp::List,
-            ArtifactOp::Download(p) => ArtifactOp::Download(placed(p)?),
-            ArtifactOp::Head(p) => ArtifactOp::Head(placed(p)?),
-            ArtifactOp::Upload(p) => ArtifactOp::Upload(placed(p)?),
-            ArtifactOp::Delete(p) => ArtifactOp::Delete(placed(p)?),
-            ArtifactOp::MpuCreate(p) => ArtifactOp::MpuCreate(placed(p)?),
-            ArtifactOp::MpuComplete(p) => ArtifactOp::MpuComplete(placed(p)?),
-            ArtifactOp::MpuAbort(p) => ArtifactOp::MpuAbort(placed(p)?),
-            ArtifactOp::Presigned(p) => ArtifactOp::Presigned(placed(p)?),
-        })
+        let placed = placed_path(&path, workspace)?;
+        // Encoded again for the operation, which validates (decodes) it once more.
+        Ok(percent_encoding::utf8_percent_encode(&placed, PATH_SEGMENT).to_string())
     }
 
     /// `path` (placed) below its workspace's directory when workspaces apply: where the artifact
@@ -383,32 +292,19 @@ impl Gateway {
         Owner::of_tree(self.below_workspace(path, headers))
     }
 
-    /// Asks MLflow whether this client may do `op` (see [`super::authz`]).
+    /// Asks MLflow whether this client may do `op` on the still-encoded path `raw` (see
+    /// [`super::authz`]).
     async fn authorize(
         &self,
-        op: &ArtifactOp,
-        uri: &http::Uri,
+        op: Op,
+        raw: &str,
         headers: &HeaderMap,
         peer: std::net::SocketAddr,
     ) -> Result<HeaderMap, Response> {
-        let raw = match op {
-            // A query value: `+` is a space there, `%20` in a path.
-            ArtifactOp::List => first_query_value(uri.query().unwrap_or(""), "path")
-                .unwrap_or("")
-                .replace('+', "%20"),
-            ArtifactOp::Download(p)
-            | ArtifactOp::Head(p)
-            | ArtifactOp::Upload(p)
-            | ArtifactOp::Delete(p)
-            | ArtifactOp::MpuCreate(p)
-            | ArtifactOp::MpuComplete(p)
-            | ArtifactOp::MpuAbort(p)
-            | ArtifactOp::Presigned(p) => p.clone(),
-        };
         let id = crate::proxy::request_id(headers);
         match self
             .authz
-            .check(op.action(), &raw, headers, peer, &id)
+            .check(op.action(), raw, headers, peer, &id)
             .await
         {
             Decision::Allowed(cors) => Ok(cors),
@@ -427,7 +323,7 @@ impl Gateway {
 
     /// The object key of a validated path; S3 keys hold at most 1024 bytes.
     fn key(&self, path: &str) -> Result<String, Response> {
-        let key = self.bucket.destination.key(path);
+        let key = self.bucket.destination().key(path);
         if key.len() > MAX_KEY_BYTES {
             return Err(mlflow_error(
                 StatusCode::BAD_REQUEST,
@@ -465,15 +361,16 @@ impl Gateway {
         };
         let message = format!(
             "the artifact store {} at {} failed to {what} {path}: {}. The object was not changed; retry, and check the store if this persists.",
-            self.bucket.destination,
-            self.bucket.endpoint,
+            self.bucket.destination(),
+            self.bucket.endpoint(),
             error.to_string().trim_end_matches('.')
         );
         tracing::warn!(path, error = %error, status = status.as_u16(), "artifact store operation failed");
         mlflow_error(status, "TEMPORARILY_UNAVAILABLE", &message)
     }
 
-    async fn list(&self, request: Request) -> Answer {
+    /// `GET artifacts?path=`: the directory's entries, as MLflow lists them.
+    pub(super) async fn list(&self, request: Request) -> Answer {
         // MLflow takes the first of repeated `path` parameters.
         let path = match first_query_value(request.uri().query().unwrap_or(""), "path") {
             Some(p) => path::validate(&p.replace('+', "%20")).map_err(|_| invalid_path())?,
@@ -483,86 +380,64 @@ impl Gateway {
             (true, workspace) => placed_path(&path, workspace)?,
             (false, _) => path,
         };
-        let prefix = self.bucket.destination.dir_prefix(&path);
+        let prefix = self.bucket.destination().dir_prefix(&path);
         let entries = listing::list_dir(&self.bucket, &prefix)
             .await
             .map_err(|e| self.store_error("list", &path, &e))?;
         Ok(listing::pretty(&listing::to_mlflow_json(&entries)))
     }
 
-    async fn download(&self, raw: &str, headers: &HeaderMap, head_only: bool) -> Answer {
-        let path = path::validate(raw).map_err(|_| invalid_path())?;
+    /// `GET artifacts/<path>` (ranged when asked), or with `head_only` `HEAD artifacts/<path>`.
+    pub(super) async fn download(&self, raw: String, request: Request, head_only: bool) -> Answer {
+        let headers = request.headers();
+        let path = path::validate(&raw).map_err(|_| invalid_path())?;
         let key = self.key(&path)?;
         let range = headers
             .get(header::RANGE)
             .and_then(|v| v.to_str().ok())
             .map(str::to_owned);
         if head_only {
-            let out = self
-                .bucket
-                .client
-                .head_object()
-                .bucket(self.bucket.name())
-                .key(&key)
-                .send()
-                .await;
-            let out = match out {
-                Ok(out) => out,
-                Err(e) => {
-                    return Err(self
-                        .missing_or_dir(&path, &key, StoreError::from_sdk(e))
-                        .await)
-                }
+            let meta = match self.bucket.head(&key).await {
+                Ok(meta) => meta,
+                Err(e) => return Err(self.missing_or_dir(&path, &key, e).await),
             };
             let mut response = Response::new(Body::empty());
             let h = response.headers_mut();
             h.insert(
                 header::CONTENT_LENGTH,
-                HeaderValue::from(out.content_length().unwrap_or(0).max(0) as u64),
+                HeaderValue::from(meta.size.unwrap_or(0)),
             );
-            self.download_headers(h, &path, out.e_tag(), out.last_modified().map(|t| t.secs()));
+            self.download_headers(h, &path, meta.etag.as_deref(), meta.last_modified);
             return Ok(response);
         }
-        let mut get = self
-            .bucket
-            .client
-            .get_object()
-            .bucket(self.bucket.name())
-            .key(&key);
-        if let Some(r) = &range {
-            get = get.range(r);
-        }
-        let out = match get.send().await {
-            Ok(out) => out,
-            Err(e) => {
-                return Err(self
-                    .missing_or_dir(&path, &key, StoreError::from_sdk(e))
-                    .await)
-            }
+        let object = match self.bucket.get(&key, range.as_deref()).await {
+            Ok(object) => object,
+            Err(e) => return Err(self.missing_or_dir(&path, &key, e).await),
         };
-        let status = if out.content_range().is_some() {
+        let status = if object.content_range.is_some() {
             StatusCode::PARTIAL_CONTENT
         } else {
             StatusCode::OK
         };
-        let length = out.content_length().unwrap_or(0).max(0) as u64;
+        let length = object.meta.size.unwrap_or(0);
         let mut response = Response::new(Body::empty());
         *response.status_mut() = status;
         let h = response.headers_mut();
         h.insert(header::CONTENT_LENGTH, HeaderValue::from(length));
-        if let Some(cr) = out
-            .content_range()
+        if let Some(cr) = object
+            .content_range
+            .as_deref()
             .and_then(|v| HeaderValue::from_str(v).ok())
         {
             h.insert(header::CONTENT_RANGE, cr);
         }
-        self.download_headers(h, &path, out.e_tag(), out.last_modified().map(|t| t.secs()));
-        let mut stream = out.body;
-        let body = futures_util::stream::poll_fn(move |cx| {
-            // ByteStream yields the store's chunks as they arrive; nothing is buffered whole.
-            std::pin::Pin::new(&mut stream).poll_next(cx)
-        });
-        *response.body_mut() = Body::from_stream(body);
+        self.download_headers(
+            h,
+            &path,
+            object.meta.etag.as_deref(),
+            object.meta.last_modified,
+        );
+        *response.body_mut() = object.body;
         Ok(response)
     }
 
@@ -599,16 +474,8 @@ impl Gateway {
     /// A failed read: a directory is told apart from a missing file, as MLflow does.
     async fn missing_or_dir(&self, path: &str, key: &str, error: StoreError) -> Response {
         if error.is_not_found() {
-            let probe = self
-                .bucket
-                .client
-                .list_objects_v2()
-                .bucket(self.bucket.name())
-                .prefix(format!("{key}/"))
-                .max_keys(1)
-                .send()
-                .await;
-            if probe.is_ok_and(|page| page.key_count().unwrap_or(0) > 0) {
+            let probe = self.bucket.has_objects_under(&format!("{key}/")).await;
+            if matches!(probe, Ok(true)) {
                 return mlflow_error(
                     StatusCode::BAD_REQUEST,
                     "INVALID_PARAMETER_VALUE",
@@ -626,7 +493,7 @@ impl Gateway {
                 "RESOURCE_DOES_NOT_EXIST",
                 &format!(
                     "artifact {path} does not exist in {}",
-                    self.bucket.destination
+                    self.bucket.destination()
                 ),
             );
         }
@@ -687,8 +554,9 @@ impl Gateway {
         ))
     }
 
-    async fn upload(&self, raw: &str, request: Request) -> Answer {
-        let path = path::validate(raw).map_err(|_| invalid_path())?;
+    /// `PUT artifacts/<path>`: the body, streamed to the store.
+    pub(super) async fn upload(&self, raw: String, request: Request) -> Answer {
+        let path = path::validate(&raw).map_err(|_| invalid_path())?;
         if path.is_empty() || path.ends_with('/') {
             return Err(invalid_path());
         }
@@ -767,8 +635,10 @@ impl Gateway {
         }
     }
 
-    async fn delete(&self, raw: &str, headers: &HeaderMap) -> Answer {
-        let path = path::validate(raw).map_err(|_| invalid_path())?;
+    /// `DELETE artifacts/<path>`: the file, or the directory with everything in it.
+    pub(super) async fn delete(&self, raw: String, request: Request) -> Answer {
+        let headers = request.headers();
+        let path = path::validate(&raw).map_err(|_| invalid_path())?;
         if path.is_empty() {
             return Err(invalid_path());
         }
@@ -798,7 +668,8 @@ impl Gateway {
             );
         }
         let key = self.key(&path)?;
-        listing::delete_tree(&self.bucket, &key)
+        self.bucket
+            .delete_tree(&key)
             .await
             .map_err(|e| self.store_error("delete", &path, &e))?;
         Ok(axum::Json(serde_json::json!({})).into_response())
@@ -841,7 +712,8 @@ impl Gateway {
         path::validate(&joined)
     }
 
-    async fn mpu_create(&self, raw: &str, request: Request) -> Answer {
+    /// `POST mpu/create/<dir>`: a multipart upload, with a presigned URL for each part.
+    pub(super) async fn mpu_create(&self, raw: String, request: Request) -> Answer {
         #[derive(Deserialize)]
         struct Create {
             path: String,
@@ -850,7 +722,7 @@ impl Gateway {
         }
         let headers = request.headers().clone();
         let create: Create = Self::json_body(request).await?;
-        let path = Self::mpu_target(raw, &create.path).map_err(|_| invalid_path())?;
+        let path = Self::mpu_target(&raw, &create.path).map_err(|_| invalid_path())?;
         self.check_write(&path, &headers).await?;
         if !(1..=upload::MAX_PARTS as i64).contains(&create.num_parts) {
             return Err(mlflow_error(
@@ -863,55 +735,32 @@ impl Gateway {
             ));
         }
         let key = self.key(&path)?;
-        let created = self
+        let upload_id = self
             .bucket
-            .client
-            .create_multipart_upload()
-            .bucket(self.bucket.name())
-            .key(&key)
-            .content_type(path::content_type(&path))
-            .send()
+            .start_multipart(&key, &ContentHeaders::of_type(path::content_type(&path)))
             .await
-            .map_err(|e| {
-                self.store_error(
-                    "start a multipart upload of",
-                    &path,
-                    &StoreError::from_sdk(e),
-                )
-            })?;
-        let upload_id = created.upload_id().unwrap_or_default().to_owned();
-        let presigning = PresigningConfig::expires_in(self.config.presign_expiry).map_err(|e| {
-            mlflow_error(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "INTERNAL_ERROR",
-                &e.to_string(),
-            )
-        })?;
+            .map_err(|e| self.store_error("start a multipart upload of", &path, &e))?
+            .unwrap_or_default();
         let mut credentials = Vec::with_capacity(create.num_parts as usize);
         for part_number in 1..=create.num_parts as i32 {
-            // Presigned without checksum parameters: a checksum baked into the URL would be the
-            // empty body's, and the store would reject the real part.
-            let presigned = self
+            let url = self
                 .bucket
-                .presigner
-                .upload_part()
-                .bucket(self.bucket.name())
-                .key(&key)
-                .upload_id(&upload_id)
-                .part_number(part_number)
-                .presigned(presigning.clone())
+                .presign_part(&key, &upload_id, part_number, self.config.presign_expiry)
                 .await
                 .map_err(|e| {
+                    let message = match e {
+                        PresignError::Expiry(message) => message,
+                        PresignError::Signing(message) => {
+                            format!("presigning part {part_number}: {message}")
+                        }
+                    };
                     mlflow_error(
                         StatusCode::INTERNAL_SERVER_ERROR,
                         "INTERNAL_ERROR",
-                        &format!("presigning part {part_number}: {e}"),
+                        &message,
                     )
                 })?;
-            credentials.push(Credential {
-                url: presigned.uri().to_owned(),
-                part_number,
-            });
+            credentials.push(Credential { url, part_number });
         }
         #[derive(serde::Serialize)]
         struct Created {
@@ -924,9 +773,10 @@ impl Gateway {
         }))
     }
 
-    async fn mpu_complete(&self, raw: &str, request: Request) -> Answer {
+    /// `POST mpu/complete/<dir>`: the upload's parts, joined into the object.
+    pub(super) async fn mpu_complete(&self, raw: String, request: Request) -> Answer {
         #[derive(Deserialize)]
-        struct Part {
+        struct SentPart {
             part_number: i64,
             etag: String,
         }
@@ -934,11 +784,11 @@ impl Gateway {
         struct Complete {
             path: String,
             upload_id: String,
-            parts: Vec<Part>,
+            parts: Vec<SentPart>,
         }
         let credentials = FailureRecorder::credentials(request.headers());
         let complete: Complete = Self::json_body(request).await?;
-        let path = Self::mpu_target(raw, &complete.path).map_err(|_| invalid_path())?;
+        let path = Self::mpu_target(&raw, &complete.path).map_err(|_| invalid_path())?;
         check_upload_id(&complete.upload_id)?;
         if complete.parts.is_empty() || complete.parts.len() as u64 > upload::MAX_PARTS {
             return Err(mlflow_error(
@@ -961,33 +811,19 @@ impl Gateway {
             ));
         }
         let key = self.key(&path)?;
-        let mut parts: Vec<CompletedPart> = complete
+        let parts: Vec<Part> = complete
             .parts
             .iter()
-            .map(|p| {
-                CompletedPart::builder()
-                    .part_number(p.part_number as i32)
-                    .e_tag(&p.etag)
-                    .build()
+            .map(|p| Part {
+                number: p.part_number as i32,
+                etag: Some(p.etag.clone()),
             })
             .collect();
-        parts.sort_by_key(|p| p.part_number());
         let done = self
             .bucket
-            .client
-            .complete_multipart_upload()
-            .bucket(self.bucket.name())
-            .key(&key)
-            .upload_id(&complete.upload_id)
-            .multipart_upload(
-                CompletedMultipartUpload::builder()
-                    .set_parts(Some(parts))
-                    .build(),
-            )
-            .send()
+            .finish_multipart(&key, &complete.upload_id, parts)
             .await;
-        if let Err(e) = done {
-            let error = StoreError::from_sdk(e);
+        if let Err(error) = done {
             if let Some(Owner::Run { run, .. }) = self.owner_of(&path, &credentials) {
                 self.failures
                     .record(&run, &path, &error.to_string(), &credentials)
@@ -998,80 +834,56 @@ impl Gateway {
         Ok(listing::pretty(&serde_json::json!({})))
     }
 
-    async fn mpu_abort(&self, raw: &str, request: Request) -> Answer {
+    /// `POST mpu/abort/<dir>`: the upload, abandoned.
+    pub(super) async fn mpu_abort(&self, raw: String, request: Request) -> Answer {
         #[derive(Deserialize)]
         struct Abort {
             path: String,
             upload_id: String,
         }
         let abort: Abort = Self::json_body(request).await?;
-        let path = Self::mpu_target(raw, &abort.path).map_err(|_| invalid_path())?;
+        let path = Self::mpu_target(&raw, &abort.path).map_err(|_| invalid_path())?;
         check_upload_id(&abort.upload_id)?;
         let key = self.key(&path)?;
         self.bucket
-            .client
-            .abort_multipart_upload()
-            .bucket(self.bucket.name())
-            .key(&key)
-            .upload_id(&abort.upload_id)
-            .send()
+            .abort_multipart(&key, &abort.upload_id)
             .await
-            .map_err(|e| {
-                self.store_error(
-                    "abort the multipart upload of",
-                    &path,
-                    &StoreError::from_sdk(e),
-                )
-            })?;
+            .map_err(|e| self.store_error("abort the multipart upload of", &path, &e))?;
         Ok(listing::pretty(&serde_json::json!({})))
     }
 
-    /// A presigned GET URL for a direct download (what MLflow's 3.16+ client asks for before
-    /// ranged downloads straight from the store).
-    async fn presigned(&self, raw: &str) -> Answer {
-        let path = path::validate(raw).map_err(|_| invalid_path())?;
+    /// `GET presigned/<path>`: a presigned GET URL for a direct download (what MLflow's 3.16+
+    /// client asks for before ranged downloads straight from the store).
+    pub(super) async fn presigned(&self, raw: String) -> Answer {
+        let path = path::validate(&raw).map_err(|_| invalid_path())?;
         let key = self.key(&path)?;
-        let head = match self
-            .bucket
-            .client
-            .head_object()
-            .bucket(self.bucket.name())
-            .key(&key)
-            .send()
-            .await
-        {
+        let head = match self.bucket.head(&key).await {
             Ok(head) => head,
-            Err(e) => {
-                return Err(self
-                    .missing_or_dir(&path, &key, StoreError::from_sdk(e))
-                    .await)
-            }
+            Err(e) => return Err(self.missing_or_dir(&path, &key, e).await),
         };
         let base = path.rsplit('/').next().unwrap_or(&path);
-        let presigning = PresigningConfig::expires_in(PRESIGNED_DOWNLOAD_TTL).map_err(|e| {
-            mlflow_error(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "INTERNAL_ERROR",
-                &e.to_string(),
-            )
-        })?;
-        let presigned = self
+        let url = self
             .bucket
-            .presigner
-            .get_object()
-            .bucket(self.bucket.name())
-            .key(&key)
-            .response_content_disposition(format!("attachment; filename=\"{base}\""))
-            .presigned(presigning)
+            .presign_get(
+                &key,
+                format!("attachment; filename=\"{base}\""),
+                PRESIGNED_DOWNLOAD_TTL,
+            )
             .await
             .map_err(|e| {
+                let message = match e {
+                    PresignError::Expiry(message) => message,
+                    PresignError::Signing(message) => {
+                        format!("presigning the download of {path}: {message}")
+                    }
+                };
                 mlflow_error(
                     StatusCode::INTERNAL_SERVER_ERROR,
                     "INTERNAL_ERROR",
-                    &format!("presigning the download of {path}: {e}"),
+                    &message,
                 )
             })?;
-        let body = serde_json::json!({ "url": presigned.uri(), "headers": {}, "file_size": head.content_length().unwrap_or(0) });
+        let body = serde_json::json!({ "url": url, "headers": {}, "file_size": head.size.unwrap_or(0) });
         Ok(axum::Json(body).into_response())
     }
 }
@@ -1103,48 +915,12 @@ fn check_upload_id(id: &str) -> Result<(), Response> {
     Ok(())
 }
 
-/// The routes the gateway answers from the store, under both API prefixes. Paths are matched
-/// still percent-encoded and handed on as they came: the gateway decodes them as MLflow does.
-pub fn router<S: Clone + Send + Sync + 'static>(gateway: Gateway) -> Router<S> {
-    let mut router = Router::new();
-    for prefix in PREFIXES {
-        router = router
-            .route(&format!("{prefix}artifacts"), get(serve_route))
-            .route(&format!("{prefix}artifacts/"), get(serve_route))
-            .route(
-                &format!("{prefix}artifacts/{{*path}}"),
-                get(serve_route)
-                    .head(serve_route)
-                    .put(serve_route)
-                    .delete(serve_route),
-            )
-            .route(&format!("{prefix}presigned/{{*path}}"), get(serve_route));
-        for op in ["create", "complete", "abort"] {
-            router = router.route(&format!("{prefix}mpu/{op}/{{*path}}"), post(serve_route));
-        }
-    }
-    router.with_state(gateway)
-}
-
-async fn serve_route(State(gateway): State<Gateway>, request: Request) -> Response {
-    let Some(op) = ArtifactOp::of(request.method(), request.uri().path()) else {
-        let peer = peer_of(&request);
-        return gateway.forwarder.forward(request, peer).await;
-    };
-    let mut response = gateway.serve(op, request).await;
-    // MLflow's refusal of the client, relayed by the authorizer, stays marked as MLflow's.
-    if response.extensions().get::<AnsweredBy>().is_none() {
-        response.extensions_mut().insert(AnsweredBy::ARTIFACT_STORE);
-    }
-    response
-}
-
 fn peer_of(request: &Request) -> std::net::SocketAddr {
     crate::client::peer_of(request.extensions())
 }
 
 /// The raw (still percent-encoded) value of the first `name` parameter of a query string.
-fn first_query_value<'q>(query: &'q str, name: &str) -> Option<&'q str> {
+pub(super) fn first_query_value<'q>(query: &'q str, name: &str) -> Option<&'q str> {
     query.split('&').find_map(|pair| {
         let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
         (key == name).then_some(value)
@@ -1184,38 +960,6 @@ mod tests {
             assert_eq!(content_type, None, "{uvicorn:?}");
             assert!(body.is_empty(), "{uvicorn:?}");
         }
-    }
-
-    #[test]
-    fn artifact_routes_are_recognised_under_both_prefixes() {
-        let get = Method::GET;
-        assert_eq!(
-            ArtifactOp::of(&get, "/api/2.0/mlflow-artifacts/artifacts"),
-            Some(ArtifactOp::List)
-        );
-        assert_eq!(
-            ArtifactOp::of(
-                &get,
-                "/ajax-api/2.0/mlflow-artifacts/artifacts/1/r/artifacts/a%20b.txt"
-            ),
-            Some(ArtifactOp::Download("1/r/artifacts/a%20b.txt".into()))
-        );
-        assert_eq!(
-            ArtifactOp::of(&Method::PUT, "/api/2.0/mlflow-artifacts/artifacts/x"),
-            Some(ArtifactOp::Upload("x".into()))
-        );
-        assert_eq!(
-            ArtifactOp::of(
-                &Method::POST,
-                "/api/2.0/mlflow-artifacts/mpu/create/1/r/artifacts/big"
-            ),
-            Some(ArtifactOp::MpuCreate("1/r/artifacts/big".into()))
-        );
-        assert_eq!(
-            ArtifactOp::of(&Method::POST, "/api/2.0/mlflow-artifacts/artifacts/x"),
-            None
-        );
-        assert_eq!(ArtifactOp::of(&get, "/api/2.0/mlflow/artifacts/list"), None);
     }
 
     #[test]
