@@ -200,6 +200,139 @@ async fn forward(State(gateway): State<Gateway>, request: Request) -> Response {
 mod tests {
     use super::*;
 
+    use std::time::Duration;
+
+    use axum::body::Body;
+    use tower::ServiceExt;
+
+    use crate::proxy::{Forwarder, ForwarderSettings, Upstream};
+    use crate::telemetry::{ArtifactLabels, Metrics};
+
+    const OPS: [Op; 9] = [
+        Op::List,
+        Op::Download,
+        Op::Head,
+        Op::Upload,
+        Op::Delete,
+        Op::MpuCreate,
+        Op::MpuComplete,
+        Op::MpuAbort,
+        Op::Presigned,
+    ];
+
+    /// MLflow and the store at an address where nothing listens: an operation is still answered
+    /// by its own handler (MLflow's check fails, so the store is never asked) and counted under
+    /// its name; a forwarded request is counted under none.
+    #[tokio::test]
+    async fn each_operation_has_its_route_and_other_methods_on_them_go_to_mlflow() {
+        let closed = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap();
+        let metrics = Metrics::new();
+        let settings = ForwarderSettings {
+            upstream: Upstream::parse(&format!("http://{closed}")).unwrap(),
+            ..ForwarderSettings::default()
+        };
+        let forwarder = Forwarder::new(&settings, metrics.clone());
+        let dir = tempfile::tempdir().unwrap();
+        let store = crate::store::Store::open(&format!("sqlite://{}/s.db", dir.path().display()))
+            .await
+            .unwrap();
+        let config = super::super::ArtifactsConfig {
+            destination: Some(super::super::Destination::parse("s3://b/p").unwrap()),
+            s3: super::super::S3Settings {
+                endpoint_url: Some(format!("http://{closed}")),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let authz = crate::authz::Authorizer::new(forwarder.clone(), Duration::ZERO);
+        let gateway = Gateway::new(
+            &config,
+            forwarder,
+            store,
+            authz,
+            metrics.clone(),
+            crate::upstream::UpstreamVersion::default(),
+            crate::client::TrustedProxies::default(),
+        )
+        .await
+        .unwrap();
+        let app: Router = router(gateway);
+        let counted = |status: u16| -> Vec<u64> {
+            OPS.iter()
+                .map(|op| {
+                    metrics
+                        .artifact_requests
+                        .get_or_create(&ArtifactLabels {
+                            op: op.name(),
+                            status,
+                        })
+                        .get()
+                })
+                .collect()
+        };
+        let cases: &[(&str, &str, Option<Op>)] = &[
+            ("GET", "/api/2.0/mlflow-artifacts/artifacts?path=1/r", Some(Op::List)),
+            ("GET", "/ajax-api/2.0/mlflow-artifacts/artifacts/", Some(Op::List)),
+            (
+                "GET",
+                "/ajax-api/2.0/mlflow-artifacts/artifacts/1/r/artifacts/a%20b.txt",
+                Some(Op::Download),
+            ),
+            ("HEAD", "/api/2.0/mlflow-artifacts/artifacts/x", Some(Op::Head)),
+            ("PUT", "/api/2.0/mlflow-artifacts/artifacts/x", Some(Op::Upload)),
+            ("DELETE", "/api/2.0/mlflow-artifacts/artifacts/x", Some(Op::Delete)),
+            (
+                "POST",
+                "/api/2.0/mlflow-artifacts/mpu/create/1/r/artifacts/big",
+                Some(Op::MpuCreate),
+            ),
+            (
+                "POST",
+                "/ajax-api/2.0/mlflow-artifacts/mpu/complete/x",
+                Some(Op::MpuComplete),
+            ),
+            ("POST", "/api/2.0/mlflow-artifacts/mpu/abort/x", Some(Op::MpuAbort)),
+            ("GET", "/api/2.0/mlflow-artifacts/presigned/x", Some(Op::Presigned)),
+            ("POST", "/api/2.0/mlflow-artifacts/artifacts/x", None),
+            ("OPTIONS", "/ajax-api/2.0/mlflow-artifacts/artifacts/x", None),
+            ("HEAD", "/api/2.0/mlflow-artifacts/artifacts", None),
+            ("HEAD", "/api/2.0/mlflow-artifacts/presigned/x", None),
+            ("GET", "/api/2.0/mlflow-artifacts/mpu/create/x", None),
+        ];
+        for (method, uri, op) in cases {
+            let request = http::Request::builder()
+                .method(*method)
+                .uri(*uri)
+                .body(Body::empty())
+                .unwrap();
+            let before = (counted(502), counted(503));
+            let response = app.clone().oneshot(request).await.unwrap();
+            let status = response.status().as_u16();
+            let after = (counted(502), counted(503));
+            let mut expected = before.clone();
+            if let Some(op) = op {
+                let at = OPS.iter().position(|o| o == op).unwrap();
+                match status {
+                    502 => expected.0[at] += 1,
+                    503 => expected.1[at] += 1,
+                    other => panic!("{method} {uri}: {other}"),
+                }
+            } else {
+                assert_eq!(status, 502, "{method} {uri}: MLflow's address is closed");
+            }
+            assert_eq!(after, expected, "{method} {uri} answered as {op:?}");
+        }
+        // Not the gateway's: the app's fallback forwards it.
+        let request = http::Request::get("/api/2.0/mlflow/artifacts/list")
+            .body(Body::empty())
+            .unwrap();
+        let response = app.oneshot(request).await.unwrap();
+        assert_eq!(response.status(), http::StatusCode::NOT_FOUND);
+    }
+
     #[test]
     fn operations_take_their_still_encoded_paths_from_the_uri_under_both_prefixes() {
         let path = |op: Op, uri: &str| op.raw_path(&uri.parse().unwrap());
