@@ -725,7 +725,13 @@ pub async fn run(config: &crate::Config, args: &RelocateArgs) -> anyhow::Result<
     let existing: HashMap<String, StoredObject> = target_bucket
         .list_all(&target_dir)
         .await
-        .with_context(|| format!("listing {} at {}", target.uri(&target_dir), store.endpoint()))?
+        .with_context(|| {
+            format!(
+                "listing {} at {}",
+                target.uri(&target_dir),
+                store.endpoint()
+            )
+        })?
         .into_iter()
         .map(|o| (o.key.clone(), o))
         .collect();

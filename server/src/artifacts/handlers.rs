@@ -23,7 +23,7 @@ use super::routes::Op;
 use super::upload::{self, UploadError, UploadLimits};
 use super::{ArtifactsConfig, WritePolicy};
 use crate::authz::{Authorizer, Decision};
-use crate::error::mlflow_error;
+use crate::error::Error;
 use crate::proxy::{AnsweredBy, Forwarder};
 use crate::telemetry::Metrics;
 use crate::upstream::{MlflowVersion, UpstreamVersion};
@@ -132,11 +132,7 @@ fn upload_answer(version: Option<MlflowVersion>) -> Response {
 }
 
 fn invalid_path() -> Response {
-    mlflow_error(
-        StatusCode::BAD_REQUEST,
-        "INVALID_PARAMETER_VALUE",
-        "Invalid path",
-    )
+    Error::InvalidParameter("Invalid path".into()).into_response()
 }
 
 impl Gateway {
@@ -256,11 +252,14 @@ impl Gateway {
         let (on, workspace) = self.workspace(headers);
         if workspace.is_some() && self.workspaces.enabled() == Some(false) {
             // MLflow answers this with a 500; the client's mistake is a 400 here.
-            return Err(mlflow_error(
-                StatusCode::BAD_REQUEST,
-                "FEATURE_DISABLED",
-                "Workspace APIs are not available: workspaces are not enabled on this server",
-            ));
+            return Err(Error::AsMlflow {
+                status: StatusCode::BAD_REQUEST,
+                error_code: "FEATURE_DISABLED",
+                message:
+                    "Workspace APIs are not available: workspaces are not enabled on this server"
+                        .into(),
+            }
+            .into_response());
         }
         if !on || op == Op::List {
             return Ok(raw);
@@ -302,11 +301,7 @@ impl Gateway {
         peer: std::net::SocketAddr,
     ) -> Result<HeaderMap, Response> {
         let id = crate::proxy::request_id(headers);
-        match self
-            .authz
-            .check(op.action(), raw, headers, peer, &id)
-            .await
-        {
+        match self.authz.check(op.action(), raw, headers, peer, &id).await {
             Decision::Allowed(cors) => Ok(cors),
             Decision::Denied(answer) => {
                 self.metrics.artifact_authz_denials.inc();
@@ -325,11 +320,7 @@ impl Gateway {
     fn key(&self, path: &str) -> Result<String, Response> {
         let key = self.bucket.destination().key(path);
         if key.len() > MAX_KEY_BYTES {
-            return Err(mlflow_error(
-                StatusCode::BAD_REQUEST,
-                "INVALID_PARAMETER_VALUE",
-                &format!("Invalid path: the object key would be {} bytes long; S3-compatible stores take at most {MAX_KEY_BYTES}.", key.len()),
-            ));
+            return Err(Error::InvalidParameter(format!("Invalid path: the object key would be {} bytes long; S3-compatible stores take at most {MAX_KEY_BYTES}.", key.len())).into_response());
         }
         Ok(key)
     }
@@ -339,34 +330,31 @@ impl Gateway {
         // too small) is the client's mistake: a 4xx it must not retry.
         match error.code.as_deref() {
             Some(listing::TOO_MANY_ENTRIES) => {
-                return mlflow_error(StatusCode::BAD_REQUEST, "INVALID_PARAMETER_VALUE", &error.message);
+                return Error::InvalidParameter(error.message.clone()).into_response();
             }
             Some("NoSuchUpload") => {
-                return mlflow_error(
-                    StatusCode::NOT_FOUND,
-                    "RESOURCE_DOES_NOT_EXIST",
-                    &format!("the store knows no such multipart upload for {path}: it was completed, aborted or never created. Start a new upload."),
-                )
+                return Error::NotFound(format!("the store knows no such multipart upload for {path}: it was completed, aborted or never created. Start a new upload.")).into_response()
             }
             Some(code @ ("InvalidPart" | "InvalidPartOrder" | "EntityTooSmall" | "KeyTooLongError" | "InvalidArgument")) => {
                 let message = format!("the artifact store refused to {what} {path} ({code}: {}). Check the request's parts and path.", error.message.trim_end_matches('.'));
-                return mlflow_error(StatusCode::BAD_REQUEST, "INVALID_PARAMETER_VALUE", &message);
+                return Error::InvalidParameter(message).into_response();
             }
             _ => {}
         }
-        let status = if error.is_transient() {
-            StatusCode::SERVICE_UNAVAILABLE
-        } else {
-            StatusCode::BAD_GATEWAY
-        };
         let message = format!(
             "the artifact store {} at {} failed to {what} {path}: {}. The object was not changed; retry, and check the store if this persists.",
             self.bucket.destination(),
             self.bucket.endpoint(),
             error.to_string().trim_end_matches('.')
         );
-        tracing::warn!(path, error = %error, status = status.as_u16(), "artifact store operation failed");
-        mlflow_error(status, "TEMPORARILY_UNAVAILABLE", &message)
+        // A store that could not be reached or asked to slow down: 503, retried; else 502.
+        let answer = if error.is_transient() {
+            Error::Unavailable(message)
+        } else {
+            Error::StoreFailed(message)
+        };
+        tracing::warn!(path, error = %error, status = answer.status().as_u16(), "artifact store operation failed");
+        answer.into_response()
     }
 
     /// `GET artifacts?path=`: the directory's entries, as MLflow lists them.
@@ -476,11 +464,10 @@ impl Gateway {
         if error.is_not_found() {
             let probe = self.bucket.has_objects_under(&format!("{key}/")).await;
             if matches!(probe, Ok(true)) {
-                return mlflow_error(
-                    StatusCode::BAD_REQUEST,
-                    "INVALID_PARAMETER_VALUE",
-                    &format!("Artifact path refers to a directory, not a file: '{path}'"),
-                );
+                return Error::InvalidParameter(format!(
+                    "Artifact path refers to a directory, not a file: '{path}'"
+                ))
+                .into_response();
             }
         }
         self.read_error(path, error)
@@ -488,21 +475,19 @@ impl Gateway {
 
     fn read_error(&self, path: &str, error: StoreError) -> Response {
         if error.is_not_found() {
-            return mlflow_error(
-                StatusCode::NOT_FOUND,
-                "RESOURCE_DOES_NOT_EXIST",
-                &format!(
-                    "artifact {path} does not exist in {}",
-                    self.bucket.destination()
-                ),
-            );
+            return Error::NotFound(format!(
+                "artifact {path} does not exist in {}",
+                self.bucket.destination()
+            ))
+            .into_response();
         }
         if error.status == Some(416) || error.code.as_deref() == Some("InvalidRange") {
-            return mlflow_error(
-                StatusCode::RANGE_NOT_SATISFIABLE,
-                "INVALID_PARAMETER_VALUE",
-                &format!("the requested range is not satisfiable for {path}"),
-            );
+            return Error::AsMlflow {
+                status: StatusCode::RANGE_NOT_SATISFIABLE,
+                error_code: "INVALID_PARAMETER_VALUE",
+                message: format!("the requested range is not satisfiable for {path}"),
+            }
+            .into_response();
         }
         self.store_error("read", path, &error)
     }
@@ -524,11 +509,7 @@ impl Gateway {
         let refusal = match verdict {
             Verdict::Owned => return Ok(owner),
             Verdict::Unverifiable(reason) => {
-                return Err(mlflow_error(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    "TEMPORARILY_UNAVAILABLE",
-                    &format!("mlscope-proxy could not check with MLflow that {} exists ({reason}); retry.", owner.as_ref().map(ToString::to_string).unwrap_or_default()),
-                ))
+                return Err(Error::Unavailable(format!("mlscope-proxy could not check with MLflow that {} exists ({reason}); retry.", owner.as_ref().map(ToString::to_string).unwrap_or_default())).into_response())
             }
             Verdict::Stray => format!(
                 "Artifact writes are only accepted inside an MLflow artifact root: <experiment_id>/<run_id>/artifacts/..., <experiment_id>/models/<model_id>/artifacts/... or <experiment_id>/traces/<trace_id>/artifacts/... (in an MLflow workspace, below workspaces/<workspace>/). '{path}' is outside them, so MLflow would never show it. Log the file to the run instead, e.g. mlflow.log_artifact(local_path, artifact_path=\"checkpoints\") inside the run, which stores it under <experiment_id>/<run_id>/artifacts/checkpoints/."
@@ -547,11 +528,7 @@ impl Gateway {
             path,
             "write outside MLflow's artifact roots refused (write policy: enforce)"
         );
-        Err(mlflow_error(
-            StatusCode::FORBIDDEN,
-            "PERMISSION_DENIED",
-            &refusal,
-        ))
+        Err(Error::PermissionDenied(refusal).into_response())
     }
 
     /// `PUT artifacts/<path>`: the body, streamed to the store.
@@ -575,20 +552,14 @@ impl Gateway {
             .upload_shares
             .take(client, in_use, self.config.max_concurrent_uploads)
             .ok_or_else(|| {
-            let mut answer = mlflow_error(
-                StatusCode::TOO_MANY_REQUESTS,
-                "REQUEST_LIMIT_EXCEEDED",
-                &format!("this client has {} or more artifact uploads in progress, the most one client may have while the upload slots are nearly all taken; retry with backoff.", self.upload_shares.per_client),
-            );
-            answer.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
-            answer
+            Error::OverShare {
+                message: format!("this client has {} or more artifact uploads in progress, the most one client may have while the upload slots are nearly all taken; retry with backoff.", self.upload_shares.per_client),
+                retry_after: 1,
+            }
+            .into_response()
         })?;
         let _slot = self.uploads.clone().try_acquire_owned().map_err(|_| {
-            mlflow_error(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "TEMPORARILY_UNAVAILABLE",
-                &format!("mlscope-proxy is handling its limit of {} concurrent artifact uploads; retry with backoff.", self.config.max_concurrent_uploads),
-            )
+            Error::Unavailable(format!("mlscope-proxy is handling its limit of {} concurrent artifact uploads; retry with backoff.", self.config.max_concurrent_uploads)).into_response()
         })?;
         let length = request
             .headers()
@@ -610,21 +581,17 @@ impl Gateway {
             }
             Err(UploadError::Client(reason)) => {
                 tracing::info!(path, reason, "upload abandoned by the client; nothing was stored");
-                Err(mlflow_error(StatusCode::BAD_REQUEST, "BAD_REQUEST", &format!("the upload of {path} was not completed: {reason}. Nothing was stored; retry the upload.")))
+                Err(Error::BadRequest(format!("the upload of {path} was not completed: {reason}. Nothing was stored; retry the upload.")).into_response())
             }
             Err(UploadError::ClientSlow(received)) => {
                 tracing::info!(path, received, "upload too slow; nothing was stored");
-                Err(mlflow_error(StatusCode::REQUEST_TIMEOUT, "BAD_REQUEST", &format!("the upload of {path} came slower than {} KiB/s on average ({received} bytes in all); nothing was stored. Check the client's connection and retry.", upload::MIN_BODY_RATE >> 10)))
+                Err(Error::TooSlow(format!("the upload of {path} came slower than {} KiB/s on average ({received} bytes in all); nothing was stored. Check the client's connection and retry.", upload::MIN_BODY_RATE >> 10)).into_response())
             }
             Err(UploadError::ClientIdle(after)) => {
                 tracing::info!(path, ?after, "upload stalled; nothing was stored");
                 Err(crate::error::ProxyError::ClientBodyIdle { after }.into_response())
             }
-            Err(UploadError::TooLarge { max }) => Err(mlflow_error(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                "INVALID_PARAMETER_VALUE",
-                &format!("{path} is larger than the {max} bytes a multipart upload of this part size can hold; raise --artifact-part-size."),
-            )),
+            Err(UploadError::TooLarge { max }) => Err(Error::AsMlflow { status: StatusCode::PAYLOAD_TOO_LARGE, error_code: "INVALID_PARAMETER_VALUE", message: format!("{path} is larger than the {max} bytes a multipart upload of this part size can hold; raise --artifact-part-size.") }.into_response()),
             Err(UploadError::Store(error)) => {
                 let response = self.store_error("store", &path, &error);
                 if let Some(Owner::Run { run, .. }) = &owner {
@@ -656,11 +623,7 @@ impl Gateway {
                     path,
                     "delete above an artifact root refused (write policy: enforce)"
                 );
-                return Err(mlflow_error(
-                    StatusCode::FORBIDDEN,
-                    "PERMISSION_DENIED",
-                    &refusal,
-                ));
+                return Err(Error::PermissionDenied(refusal).into_response());
             }
             tracing::warn!(
                 path,
@@ -680,19 +643,17 @@ impl Gateway {
             .collect()
             .await
             .map_err(|e| {
-                mlflow_error(
-                    StatusCode::BAD_REQUEST,
-                    "BAD_REQUEST",
-                    &format!("the request body could not be read: {e}"),
-                )
+                Error::BadRequest(format!("the request body could not be read: {e}"))
+                    .into_response()
             })?
             .to_bytes();
         serde_json::from_slice(&body).map_err(|e| {
-            mlflow_error(
-                StatusCode::BAD_REQUEST,
-                "MALFORMED_REQUEST",
-                &format!("the request body is not valid JSON for this endpoint: {e}"),
-            )
+            Error::AsMlflow {
+                status: StatusCode::BAD_REQUEST,
+                error_code: "MALFORMED_REQUEST",
+                message: format!("the request body is not valid JSON for this endpoint: {e}"),
+            }
+            .into_response()
         })
     }
 
@@ -725,14 +686,11 @@ impl Gateway {
         let path = Self::mpu_target(&raw, &create.path).map_err(|_| invalid_path())?;
         self.check_write(&path, &headers).await?;
         if !(1..=upload::MAX_PARTS as i64).contains(&create.num_parts) {
-            return Err(mlflow_error(
-                StatusCode::BAD_REQUEST,
-                "INVALID_PARAMETER_VALUE",
-                &format!(
-                    "num_parts must be between 1 and 10000, not {}",
-                    create.num_parts
-                ),
-            ));
+            return Err(Error::InvalidParameter(format!(
+                "num_parts must be between 1 and 10000, not {}",
+                create.num_parts
+            ))
+            .into_response());
         }
         let key = self.key(&path)?;
         let upload_id = self
@@ -754,11 +712,7 @@ impl Gateway {
                             format!("presigning part {part_number}: {message}")
                         }
                     };
-                    mlflow_error(
-                        StatusCode::INTERNAL_SERVER_ERROR,
-                        "INTERNAL_ERROR",
-                        &message,
-                    )
+                    Error::Internal(message).into_response()
                 })?;
             credentials.push(Credential { url, part_number });
         }
@@ -791,24 +745,17 @@ impl Gateway {
         let path = Self::mpu_target(&raw, &complete.path).map_err(|_| invalid_path())?;
         check_upload_id(&complete.upload_id)?;
         if complete.parts.is_empty() || complete.parts.len() as u64 > upload::MAX_PARTS {
-            return Err(mlflow_error(
-                StatusCode::BAD_REQUEST,
-                "INVALID_PARAMETER_VALUE",
-                &format!(
-                    "a multipart upload is completed with 1 to {} parts, not {}",
-                    upload::MAX_PARTS,
-                    complete.parts.len()
-                ),
-            ));
+            return Err(Error::InvalidParameter(format!(
+                "a multipart upload is completed with 1 to {} parts, not {}",
+                upload::MAX_PARTS,
+                complete.parts.len()
+            ))
+            .into_response());
         }
         if let Some(bad) = complete.parts.iter().find(|p| {
             !(1..=upload::MAX_PARTS as i64).contains(&p.part_number) || p.etag.len() > 1024
         }) {
-            return Err(mlflow_error(
-                StatusCode::BAD_REQUEST,
-                "INVALID_PARAMETER_VALUE",
-                &format!("part_number must be between 1 and {} with an ETag of at most 1024 characters, not {}", upload::MAX_PARTS, bad.part_number),
-            ));
+            return Err(Error::InvalidParameter(format!("part_number must be between 1 and {} with an ETag of at most 1024 characters, not {}", upload::MAX_PARTS, bad.part_number)).into_response());
         }
         let key = self.key(&path)?;
         let parts: Vec<Part> = complete
@@ -877,13 +824,10 @@ impl Gateway {
                         format!("presigning the download of {path}: {message}")
                     }
                 };
-                mlflow_error(
-                    StatusCode::INTERNAL_SERVER_ERROR,
-                    "INTERNAL_ERROR",
-                    &message,
-                )
+                Error::Internal(message).into_response()
             })?;
-        let body = serde_json::json!({ "url": url, "headers": {}, "file_size": head.size.unwrap_or(0) });
+        let body =
+            serde_json::json!({ "url": url, "headers": {}, "file_size": head.size.unwrap_or(0) });
         Ok(axum::Json(body).into_response())
     }
 }
@@ -893,9 +837,8 @@ impl Gateway {
 /// A validated path where MLflow's artifact API places it for a request in `workspace`, with
 /// workspaces on; a path naming another workspace is MLflow's 400.
 fn placed_path(path: &str, workspace: Option<&str>) -> Result<String, Response> {
-    crate::workspace::artifact_path(path, workspace, true).map_err(|message| {
-        mlflow_error(StatusCode::BAD_REQUEST, "INVALID_PARAMETER_VALUE", &message)
-    })
+    crate::workspace::artifact_path(path, workspace, true)
+        .map_err(|message| Error::InvalidParameter(message).into_response())
 }
 
 /// An upload id as stores hand them out: 1 to 1024 printable ASCII characters and no path
@@ -906,11 +849,7 @@ fn check_upload_id(id: &str) -> Result<(), Response> {
         .bytes()
         .all(|b| b.is_ascii_graphic() && b != b'/' && b != b'\\');
     if id.is_empty() || id.len() > 1024 || !printable {
-        return Err(mlflow_error(
-            StatusCode::BAD_REQUEST,
-            "INVALID_PARAMETER_VALUE",
-            "upload_id must be the id mpu/create returned (1 to 1024 printable ASCII characters, no '/' or '\\')",
-        ));
+        return Err(Error::InvalidParameter("upload_id must be the id mpu/create returned (1 to 1024 printable ASCII characters, no '/' or '\\')".into()).into_response());
     }
     Ok(())
 }

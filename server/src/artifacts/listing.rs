@@ -32,7 +32,9 @@ pub async fn list_dir(bucket: &Bucket, prefix: &str) -> Result<Vec<Entry>, Store
     let mut pages = 0usize;
     let mut token: Option<String> = None;
     loop {
-        let page = bucket.list_page(prefix, Some("/"), token.as_deref()).await?;
+        let page = bucket
+            .list_page(prefix, Some("/"), token.as_deref())
+            .await?;
         for p in &page.common_prefixes {
             let name = p.strip_prefix(prefix).unwrap_or(p).trim_end_matches('/');
             if !name.is_empty() {

@@ -559,8 +559,8 @@ impl Bucket {
         content_disposition: String,
         expiry: Duration,
     ) -> Result<String, PresignError> {
-        let presigning =
-            PresigningConfig::expires_in(expiry).map_err(|e| PresignError::Expiry(e.to_string()))?;
+        let presigning = PresigningConfig::expires_in(expiry)
+            .map_err(|e| PresignError::Expiry(e.to_string()))?;
         let presigned = self
             .presigner
             .get_object()
@@ -583,8 +583,8 @@ impl Bucket {
         number: i32,
         expiry: Duration,
     ) -> Result<String, PresignError> {
-        let presigning =
-            PresigningConfig::expires_in(expiry).map_err(|e| PresignError::Expiry(e.to_string()))?;
+        let presigning = PresigningConfig::expires_in(expiry)
+            .map_err(|e| PresignError::Expiry(e.to_string()))?;
         let presigned = self
             .presigner
             .upload_part()

@@ -274,16 +274,36 @@ mod tests {
                 .collect()
         };
         let cases: &[(&str, &str, Option<Op>)] = &[
-            ("GET", "/api/2.0/mlflow-artifacts/artifacts?path=1/r", Some(Op::List)),
-            ("GET", "/ajax-api/2.0/mlflow-artifacts/artifacts/", Some(Op::List)),
+            (
+                "GET",
+                "/api/2.0/mlflow-artifacts/artifacts?path=1/r",
+                Some(Op::List),
+            ),
+            (
+                "GET",
+                "/ajax-api/2.0/mlflow-artifacts/artifacts/",
+                Some(Op::List),
+            ),
             (
                 "GET",
                 "/ajax-api/2.0/mlflow-artifacts/artifacts/1/r/artifacts/a%20b.txt",
                 Some(Op::Download),
             ),
-            ("HEAD", "/api/2.0/mlflow-artifacts/artifacts/x", Some(Op::Head)),
-            ("PUT", "/api/2.0/mlflow-artifacts/artifacts/x", Some(Op::Upload)),
-            ("DELETE", "/api/2.0/mlflow-artifacts/artifacts/x", Some(Op::Delete)),
+            (
+                "HEAD",
+                "/api/2.0/mlflow-artifacts/artifacts/x",
+                Some(Op::Head),
+            ),
+            (
+                "PUT",
+                "/api/2.0/mlflow-artifacts/artifacts/x",
+                Some(Op::Upload),
+            ),
+            (
+                "DELETE",
+                "/api/2.0/mlflow-artifacts/artifacts/x",
+                Some(Op::Delete),
+            ),
             (
                 "POST",
                 "/api/2.0/mlflow-artifacts/mpu/create/1/r/artifacts/big",
@@ -294,10 +314,22 @@ mod tests {
                 "/ajax-api/2.0/mlflow-artifacts/mpu/complete/x",
                 Some(Op::MpuComplete),
             ),
-            ("POST", "/api/2.0/mlflow-artifacts/mpu/abort/x", Some(Op::MpuAbort)),
-            ("GET", "/api/2.0/mlflow-artifacts/presigned/x", Some(Op::Presigned)),
+            (
+                "POST",
+                "/api/2.0/mlflow-artifacts/mpu/abort/x",
+                Some(Op::MpuAbort),
+            ),
+            (
+                "GET",
+                "/api/2.0/mlflow-artifacts/presigned/x",
+                Some(Op::Presigned),
+            ),
             ("POST", "/api/2.0/mlflow-artifacts/artifacts/x", None),
-            ("OPTIONS", "/ajax-api/2.0/mlflow-artifacts/artifacts/x", None),
+            (
+                "OPTIONS",
+                "/ajax-api/2.0/mlflow-artifacts/artifacts/x",
+                None,
+            ),
             ("HEAD", "/api/2.0/mlflow-artifacts/artifacts", None),
             ("HEAD", "/api/2.0/mlflow-artifacts/presigned/x", None),
             ("GET", "/api/2.0/mlflow-artifacts/mpu/create/x", None),
