@@ -56,10 +56,10 @@ async fn readyz(State(state): State<AppState>) -> Response {
     };
     let artifacts_json = match (&artifacts, &state.artifacts) {
         (Some(Ok(())), Some(g)) => {
-            json!({ "ok": true, "destination": g.bucket().destination.to_string() })
+            json!({ "ok": true, "destination": g.bucket().destination().to_string() })
         }
         (Some(Err(e)), Some(g)) => {
-            json!({ "ok": false, "destination": g.bucket().destination.to_string(), "error": e })
+            json!({ "ok": false, "destination": g.bucket().destination().to_string(), "error": e })
         }
         _ => json!({ "ok": true, "destination": null }),
     };

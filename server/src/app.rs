@@ -120,7 +120,7 @@ pub async fn run(
         admin = %admin_listener.local_addr()?,
         upstream = %state.forwarder.upstream().url(),
         store = state.store.backend(),
-        artifacts = state.artifacts.as_ref().map(|g| g.bucket().destination.to_string()).unwrap_or_else(|| "forwarded".into()),
+        artifacts = state.artifacts.as_ref().map(|g| g.bucket().destination().to_string()).unwrap_or_else(|| "forwarded".into()),
         replica = %state.replica.id,
         "mlscope-proxy started"
     );

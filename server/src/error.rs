@@ -177,6 +177,9 @@ pub enum Error {
     /// Something the request names does not exist: 404 `RESOURCE_DOES_NOT_EXIST`.
     #[error("{0}")]
     NotFound(String),
+    /// A write the proxy's own policy refuses: 403 `PERMISSION_DENIED`.
+    #[error("{0}")]
+    PermissionDenied(String),
     /// A body over a stated bound: 413 `REQUEST_LIMIT_EXCEEDED`.
     #[error("{0}")]
     TooLarge(String),
@@ -191,12 +194,17 @@ pub enum Error {
     /// with `Retry-After: 1`.
     #[error("{0}")]
     Unavailable(String),
+    /// A store the proxy needs failed, in a way a retry now would not mend: 502
+    /// `TEMPORARILY_UNAVAILABLE` (as when MLflow cannot be reached).
+    #[error("{0}")]
+    StoreFailed(String),
     /// The proxy's own fault: 500 `INTERNAL_ERROR`.
     #[error("{0}")]
     Internal(String),
-    /// MLflow's own answer to the same request, reproduced where its status and code are not
-    /// those of a kind above (e.g. a 404 carrying `INVALID_PARAMETER_VALUE`): a client gets what
-    /// MLflow alone would have sent it.
+    /// MLflow's own answer to the same request, or the `error_code` MLflow gives the same
+    /// mistake, reproduced where its status and code are not those of a kind above (e.g. a 404
+    /// carrying `INVALID_PARAMETER_VALUE`, a body that is not JSON: 400 `MALFORMED_REQUEST`): a
+    /// client gets what MLflow alone would have sent it.
     #[error("{message}")]
     AsMlflow {
         status: StatusCode,
@@ -215,10 +223,12 @@ impl Error {
             Error::InvalidParameter(_) | Error::BadRequest(_) => StatusCode::BAD_REQUEST,
             Error::Unsupported(_) => StatusCode::NOT_IMPLEMENTED,
             Error::NotFound(_) => StatusCode::NOT_FOUND,
+            Error::PermissionDenied(_) => StatusCode::FORBIDDEN,
             Error::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             Error::TooSlow(_) => StatusCode::REQUEST_TIMEOUT,
             Error::OverShare { .. } => StatusCode::TOO_MANY_REQUESTS,
             Error::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+            Error::StoreFailed(_) => StatusCode::BAD_GATEWAY,
             Error::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
             Error::AsMlflow { status, .. } => *status,
             Error::Proxy(e) => e.status(),
@@ -231,8 +241,9 @@ impl Error {
             Error::InvalidParameter(_) => "INVALID_PARAMETER_VALUE",
             Error::BadRequest(_) | Error::Unsupported(_) | Error::TooSlow(_) => "BAD_REQUEST",
             Error::NotFound(_) => "RESOURCE_DOES_NOT_EXIST",
+            Error::PermissionDenied(_) => "PERMISSION_DENIED",
             Error::TooLarge(_) | Error::OverShare { .. } => "REQUEST_LIMIT_EXCEEDED",
-            Error::Unavailable(_) => "TEMPORARILY_UNAVAILABLE",
+            Error::Unavailable(_) | Error::StoreFailed(_) => "TEMPORARILY_UNAVAILABLE",
             Error::Internal(_) => "INTERNAL_ERROR",
             Error::AsMlflow { error_code, .. } => error_code,
             Error::Proxy(e) => e.error_code(),
@@ -258,17 +269,6 @@ impl IntoResponse for Error {
             self.retry_after(),
         )
     }
-}
-
-/// An error answer with a status and code given by the caller: the artifact gateway's, until its
-/// errors are kinds of [`Error`].
-pub fn mlflow_error(status: StatusCode, error_code: &'static str, message: &str) -> Response {
-    Error::AsMlflow {
-        status,
-        error_code,
-        message: message.to_owned(),
-    }
-    .into_response()
 }
 
 impl IntoResponse for ProxyError {
@@ -330,6 +330,12 @@ mod tests {
                 None,
             ),
             (
+                Error::PermissionDenied("m".into()),
+                403,
+                "PERMISSION_DENIED",
+                None,
+            ),
+            (
                 Error::TooLarge("m".into()),
                 413,
                 "REQUEST_LIMIT_EXCEEDED",
@@ -350,6 +356,12 @@ mod tests {
                 503,
                 "TEMPORARILY_UNAVAILABLE",
                 Some("1"),
+            ),
+            (
+                Error::StoreFailed("m".into()),
+                502,
+                "TEMPORARILY_UNAVAILABLE",
+                None,
             ),
             (Error::Internal("m".into()), 500, "INTERNAL_ERROR", None),
             (

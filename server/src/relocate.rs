@@ -7,6 +7,8 @@
 //!
 //! - objects up to the quirks profile's `max_single_copy` with one CopyObject, larger ones with
 //!   UploadPartCopy; a multipart copy is aborted on any failure and on Ctrl-C;
+//! - every call on the store goes through the gateway's object-store facade
+//!   ([`crate::artifacts::objects::Bucket`]), one client for both buckets ([`Bucket::other`]);
 //! - tags are never read or written (several stores reject GetObjectTagging, see [`crate::artifacts::quirks`]);
 //! - resumable: an object whose copy already exists with the same size (and the same MD5 ETag,
 //!   where both sides have one) is skipped;
@@ -22,16 +24,15 @@ use std::time::{Duration, Instant};
 
 use crate::credential::ServiceCredential;
 use anyhow::{anyhow, Context};
-use aws_sdk_s3::types::{CompletedMultipartUpload, CompletedPart};
-use aws_sdk_s3::Client;
 use futures_util::{StreamExt, TryStreamExt};
 use http::{HeaderMap, StatusCode};
 use indicatif::{HumanBytes, ProgressBar, ProgressDrawTarget, ProgressStyle};
-use percent_encoding::{AsciiSet, NON_ALPHANUMERIC};
+use percent_encoding::NON_ALPHANUMERIC;
 use tokio::sync::Semaphore;
 
 use crate::artifacts::listing::is_marker;
-use crate::artifacts::s3::{Bucket, Destination, StoreError};
+use crate::artifacts::objects::{Bucket, Part, StoredObject};
+use crate::artifacts::s3::Destination;
 use crate::artifacts::upload::part_size_for;
 use crate::config::RelocateArgs;
 use crate::proxy::Forwarder;
@@ -192,14 +193,6 @@ fn check_overlap(source: &Location, target: &Location) -> Result<(), String> {
     Ok(())
 }
 
-/// An object as a listing shows it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-struct StoredObject {
-    key: String,
-    size: u64,
-    etag: Option<String>,
-}
-
 /// An ETag that is the MD5 of the content (not that of a multipart upload, `<md5>-<parts>`).
 fn content_md5(etag: Option<&str>) -> Option<&str> {
     let etag = etag?.trim_matches('"');
@@ -242,22 +235,6 @@ fn part_ranges(size: u64, part_size: u64) -> Vec<(u64, u64)> {
     (0..size.div_ceil(part_size))
         .map(|i| (i * part_size, ((i + 1) * part_size).min(size) - 1))
         .collect()
-}
-
-/// Characters left as they are in `x-amz-copy-source` (`/` separates bucket and key segments).
-const COPY_SOURCE_SAFE: &AsciiSet = &NON_ALPHANUMERIC
-    .remove(b'/')
-    .remove(b'-')
-    .remove(b'_')
-    .remove(b'.')
-    .remove(b'~');
-
-/// `x-amz-copy-source`: `<bucket>/<key>` with the key percent-encoded.
-fn copy_source(bucket: &str, key: &str) -> String {
-    format!(
-        "{bucket}/{}",
-        percent_encoding::utf8_percent_encode(key, COPY_SOURCE_SAFE)
-    )
 }
 
 /// One object to relocate.
@@ -385,32 +362,6 @@ fn parse_run_answer(
 
 // === the store ===
 
-/// Every object under `prefix`, following pagination.
-async fn list_under(
-    client: &Client,
-    bucket: &str,
-    prefix: &str,
-) -> Result<Vec<StoredObject>, StoreError> {
-    let mut objects = Vec::new();
-    let mut pages = client
-        .list_objects_v2()
-        .bucket(bucket)
-        .prefix(prefix)
-        .into_paginator()
-        .send();
-    while let Some(page) = pages.next().await {
-        let page = page.map_err(StoreError::from_sdk)?;
-        objects.extend(page.contents().iter().filter_map(|o| {
-            Some(StoredObject {
-                key: o.key()?.to_owned(),
-                size: o.size().unwrap_or(0).max(0) as u64,
-                etag: o.e_tag().map(str::to_owned),
-            })
-        }));
-    }
-    Ok(objects)
-}
-
 /// The objects to copy, each with its path relative to the source, and how many directory
 /// markers (keys ending in `/`, which MLflow cannot show) were left out.
 struct Sources {
@@ -418,9 +369,11 @@ struct Sources {
     markers: usize,
 }
 
-async fn find_sources(client: &Client, source: &Location) -> anyhow::Result<Sources> {
+/// `bucket` is the source's.
+async fn find_sources(bucket: &Bucket, source: &Location) -> anyhow::Result<Sources> {
     let dir = source.dir();
-    let listed = list_under(client, &source.bucket, &dir)
+    let listed = bucket
+        .list_all(&dir)
         .await
         .with_context(|| format!("listing {}", source.uri(&dir)))?;
     let mut sources = Sources {
@@ -449,13 +402,7 @@ async fn find_sources(client: &Client, source: &Location) -> anyhow::Result<Sour
     }
     if sources.objects.is_empty() && sources.markers == 0 {
         // Perhaps the source is the key of one object.
-        match client
-            .head_object()
-            .bucket(&source.bucket)
-            .key(&source.key)
-            .send()
-            .await
-        {
+        match bucket.head(&source.key).await {
             Ok(head) => {
                 let name = source
                     .key
@@ -465,13 +412,12 @@ async fn find_sources(client: &Client, source: &Location) -> anyhow::Result<Sour
                     .to_owned();
                 let object = StoredObject {
                     key: source.key.clone(),
-                    size: head.content_length().unwrap_or(0).max(0) as u64,
-                    etag: head.e_tag().map(str::to_owned),
+                    size: head.size.unwrap_or(0),
+                    etag: head.etag,
                 };
                 sources.objects.push((name, object));
             }
-            Err(e) => {
-                let error = StoreError::from_sdk(e);
+            Err(error) => {
                 if !error.is_not_found() {
                     return Err(anyhow!("{error}")).with_context(|| format!("looking up {source}"));
                 }
@@ -498,9 +444,9 @@ struct ObjectReport {
 
 /// Runs the copies of one relocation, at most `concurrency` copy requests at once.
 struct Copier {
-    client: Client,
-    source_bucket: String,
-    target_bucket: String,
+    /// The source's bucket and the target's (the same one, or two of the same store).
+    source: Bucket,
+    target: Bucket,
     verify: bool,
     delete_source: bool,
     concurrency: usize,
@@ -552,14 +498,10 @@ impl Copier {
 
     async fn copy_single(&self, task: &Task) -> Result<(), String> {
         let _permit = self.permits.acquire().await.map_err(|e| e.to_string())?;
-        self.client
-            .copy_object()
-            .bucket(&self.target_bucket)
-            .key(&task.target_key)
-            .copy_source(copy_source(&self.source_bucket, &task.source.key))
-            .send()
+        self.target
+            .copy(&task.target_key, &self.source, &task.source.key)
             .await
-            .map_err(|e| StoreError::from_sdk(e).to_string())?;
+            .map_err(|e| e.to_string())?;
         self.progress.inc(task.source.size);
         Ok(())
     }
@@ -568,38 +510,23 @@ impl Copier {
         // A multipart upload starts without the source's headers and metadata: carry them over
         // (tags stay behind; reading them is what breaks on many stores).
         let head = self
-            .client
-            .head_object()
-            .bucket(&self.source_bucket)
-            .key(&task.source.key)
-            .send()
+            .source
+            .head(&task.source.key)
             .await
-            .map_err(|e| StoreError::from_sdk(e).to_string())?;
-        let size = head.content_length().unwrap_or(-1);
+            .map_err(|e| e.to_string())?;
+        let size = head.size.map_or(-1, |n| n as i64);
         if size != task.source.size as i64 {
             return Err(format!(
                 "the source changed since it was listed ({} bytes, now {size}); run again",
                 task.source.size
             ));
         }
-        let created = self
-            .client
-            .create_multipart_upload()
-            .bucket(&self.target_bucket)
-            .key(&task.target_key)
-            .set_content_type(head.content_type().map(str::to_owned))
-            .set_content_encoding(head.content_encoding().map(str::to_owned))
-            .set_content_disposition(head.content_disposition().map(str::to_owned))
-            .set_content_language(head.content_language().map(str::to_owned))
-            .set_cache_control(head.cache_control().map(str::to_owned))
-            .set_metadata(head.metadata().cloned())
-            .send()
+        let upload_id = self
+            .target
+            .start_multipart(&task.target_key, &head.headers)
             .await
-            .map_err(|e| StoreError::from_sdk(e).to_string())?;
-        let upload_id = created
-            .upload_id()
-            .ok_or("the store started a multipart upload without an upload id")?
-            .to_owned();
+            .map_err(|e| e.to_string())?
+            .ok_or("the store started a multipart upload without an upload id")?;
         self.uploads_in_flight()
             .insert(upload_id.clone(), task.target_key.clone());
         let result = self.copy_parts(task, &upload_id, part_size).await;
@@ -611,43 +538,28 @@ impl Copier {
     }
 
     async fn copy_parts(&self, task: &Task, upload_id: &str, part_size: u64) -> Result<(), String> {
-        let source = copy_source(&self.source_bucket, &task.source.key);
-        let copy_part = |(index, (first, last)): (usize, (u64, u64))| {
-            let source = &source;
-            async move {
-                let _permit = self.permits.acquire().await.map_err(|e| e.to_string())?;
-                let number = index as i32 + 1;
-                let out = self
-                    .client
-                    .upload_part_copy()
-                    .bucket(&self.target_bucket)
-                    .key(&task.target_key)
-                    .upload_id(upload_id)
-                    .part_number(number)
-                    .copy_source(source)
-                    .copy_source_range(format!("bytes={first}-{last}"))
-                    .send()
-                    .await
-                    .map_err(|e| {
-                        format!(
-                            "part {number} (bytes {first}-{last}): {}",
-                            StoreError::from_sdk(e)
-                        )
-                    })?;
-                self.progress.inc(last - first + 1);
-                let etag = out
-                    .copy_part_result()
-                    .and_then(|r| r.e_tag())
-                    .ok_or_else(|| format!("the store answered part {number} without an ETag"))?;
-                Ok::<_, String>(
-                    CompletedPart::builder()
-                        .part_number(number)
-                        .e_tag(etag)
-                        .build(),
+        let copy_part = |(index, (first, last)): (usize, (u64, u64))| async move {
+            let _permit = self.permits.acquire().await.map_err(|e| e.to_string())?;
+            let number = index as i32 + 1;
+            let part = self
+                .target
+                .copy_part(
+                    &task.target_key,
+                    upload_id,
+                    number,
+                    &self.source,
+                    &task.source.key,
+                    (first, last),
                 )
+                .await
+                .map_err(|e| format!("part {number} (bytes {first}-{last}): {e}"))?;
+            self.progress.inc(last - first + 1);
+            if part.etag.is_none() {
+                return Err(format!("the store answered part {number} without an ETag"));
             }
+            Ok::<Part, String>(part)
         };
-        let mut parts: Vec<CompletedPart> = futures_util::stream::iter(
+        let parts: Vec<Part> = futures_util::stream::iter(
             part_ranges(task.source.size, part_size)
                 .into_iter()
                 .enumerate(),
@@ -656,21 +568,11 @@ impl Copier {
         .buffer_unordered(self.concurrency)
         .try_collect()
         .await?;
-        parts.sort_by_key(|p| p.part_number());
         let _permit = self.permits.acquire().await.map_err(|e| e.to_string())?;
-        self.client
-            .complete_multipart_upload()
-            .bucket(&self.target_bucket)
-            .key(&task.target_key)
-            .upload_id(upload_id)
-            .multipart_upload(
-                CompletedMultipartUpload::builder()
-                    .set_parts(Some(parts))
-                    .build(),
-            )
-            .send()
+        self.target
+            .finish_multipart(&task.target_key, upload_id, parts)
             .await
-            .map_err(|e| format!("completing the multipart copy: {}", StoreError::from_sdk(e)))?;
+            .map_err(|e| format!("completing the multipart copy: {e}"))?;
         Ok(())
     }
 
@@ -679,14 +581,11 @@ impl Copier {
     async fn check(&self, task: &Task) -> Result<(), String> {
         let _permit = self.permits.acquire().await.map_err(|e| e.to_string())?;
         let head = self
-            .client
-            .head_object()
-            .bucket(&self.target_bucket)
-            .key(&task.target_key)
-            .send()
+            .target
+            .head(&task.target_key)
             .await
-            .map_err(|e| StoreError::from_sdk(e).to_string())?;
-        let size = head.content_length().unwrap_or(-1);
+            .map_err(|e| e.to_string())?;
+        let size = head.size.map_or(-1, |n| n as i64);
         if size != task.source.size as i64 {
             return Err(format!(
                 "the copy has {size} bytes, the source {}",
@@ -696,7 +595,7 @@ impl Copier {
         if task.method == CopyMethod::Single {
             if let (Some(source), Some(copy)) = (
                 content_md5(task.source.etag.as_deref()),
-                content_md5(head.e_tag()),
+                content_md5(head.etag.as_deref()),
             ) {
                 if !source.eq_ignore_ascii_case(copy) {
                     return Err(format!(
@@ -710,29 +609,14 @@ impl Copier {
 
     async fn delete(&self, key: &str) -> Result<(), String> {
         let _permit = self.permits.acquire().await.map_err(|e| e.to_string())?;
-        self.client
-            .delete_object()
-            .bucket(&self.source_bucket)
-            .key(key)
-            .send()
-            .await
-            .map_err(|e| StoreError::from_sdk(e).to_string())?;
+        self.source.delete(key).await.map_err(|e| e.to_string())?;
         Ok(())
     }
 
     async fn abort(&self, key: &str, upload_id: &str) {
-        let aborted = self
-            .client
-            .abort_multipart_upload()
-            .bucket(&self.target_bucket)
-            .key(key)
-            .upload_id(upload_id)
-            .send()
-            .await;
-        if let Err(e) = aborted {
+        if let Err(e) = self.target.abort_multipart(key, upload_id).await {
             let line = format!(
-                "warning: aborting the multipart copy to {key} (upload {upload_id}) failed: {}; the store's lifecycle rules must clean it up",
-                StoreError::from_sdk(e)
+                "warning: aborting the multipart copy to {key} (upload {upload_id}) failed: {e}; the store's lifecycle rules must clean it up"
             );
             self.progress.suspend(|| eprintln!("{line}"));
         }
@@ -814,32 +698,40 @@ pub async fn run(config: &crate::Config, args: &RelocateArgs) -> anyhow::Result<
     };
     check_overlap(&source, &target).map_err(anyhow::Error::msg)?;
 
-    // The client only needs a destination for its messages; without one, the target's bucket.
+    // The store's client, built once; the source and the target each address their own bucket
+    // with it (the destination only names the store in messages; without one, the target's).
     let bucket_destination = destination.cloned().unwrap_or_else(|| Destination {
         bucket: target.bucket.clone(),
         prefix: String::new(),
     });
-    let bucket = Bucket::connect(&config.artifacts.s3, bucket_destination).await;
+    let store = Bucket::connect(&config.artifacts.s3, bucket_destination).await;
     let max_single_copy = args
         .max_single_copy
-        .unwrap_or(bucket.quirks.max_single_copy);
-    let client = &bucket.client;
+        .unwrap_or(store.quirks().max_single_copy);
+    let (source_bucket, target_bucket) = (store.other(&source.bucket), store.other(&target.bucket));
 
-    let sources = find_sources(client, &source)
+    let sources = find_sources(&source_bucket, &source)
         .await
-        .with_context(|| format!("at {}", bucket.endpoint))?;
+        .with_context(|| format!("at {}", store.endpoint()))?;
     if sources.objects.is_empty() {
         anyhow::bail!(
             "no objects under {} at {} ({} directory markers); keys are case-sensitive and a bare prefix is read from the bucket's root",
             source.uri(&source.dir()),
-            bucket.endpoint,
+            store.endpoint(),
             sources.markers
         );
     }
     let target_dir = target.dir();
-    let existing: HashMap<String, StoredObject> = list_under(client, &target.bucket, &target_dir)
+    let existing: HashMap<String, StoredObject> = target_bucket
+        .list_all(&target_dir)
         .await
-        .with_context(|| format!("listing {} at {}", target.uri(&target_dir), bucket.endpoint))?
+        .with_context(|| {
+            format!(
+                "listing {} at {}",
+                target.uri(&target_dir),
+                store.endpoint()
+            )
+        })?
         .into_iter()
         .map(|o| (o.key.clone(), o))
         .collect();
@@ -913,9 +805,8 @@ pub async fn run(config: &crate::Config, args: &RelocateArgs) -> anyhow::Result<
 
     let concurrency = usize::from(args.concurrency);
     let copier = Copier {
-        client: client.clone(),
-        source_bucket: source.bucket.clone(),
-        target_bucket: target.bucket.clone(),
+        source: source_bucket,
+        target: target_bucket,
         verify: !args.no_verify,
         delete_source: args.delete_source,
         concurrency,
@@ -1190,15 +1081,6 @@ mod tests {
             panic!("multipart")
         };
         assert!(parts <= 10_000);
-    }
-
-    #[test]
-    fn copy_sources_encode_the_key_but_not_its_slashes() {
-        assert_eq!(
-            copy_source("mlflow", "my exp/epoch 1+ä.pt"),
-            "mlflow/my%20exp/epoch%201%2B%C3%A4.pt"
-        );
-        assert_eq!(copy_source("b", "a-b_c.d~e/f"), "b/a-b_c.d~e/f");
     }
 
     #[test]

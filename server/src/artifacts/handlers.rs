@@ -1,117 +1,39 @@
-//! The artifact routes, answered from the store.
+//! The gateway: each artifact operation answered from the store, after MLflow authorized it and
+//! its path was placed in the request's workspace. Which request is which operation is the route
+//! table's business ([`super::routes`]); what the store is asked goes through the object-store
+//! facade ([`super::objects`]).
 
+use std::future::Future;
 use std::sync::Arc;
 
-use aws_sdk_s3::presigning::PresigningConfig;
-use aws_sdk_s3::types::{CompletedMultipartUpload, CompletedPart};
 use axum::body::Body;
-use axum::extract::{Request, State};
+use axum::extract::Request;
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
-use axum::Router;
-use http::{header, HeaderMap, HeaderValue, Method, StatusCode};
+use http::{header, HeaderMap, HeaderValue, StatusCode};
 use http_body_util::{BodyExt, Limited};
 use serde::Deserialize;
 use tokio::sync::Semaphore;
 
 use super::failures::FailureRecorder;
 use super::listing;
+use super::objects::{Bucket, ContentHeaders, Part, PresignError, StoreError};
 use super::path::{self, Owner};
 use super::policy::{OwnerCheck, Verdict};
-use super::s3::{Bucket, StoreError};
+use super::routes::Op;
 use super::upload::{self, UploadError, UploadLimits};
 use super::{ArtifactsConfig, WritePolicy};
-use crate::authz::{Action, Authorizer, Decision};
-use crate::error::mlflow_error;
+use crate::authz::{Authorizer, Decision};
+use crate::error::Error;
 use crate::proxy::{AnsweredBy, Forwarder};
 use crate::telemetry::Metrics;
 use crate::upstream::{MlflowVersion, UpstreamVersion};
 
-const PREFIXES: [&str; 2] = [
-    "/api/2.0/mlflow-artifacts/",
-    "/ajax-api/2.0/mlflow-artifacts/",
-];
 /// Longest object key S3 (and every S3-compatible store) accepts.
 const MAX_KEY_BYTES: usize = 1024;
 /// Largest JSON body of an mpu request.
 const MAX_JSON_BODY: usize = 4 << 20;
 /// Validity of presigned download URLs, as MLflow's default.
 const PRESIGNED_DOWNLOAD_TTL: std::time::Duration = std::time::Duration::from_secs(300);
-
-/// One artifact operation, with the still-encoded path it names.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum ArtifactOp {
-    List,
-    Download(String),
-    Head(String),
-    Upload(String),
-    Delete(String),
-    MpuCreate(String),
-    MpuComplete(String),
-    MpuAbort(String),
-    Presigned(String),
-}
-
-impl ArtifactOp {
-    /// The operation a request asks for, if it is one the gateway serves.
-    pub fn of(method: &Method, path: &str) -> Option<ArtifactOp> {
-        let rest = PREFIXES.iter().find_map(|p| path.strip_prefix(p))?;
-        if rest == "artifacts" || rest == "artifacts/" {
-            return (method == Method::GET).then_some(ArtifactOp::List);
-        }
-        if let Some(p) = rest.strip_prefix("artifacts/") {
-            let p = p.to_owned();
-            return match *method {
-                Method::GET => Some(ArtifactOp::Download(p)),
-                Method::HEAD => Some(ArtifactOp::Head(p)),
-                Method::PUT => Some(ArtifactOp::Upload(p)),
-                Method::DELETE => Some(ArtifactOp::Delete(p)),
-                _ => None,
-            };
-        }
-        if let Some(p) = rest.strip_prefix("presigned/") {
-            return (method == Method::GET).then(|| ArtifactOp::Presigned(p.to_owned()));
-        }
-        if method != Method::POST {
-            return None;
-        }
-        let (kind, p) = rest.strip_prefix("mpu/")?.split_once('/')?;
-        let p = p.to_owned();
-        match kind {
-            "create" => Some(ArtifactOp::MpuCreate(p)),
-            "complete" => Some(ArtifactOp::MpuComplete(p)),
-            "abort" => Some(ArtifactOp::MpuAbort(p)),
-            _ => None,
-        }
-    }
-
-    /// The permission MLflow requires for this operation.
-    fn action(&self) -> Action {
-        match self {
-            ArtifactOp::List | ArtifactOp::Download(_) | ArtifactOp::Presigned(_) => Action::Read,
-            ArtifactOp::Head(_) => Action::Head,
-            ArtifactOp::Upload(_)
-            | ArtifactOp::MpuCreate(_)
-            | ArtifactOp::MpuComplete(_)
-            | ArtifactOp::MpuAbort(_) => Action::Update,
-            ArtifactOp::Delete(_) => Action::Manage,
-        }
-    }
-
-    fn name(&self) -> &'static str {
-        match self {
-            ArtifactOp::List => "list",
-            ArtifactOp::Download(_) => "download",
-            ArtifactOp::Head(_) => "head",
-            ArtifactOp::Upload(_) => "upload",
-            ArtifactOp::Delete(_) => "delete",
-            ArtifactOp::MpuCreate(_) => "mpu_create",
-            ArtifactOp::MpuComplete(_) => "mpu_complete",
-            ArtifactOp::MpuAbort(_) => "mpu_abort",
-            ArtifactOp::Presigned(_) => "presigned",
-        }
-    }
-}
 
 /// The gateway: the store, the write policy and the upload limits.
 #[derive(Clone)]
@@ -210,11 +132,7 @@ fn upload_answer(version: Option<MlflowVersion>) -> Response {
 }
 
 fn invalid_path() -> Response {
-    mlflow_error(
-        StatusCode::BAD_REQUEST,
-        "INVALID_PARAMETER_VALUE",
-        "Invalid path",
-    )
+    Error::InvalidParameter("Invalid path".into()).into_response()
 }
 
 impl Gateway {
@@ -254,56 +172,44 @@ impl Gateway {
 
     /// Readiness: the bucket answers (HeadBucket) within `limit`.
     pub async fn check_store(&self, limit: std::time::Duration) -> Result<(), String> {
-        let head = self
-            .bucket
-            .client
-            .head_bucket()
-            .bucket(self.bucket.name())
-            .send();
-        match tokio::time::timeout(limit, head).await {
-            Ok(Ok(_)) => Ok(()),
+        match tokio::time::timeout(limit, self.bucket.check()).await {
+            Ok(Ok(())) => Ok(()),
             Ok(Err(e)) => Err(format!(
-                "HeadBucket {} at {}: {}",
+                "HeadBucket {} at {}: {e}",
                 self.bucket.name(),
-                self.bucket.endpoint,
-                StoreError::from_sdk(e)
+                self.bucket.endpoint()
             )),
             Err(_) => Err(format!(
                 "HeadBucket {} at {} took longer than {limit:?}",
                 self.bucket.name(),
-                self.bucket.endpoint
+                self.bucket.endpoint()
             )),
         }
     }
 
-    /// Answers one artifact request: MLflow authorizes it first (when MLflow authenticates),
-    /// then the store answers it. Every error is MLflow's error JSON.
-    pub async fn serve(&self, op: ArtifactOp, request: Request) -> Response {
-        let name = op.name();
+    /// Answers one artifact operation: MLflow authorizes it first (when MLflow authenticates),
+    /// its path is placed in the request's workspace, then `work` answers it from the store with
+    /// that path (still encoded; for a listing, the query's path, which it places itself). Every
+    /// error is MLflow's error JSON, and the answer is counted under the operation's name.
+    pub(super) async fn serve<F>(
+        &self,
+        op: Op,
+        request: Request,
+        work: impl FnOnce(String, Request) -> F,
+    ) -> Response
+    where
+        F: Future<Output = Answer>,
+    {
+        let raw = op.raw_path(request.uri());
         let peer = peer_of(&request);
         let mut cors = HeaderMap::new();
-        let result = match self
-            .authorize(&op, request.uri(), request.headers(), peer)
-            .await
-        {
+        let result = match self.authorize(op, &raw, request.headers(), peer).await {
             Err(refusal) => Err(refusal),
             Ok(allowed_cors) => {
                 cors = allowed_cors;
-                match self.place(op, request.headers()) {
+                match self.place(op, raw, request.headers()) {
                     Err(refusal) => Err(refusal),
-                    Ok(op) => match op {
-                        ArtifactOp::List => self.list(request).await,
-                        ArtifactOp::Download(p) => {
-                            self.download(&p, request.headers(), false).await
-                        }
-                        ArtifactOp::Head(p) => self.download(&p, request.headers(), true).await,
-                        ArtifactOp::Upload(p) => self.upload(&p, request).await,
-                        ArtifactOp::Delete(p) => self.delete(&p, request.headers()).await,
-                        ArtifactOp::MpuCreate(p) => self.mpu_create(&p, request).await,
-                        ArtifactOp::MpuComplete(p) => self.mpu_complete(&p, request).await,
-                        ArtifactOp::MpuAbort(p) => self.mpu_abort(&p, request).await,
-                        ArtifactOp::Presigned(p) => self.presigned(&p).await,
-                    },
+                    Ok(path) => work(path, request).await,
                 }
             }
         };
@@ -313,11 +219,22 @@ impl Gateway {
         self.metrics
             .artifact_requests
             .get_or_create(&crate::telemetry::ArtifactLabels {
-                op: name,
+                op: op.name(),
                 status: response.status().as_u16(),
             })
             .inc();
+        // MLflow's refusal of the client, relayed by the authorizer, stays marked as MLflow's.
+        if response.extensions().get::<AnsweredBy>().is_none() {
+            response.extensions_mut().insert(AnsweredBy::ARTIFACT_STORE);
+        }
         response
+    }
+
+    /// A request on the gateway's paths that is no artifact operation (e.g. `POST` to
+    /// `artifacts/...`): MLflow answers it, as before the gateway.
+    pub(super) async fn forward(&self, request: Request) -> Response {
+        let peer = peer_of(&request);
+        self.forwarder.forward(request, peer).await
     }
 
     /// Whether workspaces apply to a request with these headers, and its workspace.
@@ -326,42 +243,33 @@ impl Gateway {
         (self.workspaces.apply(workspace), workspace)
     }
 
-    /// `op` with its path where MLflow's artifact API places it for this request's workspace
-    /// (see [`crate::workspace::artifact_path`]); a path naming another workspace is refused
-    /// with MLflow's message, and so is a workspace sent to an MLflow without workspaces. A path
-    /// that is not valid is left for the operation to refuse.
-    fn place(&self, op: ArtifactOp, headers: &HeaderMap) -> Result<ArtifactOp, Response> {
+    /// `raw`, the path `op` names, where MLflow's artifact API places it for this request's
+    /// workspace (see [`crate::workspace::artifact_path`]); a path naming another workspace is
+    /// refused with MLflow's message, and so is a workspace sent to an MLflow without
+    /// workspaces. A path that is not valid is left for the operation to refuse, and a listing's
+    /// path is left for the listing to place.
+    fn place(&self, op: Op, raw: String, headers: &HeaderMap) -> Result<String, Response> {
         let (on, workspace) = self.workspace(headers);
         if workspace.is_some() && self.workspaces.enabled() == Some(false) {
             // MLflow answers this with a 500; the client's mistake is a 400 here.
-            return Err(mlflow_error(
-                StatusCode::BAD_REQUEST,
-                "FEATURE_DISABLED",
-                "Workspace APIs are not available: workspaces are not enabled on this server",
-            ));
+            return Err(Error::AsMlflow {
+                status: StatusCode::BAD_REQUEST,
+                error_code: "FEATURE_DISABLED",
+                message:
+                    "Workspace APIs are not available: workspaces are not enabled on this server"
+                        .into(),
+            }
+            .into_response());
         }
-        if !on {
-            return Ok(op);
+        if !on || op == Op::List {
+            return Ok(raw);
         }
-        let placed = |raw: String| -> Result<String, Response> {
-            let Ok(path) = path::validate(&raw) else {
-                return Ok(raw);
-            };
-            let placed = placed_path(&path, workspace)?;
-            // Encoded again for the operation, which validates (decodes) it once more.
-            Ok(percent_encoding::utf8_percent_encode(&placed, PATH_SEGMENT).to_string())
+        let Ok(path) = path::validate(&raw) else {
+            return Ok(raw);
         };
-        Ok(match op {
-            ArtifactOp::List => ArtifactOp::List,
-            ArtifactOp::Download(p) => ArtifactOp::Download(placed(p)?),
-            ArtifactOp::Head(p) => ArtifactOp::Head(placed(p)?),
-            ArtifactOp::Upload(p) => ArtifactOp::Upload(placed(p)?),
-            ArtifactOp::Delete(p) => ArtifactOp::Delete(placed(p)?),
-            ArtifactOp::MpuCreate(p) => ArtifactOp::MpuCreate(placed(p)?),
-            ArtifactOp::MpuComplete(p) => ArtifactOp::MpuComplete(placed(p)?),
-            ArtifactOp::MpuAbort(p) => ArtifactOp::MpuAbort(placed(p)?),
-            ArtifactOp::Presigned(p) => ArtifactOp::Presigned(placed(p)?),
-        })
+        let placed = placed_path(&path, workspace)?;
+        // Encoded again for the operation, which validates (decodes) it once more.
+        Ok(percent_encoding::utf8_percent_encode(&placed, PATH_SEGMENT).to_string())
     }
 
     /// `path` (placed) below its workspace's directory when workspaces apply: where the artifact
@@ -383,34 +291,17 @@ impl Gateway {
         Owner::of_tree(self.below_workspace(path, headers))
     }
 
-    /// Asks MLflow whether this client may do `op` (see [`super::authz`]).
+    /// Asks MLflow whether this client may do `op` on the still-encoded path `raw` (see
+    /// [`super::authz`]).
     async fn authorize(
         &self,
-        op: &ArtifactOp,
-        uri: &http::Uri,
+        op: Op,
+        raw: &str,
         headers: &HeaderMap,
         peer: std::net::SocketAddr,
     ) -> Result<HeaderMap, Response> {
-        let raw = match op {
-            // A query value: `+` is a space there, `%20` in a path.
-            ArtifactOp::List => first_query_value(uri.query().unwrap_or(""), "path")
-                .unwrap_or("")
-                .replace('+', "%20"),
-            ArtifactOp::Download(p)
-            | ArtifactOp::Head(p)
-            | ArtifactOp::Upload(p)
-            | ArtifactOp::Delete(p)
-            | ArtifactOp::MpuCreate(p)
-            | ArtifactOp::MpuComplete(p)
-            | ArtifactOp::MpuAbort(p)
-            | ArtifactOp::Presigned(p) => p.clone(),
-        };
         let id = crate::proxy::request_id(headers);
-        match self
-            .authz
-            .check(op.action(), &raw, headers, peer, &id)
-            .await
-        {
+        match self.authz.check(op.action(), raw, headers, peer, &id).await {
             Decision::Allowed(cors) => Ok(cors),
             Decision::Denied(answer) => {
                 self.metrics.artifact_authz_denials.inc();
@@ -427,13 +318,9 @@ impl Gateway {
 
     /// The object key of a validated path; S3 keys hold at most 1024 bytes.
     fn key(&self, path: &str) -> Result<String, Response> {
-        let key = self.bucket.destination.key(path);
+        let key = self.bucket.destination().key(path);
         if key.len() > MAX_KEY_BYTES {
-            return Err(mlflow_error(
-                StatusCode::BAD_REQUEST,
-                "INVALID_PARAMETER_VALUE",
-                &format!("Invalid path: the object key would be {} bytes long; S3-compatible stores take at most {MAX_KEY_BYTES}.", key.len()),
-            ));
+            return Err(Error::InvalidParameter(format!("Invalid path: the object key would be {} bytes long; S3-compatible stores take at most {MAX_KEY_BYTES}.", key.len())).into_response());
         }
         Ok(key)
     }
@@ -443,37 +330,35 @@ impl Gateway {
         // too small) is the client's mistake: a 4xx it must not retry.
         match error.code.as_deref() {
             Some(listing::TOO_MANY_ENTRIES) => {
-                return mlflow_error(StatusCode::BAD_REQUEST, "INVALID_PARAMETER_VALUE", &error.message);
+                return Error::InvalidParameter(error.message.clone()).into_response();
             }
             Some("NoSuchUpload") => {
-                return mlflow_error(
-                    StatusCode::NOT_FOUND,
-                    "RESOURCE_DOES_NOT_EXIST",
-                    &format!("the store knows no such multipart upload for {path}: it was completed, aborted or never created. Start a new upload."),
-                )
+                return Error::NotFound(format!("the store knows no such multipart upload for {path}: it was completed, aborted or never created. Start a new upload.")).into_response()
             }
             Some(code @ ("InvalidPart" | "InvalidPartOrder" | "EntityTooSmall" | "KeyTooLongError" | "InvalidArgument")) => {
                 let message = format!("the artifact store refused to {what} {path} ({code}: {}). Check the request's parts and path.", error.message.trim_end_matches('.'));
-                return mlflow_error(StatusCode::BAD_REQUEST, "INVALID_PARAMETER_VALUE", &message);
+                return Error::InvalidParameter(message).into_response();
             }
             _ => {}
         }
-        let status = if error.is_transient() {
-            StatusCode::SERVICE_UNAVAILABLE
-        } else {
-            StatusCode::BAD_GATEWAY
-        };
         let message = format!(
             "the artifact store {} at {} failed to {what} {path}: {}. The object was not changed; retry, and check the store if this persists.",
-            self.bucket.destination,
-            self.bucket.endpoint,
+            self.bucket.destination(),
+            self.bucket.endpoint(),
             error.to_string().trim_end_matches('.')
         );
-        tracing::warn!(path, error = %error, status = status.as_u16(), "artifact store operation failed");
-        mlflow_error(status, "TEMPORARILY_UNAVAILABLE", &message)
+        // A store that could not be reached or asked to slow down: 503, retried; else 502.
+        let answer = if error.is_transient() {
+            Error::Unavailable(message)
+        } else {
+            Error::StoreFailed(message)
+        };
+        tracing::warn!(path, error = %error, status = answer.status().as_u16(), "artifact store operation failed");
+        answer.into_response()
     }
 
-    async fn list(&self, request: Request) -> Answer {
+    /// `GET artifacts?path=`: the directory's entries, as MLflow lists them.
+    pub(super) async fn list(&self, request: Request) -> Answer {
         // MLflow takes the first of repeated `path` parameters.
         let path = match first_query_value(request.uri().query().unwrap_or(""), "path") {
             Some(p) => path::validate(&p.replace('+', "%20")).map_err(|_| invalid_path())?,
@@ -483,86 +368,64 @@ impl Gateway {
             (true, workspace) => placed_path(&path, workspace)?,
             (false, _) => path,
         };
-        let prefix = self.bucket.destination.dir_prefix(&path);
+        let prefix = self.bucket.destination().dir_prefix(&path);
         let entries = listing::list_dir(&self.bucket, &prefix)
             .await
             .map_err(|e| self.store_error("list", &path, &e))?;
         Ok(listing::pretty(&listing::to_mlflow_json(&entries)))
     }
 
-    async fn download(&self, raw: &str, headers: &HeaderMap, head_only: bool) -> Answer {
-        let path = path::validate(raw).map_err(|_| invalid_path())?;
+    /// `GET artifacts/<path>` (ranged when asked), or with `head_only` `HEAD artifacts/<path>`.
+    pub(super) async fn download(&self, raw: String, request: Request, head_only: bool) -> Answer {
+        let headers = request.headers();
+        let path = path::validate(&raw).map_err(|_| invalid_path())?;
         let key = self.key(&path)?;
         let range = headers
             .get(header::RANGE)
             .and_then(|v| v.to_str().ok())
             .map(str::to_owned);
         if head_only {
-            let out = self
-                .bucket
-                .client
-                .head_object()
-                .bucket(self.bucket.name())
-                .key(&key)
-                .send()
-                .await;
-            let out = match out {
-                Ok(out) => out,
-                Err(e) => {
-                    return Err(self
-                        .missing_or_dir(&path, &key, StoreError::from_sdk(e))
-                        .await)
-                }
+            let meta = match self.bucket.head(&key).await {
+                Ok(meta) => meta,
+                Err(e) => return Err(self.missing_or_dir(&path, &key, e).await),
             };
             let mut response = Response::new(Body::empty());
             let h = response.headers_mut();
             h.insert(
                 header::CONTENT_LENGTH,
-                HeaderValue::from(out.content_length().unwrap_or(0).max(0) as u64),
+                HeaderValue::from(meta.size.unwrap_or(0)),
             );
-            self.download_headers(h, &path, out.e_tag(), out.last_modified().map(|t| t.secs()));
+            self.download_headers(h, &path, meta.etag.as_deref(), meta.last_modified);
             return Ok(response);
         }
-        let mut get = self
-            .bucket
-            .client
-            .get_object()
-            .bucket(self.bucket.name())
-            .key(&key);
-        if let Some(r) = &range {
-            get = get.range(r);
-        }
-        let out = match get.send().await {
-            Ok(out) => out,
-            Err(e) => {
-                return Err(self
-                    .missing_or_dir(&path, &key, StoreError::from_sdk(e))
-                    .await)
-            }
+        let object = match self.bucket.get(&key, range.as_deref()).await {
+            Ok(object) => object,
+            Err(e) => return Err(self.missing_or_dir(&path, &key, e).await),
         };
-        let status = if out.content_range().is_some() {
+        let status = if object.content_range.is_some() {
             StatusCode::PARTIAL_CONTENT
         } else {
             StatusCode::OK
         };
-        let length = out.content_length().unwrap_or(0).max(0) as u64;
+        let length = object.meta.size.unwrap_or(0);
         let mut response = Response::new(Body::empty());
         *response.status_mut() = status;
         let h = response.headers_mut();
         h.insert(header::CONTENT_LENGTH, HeaderValue::from(length));
-        if let Some(cr) = out
-            .content_range()
+        if let Some(cr) = object
+            .content_range
+            .as_deref()
             .and_then(|v| HeaderValue::from_str(v).ok())
         {
             h.insert(header::CONTENT_RANGE, cr);
         }
-        self.download_headers(h, &path, out.e_tag(), out.last_modified().map(|t| t.secs()));
-        let mut stream = out.body;
-        let body = futures_util::stream::poll_fn(move |cx| {
-            // ByteStream yields the store's chunks as they arrive; nothing is buffered whole.
-            std::pin::Pin::new(&mut stream).poll_next(cx)
-        });
-        *response.body_mut() = Body::from_stream(body);
+        self.download_headers(
+            h,
+            &path,
+            object.meta.etag.as_deref(),
+            object.meta.last_modified,
+        );
+        *response.body_mut() = object.body;
         Ok(response)
     }
 
@@ -599,21 +462,12 @@ impl Gateway {
     /// A failed read: a directory is told apart from a missing file, as MLflow does.
     async fn missing_or_dir(&self, path: &str, key: &str, error: StoreError) -> Response {
         if error.is_not_found() {
-            let probe = self
-                .bucket
-                .client
-                .list_objects_v2()
-                .bucket(self.bucket.name())
-                .prefix(format!("{key}/"))
-                .max_keys(1)
-                .send()
-                .await;
-            if probe.is_ok_and(|page| page.key_count().unwrap_or(0) > 0) {
-                return mlflow_error(
-                    StatusCode::BAD_REQUEST,
-                    "INVALID_PARAMETER_VALUE",
-                    &format!("Artifact path refers to a directory, not a file: '{path}'"),
-                );
+            let probe = self.bucket.has_objects_under(&format!("{key}/")).await;
+            if matches!(probe, Ok(true)) {
+                return Error::InvalidParameter(format!(
+                    "Artifact path refers to a directory, not a file: '{path}'"
+                ))
+                .into_response();
             }
         }
         self.read_error(path, error)
@@ -621,21 +475,19 @@ impl Gateway {
 
     fn read_error(&self, path: &str, error: StoreError) -> Response {
         if error.is_not_found() {
-            return mlflow_error(
-                StatusCode::NOT_FOUND,
-                "RESOURCE_DOES_NOT_EXIST",
-                &format!(
-                    "artifact {path} does not exist in {}",
-                    self.bucket.destination
-                ),
-            );
+            return Error::NotFound(format!(
+                "artifact {path} does not exist in {}",
+                self.bucket.destination()
+            ))
+            .into_response();
         }
         if error.status == Some(416) || error.code.as_deref() == Some("InvalidRange") {
-            return mlflow_error(
-                StatusCode::RANGE_NOT_SATISFIABLE,
-                "INVALID_PARAMETER_VALUE",
-                &format!("the requested range is not satisfiable for {path}"),
-            );
+            return Error::AsMlflow {
+                status: StatusCode::RANGE_NOT_SATISFIABLE,
+                error_code: "INVALID_PARAMETER_VALUE",
+                message: format!("the requested range is not satisfiable for {path}"),
+            }
+            .into_response();
         }
         self.store_error("read", path, &error)
     }
@@ -657,11 +509,7 @@ impl Gateway {
         let refusal = match verdict {
             Verdict::Owned => return Ok(owner),
             Verdict::Unverifiable(reason) => {
-                return Err(mlflow_error(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    "TEMPORARILY_UNAVAILABLE",
-                    &format!("mlscope-proxy could not check with MLflow that {} exists ({reason}); retry.", owner.as_ref().map(ToString::to_string).unwrap_or_default()),
-                ))
+                return Err(Error::Unavailable(format!("mlscope-proxy could not check with MLflow that {} exists ({reason}); retry.", owner.as_ref().map(ToString::to_string).unwrap_or_default())).into_response())
             }
             Verdict::Stray => format!(
                 "Artifact writes are only accepted inside an MLflow artifact root: <experiment_id>/<run_id>/artifacts/..., <experiment_id>/models/<model_id>/artifacts/... or <experiment_id>/traces/<trace_id>/artifacts/... (in an MLflow workspace, below workspaces/<workspace>/). '{path}' is outside them, so MLflow would never show it. Log the file to the run instead, e.g. mlflow.log_artifact(local_path, artifact_path=\"checkpoints\") inside the run, which stores it under <experiment_id>/<run_id>/artifacts/checkpoints/."
@@ -680,15 +528,12 @@ impl Gateway {
             path,
             "write outside MLflow's artifact roots refused (write policy: enforce)"
         );
-        Err(mlflow_error(
-            StatusCode::FORBIDDEN,
-            "PERMISSION_DENIED",
-            &refusal,
-        ))
+        Err(Error::PermissionDenied(refusal).into_response())
     }
 
-    async fn upload(&self, raw: &str, request: Request) -> Answer {
-        let path = path::validate(raw).map_err(|_| invalid_path())?;
+    /// `PUT artifacts/<path>`: the body, streamed to the store.
+    pub(super) async fn upload(&self, raw: String, request: Request) -> Answer {
+        let path = path::validate(&raw).map_err(|_| invalid_path())?;
         if path.is_empty() || path.ends_with('/') {
             return Err(invalid_path());
         }
@@ -707,20 +552,14 @@ impl Gateway {
             .upload_shares
             .take(client, in_use, self.config.max_concurrent_uploads)
             .ok_or_else(|| {
-            let mut answer = mlflow_error(
-                StatusCode::TOO_MANY_REQUESTS,
-                "REQUEST_LIMIT_EXCEEDED",
-                &format!("this client has {} or more artifact uploads in progress, the most one client may have while the upload slots are nearly all taken; retry with backoff.", self.upload_shares.per_client),
-            );
-            answer.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
-            answer
+            Error::OverShare {
+                message: format!("this client has {} or more artifact uploads in progress, the most one client may have while the upload slots are nearly all taken; retry with backoff.", self.upload_shares.per_client),
+                retry_after: 1,
+            }
+            .into_response()
         })?;
         let _slot = self.uploads.clone().try_acquire_owned().map_err(|_| {
-            mlflow_error(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "TEMPORARILY_UNAVAILABLE",
-                &format!("mlscope-proxy is handling its limit of {} concurrent artifact uploads; retry with backoff.", self.config.max_concurrent_uploads),
-            )
+            Error::Unavailable(format!("mlscope-proxy is handling its limit of {} concurrent artifact uploads; retry with backoff.", self.config.max_concurrent_uploads)).into_response()
         })?;
         let length = request
             .headers()
@@ -742,21 +581,17 @@ impl Gateway {
             }
             Err(UploadError::Client(reason)) => {
                 tracing::info!(path, reason, "upload abandoned by the client; nothing was stored");
-                Err(mlflow_error(StatusCode::BAD_REQUEST, "BAD_REQUEST", &format!("the upload of {path} was not completed: {reason}. Nothing was stored; retry the upload.")))
+                Err(Error::BadRequest(format!("the upload of {path} was not completed: {reason}. Nothing was stored; retry the upload.")).into_response())
             }
             Err(UploadError::ClientSlow(received)) => {
                 tracing::info!(path, received, "upload too slow; nothing was stored");
-                Err(mlflow_error(StatusCode::REQUEST_TIMEOUT, "BAD_REQUEST", &format!("the upload of {path} came slower than {} KiB/s on average ({received} bytes in all); nothing was stored. Check the client's connection and retry.", upload::MIN_BODY_RATE >> 10)))
+                Err(Error::TooSlow(format!("the upload of {path} came slower than {} KiB/s on average ({received} bytes in all); nothing was stored. Check the client's connection and retry.", upload::MIN_BODY_RATE >> 10)).into_response())
             }
             Err(UploadError::ClientIdle(after)) => {
                 tracing::info!(path, ?after, "upload stalled; nothing was stored");
                 Err(crate::error::ProxyError::ClientBodyIdle { after }.into_response())
             }
-            Err(UploadError::TooLarge { max }) => Err(mlflow_error(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                "INVALID_PARAMETER_VALUE",
-                &format!("{path} is larger than the {max} bytes a multipart upload of this part size can hold; raise --artifact-part-size."),
-            )),
+            Err(UploadError::TooLarge { max }) => Err(Error::AsMlflow { status: StatusCode::PAYLOAD_TOO_LARGE, error_code: "INVALID_PARAMETER_VALUE", message: format!("{path} is larger than the {max} bytes a multipart upload of this part size can hold; raise --artifact-part-size.") }.into_response()),
             Err(UploadError::Store(error)) => {
                 let response = self.store_error("store", &path, &error);
                 if let Some(Owner::Run { run, .. }) = &owner {
@@ -767,8 +602,10 @@ impl Gateway {
         }
     }
 
-    async fn delete(&self, raw: &str, headers: &HeaderMap) -> Answer {
-        let path = path::validate(raw).map_err(|_| invalid_path())?;
+    /// `DELETE artifacts/<path>`: the file, or the directory with everything in it.
+    pub(super) async fn delete(&self, raw: String, request: Request) -> Answer {
+        let headers = request.headers();
+        let path = path::validate(&raw).map_err(|_| invalid_path())?;
         if path.is_empty() {
             return Err(invalid_path());
         }
@@ -786,11 +623,7 @@ impl Gateway {
                     path,
                     "delete above an artifact root refused (write policy: enforce)"
                 );
-                return Err(mlflow_error(
-                    StatusCode::FORBIDDEN,
-                    "PERMISSION_DENIED",
-                    &refusal,
-                ));
+                return Err(Error::PermissionDenied(refusal).into_response());
             }
             tracing::warn!(
                 path,
@@ -798,7 +631,8 @@ impl Gateway {
             );
         }
         let key = self.key(&path)?;
-        listing::delete_tree(&self.bucket, &key)
+        self.bucket
+            .delete_tree(&key)
             .await
             .map_err(|e| self.store_error("delete", &path, &e))?;
         Ok(axum::Json(serde_json::json!({})).into_response())
@@ -809,19 +643,17 @@ impl Gateway {
             .collect()
             .await
             .map_err(|e| {
-                mlflow_error(
-                    StatusCode::BAD_REQUEST,
-                    "BAD_REQUEST",
-                    &format!("the request body could not be read: {e}"),
-                )
+                Error::BadRequest(format!("the request body could not be read: {e}"))
+                    .into_response()
             })?
             .to_bytes();
         serde_json::from_slice(&body).map_err(|e| {
-            mlflow_error(
-                StatusCode::BAD_REQUEST,
-                "MALFORMED_REQUEST",
-                &format!("the request body is not valid JSON for this endpoint: {e}"),
-            )
+            Error::AsMlflow {
+                status: StatusCode::BAD_REQUEST,
+                error_code: "MALFORMED_REQUEST",
+                message: format!("the request body is not valid JSON for this endpoint: {e}"),
+            }
+            .into_response()
         })
     }
 
@@ -841,7 +673,8 @@ impl Gateway {
         path::validate(&joined)
     }
 
-    async fn mpu_create(&self, raw: &str, request: Request) -> Answer {
+    /// `POST mpu/create/<dir>`: a multipart upload, with a presigned URL for each part.
+    pub(super) async fn mpu_create(&self, raw: String, request: Request) -> Answer {
         #[derive(Deserialize)]
         struct Create {
             path: String,
@@ -850,68 +683,38 @@ impl Gateway {
         }
         let headers = request.headers().clone();
         let create: Create = Self::json_body(request).await?;
-        let path = Self::mpu_target(raw, &create.path).map_err(|_| invalid_path())?;
+        let path = Self::mpu_target(&raw, &create.path).map_err(|_| invalid_path())?;
         self.check_write(&path, &headers).await?;
         if !(1..=upload::MAX_PARTS as i64).contains(&create.num_parts) {
-            return Err(mlflow_error(
-                StatusCode::BAD_REQUEST,
-                "INVALID_PARAMETER_VALUE",
-                &format!(
-                    "num_parts must be between 1 and 10000, not {}",
-                    create.num_parts
-                ),
-            ));
+            return Err(Error::InvalidParameter(format!(
+                "num_parts must be between 1 and 10000, not {}",
+                create.num_parts
+            ))
+            .into_response());
         }
         let key = self.key(&path)?;
-        let created = self
+        let upload_id = self
             .bucket
-            .client
-            .create_multipart_upload()
-            .bucket(self.bucket.name())
-            .key(&key)
-            .content_type(path::content_type(&path))
-            .send()
+            .start_multipart(&key, &ContentHeaders::of_type(path::content_type(&path)))
             .await
-            .map_err(|e| {
-                self.store_error(
-                    "start a multipart upload of",
-                    &path,
-                    &StoreError::from_sdk(e),
-                )
-            })?;
-        let upload_id = created.upload_id().unwrap_or_default().to_owned();
-        let presigning = PresigningConfig::expires_in(self.config.presign_expiry).map_err(|e| {
-            mlflow_error(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "INTERNAL_ERROR",
-                &e.to_string(),
-            )
-        })?;
+            .map_err(|e| self.store_error("start a multipart upload of", &path, &e))?
+            .unwrap_or_default();
         let mut credentials = Vec::with_capacity(create.num_parts as usize);
         for part_number in 1..=create.num_parts as i32 {
-            // Presigned without checksum parameters: a checksum baked into the URL would be the
-            // empty body's, and the store would reject the real part.
-            let presigned = self
+            let url = self
                 .bucket
-                .presigner
-                .upload_part()
-                .bucket(self.bucket.name())
-                .key(&key)
-                .upload_id(&upload_id)
-                .part_number(part_number)
-                .presigned(presigning.clone())
+                .presign_part(&key, &upload_id, part_number, self.config.presign_expiry)
                 .await
                 .map_err(|e| {
-                    mlflow_error(
-                        StatusCode::INTERNAL_SERVER_ERROR,
-                        "INTERNAL_ERROR",
-                        &format!("presigning part {part_number}: {e}"),
-                    )
+                    let message = match e {
+                        PresignError::Expiry(message) => message,
+                        PresignError::Signing(message) => {
+                            format!("presigning part {part_number}: {message}")
+                        }
+                    };
+                    Error::Internal(message).into_response()
                 })?;
-            credentials.push(Credential {
-                url: presigned.uri().to_owned(),
-                part_number,
-            });
+            credentials.push(Credential { url, part_number });
         }
         #[derive(serde::Serialize)]
         struct Created {
@@ -924,9 +727,10 @@ impl Gateway {
         }))
     }
 
-    async fn mpu_complete(&self, raw: &str, request: Request) -> Answer {
+    /// `POST mpu/complete/<dir>`: the upload's parts, joined into the object.
+    pub(super) async fn mpu_complete(&self, raw: String, request: Request) -> Answer {
         #[derive(Deserialize)]
-        struct Part {
+        struct SentPart {
             part_number: i64,
             etag: String,
         }
@@ -934,60 +738,39 @@ impl Gateway {
         struct Complete {
             path: String,
             upload_id: String,
-            parts: Vec<Part>,
+            parts: Vec<SentPart>,
         }
         let credentials = FailureRecorder::credentials(request.headers());
         let complete: Complete = Self::json_body(request).await?;
-        let path = Self::mpu_target(raw, &complete.path).map_err(|_| invalid_path())?;
+        let path = Self::mpu_target(&raw, &complete.path).map_err(|_| invalid_path())?;
         check_upload_id(&complete.upload_id)?;
         if complete.parts.is_empty() || complete.parts.len() as u64 > upload::MAX_PARTS {
-            return Err(mlflow_error(
-                StatusCode::BAD_REQUEST,
-                "INVALID_PARAMETER_VALUE",
-                &format!(
-                    "a multipart upload is completed with 1 to {} parts, not {}",
-                    upload::MAX_PARTS,
-                    complete.parts.len()
-                ),
-            ));
+            return Err(Error::InvalidParameter(format!(
+                "a multipart upload is completed with 1 to {} parts, not {}",
+                upload::MAX_PARTS,
+                complete.parts.len()
+            ))
+            .into_response());
         }
         if let Some(bad) = complete.parts.iter().find(|p| {
             !(1..=upload::MAX_PARTS as i64).contains(&p.part_number) || p.etag.len() > 1024
         }) {
-            return Err(mlflow_error(
-                StatusCode::BAD_REQUEST,
-                "INVALID_PARAMETER_VALUE",
-                &format!("part_number must be between 1 and {} with an ETag of at most 1024 characters, not {}", upload::MAX_PARTS, bad.part_number),
-            ));
+            return Err(Error::InvalidParameter(format!("part_number must be between 1 and {} with an ETag of at most 1024 characters, not {}", upload::MAX_PARTS, bad.part_number)).into_response());
         }
         let key = self.key(&path)?;
-        let mut parts: Vec<CompletedPart> = complete
+        let parts: Vec<Part> = complete
             .parts
             .iter()
-            .map(|p| {
-                CompletedPart::builder()
-                    .part_number(p.part_number as i32)
-                    .e_tag(&p.etag)
-                    .build()
+            .map(|p| Part {
+                number: p.part_number as i32,
+                etag: Some(p.etag.clone()),
             })
             .collect();
-        parts.sort_by_key(|p| p.part_number());
         let done = self
             .bucket
-            .client
-            .complete_multipart_upload()
-            .bucket(self.bucket.name())
-            .key(&key)
-            .upload_id(&complete.upload_id)
-            .multipart_upload(
-                CompletedMultipartUpload::builder()
-                    .set_parts(Some(parts))
-                    .build(),
-            )
-            .send()
+            .finish_multipart(&key, &complete.upload_id, parts)
             .await;
-        if let Err(e) = done {
-            let error = StoreError::from_sdk(e);
+        if let Err(error) = done {
             if let Some(Owner::Run { run, .. }) = self.owner_of(&path, &credentials) {
                 self.failures
                     .record(&run, &path, &error.to_string(), &credentials)
@@ -998,80 +781,53 @@ impl Gateway {
         Ok(listing::pretty(&serde_json::json!({})))
     }
 
-    async fn mpu_abort(&self, raw: &str, request: Request) -> Answer {
+    /// `POST mpu/abort/<dir>`: the upload, abandoned.
+    pub(super) async fn mpu_abort(&self, raw: String, request: Request) -> Answer {
         #[derive(Deserialize)]
         struct Abort {
             path: String,
             upload_id: String,
         }
         let abort: Abort = Self::json_body(request).await?;
-        let path = Self::mpu_target(raw, &abort.path).map_err(|_| invalid_path())?;
+        let path = Self::mpu_target(&raw, &abort.path).map_err(|_| invalid_path())?;
         check_upload_id(&abort.upload_id)?;
         let key = self.key(&path)?;
         self.bucket
-            .client
-            .abort_multipart_upload()
-            .bucket(self.bucket.name())
-            .key(&key)
-            .upload_id(&abort.upload_id)
-            .send()
+            .abort_multipart(&key, &abort.upload_id)
             .await
-            .map_err(|e| {
-                self.store_error(
-                    "abort the multipart upload of",
-                    &path,
-                    &StoreError::from_sdk(e),
-                )
-            })?;
+            .map_err(|e| self.store_error("abort the multipart upload of", &path, &e))?;
         Ok(listing::pretty(&serde_json::json!({})))
     }
 
-    /// A presigned GET URL for a direct download (what MLflow's 3.16+ client asks for before
-    /// ranged downloads straight from the store).
-    async fn presigned(&self, raw: &str) -> Answer {
-        let path = path::validate(raw).map_err(|_| invalid_path())?;
+    /// `GET presigned/<path>`: a presigned GET URL for a direct download (what MLflow's 3.16+
+    /// client asks for before ranged downloads straight from the store).
+    pub(super) async fn presigned(&self, raw: String) -> Answer {
+        let path = path::validate(&raw).map_err(|_| invalid_path())?;
         let key = self.key(&path)?;
-        let head = match self
-            .bucket
-            .client
-            .head_object()
-            .bucket(self.bucket.name())
-            .key(&key)
-            .send()
-            .await
-        {
+        let head = match self.bucket.head(&key).await {
             Ok(head) => head,
-            Err(e) => {
-                return Err(self
-                    .missing_or_dir(&path, &key, StoreError::from_sdk(e))
-                    .await)
-            }
+            Err(e) => return Err(self.missing_or_dir(&path, &key, e).await),
         };
         let base = path.rsplit('/').next().unwrap_or(&path);
-        let presigning = PresigningConfig::expires_in(PRESIGNED_DOWNLOAD_TTL).map_err(|e| {
-            mlflow_error(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "INTERNAL_ERROR",
-                &e.to_string(),
-            )
-        })?;
-        let presigned = self
+        let url = self
             .bucket
-            .presigner
-            .get_object()
-            .bucket(self.bucket.name())
-            .key(&key)
-            .response_content_disposition(format!("attachment; filename=\"{base}\""))
-            .presigned(presigning)
+            .presign_get(
+                &key,
+                format!("attachment; filename=\"{base}\""),
+                PRESIGNED_DOWNLOAD_TTL,
+            )
             .await
             .map_err(|e| {
-                mlflow_error(
-                    StatusCode::INTERNAL_SERVER_ERROR,
-                    "INTERNAL_ERROR",
-                    &format!("presigning the download of {path}: {e}"),
-                )
+                let message = match e {
+                    PresignError::Expiry(message) => message,
+                    PresignError::Signing(message) => {
+                        format!("presigning the download of {path}: {message}")
+                    }
+                };
+                Error::Internal(message).into_response()
             })?;
-        let body = serde_json::json!({ "url": presigned.uri(), "headers": {}, "file_size": head.content_length().unwrap_or(0) });
+        let body =
+            serde_json::json!({ "url": url, "headers": {}, "file_size": head.size.unwrap_or(0) });
         Ok(axum::Json(body).into_response())
     }
 }
@@ -1081,9 +837,8 @@ impl Gateway {
 /// A validated path where MLflow's artifact API places it for a request in `workspace`, with
 /// workspaces on; a path naming another workspace is MLflow's 400.
 fn placed_path(path: &str, workspace: Option<&str>) -> Result<String, Response> {
-    crate::workspace::artifact_path(path, workspace, true).map_err(|message| {
-        mlflow_error(StatusCode::BAD_REQUEST, "INVALID_PARAMETER_VALUE", &message)
-    })
+    crate::workspace::artifact_path(path, workspace, true)
+        .map_err(|message| Error::InvalidParameter(message).into_response())
 }
 
 /// An upload id as stores hand them out: 1 to 1024 printable ASCII characters and no path
@@ -1094,49 +849,9 @@ fn check_upload_id(id: &str) -> Result<(), Response> {
         .bytes()
         .all(|b| b.is_ascii_graphic() && b != b'/' && b != b'\\');
     if id.is_empty() || id.len() > 1024 || !printable {
-        return Err(mlflow_error(
-            StatusCode::BAD_REQUEST,
-            "INVALID_PARAMETER_VALUE",
-            "upload_id must be the id mpu/create returned (1 to 1024 printable ASCII characters, no '/' or '\\')",
-        ));
+        return Err(Error::InvalidParameter("upload_id must be the id mpu/create returned (1 to 1024 printable ASCII characters, no '/' or '\\')".into()).into_response());
     }
     Ok(())
-}
-
-/// The routes the gateway answers from the store, under both API prefixes. Paths are matched
-/// still percent-encoded and handed on as they came: the gateway decodes them as MLflow does.
-pub fn router<S: Clone + Send + Sync + 'static>(gateway: Gateway) -> Router<S> {
-    let mut router = Router::new();
-    for prefix in PREFIXES {
-        router = router
-            .route(&format!("{prefix}artifacts"), get(serve_route))
-            .route(&format!("{prefix}artifacts/"), get(serve_route))
-            .route(
-                &format!("{prefix}artifacts/{{*path}}"),
-                get(serve_route)
-                    .head(serve_route)
-                    .put(serve_route)
-                    .delete(serve_route),
-            )
-            .route(&format!("{prefix}presigned/{{*path}}"), get(serve_route));
-        for op in ["create", "complete", "abort"] {
-            router = router.route(&format!("{prefix}mpu/{op}/{{*path}}"), post(serve_route));
-        }
-    }
-    router.with_state(gateway)
-}
-
-async fn serve_route(State(gateway): State<Gateway>, request: Request) -> Response {
-    let Some(op) = ArtifactOp::of(request.method(), request.uri().path()) else {
-        let peer = peer_of(&request);
-        return gateway.forwarder.forward(request, peer).await;
-    };
-    let mut response = gateway.serve(op, request).await;
-    // MLflow's refusal of the client, relayed by the authorizer, stays marked as MLflow's.
-    if response.extensions().get::<AnsweredBy>().is_none() {
-        response.extensions_mut().insert(AnsweredBy::ARTIFACT_STORE);
-    }
-    response
 }
 
 fn peer_of(request: &Request) -> std::net::SocketAddr {
@@ -1144,7 +859,7 @@ fn peer_of(request: &Request) -> std::net::SocketAddr {
 }
 
 /// The raw (still percent-encoded) value of the first `name` parameter of a query string.
-fn first_query_value<'q>(query: &'q str, name: &str) -> Option<&'q str> {
+pub(super) fn first_query_value<'q>(query: &'q str, name: &str) -> Option<&'q str> {
     query.split('&').find_map(|pair| {
         let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
         (key == name).then_some(value)
@@ -1184,38 +899,6 @@ mod tests {
             assert_eq!(content_type, None, "{uvicorn:?}");
             assert!(body.is_empty(), "{uvicorn:?}");
         }
-    }
-
-    #[test]
-    fn artifact_routes_are_recognised_under_both_prefixes() {
-        let get = Method::GET;
-        assert_eq!(
-            ArtifactOp::of(&get, "/api/2.0/mlflow-artifacts/artifacts"),
-            Some(ArtifactOp::List)
-        );
-        assert_eq!(
-            ArtifactOp::of(
-                &get,
-                "/ajax-api/2.0/mlflow-artifacts/artifacts/1/r/artifacts/a%20b.txt"
-            ),
-            Some(ArtifactOp::Download("1/r/artifacts/a%20b.txt".into()))
-        );
-        assert_eq!(
-            ArtifactOp::of(&Method::PUT, "/api/2.0/mlflow-artifacts/artifacts/x"),
-            Some(ArtifactOp::Upload("x".into()))
-        );
-        assert_eq!(
-            ArtifactOp::of(
-                &Method::POST,
-                "/api/2.0/mlflow-artifacts/mpu/create/1/r/artifacts/big"
-            ),
-            Some(ArtifactOp::MpuCreate("1/r/artifacts/big".into()))
-        );
-        assert_eq!(
-            ArtifactOp::of(&Method::POST, "/api/2.0/mlflow-artifacts/artifacts/x"),
-            None
-        );
-        assert_eq!(ArtifactOp::of(&get, "/api/2.0/mlflow/artifacts/list"), None);
     }
 
     #[test]

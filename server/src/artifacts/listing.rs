@@ -1,10 +1,9 @@
-//! Listings as MLflow returns them, and recursive deletes. Zero-byte keys ending in `/` —
-//! "folder" markers made by consoles and sync tools — are never listed as files.
+//! Listings as MLflow returns them. Zero-byte keys ending in `/` — "folder" markers made by
+//! consoles and sync tools — are never listed as files.
 
-use aws_sdk_s3::types::{Delete, ObjectIdentifier};
 use axum::response::IntoResponse;
 
-use super::s3::{Bucket, StoreError};
+use super::objects::{Bucket, StoreError};
 
 /// One entry of a directory listing.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -33,20 +32,10 @@ pub async fn list_dir(bucket: &Bucket, prefix: &str) -> Result<Vec<Entry>, Store
     let mut pages = 0usize;
     let mut token: Option<String> = None;
     loop {
-        let mut request = bucket
-            .client
-            .list_objects_v2()
-            .bucket(bucket.name())
-            .delimiter("/");
-        if !prefix.is_empty() {
-            request = request.prefix(prefix);
-        }
-        if let Some(t) = &token {
-            request = request.continuation_token(t);
-        }
-        let page = request.send().await.map_err(StoreError::from_sdk)?;
-        for common in page.common_prefixes() {
-            let Some(p) = common.prefix() else { continue };
+        let page = bucket
+            .list_page(prefix, Some("/"), token.as_deref())
+            .await?;
+        for p in &page.common_prefixes {
             let name = p.strip_prefix(prefix).unwrap_or(p).trim_end_matches('/');
             if !name.is_empty() {
                 entries.push(Entry {
@@ -56,14 +45,14 @@ pub async fn list_dir(bucket: &Bucket, prefix: &str) -> Result<Vec<Entry>, Store
                 });
             }
         }
-        for object in page.contents() {
-            let Some(key) = object.key() else { continue };
+        for object in &page.objects {
+            let key = object.key.as_str();
             // Directory markers (zero-byte `key/`), and any other `key/` object: no file name
             // in a listing can end in `/`.
             if key.ends_with('/') {
                 continue;
             }
-            let size = object.size().unwrap_or(0);
+            let size = object.size as i64;
             let name = key.strip_prefix(prefix).unwrap_or(key);
             if !name.is_empty() && !name.contains('/') {
                 entries.push(Entry {
@@ -81,9 +70,9 @@ pub async fn list_dir(bucket: &Bucket, prefix: &str) -> Result<Vec<Entry>, Store
                 message: format!("the directory holds more than {MAX_LISTED_ENTRIES} entries; list one of its subdirectories"),
             });
         }
-        match page.next_continuation_token() {
-            Some(next) if page.is_truncated() == Some(true) => token = Some(next.to_owned()),
-            _ => break,
+        match page.next {
+            Some(next) => token = Some(next),
+            None => break,
         }
     }
     entries.sort_by(|a, b| a.name.cmp(&b.name));
@@ -151,145 +140,9 @@ pub fn pretty_string<T: serde::Serialize>(value: &T) -> String {
     out
 }
 
-/// Every key under `prefix` (no delimiter), following pagination.
-pub async fn keys_under(bucket: &Bucket, prefix: &str) -> Result<Vec<(String, i64)>, StoreError> {
-    let mut keys = Vec::new();
-    let mut pages = bucket
-        .client
-        .list_objects_v2()
-        .bucket(bucket.name())
-        .prefix(prefix)
-        .into_paginator()
-        .send();
-    while let Some(page) = pages.next().await {
-        let page = page.map_err(StoreError::from_sdk)?;
-        keys.extend(
-            page.contents()
-                .iter()
-                .filter_map(|o| Some((o.key()?.to_owned(), o.size().unwrap_or(0)))),
-        );
-    }
-    Ok(keys)
-}
-
-/// Deletes `key` and everything under `key/` (never a sibling that merely shares the prefix).
-pub async fn delete_tree(bucket: &Bucket, key: &str) -> Result<usize, StoreError> {
-    let mut keys: Vec<String> = keys_under(bucket, &format!("{key}/"))
-        .await?
-        .into_iter()
-        .map(|(k, _)| k)
-        .collect();
-    keys.push(key.to_owned());
-    let count = keys.len();
-    if bucket.quirks.batch_delete {
-        for chunk in keys.chunks(1000) {
-            let objects: Vec<ObjectIdentifier> = chunk
-                .iter()
-                .filter_map(|k| ObjectIdentifier::builder().key(k).build().ok())
-                .collect();
-            let delete = Delete::builder()
-                .set_objects(Some(objects))
-                .quiet(true)
-                .build()
-                .map_err(|e| StoreError {
-                    status: None,
-                    code: None,
-                    message: e.to_string(),
-                })?;
-            let out = bucket
-                .client
-                .delete_objects()
-                .bucket(bucket.name())
-                .delete(delete)
-                .send()
-                .await
-                .map_err(StoreError::from_sdk)?;
-            if let Some(failed) = out.errors().first() {
-                return Err(StoreError {
-                    status: None,
-                    code: failed.code().map(str::to_owned),
-                    message: format!(
-                        "{} could not be deleted: {}",
-                        failed.key().unwrap_or("?"),
-                        failed.message().unwrap_or("")
-                    ),
-                });
-            }
-        }
-    } else {
-        for k in &keys {
-            bucket
-                .client
-                .delete_object()
-                .bucket(bucket.name())
-                .key(k)
-                .send()
-                .await
-                .map_err(StoreError::from_sdk)?;
-        }
-    }
-    if bucket.quirks.empty_dirs_linger {
-        // Deleting a `dir/` entry that still holds objects is a no-op on such stores, so every
-        // directory of the deleted tree and every ancestor below the destination can be tried.
-        let floor = bucket.destination.dir_prefix("");
-        for dir in emptied_dirs(&keys, key, &floor) {
-            if let Err(e) = bucket
-                .client
-                .delete_object()
-                .bucket(bucket.name())
-                .key(&dir)
-                .send()
-                .await
-            {
-                tracing::debug!(dir, error = %StoreError::from_sdk(e), "removing an emptied directory entry failed");
-            }
-        }
-    }
-    Ok(count)
-}
-
-/// The `dir/` entries a delete of `deleted` (and its tree `keys`) may have emptied, deepest
-/// first: directories inside the tree, the tree itself, and its ancestors down to `floor`.
-fn emptied_dirs(keys: &[String], deleted: &str, floor: &str) -> Vec<String> {
-    let mut dirs = std::collections::BTreeSet::new();
-    for k in keys.iter().map(String::as_str).chain([deleted]) {
-        let mut end = k.len();
-        while let Some(slash) = k[..end].rfind('/') {
-            let dir = &k[..=slash];
-            if dir.len() <= floor.len() {
-                break;
-            }
-            dirs.insert(dir.to_owned());
-            end = slash;
-        }
-    }
-    dirs.insert(format!("{deleted}/"));
-    let mut dirs: Vec<String> = dirs.into_iter().collect();
-    dirs.sort_by_key(|d| std::cmp::Reverse(d.matches('/').count()));
-    dirs
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn deletes_try_the_emptied_directories_deepest_first_and_stop_at_the_destination() {
-        let keys = vec![
-            "art/1/r/artifacts/ckpt/a.pt".to_owned(),
-            "art/1/r/artifacts/ckpt/sub/b.pt".to_owned(),
-        ];
-        assert_eq!(
-            emptied_dirs(&keys, "art/1/r/artifacts/ckpt", "art/"),
-            [
-                "art/1/r/artifacts/ckpt/sub/",
-                "art/1/r/artifacts/ckpt/",
-                "art/1/r/artifacts/",
-                "art/1/r/",
-                "art/1/"
-            ]
-        );
-    }
 
     #[test]
     fn listing_json_matches_mlflow_shape() {

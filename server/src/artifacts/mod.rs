@@ -2,19 +2,28 @@
 //! `/ajax-api` twin) served straight from an S3-compatible store, laid out exactly as MLflow's
 //! own `--artifacts-destination`, so MLflow and mlscope read and write the same objects.
 //!
+//! - `routes` is the route table, one handler per artifact operation under both API prefixes,
+//!   and `handlers` the [`Gateway`] that answers each operation (authorized by MLflow, placed in
+//!   the request's workspace);
+//! - [`objects`] is the object-store facade: every call on the store, the provider's quirks and
+//!   the store's errors ([`StoreError`]); [`s3`] builds its clients and names the destination;
 //! - [`upload`] streams request bodies to the store (one PUT or a multipart upload);
 //! - [`policy`] keeps writes inside the artifact roots of runs, models and traces that exist;
 //! - [`failures`] records failed uploads on the run as tags;
-//! - [`listing`] hides directory markers, in the gateway's listings and in forwarded ones;
-//! - [`quirks`] is the table of what each S3-compatible store needs;
+//! - [`listing`] lists a directory as MLflow does, without directory markers;
+//!   [`legacy_listing`] removes them from the listings of older MLflow servers;
+//! - [`path`] validates and decodes artifact paths as MLflow does;
+//! - [`quirks`] is the table of what each S3-compatible store needs.
 
 pub mod failures;
 mod handlers;
 pub mod legacy_listing;
 pub mod listing;
+pub mod objects;
 pub mod path;
 pub mod policy;
 pub mod quirks;
+mod routes;
 pub mod s3;
 pub mod upload;
 
@@ -22,9 +31,11 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-pub use handlers::{router, ArtifactOp, Gateway};
+pub use handlers::Gateway;
+pub use objects::{Bucket, StoreError};
 pub use quirks::Quirks;
-pub use s3::{Bucket, Destination, S3Settings};
+pub use routes::router;
+pub use s3::{Destination, S3Settings};
 
 /// What happens to a write outside the artifact root of an existing run, model or trace.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, clap::ValueEnum)]

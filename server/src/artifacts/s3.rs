@@ -1,11 +1,11 @@
-//! The S3 client, built once from the configuration with the provider's quirks applied, and the
-//! artifact destination it writes under.
+//! The S3 client's construction, once from the configuration with the provider's quirks applied,
+//! and the artifact destination it writes under. The calls on the store are the facade's
+//! ([`super::objects`]).
 
 use std::fmt;
 use std::time::Duration;
 
 use aws_config::BehaviorVersion;
-use aws_sdk_s3::config::http::HttpResponse;
 use aws_sdk_s3::config::{
     Region, RequestChecksumCalculation, ResponseChecksumValidation, StalledStreamProtectionConfig,
 };
@@ -110,83 +110,60 @@ pub fn https_client() -> aws_sdk_s3::config::SharedHttpClient {
         .build_https()
 }
 
-/// A client bound to one destination.
-#[derive(Clone, Debug)]
-pub struct Bucket {
-    pub client: Client,
-    /// Signs presigned URLs (the same as `client` unless a presign endpoint is configured).
-    pub presigner: Client,
-    pub destination: Destination,
-    pub quirks: &'static Quirks,
-    /// For messages: where the store is.
-    pub endpoint: String,
-}
-
-impl Bucket {
-    pub async fn connect(settings: &S3Settings, destination: Destination) -> Bucket {
-        let quirks = settings.quirks;
-        let region = settings
-            .region
-            .clone()
-            .unwrap_or_else(|| quirks.default_region.to_owned());
-        let shared = aws_config::defaults(BehaviorVersion::latest())
-            .http_client(https_client())
-            .region(Region::new(region))
-            .load()
-            .await;
-        let build = |endpoint: Option<&String>| {
-            let (calculation, validation) = match quirks.checksums {
-                Checksums::WhenRequired => (
-                    RequestChecksumCalculation::WhenRequired,
-                    ResponseChecksumValidation::WhenRequired,
-                ),
-                Checksums::WhenSupported => (
-                    RequestChecksumCalculation::WhenSupported,
-                    ResponseChecksumValidation::WhenSupported,
-                ),
-            };
-            let mut builder = aws_sdk_s3::config::Builder::from(&shared)
-                .force_path_style(settings.path_style.unwrap_or(quirks.path_style))
-                .request_checksum_calculation(calculation)
-                .response_checksum_validation(validation)
-                // Every operation, not only bodies: a store that accepts the connection and never
-                // answers fails the request after the stall grace instead of holding it forever.
-                .timeout_config(
-                    aws_sdk_s3::config::timeout::TimeoutConfig::builder()
-                        .connect_timeout(Duration::from_secs(5))
-                        .read_timeout(settings.stall_grace)
-                        .build(),
-                )
-                .stalled_stream_protection(
-                    StalledStreamProtectionConfig::enabled()
-                        .grace_period(settings.stall_grace)
-                        .build(),
-                );
-            if let Some(url) = endpoint {
-                builder = builder.endpoint_url(url);
-            }
-            Client::from_conf(builder.build())
+/// The two clients of a store: one for every call, and one that signs presigned URLs (the same
+/// unless a presign endpoint is configured), with the provider's quirks applied: addressing
+/// style, checksums, region, and the stall grace on every operation. Only the object-store
+/// facade ([`super::objects::Bucket`]) holds them.
+pub(super) async fn clients(settings: &S3Settings) -> (Client, Client) {
+    let quirks = settings.quirks;
+    let region = settings
+        .region
+        .clone()
+        .unwrap_or_else(|| quirks.default_region.to_owned());
+    let shared = aws_config::defaults(BehaviorVersion::latest())
+        .http_client(https_client())
+        .region(Region::new(region))
+        .load()
+        .await;
+    let build = |endpoint: Option<&String>| {
+        let (calculation, validation) = match quirks.checksums {
+            Checksums::WhenRequired => (
+                RequestChecksumCalculation::WhenRequired,
+                ResponseChecksumValidation::WhenRequired,
+            ),
+            Checksums::WhenSupported => (
+                RequestChecksumCalculation::WhenSupported,
+                ResponseChecksumValidation::WhenSupported,
+            ),
         };
-        let client = build(settings.endpoint_url.as_ref());
-        let presigner = match &settings.presign_endpoint_url {
-            Some(url) => build(Some(url)),
-            None => client.clone(),
-        };
-        Bucket {
-            client,
-            presigner,
-            destination,
-            quirks,
-            endpoint: settings
-                .endpoint_url
-                .clone()
-                .unwrap_or_else(|| "AWS S3".to_owned()),
+        let mut builder = aws_sdk_s3::config::Builder::from(&shared)
+            .force_path_style(settings.path_style.unwrap_or(quirks.path_style))
+            .request_checksum_calculation(calculation)
+            .response_checksum_validation(validation)
+            // Every operation, not only bodies: a store that accepts the connection and never
+            // answers fails the request after the stall grace instead of holding it forever.
+            .timeout_config(
+                aws_sdk_s3::config::timeout::TimeoutConfig::builder()
+                    .connect_timeout(Duration::from_secs(5))
+                    .read_timeout(settings.stall_grace)
+                    .build(),
+            )
+            .stalled_stream_protection(
+                StalledStreamProtectionConfig::enabled()
+                    .grace_period(settings.stall_grace)
+                    .build(),
+            );
+        if let Some(url) = endpoint {
+            builder = builder.endpoint_url(url);
         }
-    }
-
-    pub fn name(&self) -> &str {
-        &self.destination.bucket
-    }
+        Client::from_conf(builder.build())
+    };
+    let client = build(settings.endpoint_url.as_ref());
+    let presigner = match &settings.presign_endpoint_url {
+        Some(url) => build(Some(url)),
+        None => client.clone(),
+    };
+    (client, presigner)
 }
 
 #[cfg(test)]
@@ -215,89 +192,4 @@ mod tests {
             .contains("s3://"));
         assert!(Destination::parse("s3:///p").is_err());
     }
-}
-
-/// A failed store operation, reduced to what a client and a log line need.
-#[derive(Debug, Clone)]
-pub struct StoreError {
-    /// The store's HTTP status when it answered; `None` when it could not be reached.
-    pub status: Option<u16>,
-    /// The store's error code (`NoSuchKey`, `SlowDown`, ...), when it sent one.
-    pub code: Option<String>,
-    pub message: String,
-}
-
-impl StoreError {
-    pub fn from_sdk<E>(error: aws_sdk_s3::error::SdkError<E, HttpResponse>) -> Self
-    where
-        E: aws_sdk_s3::error::ProvideErrorMetadata + std::error::Error + 'static,
-    {
-        use aws_sdk_s3::error::SdkError;
-        match &error {
-            SdkError::ServiceError(service) => {
-                let inner = service.err();
-                StoreError {
-                    status: Some(service.raw().status().as_u16()),
-                    code: inner.code().map(str::to_owned),
-                    message: inner
-                        .message()
-                        .map(str::to_owned)
-                        .unwrap_or_else(|| inner.to_string()),
-                }
-            }
-            SdkError::ResponseError(response) => StoreError {
-                status: Some(response.raw().status().as_u16()),
-                code: None,
-                message: root_message(&error),
-            },
-            _ => StoreError {
-                status: None,
-                code: None,
-                message: root_message(&error),
-            },
-        }
-    }
-
-    /// The store could not be reached, or asked to slow down: worth a retry.
-    pub fn is_transient(&self) -> bool {
-        self.status.is_none_or(|s| s == 503 || s == 500)
-            || matches!(
-                self.code.as_deref(),
-                Some("SlowDown" | "ServiceUnavailable" | "RequestTimeout" | "InternalError")
-            )
-    }
-
-    pub fn is_not_found(&self) -> bool {
-        self.status == Some(404)
-            || matches!(
-                self.code.as_deref(),
-                Some("NoSuchKey" | "NotFound" | "NoSuchUpload")
-            )
-    }
-}
-
-impl fmt::Display for StoreError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match (&self.code, self.status) {
-            (Some(code), Some(status)) => write!(f, "{code} (HTTP {status}): {}", self.message),
-            (Some(code), None) => write!(f, "{code}: {}", self.message),
-            (None, Some(status)) => write!(f, "HTTP {status}: {}", self.message),
-            (None, None) => write!(f, "{}", self.message),
-        }
-    }
-}
-
-impl std::error::Error for StoreError {}
-
-fn root_message(error: &(dyn std::error::Error + 'static)) -> String {
-    let mut parts = vec![error.to_string()];
-    let mut current = error.source();
-    while let Some(e) = current {
-        let text = e.to_string();
-        if !parts.iter().any(|p| p.contains(&text)) {
-            parts.push(text);
-        }
-        current = e.source();
-    }
-    parts.join(": ")
 }

@@ -6,14 +6,13 @@
 //! `threshold + part_size × concurrency` whatever the object's size. Any failure, or the client
 //! going away, aborts the multipart upload, so no partial object and no dangling upload remain.
 
-use aws_sdk_s3::primitives::ByteStream;
-use aws_sdk_s3::types::{CompletedMultipartUpload, CompletedPart};
 use axum::body::Body;
 use bytes::{Bytes, BytesMut};
 use futures_util::StreamExt;
 use tokio::task::JoinSet;
+use tracing::Instrument as _;
 
-use super::s3::{Bucket, StoreError};
+use super::objects::{Bucket, ContentHeaders, Part, StoreError};
 
 /// S3's limits on multipart uploads.
 pub const MIN_PART_SIZE: usize = 5 << 20;
@@ -78,16 +77,9 @@ pub async fn upload(
         check_length(length, reader.total)?;
         let len = head.len() as u64;
         bucket
-            .client
-            .put_object()
-            .bucket(bucket.name())
-            .key(key)
-            .content_type(content_type)
-            .content_length(len as i64)
-            .body(ByteStream::from(head.freeze()))
-            .send()
+            .put(key, content_type, head.freeze())
             .await
-            .map_err(|e| UploadError::Store(StoreError::from_sdk(e)))?;
+            .map_err(UploadError::Store)?;
         return Ok(len);
     }
     let part_size = part_size_for(length, limits.part_size);
@@ -98,16 +90,11 @@ pub async fn upload(
             });
         }
     }
-    let created = bucket
-        .client
-        .create_multipart_upload()
-        .bucket(bucket.name())
-        .key(key)
-        .content_type(content_type)
-        .send()
+    let upload_id = bucket
+        .start_multipart(key, &ContentHeaders::of_type(content_type))
         .await
-        .map_err(|e| UploadError::Store(StoreError::from_sdk(e)))?;
-    let upload_id = created.upload_id().unwrap_or_default().to_owned();
+        .map_err(UploadError::Store)?
+        .unwrap_or_default();
     let mut guard = AbortGuard {
         bucket: bucket.clone(),
         key: key.to_owned(),
@@ -126,30 +113,16 @@ pub async fn upload(
     )
     .await;
     match result {
-        Ok(parts) => {
-            let completed = CompletedMultipartUpload::builder()
-                .set_parts(Some(parts))
-                .build();
-            match bucket
-                .client
-                .complete_multipart_upload()
-                .bucket(bucket.name())
-                .key(key)
-                .upload_id(&upload_id)
-                .multipart_upload(completed)
-                .send()
-                .await
-            {
-                Ok(_) => {
-                    guard.armed = false;
-                    Ok(reader.total)
-                }
-                Err(e) => {
-                    guard.abort_now().await;
-                    Err(UploadError::Store(StoreError::from_sdk(e)))
-                }
+        Ok(parts) => match bucket.finish_multipart(key, &upload_id, parts).await {
+            Ok(()) => {
+                guard.armed = false;
+                Ok(reader.total)
             }
-        }
+            Err(e) => {
+                guard.abort_now().await;
+                Err(UploadError::Store(e))
+            }
+        },
         Err(e) => {
             guard.abort_now().await;
             Err(e)
@@ -158,7 +131,7 @@ pub async fn upload(
 }
 
 /// A stored part, and its buffer back when the SDK let go of it (for the next part).
-type PartOutcome = Result<(CompletedPart, Option<BytesMut>), StoreError>;
+type PartOutcome = Result<(Part, Option<BytesMut>), StoreError>;
 
 #[allow(clippy::too_many_arguments)]
 async fn send_parts(
@@ -170,7 +143,7 @@ async fn send_parts(
     part_size: usize,
     concurrency: usize,
     length: Option<u64>,
-) -> Result<Vec<CompletedPart>, UploadError> {
+) -> Result<Vec<Part>, UploadError> {
     let mut tasks: JoinSet<PartOutcome> = JoinSet::new();
     let mut done = Vec::new();
     // Part buffers come back from finished part uploads and are filled again: the allocator
@@ -201,13 +174,17 @@ async fn send_parts(
                 next.clear();
                 std::mem::replace(&mut pending, next).freeze()
             };
-            tasks.spawn(upload_part(
-                bucket.clone(),
-                key.to_owned(),
-                upload_id.to_owned(),
-                next_part,
-                part,
-            ));
+            // In the request's span: a part's log lines carry the upload's request id.
+            tasks.spawn(
+                upload_part(
+                    bucket.clone(),
+                    key.to_owned(),
+                    upload_id.to_owned(),
+                    next_part,
+                    part,
+                )
+                .in_current_span(),
+            );
             next_part += 1;
         }
         if eof {
@@ -218,13 +195,12 @@ async fn send_parts(
     while let Some(result) = tasks.join_next().await {
         done.push(joined(Some(result))?.0);
     }
-    done.sort_by_key(|p| p.part_number());
     Ok(done)
 }
 
 fn joined(
     result: Option<Result<PartOutcome, tokio::task::JoinError>>,
-) -> Result<(CompletedPart, Option<BytesMut>), UploadError> {
+) -> Result<(Part, Option<BytesMut>), UploadError> {
     match result {
         Some(Ok(Ok(part))) => Ok(part),
         Some(Ok(Err(e))) => Err(UploadError::Store(e)),
@@ -248,24 +224,8 @@ async fn upload_part(
     number: i32,
     data: Bytes,
 ) -> PartOutcome {
-    let len = data.len() as i64;
     let keep = data.clone();
-    let out = bucket
-        .client
-        .upload_part()
-        .bucket(bucket.name())
-        .key(&key)
-        .upload_id(&upload_id)
-        .part_number(number)
-        .content_length(len)
-        .body(ByteStream::from(data))
-        .send()
-        .await
-        .map_err(StoreError::from_sdk)?;
-    let part = CompletedPart::builder()
-        .part_number(number)
-        .set_e_tag(out.e_tag().map(str::to_owned))
-        .build();
+    let part = bucket.put_part(&key, &upload_id, number, data).await?;
     Ok((part, keep.try_into_mut().ok()))
 }
 
@@ -372,25 +332,18 @@ impl Drop for AbortGuard {
                 std::mem::take(&mut self.upload_id),
             );
             if let Ok(handle) = tokio::runtime::Handle::try_current() {
-                handle.spawn(async move { abort(&bucket, &key, &upload_id).await });
+                handle
+                    .spawn(async move { abort(&bucket, &key, &upload_id).await }.in_current_span());
             }
         }
     }
 }
 
 async fn abort(bucket: &Bucket, key: &str, upload_id: &str) {
-    match bucket
-        .client
-        .abort_multipart_upload()
-        .bucket(bucket.name())
-        .key(key)
-        .upload_id(upload_id)
-        .send()
-        .await
-    {
-        Ok(_) => tracing::info!(key, upload_id, "multipart upload aborted"),
+    match bucket.abort_multipart(key, upload_id).await {
+        Ok(()) => tracing::info!(key, upload_id, "multipart upload aborted"),
         Err(e) => {
-            tracing::warn!(key, upload_id, error = %StoreError::from_sdk(e), "aborting a multipart upload failed; the store's lifecycle rules must clean it up")
+            tracing::warn!(key, upload_id, error = %e, "aborting a multipart upload failed; the store's lifecycle rules must clean it up")
         }
     }
 }
