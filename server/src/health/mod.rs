@@ -1500,11 +1500,11 @@ mod tests {
             ranks: Vec::new(),
             workspace: None,
         };
-        beat.observe_metric("n", 3, "gpu_1_utilization_percentage", 0.0);
-        beat.observe_metric("n", 3, "gpu_1_idle_seconds", 120.0);
-        beat.observe_metric("n", 3, "container_memory_limit_megabytes", 65536.0);
-        beat.observe_metric("n", 3, "container_cpu_limit_cores", 8.0);
-        beat.observe_metric("n", 3, "gpu_99_idle_seconds", 1.0);
+        beat.observe_metric("n", 3, "gpu_1_utilization_percentage", 0.0, Some(1));
+        beat.observe_metric("n", 3, "gpu_1_idle_seconds", 120.0, Some(1));
+        beat.observe_metric("n", 3, "container_memory_limit_megabytes", 65536.0, Some(1));
+        beat.observe_metric("n", 3, "container_cpu_limit_cores", 8.0, Some(1));
+        beat.observe_metric("n", 3, "gpu_99_idle_seconds", 1.0, Some(1));
         beat.observe_tag(Some("n"), Some(3), "mlscope/rank-3/outcome", "oom_killed");
         beat.observe_tag(Some("n"), Some(3), "mlscope/rank-3/exit_code", "137");
         beat.observe_tag(Some("n"), Some(3), "mlscope/rank-3/pod", "train-3");
@@ -1516,6 +1516,8 @@ mod tests {
         assert_eq!(beat.ranks.len(), 1);
         let rank = &beat.ranks[0];
         assert_eq!(rank.gpus, 2);
+        // The idle clock with its sample's time, for the bill (GPU 99 is no device).
+        assert_eq!(rank.idle_readings, [(1, 1, 120.0)]);
         assert_eq!(rank.gpu_idle, [None, Some(120.0)]);
         assert_eq!(
             (rank.memory_limit_mb, rank.cpu_limit_cores),
@@ -1525,6 +1527,51 @@ mod tests {
         assert_eq!(
             (rank.exit_code, rank.pod.as_deref()),
             (Some(137), Some("train-3"))
+        );
+    }
+
+    #[test]
+    fn the_gpu_count_tag_and_sample_times_make_a_ranks_allocation_and_span() {
+        let mut beat = Beat::default();
+        beat.observe_time("n", 0, 5_000);
+        beat.observe_time("n", 0, 1_000);
+        beat.observe_tag(Some("n"), Some(0), "mlscope/rank-0/gpu_count", "8");
+        // Beyond any real device: capped.
+        beat.observe_tag(Some("n"), Some(1), "mlscope/rank-1/gpu_count", "100000");
+        assert_eq!(beat.ranks[0].sampled_between, Some((1_000, 5_000)));
+        assert_eq!(beat.ranks[0].gpus, 8);
+        assert_eq!(beat.ranks[1].gpus, MAX_GPUS_PER_RANK);
+    }
+
+    #[test]
+    fn the_idle_tag_names_ranks_and_gpus_idle_past_the_threshold() {
+        let row = |rank: i64, idle: &str| RankRow {
+            run_id: "r".into(),
+            node: "n".into(),
+            rank,
+            gpus: 2,
+            gpu_idle: Some(idle.into()),
+            gpu_idle_ms: Some(10_000),
+            ..RankRow::default()
+        };
+        let ranks = [row(0, "[0,1800]"), row(1, "[1800,10]")];
+        assert_eq!(
+            idle_gpus(&ranks, 10_000, 1800.0).as_deref(),
+            Some("rank-0:gpu1, rank-1:gpu0")
+        );
+        assert_eq!(idle_gpus(&ranks, 10_000, 3600.0), None);
+        let tags = bill_tags(&RunBill {
+            gpu_seconds: 7200.0,
+            idle_seconds: 1800.0,
+            ranks: Vec::new(),
+        });
+        assert_eq!(
+            tags,
+            [
+                ("mlscope.gpu_hours".to_owned(), "2.0000".to_owned()),
+                ("mlscope.gpu_idle_hours".to_owned(), "0.5000".to_owned()),
+                ("mlscope.gpu_idle_fraction".to_owned(), "0.2500".to_owned()),
+            ]
         );
     }
 

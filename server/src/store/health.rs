@@ -667,6 +667,99 @@ mod tests {
         );
     }
 
+    fn window(gpu: i64, first: (i64, f64), last: (i64, f64), idle_s: f64) -> GpuIdleRow {
+        GpuIdleRow {
+            run_id: "r".into(),
+            node: "n1".into(),
+            rank: 0,
+            gpu,
+            first_ms: first.0,
+            first_idle: first.1,
+            last_ms: last.0,
+            last_idle: last.1,
+            idle_s,
+        }
+    }
+
+    #[tokio::test]
+    async fn idle_windows_from_replicas_merge_in_sql_as_in_the_billing_rule() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = store(&dir).await;
+        // Idle from 0 on: the clock reads 60 s per minute. Windows arrive out of order.
+        store
+            .record_gpu_idle(&[window(0, (120_000, 120.0), (180_000, 180.0), 60.0)])
+            .await
+            .unwrap();
+        // After: bridged 180 -> 240 (60 s) plus its own 60 s.
+        store
+            .record_gpu_idle(&[window(0, (240_000, 240.0), (300_000, 300.0), 60.0)])
+            .await
+            .unwrap();
+        // Before: its own 60 s, bridged 60 -> 120 (60 s).
+        store
+            .record_gpu_idle(&[window(0, (0, 0.0), (60_000, 60.0), 60.0)])
+            .await
+            .unwrap();
+        // Overlapping (a sample another replica flushed late): nothing changes.
+        store
+            .record_gpu_idle(&[window(0, (90_000, 90.0), (90_000, 90.0), 0.0)])
+            .await
+            .unwrap();
+        // A clock that fell (a new idle stretch) and one that jumps past the gap, on GPU 1.
+        store
+            .record_gpu_idle(&[window(1, (0, 500.0), (0, 500.0), 0.0)])
+            .await
+            .unwrap();
+        store
+            .record_gpu_idle(&[window(1, (60_000, 30.0), (60_000, 30.0), 0.0)])
+            .await
+            .unwrap();
+        store
+            .record_gpu_idle(&[window(1, (120_000, 99_999.0), (120_000, 99_999.0), 0.0)])
+            .await
+            .unwrap();
+        let rows = store.gpu_idle_of_run("r").await.unwrap();
+        assert_eq!(rows.len(), 2);
+        assert_eq!(
+            (rows[0].first_ms, rows[0].last_ms, rows[0].idle_s),
+            (0, 300_000, 300.0)
+        );
+        assert_eq!((rows[1].last_idle, rows[1].idle_s), (99_999.0, 90.0));
+    }
+
+    #[tokio::test]
+    async fn a_run_is_queued_for_its_bill_once_and_billed_by_one_claimant() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = store(&dir).await;
+        store
+            .queue_bill("r", "FINISHED", Some(5_000), 10_000)
+            .await
+            .unwrap();
+        // The sweep's verdict later: the first entry stays.
+        store.queue_bill("r", "lost", Some(9_000), 0).await.unwrap();
+        assert!(store.due_bills(9_999, 10).await.unwrap().is_empty());
+        let due = store.due_bills(10_000, 10).await.unwrap();
+        assert_eq!(
+            (due[0].ended_by.as_str(), due[0].end_ms),
+            ("FINISHED", Some(5_000))
+        );
+        assert!(store.claim_bill("r", "a", 10_000, 1).await.unwrap());
+        assert!(!store.claim_bill("r", "b", 10_100, 1).await.unwrap());
+        // a died: b takes the claim over once it is old enough; a can no longer finish it.
+        assert!(store.claim_bill("r", "b", 200_000, 100_000).await.unwrap());
+        assert!(!store.finish_bill("r", "a", 1.0, 0.5).await.unwrap());
+        assert!(store.finish_bill("r", "b", 7_200.0, 3_600.0).await.unwrap());
+        assert!(!store.claim_bill("r", "c", 900_000, 800_000).await.unwrap());
+        let bill = store.bill_of("r").await.unwrap().unwrap();
+        assert_eq!(
+            (bill.done, bill.gpu_seconds, bill.idle_seconds),
+            (1, Some(7_200.0), Some(3_600.0))
+        );
+        // An ended run is no longer open for the sweep.
+        store.record_ranks(&[beat("r", 0, 1, 2)]).await.unwrap();
+        assert!(store.ranks_of_open_runs(0, 10).await.unwrap().is_empty());
+    }
+
     #[tokio::test]
     async fn one_holder_at_a_time_until_the_lease_expires() {
         let dir = tempfile::tempdir().unwrap();
