@@ -560,15 +560,17 @@ impl Health {
                     .await;
             }
         }
-        self.bill_due(now_ms).await;
+        let billed = self.bill_due(now_ms).await;
         let live = by_run(&rows)
             .filter(|ranks| ranks.iter().any(|r| r.last_heard_ms >= now_ms - stale_ms))
+            .filter(|ranks| !billed.contains(&ranks[0].run_id))
             .take(MAX_GAUGE_RUNS);
         self.mark_idle_gpus(live, now_ms).await;
     }
 
-    /// Bills every run whose bill is due, each claimed first so that one replica bills it.
-    async fn bill_due(&self, now_ms: i64) {
+    /// Bills every run whose bill is due, each claimed first so that one replica bills it;
+    /// returns the runs due (ended: no idle-GPU tag for them any more).
+    async fn bill_due(&self, now_ms: i64) -> std::collections::HashSet<String> {
         let due = match self
             .inner
             .store
@@ -579,9 +581,10 @@ impl Health {
             Err(error) => {
                 tracing::warn!(%error, "reading due bills failed");
                 self.inner.metrics.health_error("store");
-                return;
+                return Default::default();
             }
         };
+        let ended = due.iter().map(|b| b.run_id.clone()).collect();
         let abandoned_before = now_ms - 4 * self.inner.config.sweep_interval.as_millis() as i64;
         for bill in due {
             match self
@@ -603,6 +606,7 @@ impl Health {
                 }
             }
         }
+        ended
     }
 
     /// Bills one claimed run: its figures as run tags, the fleet counters, the bill row done.
