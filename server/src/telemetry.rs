@@ -389,7 +389,7 @@ impl Metrics {
         );
         registry.register(
             "runs_billed",
-            "Runs whose GPU bill this replica wrote (once per run across replicas)",
+            "Runs with GPUs whose bill this replica wrote (each run is billed by one replica, once)",
             health.runs_billed.clone(),
         );
         registry.register(

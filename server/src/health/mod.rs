@@ -682,7 +682,9 @@ impl Health {
                 for (model, busy, idle) in bill.by_model() {
                     self.inner.metrics.gpu_seconds(&model, busy, idle);
                 }
-                self.inner.metrics.run_billed();
+                if holds_gpus {
+                    self.inner.metrics.run_billed();
+                }
                 tracing::info!(
                     run_id,
                     ended_by = claimed.ended_by,
