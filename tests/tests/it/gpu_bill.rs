@@ -250,8 +250,13 @@ async fn a_run_ended_by_its_client_is_billed_its_gpu_hours_and_a_silent_rank_to_
     );
     assert_eq!(counter(&[&proxy], "mlscope_runs_billed_total").await, 2.0);
     // The idle tag written while the run was live went with its end; no write failed.
-    assert!(!run_tags(mlflow, &whole).await.contains_key("mlscope.gpus_idle"));
-    assert_eq!(counter(&[&proxy], "mlscope_health_sweep_errors_total").await, 0.0);
+    assert!(!run_tags(mlflow, &whole)
+        .await
+        .contains_key("mlscope.gpus_idle"));
+    assert_eq!(
+        counter(&[&proxy], "mlscope_health_sweep_errors_total").await,
+        0.0
+    );
 }
 
 /// (c) a run whose only rank vanished is judged lost by the sweep, ended at its last heartbeat,
@@ -383,5 +388,8 @@ async fn idle_gpus_of_a_live_run_are_named_in_a_tag_that_goes_when_they_work_aga
     let (_, view) = health_view(&proxy, &run_id).await;
     assert!(view["gpus_idle_tag"].is_null(), "{view}");
     assert_eq!(view["bill"], "running", "{view}");
-    assert_eq!(counter(&[&proxy], "mlscope_health_sweep_errors_total").await, 0.0);
+    assert_eq!(
+        counter(&[&proxy], "mlscope_health_sweep_errors_total").await,
+        0.0
+    );
 }
