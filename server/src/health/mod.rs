@@ -1152,9 +1152,18 @@ impl Health {
         let config = &self.inner.config;
         let idle_after = config.gpu_idle_after.as_secs_f64();
         let judgement = judge(&ranks, now_ms, config.stale_after);
+        // The bill so far (a live run), or as billed (an ended one: the figures of its tags).
+        let billed = self
+            .inner
+            .store
+            .bill_of(run_id)
+            .await
+            .map_err(|e| e.to_string())?;
         let state = match (&verdict, &judgement) {
             (Some(v), _) if v.done == 1 => "judged",
             (Some(_), _) => "being_judged",
+            // Its client ended it through the proxy: the sweep leaves it alone.
+            (None, _) if billed.is_some() => "ended",
             (None, Some(_)) => "dead",
             (None, None) if ranks.iter().all(|r| r.outcome.is_some()) => "ended",
             (None, None) => "live",
@@ -1168,13 +1177,6 @@ impl Health {
                 .filter(|s| s.is_some_and(|s| s >= idle_after))
                 .count();
         }
-        // The bill so far (a live run), or as billed (an ended one: the figures of its tags).
-        let billed = self
-            .inner
-            .store
-            .bill_of(run_id)
-            .await
-            .map_err(|e| e.to_string())?;
         let idle_rows = self
             .inner
             .store
@@ -1412,7 +1414,8 @@ enum Acted {
 #[derive(Debug, Serialize)]
 pub struct RunHealth {
     pub run_id: String,
-    /// `live`, `ended` (every rank reported its end), `dead` (judged by the next sweep),
+    /// `live`, `ended` (every rank reported its end, or the client ended the run through the
+    /// proxy), `dead` (judged by the next sweep),
     /// `being_judged`, `judged`.
     pub state: &'static str,
     pub outcome: Option<String>,

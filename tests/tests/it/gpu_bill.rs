@@ -229,7 +229,11 @@ async fn a_run_ended_by_its_client_is_billed_its_gpu_hours_and_a_silent_rank_to_
 
     // The health view shows what the tags say; the fleet counters have both runs.
     let (_, view) = health_view(&proxy, &whole).await;
-    assert_eq!(view["bill"], "billed", "{view}");
+    assert_eq!(
+        (view["state"].as_str(), view["bill"].as_str()),
+        (Some("ended"), Some("billed")),
+        "{view}"
+    );
     assert!(
         (view["gpu_hours"].as_f64().unwrap() - 8.0).abs() < 0.16,
         "{view}"
