@@ -517,6 +517,15 @@ async fn with_mlflow_authentication_the_sweep_acts_only_with_its_service_credent
     assert_eq!(heartbeat(&without, &refused, true).await, 200);
     // MLflow refuses the anonymous client: 401, and nothing is recorded for the run.
     assert_eq!(heartbeat(&with_credential, &intruded, false).await, 401);
+    // Nor may it end another user's run to have it billed (and left alone by the sweep): MLflow
+    // refuses the update, so `ended` is still judged lost below.
+    let forged_end = http()
+        .post(format!("{}/api/2.0/mlflow/runs/update", with_credential.url))
+        .json(&json!({"run_id": ended, "status": "FINISHED", "end_time": now_ms()}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(forged_end.status(), 401);
 
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
