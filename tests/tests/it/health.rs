@@ -520,7 +520,10 @@ async fn with_mlflow_authentication_the_sweep_acts_only_with_its_service_credent
     // Nor may it end another user's run to have it billed (and left alone by the sweep): MLflow
     // refuses the update, so `ended` is still judged lost below.
     let forged_end = http()
-        .post(format!("{}/api/2.0/mlflow/runs/update", with_credential.url))
+        .post(format!(
+            "{}/api/2.0/mlflow/runs/update",
+            with_credential.url
+        ))
         .json(&json!({"run_id": ended, "status": "FINISHED", "end_time": now_ms()}))
         .send()
         .await
