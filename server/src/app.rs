@@ -18,6 +18,7 @@ use tokio::net::TcpListener;
 use crate::artifacts::{self, legacy_listing};
 use crate::authz::{AuthMode, Authorizer};
 use crate::config::Config;
+use crate::health;
 use crate::layers::{self, ConcurrencyLimit};
 use crate::proxy;
 use crate::rewrite;
@@ -46,7 +47,9 @@ pub fn app(state: AppState, max_in_flight: usize) -> Router {
                 &format!("{prefix}/runs/log-parameter"),
                 post(rewrite::log_pair),
             )
-            .route(&format!("{prefix}/runs/set-tag"), post(rewrite::log_pair));
+            .route(&format!("{prefix}/runs/set-tag"), post(rewrite::log_pair))
+            // Run health: a run its client ended is billed.
+            .route(&format!("{prefix}/runs/update"), post(health::update_run));
     }
     let mut router = Router::new().merge(writes);
     match &state.artifacts {

@@ -34,13 +34,15 @@ const CAPABILITIES: &[&str] = &[
 
 /// The named seams between capabilities: (who, whom). The metric routes hand prepared writes to
 /// the coalescer, node samples to deduplication and beats to run health; whoever acts for a
-/// client asks MLflow through the authorizer.
+/// client asks MLflow through the authorizer; run health writes its tags through the coalescer.
 pub(crate) const SEAMS: &[(&str, &str)] = &[
     ("rewrite", "coalesce"),
     ("rewrite", "dedup"),
     ("rewrite", "health"),
     ("rewrite", "authz"),
     ("artifacts", "authz"),
+    // Run health's own tags (the GPU bill, idle GPUs) join their run's write queue.
+    ("health", "coalesce"),
 ];
 
 /// The shell: may import anything.

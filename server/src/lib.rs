@@ -20,9 +20,11 @@
 //! - the metric routes: [`rewrite`] (the scope contract), [`dedup`] (one reporter per node) and
 //!   [`coalesce`] (merged writes per run);
 //! - [`artifacts`], the gateway on an S3-compatible store; [`health`], heartbeats and the
-//!   stale-run sweep; [`fairshare`], each client's share of MLflow's writes;
+//!   stale-run sweep, the GPU bill; [`fairshare`], each client's share of MLflow's writes;
 //! - [`authz`], the seam every capability that acts for a client uses: it asks MLflow, with the
-//!   client's credentials, whether what the proxy does itself is allowed.
+//!   client's credentials, whether what the proxy does itself is allowed;
+//! - run health writes its own run tags (the GPU bill, idle GPUs) through [`coalesce`], so they
+//!   join the run's write queue.
 //!
 //! **The shell** composes them: [`config`] gathers every component's settings, [`state`] builds the
 //! components, [`app`] is the route table (which requests a capability answers, with [`layers`]

@@ -75,16 +75,17 @@ impl AppState {
         if config.health.enabled {
             rewriter = rewriter.with_beats();
         }
+        let coalescer = Coalescer::new(config.coalesce, forwarder.clone(), metrics.clone());
         let health = Health::new(
             config.health.clone(),
             store.clone(),
             forwarder.clone(),
+            coalescer.clone(),
             metrics.clone(),
             replica.id.clone(),
         );
         let rewriter = Arc::new(rewriter);
         let upstream_version = UpstreamVersion::default();
-        let coalescer = Coalescer::new(config.coalesce, forwarder.clone(), metrics.clone());
         let artifacts = match &authorizer {
             Some(authz) => {
                 Gateway::new(

@@ -3,7 +3,7 @@
 //! Logs never carry request headers, so `Authorization` and cookies cannot leak into them.
 
 use std::io::IsTerminal;
-use std::sync::atomic::AtomicI64;
+use std::sync::atomic::{AtomicI64, AtomicU64};
 use std::sync::Arc;
 
 use prometheus_client::encoding::EncodeLabelSet;
@@ -124,6 +124,21 @@ struct HealthMetrics {
     judged: Family<JudgedLabels, Counter>,
     heartbeats_dropped: Counter,
     sweep_errors: Family<ReasonLabels, Counter>,
+    gpu_seconds: Family<GpuLabels, Counter<f64, AtomicU64>>,
+    runs_billed: Counter,
+    /// GPU models that have a label; beyond [`MAX_GPU_MODELS`] they count as `other`.
+    gpu_models: Arc<std::sync::Mutex<std::collections::HashSet<String>>>,
+}
+
+/// Distinct `model` labels of `mlscope_gpu_seconds_total` (the model comes from the collector's
+/// tag, so a client could invent any number of them).
+const MAX_GPU_MODELS: usize = 32;
+
+/// GPU seconds billed, by model and by whether the GPUs worked.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct GpuLabels {
+    pub model: String,
+    pub state: &'static str,
 }
 
 /// One live run. Only runs heard from within `--run-stale-after`, at most
@@ -371,7 +386,20 @@ impl Metrics {
             judged: Family::default(),
             heartbeats_dropped: Counter::default(),
             sweep_errors: Family::default(),
+            gpu_seconds: Family::default(),
+            runs_billed: Counter::default(),
+            gpu_models: Default::default(),
         };
+        registry.register(
+            "gpu_seconds",
+            "GPU seconds of billed runs (counted when a run is billed, at its end), by GPU model and state (busy, idle: the collector's idle clock)",
+            health.gpu_seconds.clone(),
+        );
+        registry.register(
+            "runs_billed",
+            "Runs with GPUs whose bill this replica wrote (each run is billed by one replica, once)",
+            health.runs_billed.clone(),
+        );
         registry.register(
             "run_gpus_allocated",
             "GPUs the ranks of a live run report (runs heard from within --run-stale-after)",
@@ -551,6 +579,35 @@ impl Metrics {
             .judged
             .get_or_create(&JudgedLabels { outcome, action })
             .inc();
+    }
+
+    /// Adds one billed run's busy and idle GPU seconds of one GPU model.
+    pub fn gpu_seconds(&self, model: &str, busy: f64, idle: f64) {
+        let model: String = model.chars().take(64).collect();
+        let model = {
+            let mut models = self.health.gpu_models.lock().expect("gpu models");
+            if models.contains(&model) || models.len() < MAX_GPU_MODELS {
+                models.insert(model.clone());
+                model
+            } else {
+                "other".to_owned()
+            }
+        };
+        for (state, seconds) in [("busy", busy), ("idle", idle)] {
+            if seconds.is_finite() && seconds > 0.0 {
+                self.health
+                    .gpu_seconds
+                    .get_or_create(&GpuLabels {
+                        model: model.clone(),
+                        state,
+                    })
+                    .inc_by(seconds);
+            }
+        }
+    }
+
+    pub fn run_billed(&self) {
+        self.health.runs_billed.inc();
     }
 
     pub fn store_reachable(&self, up: bool) {

@@ -335,6 +335,11 @@ impl Engines {
                 config.health.clone(),
                 store,
                 Forwarder::new(&config.forwarder(), metrics.clone()),
+                mlscope_proxy::coalesce::Coalescer::new(
+                    config.coalesce,
+                    Forwarder::new(&config.forwarder(), metrics.clone()),
+                    metrics.clone(),
+                ),
                 metrics,
                 "bench".into(),
             ),

@@ -349,7 +349,8 @@ struct Cli {
     #[arg(long, env = "MLSCOPE_STALE_RUN_ACTION", value_enum)]
     stale_run_action: Option<StaleAction>,
     /// A GPU idle (utilisation and memory activity under the collector's threshold) this long
-    /// counts as idle in /metrics and /runs/{id}/health [default: 30m].
+    /// counts as idle in /metrics, /runs/{id}/health and the run's mlscope.gpus_idle tag
+    /// [default: 30m].
     #[arg(long, env = "MLSCOPE_GPU_IDLE_AFTER", value_parser = parse_duration, value_name = "DURATION")]
     gpu_idle_after: Option<Duration>,
     /// How often the stale-run sweep runs (on one replica at a time) and the run gauges are

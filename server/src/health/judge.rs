@@ -207,6 +207,8 @@ mod tests {
             workspace: None,
             last_write_ms: None,
             last_sample_ms: None,
+            bill_first_ms: None,
+            bill_last_ms: None,
         }
     }
 

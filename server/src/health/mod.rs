@@ -2,9 +2,13 @@
 //! rank); the collector's wrapper reports how a rank ended; the collector reports placement and
 //! GPU idleness. Heartbeats gather in memory and go to the store in batches; a sweep, one
 //! replica at a time, finds runs still `RUNNING` in MLflow whose ranks all went silent or failed,
-//! and tags (and by default ends) them. `GET /runs/{run_id}/health` on the admin listener and
-//! Prometheus gauges show live runs and their idle GPUs.
+//! and tags (and by default ends) them. Every run that ends (its client's `runs/update` through
+//! the proxy, or the sweep's verdict) is billed once: GPU hours held and idle ([`bill`]), as run
+//! tags and fleet counters; a live run holding GPUs idle past `--gpu-idle-after` carries a tag
+//! naming them. `GET /runs/{run_id}/health` on the admin listener and Prometheus gauges show live
+//! runs, their idle GPUs and their bill so far.
 
+pub mod bill;
 pub mod judge;
 
 use std::collections::HashMap;
@@ -15,9 +19,20 @@ use http::{HeaderMap, Method, StatusCode};
 use serde::Serialize;
 use serde_json::{json, Value};
 
+use std::net::SocketAddr;
+
+use axum::body::Body;
+use axum::extract::{ConnectInfo, Request, State};
+use axum::response::Response;
+use http_body_util::BodyExt;
+
+use crate::coalesce::Coalescer;
 use crate::proxy::Forwarder;
-use crate::store::{unix_millis, RankRow, Store, VerdictRow, SUPERSEDE_AFTER_MS};
+use crate::store::{
+    unix_millis, BillRow, GpuIdleRow, RankRow, Store, VerdictRow, SUPERSEDE_AFTER_MS,
+};
 use crate::telemetry::Metrics;
+use bill::{Clip, IdleWindow, RunBill};
 
 pub use judge::{judge, Judgement, Outcome};
 
@@ -37,6 +52,12 @@ const MAX_TAG_VALUE: usize = 5_000;
 const SWEEP_LEASE: &str = "stale-run-sweep";
 /// GPU indexes read from keys (`gpu_<i>_...`): beyond this an index is not a real device.
 const MAX_GPUS_PER_RANK: i64 = 64;
+/// Bills carried out per sweep.
+const MAX_BILLS_PER_SWEEP: i64 = 200;
+/// The tag naming a live run's GPUs idle past `--gpu-idle-after`.
+pub const IDLE_TAG: &str = "mlscope.gpus_idle";
+/// The longest answer of MLflow read back for the proxy's own writes.
+const MAX_ANSWER_BYTES: usize = 1 << 20;
 
 /// What the sweep does with a dead run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Deserialize)]
@@ -112,6 +133,10 @@ pub struct RankBeat {
     pub gpu_model: Option<String>,
     /// Whether the request carried system samples of this rank (not only its tags).
     pub sampled: bool,
+    /// Timestamps (the sender's, unix ms) of the rank's system samples: earliest and latest.
+    pub sampled_between: Option<(i64, i64)>,
+    /// Each idle-clock reading: (GPU index, timestamp, idle seconds).
+    pub idle_readings: Vec<(i64, i64, f64)>,
 }
 
 impl Beat {
@@ -145,12 +170,23 @@ impl Beat {
     }
 
     /// Reads one system metric of a rank: GPU count and idleness, container limits.
-    pub fn observe_metric(&mut self, node: &str, rank: i64, name: &str, value: f64) {
+    /// `at_ms` is the sample's timestamp, when its value is read (idle clocks are billed by it).
+    pub fn observe_metric(
+        &mut self,
+        node: &str,
+        rank: i64,
+        name: &str,
+        value: f64,
+        at_ms: Option<i64>,
+    ) {
         let entry = self.rank_mut(node, rank);
         entry.sampled = true;
         if let Some((index, suffix)) = gpu_name(name) {
             entry.gpus = entry.gpus.max(index + 1);
             if suffix == "idle_seconds" && value.is_finite() && value >= 0.0 {
+                if let Some(at) = at_ms {
+                    entry.idle_readings.push((index, at, value));
+                }
                 let index = index as usize;
                 if entry.gpu_idle.len() <= index {
                     entry.gpu_idle.resize(index + 1, None);
@@ -164,6 +200,15 @@ impl Beat {
                 _ => {}
             }
         }
+    }
+
+    /// Notes the timestamp of one system sample of a rank (its billed span).
+    pub fn observe_time(&mut self, node: &str, rank: i64, at_ms: i64) {
+        let entry = self.rank_mut(node, rank);
+        entry.sampled_between = Some(match entry.sampled_between {
+            Some((first, last)) => (first.min(at_ms), last.max(at_ms)),
+            None => (at_ms, at_ms),
+        });
     }
 
     /// Reads one run tag: the collector's `mlscope/rank-<r>/<fact>`, taken only from rank `r`
@@ -197,6 +242,11 @@ impl Beat {
             "exit_code" => entry.exit_code = value.parse().ok(),
             "pod" => entry.pod = Some(value),
             "gpu_model" => entry.gpu_model = Some(value),
+            "gpu_count" => {
+                if let Ok(count) = value.parse::<i64>() {
+                    entry.gpus = entry.gpus.max(count.clamp(0, MAX_GPUS_PER_RANK));
+                }
+            }
             _ => {}
         }
     }
@@ -220,9 +270,14 @@ struct Inner {
     config: HealthConfig,
     store: Store,
     forwarder: Forwarder,
+    /// The proxy's own tag writes join their run's write queue, so they keep their order with
+    /// the client's writes and never overlap them at MLflow.
+    coalescer: Coalescer,
     metrics: Metrics,
     replica_id: String,
     pending: Mutex<HashMap<(String, String, i64), RankRow>>,
+    /// Idle-clock windows per (run, node, rank, GPU) since the last flush.
+    pending_idle: Mutex<HashMap<(String, String, i64, i64), IdleWindow>>,
     /// Runs written to (any accepted metric write) since the last flush, with the latest time.
     writes: Mutex<HashMap<String, i64>>,
 }
@@ -232,6 +287,7 @@ impl Health {
         config: HealthConfig,
         store: Store,
         forwarder: Forwarder,
+        coalescer: Coalescer,
         metrics: Metrics,
         replica_id: String,
     ) -> Self {
@@ -240,9 +296,11 @@ impl Health {
                 config,
                 store,
                 forwarder,
+                coalescer,
                 metrics,
                 replica_id,
                 pending: Mutex::new(HashMap::new()),
+                pending_idle: Mutex::new(HashMap::new()),
                 writes: Mutex::new(HashMap::new()),
             }),
         }
@@ -254,6 +312,25 @@ impl Health {
 
     /// Records what an accepted request said, as heard at `now_ms`. Cheap: memory only.
     pub fn record(&self, beat: Beat, now_ms: i64) {
+        // A sample stamped in the future (a wrong clock, or a forged one) counts as heard now.
+        let at = |ms: i64| if ms > 0 { ms.min(now_ms) } else { now_ms };
+        {
+            let mut pending_idle = self.inner.pending_idle.lock().expect("health lock");
+            for rank in &beat.ranks {
+                let mut readings = rank.idle_readings.clone();
+                readings.sort_by_key(|&(gpu, ms, _)| (gpu, ms));
+                for (gpu, ms, idle) in readings {
+                    let key = (beat.run_id.clone(), rank.node.clone(), rank.rank, gpu);
+                    if let Some(window) = pending_idle.get_mut(&key) {
+                        window.push(at(ms), idle);
+                    } else if pending_idle.len() < MAX_PENDING_RANKS {
+                        pending_idle.insert(key, IdleWindow::new(at(ms), idle));
+                    } else {
+                        self.inner.metrics.heartbeat_dropped();
+                    }
+                }
+            }
+        }
         let mut pending = self.inner.pending.lock().expect("health lock");
         for rank in beat.ranks {
             let key = (beat.run_id.clone(), rank.node.clone(), rank.rank);
@@ -275,6 +352,11 @@ impl Health {
             if now_ms > entry.last_heard_ms {
                 entry.interval_ms = Some(now_ms - entry.last_heard_ms);
                 entry.last_heard_ms = now_ms;
+            }
+            if let Some((first, last)) = rank.sampled_between {
+                let (first, last) = (at(first), at(last));
+                entry.bill_first_ms = Some(entry.bill_first_ms.map_or(first, |f| f.min(first)));
+                entry.bill_last_ms = Some(entry.bill_last_ms.map_or(last, |l| l.max(last)));
             }
             if rank.sampled {
                 entry.last_sample_ms = Some(now_ms);
@@ -329,6 +411,51 @@ impl Health {
     pub async fn flush(&self) {
         self.flush_writes().await;
         self.flush_ranks().await;
+        self.flush_idle().await;
+    }
+
+    async fn flush_idle(&self) {
+        let windows: Vec<GpuIdleRow> = {
+            let mut pending = self.inner.pending_idle.lock().expect("health lock");
+            if pending.is_empty() {
+                return;
+            }
+            pending
+                .drain()
+                .map(|((run_id, node, rank, gpu), w)| GpuIdleRow {
+                    run_id,
+                    node,
+                    rank,
+                    gpu,
+                    first_ms: w.first_ms,
+                    first_idle: w.first_idle,
+                    last_ms: w.last_ms,
+                    last_idle: w.last_idle,
+                    idle_s: w.idle_s,
+                })
+                .collect()
+        };
+        if let Err(error) = self.inner.store.record_gpu_idle(&windows).await {
+            tracing::warn!(%error, gpus = windows.len(), "recording GPU idle clocks failed; kept for the next flush");
+            self.inner.metrics.health_error("store");
+            let mut pending = self.inner.pending_idle.lock().expect("health lock");
+            for row in windows {
+                let window = row.window();
+                let key = (row.run_id, row.node, row.rank, row.gpu);
+                let room = pending.len() < MAX_PENDING_RANKS;
+                match pending.get_mut(&key) {
+                    Some(newer) => {
+                        let mut merged = window;
+                        merged.merge(newer);
+                        *newer = merged;
+                    }
+                    None if room => {
+                        pending.insert(key, window);
+                    }
+                    None => {}
+                }
+            }
+        }
     }
 
     async fn flush_writes(&self) {
@@ -433,6 +560,316 @@ impl Health {
                     .await;
             }
         }
+        let billed = self.bill_due(now_ms).await;
+        let live = by_run(&rows)
+            .filter(|ranks| ranks.iter().any(|r| r.last_heard_ms >= now_ms - stale_ms))
+            .filter(|ranks| !billed.contains(&ranks[0].run_id))
+            .take(MAX_GAUGE_RUNS);
+        self.mark_idle_gpus(live, now_ms).await;
+    }
+
+    /// Bills every run whose bill is due, each claimed first so that one replica bills it;
+    /// returns the runs due (ended: no idle-GPU tag for them any more).
+    async fn bill_due(&self, now_ms: i64) -> std::collections::HashSet<String> {
+        let due = match self
+            .inner
+            .store
+            .due_bills(now_ms, MAX_BILLS_PER_SWEEP)
+            .await
+        {
+            Ok(due) => due,
+            Err(error) => {
+                tracing::warn!(%error, "reading due bills failed");
+                self.inner.metrics.health_error("store");
+                return Default::default();
+            }
+        };
+        let ended = due.iter().map(|b| b.run_id.clone()).collect();
+        let abandoned_before = now_ms - 4 * self.inner.config.sweep_interval.as_millis() as i64;
+        for bill in due {
+            match self
+                .inner
+                .store
+                .claim_bill(
+                    &bill.run_id,
+                    &self.inner.replica_id,
+                    now_ms,
+                    abandoned_before,
+                )
+                .await
+            {
+                Ok(true) => self.bill_run(&bill).await,
+                Ok(false) => {}
+                Err(error) => {
+                    tracing::warn!(%error, run_id = bill.run_id, "claiming a bill failed");
+                    self.inner.metrics.health_error("store");
+                }
+            }
+        }
+        ended
+    }
+
+    /// Bills one claimed run: its figures as run tags, the fleet counters, the bill row done.
+    /// A failure leaves the claim to be taken over in a later sweep.
+    async fn bill_run(&self, claimed: &BillRow) {
+        let run_id = claimed.run_id.as_str();
+        let (ranks, idle) = match (
+            self.inner.store.ranks_of_run(run_id).await,
+            self.inner.store.gpu_idle_of_run(run_id).await,
+        ) {
+            (Ok(ranks), Ok(idle)) => (ranks, idle),
+            (Err(error), _) | (_, Err(error)) => {
+                tracing::warn!(%error, run_id, "reading a run to bill failed");
+                self.inner.metrics.health_error("store");
+                return;
+            }
+        };
+        let headers = self.run_headers(&ranks);
+        let query = format!("/api/2.0/mlflow/runs/get?run_id={}", percent_encode(run_id));
+        let run = match self.call(Method::GET, &query, &headers, None).await {
+            Ok(run) => run,
+            Err((reason, error)) => {
+                tracing::warn!(run_id, error, "reading a run to bill failed; retried later");
+                self.inner.metrics.health_error(reason);
+                return;
+            }
+        };
+        let int = |v: &Value| v.as_i64().or_else(|| v.as_str()?.parse().ok());
+        let info = &run["run"]["info"];
+        let mlflow_end = int(&info["end_time"]).filter(|&ms| ms > 0);
+        let clip = Clip {
+            start_ms: int(&info["start_time"]).filter(|&ms| ms > 0),
+            end_ms: match (claimed.end_ms, mlflow_end) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            },
+        };
+        let bill = bill::bill(&ranks, &idle, clip);
+        let holds_gpus = bill.ranks.iter().any(|r| r.gpus > 0);
+        if holds_gpus {
+            if let Err((reason, error)) = self.write_tags(run_id, &headers, &bill_tags(&bill)).await
+            {
+                tracing::warn!(
+                    run_id,
+                    error,
+                    "writing a run's GPU bill failed; retried later"
+                );
+                self.inner.metrics.health_error(reason);
+                return;
+            }
+        }
+        // The run ended: its idle-GPU tag goes with it.
+        if let Err((reason, error)) = self.clear_idle_tag(run_id, &headers).await {
+            tracing::warn!(
+                run_id,
+                error,
+                "removing the idle-GPU tag of an ended run failed"
+            );
+            self.inner.metrics.health_error(reason);
+        }
+        match self
+            .inner
+            .store
+            .finish_bill(
+                run_id,
+                &self.inner.replica_id,
+                bill.gpu_seconds,
+                bill.idle_seconds,
+            )
+            .await
+        {
+            Ok(true) => {
+                for (model, busy, idle) in bill.by_model() {
+                    self.inner.metrics.gpu_seconds(&model, busy, idle);
+                }
+                if holds_gpus {
+                    self.inner.metrics.run_billed();
+                }
+                tracing::info!(
+                    run_id,
+                    ended_by = claimed.ended_by,
+                    gpu_hours = bill.gpu_hours(),
+                    gpu_idle_hours = bill.idle_hours(),
+                    "run billed"
+                );
+            }
+            // Another replica took the claim over meanwhile: it counts the run.
+            Ok(false) => {}
+            Err(error) => {
+                tracing::warn!(%error, run_id, "recording a bill failed");
+                self.inner.metrics.health_error("store");
+            }
+        }
+    }
+
+    /// Names the GPUs of each live run idle past `--gpu-idle-after` in its [`IDLE_TAG`], written
+    /// when the set changes (the store remembers what was written, whichever replica sweeps) and
+    /// deleted when they all work again or the run is no longer live.
+    async fn mark_idle_gpus<'a>(&self, live: impl Iterator<Item = &'a [RankRow]>, now_ms: i64) {
+        let written = match self.inner.store.idle_tags(2 * MAX_GAUGE_RUNS as i64).await {
+            Ok(rows) => rows,
+            Err(error) => {
+                tracing::warn!(%error, "reading idle-GPU tags failed");
+                self.inner.metrics.health_error("store");
+                return;
+            }
+        };
+        let mut written: HashMap<String, String> = written.into_iter().collect();
+        let idle_after = self.inner.config.gpu_idle_after.as_secs_f64();
+        for ranks in live {
+            let run_id = ranks[0].run_id.as_str();
+            let value = idle_gpus(ranks, now_ms, idle_after);
+            let before = written.remove(run_id);
+            if before.as_deref() == value.as_deref() {
+                continue;
+            }
+            let headers = self.run_headers(ranks);
+            let done = match &value {
+                Some(value) => {
+                    let tags = [(IDLE_TAG.to_owned(), value.clone())];
+                    match self.write_tags(run_id, &headers, &tags).await {
+                        Ok(()) => self
+                            .inner
+                            .store
+                            .set_idle_tag(run_id, Some(value), now_ms)
+                            .await
+                            .map(|_| ())
+                            .map_err(|e| ("store", e.to_string())),
+                        Err(e) => Err(e),
+                    }
+                }
+                None => self.clear_idle_tag(run_id, &headers).await,
+            };
+            if let Err((reason, error)) = done {
+                tracing::warn!(
+                    run_id,
+                    error,
+                    "updating the idle-GPU tag failed; retried next sweep"
+                );
+                self.inner.metrics.health_error(reason);
+            }
+        }
+        // Tags of runs no longer live (silent, or ended without a bill yet).
+        for run_id in written.into_keys() {
+            let ranks = self
+                .inner
+                .store
+                .ranks_of_run(&run_id)
+                .await
+                .unwrap_or_default();
+            let headers = self.run_headers(&ranks);
+            if let Err((reason, error)) = self.clear_idle_tag(&run_id, &headers).await {
+                tracing::warn!(run_id, error, "removing an idle-GPU tag failed");
+                self.inner.metrics.health_error(reason);
+            }
+        }
+    }
+
+    /// Deletes the run's [`IDLE_TAG`] in MLflow when the store says it was written.
+    async fn clear_idle_tag(
+        &self,
+        run_id: &str,
+        headers: &HeaderMap,
+    ) -> Result<(), (&'static str, String)> {
+        let written = self
+            .inner
+            .store
+            .idle_tags_of(run_id)
+            .await
+            .map_err(|e| ("store", e.to_string()))?;
+        if !written {
+            return Ok(());
+        }
+        match self
+            .call(
+                Method::POST,
+                "/api/2.0/mlflow/runs/delete-tag",
+                headers,
+                Some(json!({"run_id": run_id, "key": IDLE_TAG})),
+            )
+            .await
+        {
+            Ok(_) => {}
+            // Already gone (deleted by someone, or never stored): nothing left to remove.
+            Err((_, error)) if error.contains("RESOURCE_DOES_NOT_EXIST") => {}
+            Err(e) => return Err(e),
+        }
+        self.inner
+            .store
+            .set_idle_tag(run_id, None, 0)
+            .await
+            .map_err(|e| ("store", e.to_string()))
+    }
+
+    /// Writes run tags through the run's write queue (`runs/log-batch`, at most
+    /// [`TAGS_PER_BATCH`] a request).
+    async fn write_tags(
+        &self,
+        run_id: &str,
+        headers: &HeaderMap,
+        tags: &[(String, String)],
+    ) -> Result<(), (&'static str, String)> {
+        for chunk in tags.chunks(TAGS_PER_BATCH) {
+            let tags: Vec<Value> = chunk
+                .iter()
+                .map(|(key, value)| json!({"key": key, "value": value}))
+                .collect();
+            let body = json!({"run_id": run_id, "tags": tags}).to_string();
+            let mut request = Request::new(Body::from(body.clone()));
+            *request.method_mut() = Method::POST;
+            *request.uri_mut() = http::Uri::from_static("/api/2.0/mlflow/runs/log-batch");
+            *request.headers_mut() = headers.clone();
+            request.headers_mut().insert(
+                http::header::CONTENT_TYPE,
+                http::HeaderValue::from_static("application/json"),
+            );
+            request.headers_mut().insert(
+                http::header::CONTENT_LENGTH,
+                http::HeaderValue::from(body.len()),
+            );
+            let peer = SocketAddr::from(([127, 0, 0, 1], 0));
+            let response = self.inner.coalescer.submit(request, peer).await;
+            let status = response.status();
+            let bytes = http_body_util::Limited::new(response.into_body(), MAX_ANSWER_BYTES)
+                .collect()
+                .await
+                .map(|c| c.to_bytes())
+                .unwrap_or_default();
+            check_answer(status, "/api/2.0/mlflow/runs/log-batch", &bytes)?;
+        }
+        Ok(())
+    }
+
+    /// The service credential, and the workspace the run's ranks wrote in (MLflow finds the run
+    /// only there).
+    fn run_headers(&self, ranks: &[RankRow]) -> HeaderMap {
+        let mut headers = self.service_headers();
+        if let Some(workspace) = ranks.iter().find_map(|r| r.workspace.as_deref()) {
+            if let Ok(value) = http::HeaderValue::from_str(workspace) {
+                headers.insert(crate::workspace::HEADER, value);
+            }
+        }
+        headers
+    }
+
+    /// After MLflow accepted a `runs/update`: a terminal status queues the run's bill, due once
+    /// every replica has flushed what it heard until now.
+    async fn ended_by_client(&self, run_id: &str, status: &str, end_ms: Option<i64>, now_ms: i64) {
+        let settle = 2 * self.inner.config.flush_interval.as_millis() as i64 + 1_000;
+        if let Err(error) = self
+            .inner
+            .store
+            .queue_bill(
+                run_id,
+                status,
+                Some(end_ms.unwrap_or(now_ms)),
+                now_ms + settle,
+            )
+            .await
+        {
+            tracing::warn!(%error, run_id, "queueing the bill of a run its client ended failed");
+            self.inner.metrics.health_error("store");
+        }
     }
 
     /// Per live run: GPUs allocated and GPUs idle past `--gpu-idle-after`.
@@ -529,6 +966,17 @@ impl Health {
             tracing::warn!(%error, run_id, "recording a verdict failed");
             self.inner.metrics.health_error("store");
         }
+        // Billed at its last sign of life; a run its client had ended, at MLflow's end time.
+        let end_ms = (finished.1 != "none").then_some(judgement.end_time_ms);
+        if let Err(error) = self
+            .inner
+            .store
+            .queue_bill(run_id, finished.0, end_ms, now_ms)
+            .await
+        {
+            tracing::warn!(%error, run_id, "queueing the bill of a judged run failed");
+            self.inner.metrics.health_error("store");
+        }
     }
 
     async fn act(
@@ -537,13 +985,7 @@ impl Health {
         ranks: &[RankRow],
         judgement: &Judgement,
     ) -> Result<Acted, (&'static str, String)> {
-        let mut headers = self.service_headers();
-        // MLflow finds the run only in the workspace its ranks wrote in.
-        if let Some(workspace) = ranks.iter().find_map(|r| r.workspace.as_deref()) {
-            if let Ok(value) = http::HeaderValue::from_str(workspace) {
-                headers.insert(crate::workspace::HEADER, value);
-            }
-        }
+        let headers = self.run_headers(ranks);
         let query = format!("/api/2.0/mlflow/runs/get?run_id={}", percent_encode(run_id));
         let run = self.call(Method::GET, &query, &headers, None).await?;
         let status = run["run"]["info"]["status"].as_str().unwrap_or_default();
@@ -670,21 +1112,7 @@ impl Health {
             .call(method, path, headers, body)
             .await
             .map_err(|e| ("mlflow", e.to_string()))?;
-        if status == StatusCode::UNAUTHORIZED || status == StatusCode::FORBIDDEN {
-            return Err((
-                "refused",
-                format!(
-                    "MLflow answered {status} to {path}: give the proxy a service credential that may edit runs (--mlflow-service-token, or --mlflow-service-username and --mlflow-service-password)"
-                ),
-            ));
-        }
-        if !status.is_success() {
-            let shown: String = String::from_utf8_lossy(&bytes).chars().take(300).collect();
-            return Err((
-                "mlflow",
-                format!("MLflow answered {status} to {path}: {shown}"),
-            ));
-        }
+        check_answer(status, path, &bytes)?;
         Ok(serde_json::from_slice(&bytes).unwrap_or(Value::Null))
     }
 
@@ -724,9 +1152,18 @@ impl Health {
         let config = &self.inner.config;
         let idle_after = config.gpu_idle_after.as_secs_f64();
         let judgement = judge(&ranks, now_ms, config.stale_after);
+        // The bill so far (a live run), or as billed (an ended one: the figures of its tags).
+        let billed = self
+            .inner
+            .store
+            .bill_of(run_id)
+            .await
+            .map_err(|e| e.to_string())?;
         let state = match (&verdict, &judgement) {
             (Some(v), _) if v.done == 1 => "judged",
             (Some(_), _) => "being_judged",
+            // Its client ended it through the proxy: the sweep leaves it alone.
+            (None, _) if billed.is_some() => "ended",
             (None, Some(_)) => "dead",
             (None, None) if ranks.iter().all(|r| r.outcome.is_some()) => "ended",
             (None, None) => "live",
@@ -740,6 +1177,34 @@ impl Health {
                 .filter(|s| s.is_some_and(|s| s >= idle_after))
                 .count();
         }
+        let idle_rows = self
+            .inner
+            .store
+            .gpu_idle_of_run(run_id)
+            .await
+            .map_err(|e| e.to_string())?;
+        let run_bill = bill::bill(
+            &ranks,
+            &idle_rows,
+            Clip {
+                start_ms: None,
+                end_ms: billed.as_ref().and_then(|b| b.end_ms),
+            },
+        );
+        let (gpu_seconds, idle_seconds) = match &billed {
+            Some(BillRow {
+                done: 1,
+                gpu_seconds: Some(gpu),
+                idle_seconds: Some(idle),
+                ..
+            }) => (*gpu, *idle),
+            _ => (run_bill.gpu_seconds, run_bill.idle_seconds),
+        };
+        let totals = RunBill {
+            gpu_seconds,
+            idle_seconds,
+            ranks: Vec::new(),
+        };
         let end = offset.saturating_add(limit).min(ranks.len());
         let rank_views: Vec<RankHealth> = ranks
             .get(offset.min(end)..end)
@@ -757,7 +1222,13 @@ impl Health {
                         }
                     })
                     .collect();
+                let rank_bill = run_bill
+                    .ranks
+                    .iter()
+                    .find(|b| b.node == r.node && b.rank == r.rank);
                 RankHealth {
+                    gpu_hours: rank_bill.map_or(0.0, |b| b.gpu_seconds / 3600.0),
+                    gpu_idle_hours: rank_bill.map_or(0.0, |b| b.idle_seconds / 3600.0),
                     node: r.node.clone(),
                     rank: r.rank,
                     pod: r.pod.clone(),
@@ -790,11 +1261,148 @@ impl Health {
             gpu_idle_after_seconds: idle_after,
             gpus_allocated,
             gpus_idle,
+            gpus_idle_tag: idle_gpus(&ranks, now_ms, idle_after),
+            bill: match &billed {
+                Some(b) if b.done == 1 => "billed",
+                Some(_) => "ended",
+                None => "running",
+            },
+            gpu_hours: totals.gpu_hours(),
+            gpu_idle_hours: totals.idle_hours(),
+            gpu_idle_fraction: totals.idle_fraction(),
             rank_count: ranks.len(),
             ranks: rank_views,
             next_page_token: (end < ranks.len()).then(|| end.to_string()),
         }))
     }
+}
+
+/// MLflow's answer to one of the proxy's own calls, as an error when it is not a success.
+fn check_answer(
+    status: StatusCode,
+    path: &str,
+    bytes: &[u8],
+) -> Result<(), (&'static str, String)> {
+    if status == StatusCode::UNAUTHORIZED || status == StatusCode::FORBIDDEN {
+        return Err((
+            "refused",
+            format!(
+                "MLflow answered {status} to {path}: give the proxy a service credential that may edit runs (--mlflow-service-token, or --mlflow-service-username and --mlflow-service-password)"
+            ),
+        ));
+    }
+    if !status.is_success() {
+        let shown: String = String::from_utf8_lossy(bytes).chars().take(300).collect();
+        return Err((
+            "mlflow",
+            format!("MLflow answered {status} to {path}: {shown}"),
+        ));
+    }
+    Ok(())
+}
+
+/// The tags of a billed run: totals under `mlscope.`, and per rank (the first
+/// [`MAX_RANK_TAGS`]) under `mlscope/rank-<r>/`, as the sweep's other tags.
+fn bill_tags(bill: &RunBill) -> Vec<(String, String)> {
+    let mut tags = vec![
+        (
+            "mlscope.gpu_hours".to_owned(),
+            bill::hours(bill.gpu_hours()),
+        ),
+        (
+            "mlscope.gpu_idle_hours".to_owned(),
+            bill::hours(bill.idle_hours()),
+        ),
+        (
+            "mlscope.gpu_idle_fraction".to_owned(),
+            format!("{:.4}", bill.idle_fraction()),
+        ),
+    ];
+    for (rank, gpu_seconds, idle_seconds) in bill.per_rank().into_iter().take(MAX_RANK_TAGS) {
+        tags.push((
+            format!("mlscope/rank-{rank}/gpu_hours"),
+            bill::hours(gpu_seconds / 3600.0),
+        ));
+        tags.push((
+            format!("mlscope/rank-{rank}/gpu_idle_hours"),
+            bill::hours(idle_seconds / 3600.0),
+        ));
+    }
+    tags
+}
+
+/// The value of a live run's [`IDLE_TAG`]: its GPUs idle for at least `idle_after` seconds, as
+/// `rank-0:gpu1, rank-1:gpu0`; `None` when none is.
+fn idle_gpus(ranks: &[RankRow], now_ms: i64, idle_after: f64) -> Option<String> {
+    let mut idle: Vec<(i64, String, i64)> = Vec::new();
+    for r in ranks.iter().filter(|r| r.outcome.is_none()) {
+        for (gpu, seconds) in gpu_idle_of(r, now_ms).into_iter().enumerate() {
+            if seconds.is_some_and(|s| s >= idle_after) {
+                idle.push((r.rank, r.node.clone(), gpu as i64));
+            }
+        }
+    }
+    if idle.is_empty() {
+        return None;
+    }
+    idle.sort();
+    let names: Vec<String> = idle
+        .into_iter()
+        .map(|(rank, node, gpu)| match (rank >= 0, node.is_empty()) {
+            (true, _) => format!("rank-{rank}:gpu{gpu}"),
+            (false, false) => format!("{node}:gpu{gpu}"),
+            (false, true) => format!("monitor:gpu{gpu}"),
+        })
+        .collect();
+    Some(truncate(&names.join(", ")))
+}
+
+/// `POST runs/update`: forwarded; once MLflow accepted a terminal status (`FINISHED`,
+/// `FAILED`, `KILLED`) the run's GPU bill is queued. The run is the one MLflow acts on
+/// (`run_id`, else `run_uuid`, read as MLflow reads them), so a client bills only a run MLflow
+/// let it end.
+pub async fn update_run(
+    State(health): State<Health>,
+    State(forwarder): State<Forwarder>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    request: Request,
+) -> Response {
+    if !health.inner.config.enabled {
+        return forwarder.forward(request, peer).await;
+    }
+    let (parts, body) = request.into_parts();
+    let body = match crate::coalesce::read_body(body).await {
+        Ok(body) => body,
+        Err(answer) => return answer,
+    };
+    let ended = crate::writes::run_of(&body).and_then(|run_id| {
+        let update: Value = serde_json::from_slice(&body).ok()?;
+        let status = match &update["status"] {
+            Value::String(s) => s.clone(),
+            Value::Number(n) => match n.as_i64() {
+                Some(3) => "FINISHED".to_owned(),
+                Some(4) => "FAILED".to_owned(),
+                Some(5) => "KILLED".to_owned(),
+                _ => return None,
+            },
+            _ => return None,
+        };
+        let end_ms = match &update["end_time"] {
+            Value::Number(n) => n.as_i64(),
+            Value::String(s) => s.parse().ok(),
+            _ => None,
+        };
+        matches!(status.as_str(), "FINISHED" | "FAILED" | "KILLED")
+            .then_some((run_id, status, end_ms))
+    });
+    let response = forwarder
+        .forward(Request::from_parts(parts, Body::from(body)), peer)
+        .await;
+    if let Some((run_id, status, end_ms)) = ended.filter(|_| response.status().is_success()) {
+        let now = unix_millis(SystemTime::now());
+        health.ended_by_client(&run_id, &status, end_ms, now).await;
+    }
+    response
 }
 
 enum Acted {
@@ -806,7 +1414,8 @@ enum Acted {
 #[derive(Debug, Serialize)]
 pub struct RunHealth {
     pub run_id: String,
-    /// `live`, `ended` (every rank reported its end), `dead` (judged by the next sweep),
+    /// `live`, `ended` (every rank reported its end, or the client ended the run through the
+    /// proxy), `dead` (judged by the next sweep),
     /// `being_judged`, `judged`.
     pub state: &'static str,
     pub outcome: Option<String>,
@@ -818,6 +1427,14 @@ pub struct RunHealth {
     /// GPUs of ranks that have not ended, and how many of those are idle.
     pub gpus_allocated: usize,
     pub gpus_idle: usize,
+    /// What the run's `mlscope.gpus_idle` tag names (or would, once the sweep writes it).
+    pub gpus_idle_tag: Option<String>,
+    /// The GPU bill: `running` (so far), `ended` (queued, not written yet), `billed` (the
+    /// figures of the run's tags).
+    pub bill: &'static str,
+    pub gpu_hours: f64,
+    pub gpu_idle_hours: f64,
+    pub gpu_idle_fraction: f64,
     /// Every rank of the run; `ranks` holds one page of them.
     pub rank_count: usize,
     pub ranks: Vec<RankHealth>,
@@ -841,6 +1458,9 @@ pub struct RankHealth {
     pub cpu_limit_cores: Option<f64>,
     pub gpu_model: Option<String>,
     pub gpus: Vec<GpuHealth>,
+    /// This rank's share of the bill.
+    pub gpu_hours: f64,
+    pub gpu_idle_hours: f64,
 }
 
 #[derive(Debug, Serialize)]
@@ -889,11 +1509,11 @@ mod tests {
             ranks: Vec::new(),
             workspace: None,
         };
-        beat.observe_metric("n", 3, "gpu_1_utilization_percentage", 0.0);
-        beat.observe_metric("n", 3, "gpu_1_idle_seconds", 120.0);
-        beat.observe_metric("n", 3, "container_memory_limit_megabytes", 65536.0);
-        beat.observe_metric("n", 3, "container_cpu_limit_cores", 8.0);
-        beat.observe_metric("n", 3, "gpu_99_idle_seconds", 1.0);
+        beat.observe_metric("n", 3, "gpu_1_utilization_percentage", 0.0, Some(1));
+        beat.observe_metric("n", 3, "gpu_1_idle_seconds", 120.0, Some(1));
+        beat.observe_metric("n", 3, "container_memory_limit_megabytes", 65536.0, Some(1));
+        beat.observe_metric("n", 3, "container_cpu_limit_cores", 8.0, Some(1));
+        beat.observe_metric("n", 3, "gpu_99_idle_seconds", 1.0, Some(1));
         beat.observe_tag(Some("n"), Some(3), "mlscope/rank-3/outcome", "oom_killed");
         beat.observe_tag(Some("n"), Some(3), "mlscope/rank-3/exit_code", "137");
         beat.observe_tag(Some("n"), Some(3), "mlscope/rank-3/pod", "train-3");
@@ -905,6 +1525,8 @@ mod tests {
         assert_eq!(beat.ranks.len(), 1);
         let rank = &beat.ranks[0];
         assert_eq!(rank.gpus, 2);
+        // The idle clock with its sample's time, for the bill (GPU 99 is no device).
+        assert_eq!(rank.idle_readings, [(1, 1, 120.0)]);
         assert_eq!(rank.gpu_idle, [None, Some(120.0)]);
         assert_eq!(
             (rank.memory_limit_mb, rank.cpu_limit_cores),
@@ -914,6 +1536,51 @@ mod tests {
         assert_eq!(
             (rank.exit_code, rank.pod.as_deref()),
             (Some(137), Some("train-3"))
+        );
+    }
+
+    #[test]
+    fn the_gpu_count_tag_and_sample_times_make_a_ranks_allocation_and_span() {
+        let mut beat = Beat::default();
+        beat.observe_time("n", 0, 5_000);
+        beat.observe_time("n", 0, 1_000);
+        beat.observe_tag(Some("n"), Some(0), "mlscope/rank-0/gpu_count", "8");
+        // Beyond any real device: capped.
+        beat.observe_tag(Some("n"), Some(1), "mlscope/rank-1/gpu_count", "100000");
+        assert_eq!(beat.ranks[0].sampled_between, Some((1_000, 5_000)));
+        assert_eq!(beat.ranks[0].gpus, 8);
+        assert_eq!(beat.ranks[1].gpus, MAX_GPUS_PER_RANK);
+    }
+
+    #[test]
+    fn the_idle_tag_names_ranks_and_gpus_idle_past_the_threshold() {
+        let row = |rank: i64, idle: &str| RankRow {
+            run_id: "r".into(),
+            node: "n".into(),
+            rank,
+            gpus: 2,
+            gpu_idle: Some(idle.into()),
+            gpu_idle_ms: Some(10_000),
+            ..RankRow::default()
+        };
+        let ranks = [row(0, "[0,1800]"), row(1, "[1800,10]")];
+        assert_eq!(
+            idle_gpus(&ranks, 10_000, 1800.0).as_deref(),
+            Some("rank-0:gpu1, rank-1:gpu0")
+        );
+        assert_eq!(idle_gpus(&ranks, 10_000, 3600.0), None);
+        let tags = bill_tags(&RunBill {
+            gpu_seconds: 7200.0,
+            idle_seconds: 1800.0,
+            ranks: Vec::new(),
+        });
+        assert_eq!(
+            tags,
+            [
+                ("mlscope.gpu_hours".to_owned(), "2.0000".to_owned()),
+                ("mlscope.gpu_idle_hours".to_owned(), "0.5000".to_owned()),
+                ("mlscope.gpu_idle_fraction".to_owned(), "0.2500".to_owned()),
+            ]
         );
     }
 

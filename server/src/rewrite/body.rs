@@ -232,6 +232,13 @@ impl<'a> Metric<'a> {
         raw.trim_matches('"').parse().ok()
     }
 
+    /// The timestamp in unix milliseconds, when it is an int64 (a JSON number or a numeric
+    /// string, as protobuf's int64 mapping allows).
+    pub fn timestamp_ms(&self) -> Option<i64> {
+        let raw = self.timestamp?.trim();
+        raw.trim_matches('"').parse().ok()
+    }
+
     fn read(
         text: &'a str,
         fields: &Fields<'a, 8>,

@@ -641,7 +641,26 @@ fn beat_of(body: &MetricsBody<'_>, plans: &[KeyPlan], metric_plans: &[usize]) ->
             identity.rank.map_or(-1, i64::from),
         );
         valued[index] = Beat::needs_value(name);
-        beat.observe_metric(node, rank, name, f64::NAN);
+        beat.observe_metric(node, rank, name, f64::NAN, None);
+    }
+    // The span each rank's samples cover (billing): every system sample's timestamp.
+    for (metric, &index) in body.metrics.iter().zip(metric_plans) {
+        let plan = &plans[index];
+        if first[index] == usize::MAX
+            || matches!(
+                plan.scoped.outcome,
+                KeyOutcome::Untouched | KeyOutcome::Invalid { .. }
+            )
+        {
+            continue;
+        }
+        if let Some(at) = metric.timestamp_ms() {
+            beat.observe_time(
+                plan.scoped.identity.node.as_deref().unwrap_or_default(),
+                plan.scoped.identity.rank.map_or(-1, i64::from),
+                at,
+            );
+        }
     }
     if valued.contains(&true) {
         for (metric, &index) in body.metrics.iter().zip(metric_plans) {
@@ -657,6 +676,7 @@ fn beat_of(body: &MetricsBody<'_>, plans: &[KeyPlan], metric_plans: &[usize]) ->
                 plan.scoped.identity.rank.map_or(-1, i64::from),
                 name,
                 metric.value().unwrap_or(f64::NAN),
+                metric.timestamp_ms(),
             );
         }
     }

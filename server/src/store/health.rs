@@ -30,6 +30,53 @@ pub struct RankRow {
     pub last_write_ms: Option<i64>,
     /// The latest system sample of this rank (a heartbeat that is not only tags).
     pub last_sample_ms: Option<i64>,
+    /// The earliest and latest timestamp of the rank's system samples (the sender's clock): the
+    /// span its GPUs are billed for.
+    pub bill_first_ms: Option<i64>,
+    pub bill_last_ms: Option<i64>,
+}
+
+/// A `rank_gpu_idle` row: one GPU's idle clock over the samples known (see
+/// `health::bill::IdleWindow`).
+#[derive(Debug, Clone, Default, PartialEq, sqlx::FromRow)]
+pub struct GpuIdleRow {
+    pub run_id: String,
+    pub node: String,
+    pub rank: i64,
+    pub gpu: i64,
+    pub first_ms: i64,
+    pub first_idle: f64,
+    pub last_ms: i64,
+    pub last_idle: f64,
+    pub idle_s: f64,
+}
+
+const GPU_IDLE_COLUMNS: &str =
+    "run_id, node, rank, gpu, first_ms, first_idle, last_ms, last_idle, idle_s";
+
+/// A `run_bills` row.
+#[derive(Debug, Clone, Default, PartialEq, sqlx::FromRow)]
+pub struct BillRow {
+    pub run_id: String,
+    pub ended_by: String,
+    pub end_ms: Option<i64>,
+    pub due_ms: i64,
+    pub replica: String,
+    pub claimed_ms: i64,
+    pub done: i64,
+    pub gpu_seconds: Option<f64>,
+    pub idle_seconds: Option<f64>,
+}
+
+const BILL_COLUMNS: &str =
+    "run_id, ended_by, end_ms, due_ms, replica, claimed_ms, done, gpu_seconds, idle_seconds";
+
+/// SQL for `bill::idle_increase` between two readings `(t1, c1)` and `(t2, c2)` (column
+/// expressions): the clock's rise, or its value where it fell, within 0 and the gap in seconds.
+fn idle_increase_sql(t1: &str, c1: &str, t2: &str, c2: &str) -> String {
+    let gap = format!("(CASE WHEN {t2} > {t1} THEN ({t2} - {t1}) / 1000.0 ELSE 0.0 END)");
+    let rise = format!("(CASE WHEN {c2} >= {c1} THEN {c2} - {c1} ELSE {c2} END)");
+    format!("(CASE WHEN {rise} < 0.0 THEN 0.0 WHEN {rise} > {gap} THEN {gap} ELSE {rise} END)")
 }
 
 /// How long after a rank's reported end a sample of the same rank must come to clear that end:
@@ -38,7 +85,7 @@ pub const SUPERSEDE_AFTER_MS: i64 = 10_000;
 
 const RANK_COLUMNS: &str = "run_id, node, rank, first_heard_ms, last_heard_ms, interval_ms, \
      outcome, exit_code, ended_ms, pod, memory_limit_mb, cpu_limit_cores, gpu_model, gpus, \
-     gpu_idle, gpu_idle_ms, workspace, last_write_ms, last_sample_ms";
+     gpu_idle, gpu_idle_ms, workspace, last_write_ms, last_sample_ms, bill_first_ms, bill_last_ms";
 
 /// A `run_verdicts` row.
 #[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
@@ -66,7 +113,7 @@ impl Store {
         let sql = format!(
             "INSERT INTO run_ranks ({RANK_COLUMNS}) \
              VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, \
-               $18, $19) \
+               $18, $19, $20, $21) \
              ON CONFLICT (run_id, node, rank) DO UPDATE SET \
                first_heard_ms = CASE WHEN excluded.first_heard_ms < run_ranks.first_heard_ms \
                  THEN excluded.first_heard_ms ELSE run_ranks.first_heard_ms END, \
@@ -90,6 +137,14 @@ impl Store {
                  OR excluded.last_sample_ms > run_ranks.last_sample_ms \
                  THEN COALESCE(excluded.last_sample_ms, run_ranks.last_sample_ms) \
                  ELSE run_ranks.last_sample_ms END, \
+               bill_first_ms = CASE WHEN run_ranks.bill_first_ms IS NULL \
+                 OR excluded.bill_first_ms < run_ranks.bill_first_ms \
+                 THEN COALESCE(excluded.bill_first_ms, run_ranks.bill_first_ms) \
+                 ELSE run_ranks.bill_first_ms END, \
+               bill_last_ms = CASE WHEN run_ranks.bill_last_ms IS NULL \
+                 OR excluded.bill_last_ms > run_ranks.bill_last_ms \
+                 THEN COALESCE(excluded.bill_last_ms, run_ranks.bill_last_ms) \
+                 ELSE run_ranks.bill_last_ms END, \
                pod = COALESCE(excluded.pod, run_ranks.pod), \
                memory_limit_mb = COALESCE(excluded.memory_limit_mb, run_ranks.memory_limit_mb), \
                cpu_limit_cores = COALESCE(excluded.cpu_limit_cores, run_ranks.cpu_limit_cores), \
@@ -127,11 +182,219 @@ impl Store {
                     .bind(&u.workspace)
                     .bind(u.last_write_ms)
                     .bind(u.last_sample_ms)
+                    .bind(u.bill_first_ms)
+                    .bind(u.bill_last_ms)
                     .execute(&mut *tx)
                     .await?;
             }
             tx.commit().await?;
         });
+        Ok(())
+    }
+
+    /// Merges one replica's idle windows into the shared rows, one statement each: a window
+    /// after (or before) the stored one is bridged by the clock's increase across the gap, an
+    /// overlapping one changes nothing (`bill::IdleWindow::merge` is the same rule).
+    pub async fn record_gpu_idle(&self, windows: &[GpuIdleRow]) -> Result<(), StoreError> {
+        if windows.is_empty() {
+            return Ok(());
+        }
+        let (t, e) = ("rank_gpu_idle", "excluded");
+        let after = format!("{e}.first_ms >= {t}.last_ms");
+        let before = format!("({e}.last_ms <= {t}.first_ms AND {e}.first_ms < {t}.last_ms)");
+        let bridge_after = idle_increase_sql(
+            &format!("{t}.last_ms"),
+            &format!("{t}.last_idle"),
+            &format!("{e}.first_ms"),
+            &format!("{e}.first_idle"),
+        );
+        let bridge_before = idle_increase_sql(
+            &format!("{e}.last_ms"),
+            &format!("{e}.last_idle"),
+            &format!("{t}.first_ms"),
+            &format!("{t}.first_idle"),
+        );
+        let sql = format!(
+            "INSERT INTO rank_gpu_idle ({GPU_IDLE_COLUMNS}) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) \
+             ON CONFLICT (run_id, node, rank, gpu) DO UPDATE SET \
+               idle_s = CASE WHEN {after} THEN {t}.idle_s + {bridge_after} + {e}.idle_s \
+                 WHEN {before} THEN {e}.idle_s + {bridge_before} + {t}.idle_s \
+                 ELSE {t}.idle_s END, \
+               last_ms = CASE WHEN {after} THEN {e}.last_ms ELSE {t}.last_ms END, \
+               last_idle = CASE WHEN {after} THEN {e}.last_idle ELSE {t}.last_idle END, \
+               first_ms = CASE WHEN NOT ({after}) AND {before} THEN {e}.first_ms \
+                 ELSE {t}.first_ms END, \
+               first_idle = CASE WHEN NOT ({after}) AND {before} THEN {e}.first_idle \
+                 ELSE {t}.first_idle END"
+        );
+        on_backend!(self, |pool| {
+            let mut tx = pool.begin().await?;
+            for w in windows {
+                sqlx::query(&sql)
+                    .bind(&w.run_id)
+                    .bind(&w.node)
+                    .bind(w.rank)
+                    .bind(w.gpu)
+                    .bind(w.first_ms)
+                    .bind(w.first_idle)
+                    .bind(w.last_ms)
+                    .bind(w.last_idle)
+                    .bind(w.idle_s)
+                    .execute(&mut *tx)
+                    .await?;
+            }
+            tx.commit().await?;
+        });
+        Ok(())
+    }
+
+    pub async fn gpu_idle_of_run(&self, run_id: &str) -> Result<Vec<GpuIdleRow>, StoreError> {
+        let sql = format!(
+            "SELECT {GPU_IDLE_COLUMNS} FROM rank_gpu_idle WHERE run_id = $1 ORDER BY rank, node, gpu"
+        );
+        Ok(on_backend!(self, |pool| sqlx::query_as(&sql)
+            .bind(run_id)
+            .fetch_all(pool)
+            .await?))
+    }
+
+    /// Queues `run_id` for billing once `due_ms` has passed; a run already queued (or billed)
+    /// keeps its first entry: a run is billed once.
+    pub async fn queue_bill(
+        &self,
+        run_id: &str,
+        ended_by: &str,
+        end_ms: Option<i64>,
+        due_ms: i64,
+    ) -> Result<(), StoreError> {
+        let sql =
+            "INSERT INTO run_bills (run_id, ended_by, end_ms, due_ms) VALUES ($1, $2, $3, $4) \
+                   ON CONFLICT (run_id) DO NOTHING";
+        on_backend!(self, |pool| sqlx::query(sql)
+            .bind(run_id)
+            .bind(ended_by)
+            .bind(end_ms)
+            .bind(due_ms)
+            .execute(pool)
+            .await?
+            .rows_affected());
+        Ok(())
+    }
+
+    /// Up to `limit` bills not done and due at `now`.
+    pub async fn due_bills(&self, now: i64, limit: i64) -> Result<Vec<BillRow>, StoreError> {
+        let sql = format!(
+            "SELECT {BILL_COLUMNS} FROM run_bills WHERE done = 0 AND due_ms <= $1 \
+             ORDER BY due_ms LIMIT $2"
+        );
+        Ok(on_backend!(self, |pool| sqlx::query_as(&sql)
+            .bind(now)
+            .bind(limit)
+            .fetch_all(pool)
+            .await?))
+    }
+
+    /// Claims a due bill for `replica`, as a verdict is claimed: true when this replica may bill
+    /// the run. A claim never finished may be taken over once older than `abandoned_before`.
+    pub async fn claim_bill(
+        &self,
+        run_id: &str,
+        replica: &str,
+        now: i64,
+        abandoned_before: i64,
+    ) -> Result<bool, StoreError> {
+        let sql = "UPDATE run_bills SET replica = $2, claimed_ms = $3 \
+                   WHERE run_id = $1 AND done = 0 AND due_ms <= $3 AND claimed_ms < $4 \
+                   RETURNING run_id";
+        let claimed: Option<String> = on_backend!(self, |pool| sqlx::query_scalar(sql)
+            .bind(run_id)
+            .bind(replica)
+            .bind(now)
+            .bind(abandoned_before)
+            .fetch_optional(pool)
+            .await?);
+        Ok(claimed.is_some())
+    }
+
+    /// Marks a claimed bill done with its figures: true when `replica` still held the claim.
+    pub async fn finish_bill(
+        &self,
+        run_id: &str,
+        replica: &str,
+        gpu_seconds: f64,
+        idle_seconds: f64,
+    ) -> Result<bool, StoreError> {
+        let sql = "UPDATE run_bills SET done = 1, gpu_seconds = $3, idle_seconds = $4 \
+                   WHERE run_id = $1 AND replica = $2 AND done = 0";
+        let affected = on_backend!(self, |pool| sqlx::query(sql)
+            .bind(run_id)
+            .bind(replica)
+            .bind(gpu_seconds)
+            .bind(idle_seconds)
+            .execute(pool)
+            .await?
+            .rows_affected());
+        Ok(affected == 1)
+    }
+
+    pub async fn bill_of(&self, run_id: &str) -> Result<Option<BillRow>, StoreError> {
+        let sql = format!("SELECT {BILL_COLUMNS} FROM run_bills WHERE run_id = $1");
+        Ok(on_backend!(self, |pool| sqlx::query_as(&sql)
+            .bind(run_id)
+            .fetch_optional(pool)
+            .await?))
+    }
+
+    /// Every idle-GPU tag written on a live run: (run id, value).
+    pub async fn idle_tags(&self, limit: i64) -> Result<Vec<(String, String)>, StoreError> {
+        let sql = "SELECT run_id, value FROM run_idle_tags ORDER BY run_id LIMIT $1";
+        Ok(on_backend!(self, |pool| sqlx::query_as(sql)
+            .bind(limit)
+            .fetch_all(pool)
+            .await?))
+    }
+
+    /// Whether an idle-GPU tag is recorded as written on `run_id`.
+    pub async fn idle_tags_of(&self, run_id: &str) -> Result<bool, StoreError> {
+        let sql = "SELECT run_id FROM run_idle_tags WHERE run_id = $1";
+        let found: Option<String> = on_backend!(self, |pool| sqlx::query_scalar(sql)
+            .bind(run_id)
+            .fetch_optional(pool)
+            .await?);
+        Ok(found.is_some())
+    }
+
+    /// Records the idle-GPU tag now on `run_id`; `None`: it was removed.
+    pub async fn set_idle_tag(
+        &self,
+        run_id: &str,
+        value: Option<&str>,
+        now: i64,
+    ) -> Result<(), StoreError> {
+        match value {
+            Some(value) => {
+                let sql =
+                    "INSERT INTO run_idle_tags (run_id, value, written_ms) VALUES ($1, $2, $3) \
+                           ON CONFLICT (run_id) DO UPDATE SET value = excluded.value, \
+                             written_ms = excluded.written_ms";
+                on_backend!(self, |pool| sqlx::query(sql)
+                    .bind(run_id)
+                    .bind(value)
+                    .bind(now)
+                    .execute(pool)
+                    .await?
+                    .rows_affected());
+            }
+            None => {
+                let sql = "DELETE FROM run_idle_tags WHERE run_id = $1";
+                on_backend!(self, |pool| sqlx::query(sql)
+                    .bind(run_id)
+                    .execute(pool)
+                    .await?
+                    .rows_affected());
+            }
+        }
         Ok(())
     }
 
@@ -163,7 +426,8 @@ impl Store {
             .await?))
     }
 
-    /// Every rank of up to `limit` runs that have no finished verdict, heard from since
+    /// Every rank of up to `limit` runs that have no finished verdict and no bill (the run
+    /// ended), heard from since
     /// `heard_since`, ordered by run.
     pub async fn ranks_of_open_runs(
         &self,
@@ -175,6 +439,7 @@ impl Store {
                SELECT DISTINCT r.run_id FROM run_ranks r \
                WHERE r.last_heard_ms >= $1 AND NOT EXISTS ( \
                  SELECT 1 FROM run_verdicts v WHERE v.run_id = r.run_id AND v.done = 1) \
+               AND NOT EXISTS (SELECT 1 FROM run_bills b WHERE b.run_id = r.run_id) \
                ORDER BY r.run_id LIMIT $2) \
              ORDER BY run_id, rank, node"
         );
@@ -400,6 +665,99 @@ mod tests {
             open.iter().map(|r| r.run_id.as_str()).collect::<Vec<_>>(),
             ["s"]
         );
+    }
+
+    fn window(gpu: i64, first: (i64, f64), last: (i64, f64), idle_s: f64) -> GpuIdleRow {
+        GpuIdleRow {
+            run_id: "r".into(),
+            node: "n1".into(),
+            rank: 0,
+            gpu,
+            first_ms: first.0,
+            first_idle: first.1,
+            last_ms: last.0,
+            last_idle: last.1,
+            idle_s,
+        }
+    }
+
+    #[tokio::test]
+    async fn idle_windows_from_replicas_merge_in_sql_as_in_the_billing_rule() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = store(&dir).await;
+        // Idle from 0 on: the clock reads 60 s per minute. Windows arrive out of order.
+        store
+            .record_gpu_idle(&[window(0, (120_000, 120.0), (180_000, 180.0), 60.0)])
+            .await
+            .unwrap();
+        // After: bridged 180 -> 240 (60 s) plus its own 60 s.
+        store
+            .record_gpu_idle(&[window(0, (240_000, 240.0), (300_000, 300.0), 60.0)])
+            .await
+            .unwrap();
+        // Before: its own 60 s, bridged 60 -> 120 (60 s).
+        store
+            .record_gpu_idle(&[window(0, (0, 0.0), (60_000, 60.0), 60.0)])
+            .await
+            .unwrap();
+        // Overlapping (a sample another replica flushed late): nothing changes.
+        store
+            .record_gpu_idle(&[window(0, (90_000, 90.0), (90_000, 90.0), 0.0)])
+            .await
+            .unwrap();
+        // A clock that fell (a new idle stretch) and one that jumps past the gap, on GPU 1.
+        store
+            .record_gpu_idle(&[window(1, (0, 500.0), (0, 500.0), 0.0)])
+            .await
+            .unwrap();
+        store
+            .record_gpu_idle(&[window(1, (60_000, 30.0), (60_000, 30.0), 0.0)])
+            .await
+            .unwrap();
+        store
+            .record_gpu_idle(&[window(1, (120_000, 99_999.0), (120_000, 99_999.0), 0.0)])
+            .await
+            .unwrap();
+        let rows = store.gpu_idle_of_run("r").await.unwrap();
+        assert_eq!(rows.len(), 2);
+        assert_eq!(
+            (rows[0].first_ms, rows[0].last_ms, rows[0].idle_s),
+            (0, 300_000, 300.0)
+        );
+        assert_eq!((rows[1].last_idle, rows[1].idle_s), (99_999.0, 90.0));
+    }
+
+    #[tokio::test]
+    async fn a_run_is_queued_for_its_bill_once_and_billed_by_one_claimant() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = store(&dir).await;
+        store
+            .queue_bill("r", "FINISHED", Some(5_000), 10_000)
+            .await
+            .unwrap();
+        // The sweep's verdict later: the first entry stays.
+        store.queue_bill("r", "lost", Some(9_000), 0).await.unwrap();
+        assert!(store.due_bills(9_999, 10).await.unwrap().is_empty());
+        let due = store.due_bills(10_000, 10).await.unwrap();
+        assert_eq!(
+            (due[0].ended_by.as_str(), due[0].end_ms),
+            ("FINISHED", Some(5_000))
+        );
+        assert!(store.claim_bill("r", "a", 10_000, 1).await.unwrap());
+        assert!(!store.claim_bill("r", "b", 10_100, 1).await.unwrap());
+        // a died: b takes the claim over once it is old enough; a can no longer finish it.
+        assert!(store.claim_bill("r", "b", 200_000, 100_000).await.unwrap());
+        assert!(!store.finish_bill("r", "a", 1.0, 0.5).await.unwrap());
+        assert!(store.finish_bill("r", "b", 7_200.0, 3_600.0).await.unwrap());
+        assert!(!store.claim_bill("r", "c", 900_000, 800_000).await.unwrap());
+        let bill = store.bill_of("r").await.unwrap().unwrap();
+        assert_eq!(
+            (bill.done, bill.gpu_seconds, bill.idle_seconds),
+            (1, Some(7_200.0), Some(3_600.0))
+        );
+        // An ended run is no longer open for the sweep.
+        store.record_ranks(&[beat("r", 0, 1, 2)]).await.unwrap();
+        assert!(store.ranks_of_open_runs(0, 10).await.unwrap().is_empty());
     }
 
     #[tokio::test]

@@ -18,7 +18,7 @@ mod health;
 mod leases;
 mod retention;
 
-pub use health::{RankRow, VerdictRow, SUPERSEDE_AFTER_MS};
+pub use health::{BillRow, GpuIdleRow, RankRow, VerdictRow, SUPERSEDE_AFTER_MS};
 pub use leases::NodeLease;
 pub use retention::Swept;
 

@@ -15,6 +15,10 @@ pub struct Swept {
     /// Heartbeat rows of runs not heard from, and verdicts about runs judged, that long ago.
     pub run_ranks: u64,
     pub verdicts: u64,
+    /// GPU idle windows, bills and idle-tag records of runs that old.
+    pub gpu_idle: u64,
+    pub bills: u64,
+    pub idle_tags: u64,
 }
 
 impl Store {
@@ -37,6 +41,9 @@ impl Store {
             replicas: delete("DELETE FROM proxy_replicas WHERE last_seen_at < $1").await?,
             run_ranks: delete("DELETE FROM run_ranks WHERE last_heard_ms < $1").await?,
             verdicts: delete("DELETE FROM run_verdicts WHERE claimed_ms < $1").await?,
+            gpu_idle: delete("DELETE FROM rank_gpu_idle WHERE last_ms < $1").await?,
+            bills: delete("DELETE FROM run_bills WHERE due_ms < $1").await?,
+            idle_tags: delete("DELETE FROM run_idle_tags WHERE written_ms < $1").await?,
         })
     }
 }
@@ -94,6 +101,7 @@ mod tests {
                 replicas: 0,
                 run_ranks: 1,
                 verdicts: 0,
+                ..Swept::default()
             }
         );
         assert!(store.lease("old-run", "n1").await.unwrap().is_none());
@@ -108,6 +116,7 @@ mod tests {
                 replicas: 1,
                 run_ranks: 0,
                 verdicts: 0,
+                ..Swept::default()
             }
         );
         assert_eq!(

@@ -14,7 +14,12 @@ use crate::collector::{start_collector, start_collector_with, wait_exit};
 use crate::mlflow::{create_run, get_run, http, now_ms, post, run_tags, scrape};
 
 /// A proxy judging quickly: heartbeats flushed every 200 ms, a sweep every 300 ms.
-fn health_proxy(dir: &Path, mlflow: &str, stale_after: &str, extra: &[&str]) -> ProxyProcess {
+pub(crate) fn health_proxy(
+    dir: &Path,
+    mlflow: &str,
+    stale_after: &str,
+    extra: &[&str],
+) -> ProxyProcess {
     let mut args = vec![
         "--run-stale-after",
         stale_after,
@@ -35,7 +40,12 @@ fn status(run: &Value) -> String {
 }
 
 /// Polls the run until its status is `wanted`; panics with the run after `timeout`.
-async fn wait_for_status(mlflow: &str, run_id: &str, wanted: &str, timeout: Duration) -> Value {
+pub(crate) async fn wait_for_status(
+    mlflow: &str,
+    run_id: &str,
+    wanted: &str,
+    timeout: Duration,
+) -> Value {
     let deadline = Instant::now() + timeout;
     loop {
         let run = get_run(mlflow, run_id).await;
@@ -50,7 +60,7 @@ async fn wait_for_status(mlflow: &str, run_id: &str, wanted: &str, timeout: Dura
     }
 }
 
-async fn health_view(proxy: &ProxyProcess, run_id: &str) -> (u16, Value) {
+pub(crate) async fn health_view(proxy: &ProxyProcess, run_id: &str) -> (u16, Value) {
     let response = http()
         .get(format!("{}/runs/{run_id}/health", proxy.admin_url))
         .send()
@@ -61,7 +71,7 @@ async fn health_view(proxy: &ProxyProcess, run_id: &str) -> (u16, Value) {
 }
 
 /// The sum of a counter's samples over the proxies' `/metrics`.
-async fn counter(proxies: &[&ProxyProcess], series: &str) -> f64 {
+pub(crate) async fn counter(proxies: &[&ProxyProcess], series: &str) -> f64 {
     let mut total = 0.0;
     for proxy in proxies {
         total += scrape(&proxy.admin_url)
@@ -507,6 +517,18 @@ async fn with_mlflow_authentication_the_sweep_acts_only_with_its_service_credent
     assert_eq!(heartbeat(&without, &refused, true).await, 200);
     // MLflow refuses the anonymous client: 401, and nothing is recorded for the run.
     assert_eq!(heartbeat(&with_credential, &intruded, false).await, 401);
+    // Nor may it end another user's run to have it billed (and left alone by the sweep): MLflow
+    // refuses the update, so `ended` is still judged lost below.
+    let forged_end = http()
+        .post(format!(
+            "{}/api/2.0/mlflow/runs/update",
+            with_credential.url
+        ))
+        .json(&json!({"run_id": ended, "status": "FINISHED", "end_time": now_ms()}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(forged_end.status(), 401);
 
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {

@@ -1,0 +1,400 @@
+//! The GPU bill of a run: GPUs held × the time they were held, and how much of it they sat idle.
+//! Pure: the store keeps the inputs (each rank's first and last sample, each GPU's idle window),
+//! this computes the figures for the tags, the health view and the fleet counters.
+//!
+//! The definition (README, "The GPU bill"):
+//! - a rank is billed from its first to its last system sample, by the samples' own timestamps
+//!   (the sender's clock, the one its idle clock runs on), clipped to the run's start and end
+//!   where they are known; gaps between samples count as held (the GPUs stayed allocated), time
+//!   after the last sample does not (a lost rank is billed to its last heartbeat);
+//! - held GPU time = the GPUs the rank reports (highest `gpu_<i>_` index + 1, or its `gpu_count`
+//!   tag, whichever is larger) × that span;
+//! - idle GPU time, per GPU, = the increase of its idle clock (`gpu_<i>_idle_seconds`) over the
+//!   span: from sample to sample the clock's rise, or, where it fell (the GPU worked, or the
+//!   collector restarted), its new value; each step capped to the time between the two samples,
+//!   and the GPU's total capped to the billed span. Idle time before the first sample is not
+//!   billed. A GPU without an idle clock (MLflow's own monitor) counts as busy.
+
+use crate::store::{GpuIdleRow, RankRow};
+
+/// One GPU's idle clock over a window of its samples: the clock at the first and the last sample
+/// and the idle seconds between them.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct IdleWindow {
+    pub first_ms: i64,
+    pub first_idle: f64,
+    pub last_ms: i64,
+    pub last_idle: f64,
+    pub idle_s: f64,
+}
+
+/// Idle seconds between two readings of one idle clock: its rise, or its new value when it fell
+/// (a new idle stretch began after the first reading), never more than the time between them.
+pub fn idle_increase(from_ms: i64, from_idle: f64, to_ms: i64, to_idle: f64) -> f64 {
+    let gap = (to_ms.saturating_sub(from_ms)).max(0) as f64 / 1e3;
+    let rise = if to_idle >= from_idle {
+        to_idle - from_idle
+    } else {
+        to_idle
+    };
+    rise.clamp(0.0, gap)
+}
+
+impl IdleWindow {
+    /// One reading: no idle time billed yet (what came before it is outside the span).
+    pub fn new(at_ms: i64, idle: f64) -> Self {
+        IdleWindow {
+            first_ms: at_ms,
+            first_idle: idle,
+            last_ms: at_ms,
+            last_idle: idle,
+            idle_s: 0.0,
+        }
+    }
+
+    /// Joins a window of the same GPU: one after this one or before it is bridged by the clock's
+    /// increase across the gap; one that overlaps (samples split between replicas and flushed out
+    /// of order) adds nothing, the bridge over it already counted that stretch. The store's merge
+    /// (`Store::record_gpu_idle`) is the same rule in SQL.
+    pub fn merge(&mut self, other: &IdleWindow) {
+        if other.first_ms >= self.last_ms {
+            self.idle_s += idle_increase(
+                self.last_ms,
+                self.last_idle,
+                other.first_ms,
+                other.first_idle,
+            ) + other.idle_s;
+            self.last_ms = other.last_ms;
+            self.last_idle = other.last_idle;
+        } else if other.last_ms <= self.first_ms {
+            self.idle_s += other.idle_s
+                + idle_increase(
+                    other.last_ms,
+                    other.last_idle,
+                    self.first_ms,
+                    self.first_idle,
+                );
+            self.first_ms = other.first_ms;
+            self.first_idle = other.first_idle;
+        }
+    }
+
+    /// Adds one reading.
+    pub fn push(&mut self, at_ms: i64, idle: f64) {
+        self.merge(&IdleWindow::new(at_ms, idle));
+    }
+
+    /// Idle seconds within `[from, to]`: the window's, capped to the part of it inside.
+    fn idle_within(&self, from: i64, to: i64) -> f64 {
+        let overlap = (self.last_ms.min(to) - self.first_ms.max(from)).max(0) as f64 / 1e3;
+        self.idle_s.min(overlap).max(0.0)
+    }
+}
+
+/// The run's start and end as MLflow has them, when known: the bill stays inside.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Clip {
+    pub start_ms: Option<i64>,
+    pub end_ms: Option<i64>,
+}
+
+/// What one (node, rank) cost.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RankBill {
+    pub node: String,
+    pub rank: i64,
+    pub gpus: i64,
+    /// The rank's GPU model (its `gpu_model` tag), `unknown` without one.
+    pub model: String,
+    /// Billed seconds: first to last sample, clipped.
+    pub span_s: f64,
+    pub gpu_seconds: f64,
+    pub idle_seconds: f64,
+    /// Idle seconds per GPU index, for GPUs with an idle clock.
+    pub gpu_idle: Vec<(i64, f64)>,
+}
+
+/// What a run cost: the sum over its ranks.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct RunBill {
+    pub gpu_seconds: f64,
+    pub idle_seconds: f64,
+    pub ranks: Vec<RankBill>,
+}
+
+impl RunBill {
+    pub fn gpu_hours(&self) -> f64 {
+        self.gpu_seconds / 3600.0
+    }
+
+    pub fn idle_hours(&self) -> f64 {
+        self.idle_seconds / 3600.0
+    }
+
+    /// Idle share of the held GPU time; 0 when nothing was held.
+    pub fn idle_fraction(&self) -> f64 {
+        if self.gpu_seconds > 0.0 {
+            (self.idle_seconds / self.gpu_seconds).clamp(0.0, 1.0)
+        } else {
+            0.0
+        }
+    }
+
+    /// Busy and idle GPU seconds per GPU model, for the fleet counters.
+    pub fn by_model(&self) -> Vec<(String, f64, f64)> {
+        let mut models: Vec<(String, f64, f64)> = Vec::new();
+        for rank in &self.ranks {
+            let busy = (rank.gpu_seconds - rank.idle_seconds).max(0.0);
+            match models.iter_mut().find(|(m, _, _)| *m == rank.model) {
+                Some(entry) => {
+                    entry.1 += busy;
+                    entry.2 += rank.idle_seconds;
+                }
+                None => models.push((rank.model.clone(), busy, rank.idle_seconds)),
+            }
+        }
+        models
+    }
+
+    /// Per rank number (rows of one rank on several nodes summed): (rank, GPU seconds, idle
+    /// seconds), ranks named by the sender only.
+    pub fn per_rank(&self) -> Vec<(i64, f64, f64)> {
+        let mut out: Vec<(i64, f64, f64)> = Vec::new();
+        for r in self.ranks.iter().filter(|r| r.rank >= 0) {
+            match out.iter_mut().find(|(rank, _, _)| *rank == r.rank) {
+                Some(entry) => {
+                    entry.1 += r.gpu_seconds;
+                    entry.2 += r.idle_seconds;
+                }
+                None => out.push((r.rank, r.gpu_seconds, r.idle_seconds)),
+            }
+        }
+        out.sort_by_key(|(rank, _, _)| *rank);
+        out
+    }
+}
+
+/// The bill of a run from its rank rows and its GPUs' idle windows, inside `clip`.
+pub fn bill(ranks: &[RankRow], idle: &[GpuIdleRow], clip: Clip) -> RunBill {
+    let mut run = RunBill::default();
+    for r in ranks {
+        let (Some(first), Some(last)) = (r.bill_first_ms, r.bill_last_ms) else {
+            continue;
+        };
+        let from = clip.start_ms.map_or(first, |s| first.max(s));
+        let to = clip.end_ms.map_or(last, |e| last.min(e));
+        let span_s = (to - from).max(0) as f64 / 1e3;
+        let gpus = r.gpus.max(0);
+        let mut gpu_idle: Vec<(i64, f64)> = idle
+            .iter()
+            .filter(|g| g.node == r.node && g.rank == r.rank && g.gpu >= 0 && g.gpu < gpus)
+            .map(|g| (g.gpu, g.window().idle_within(from, to).min(span_s)))
+            .collect();
+        gpu_idle.sort_by_key(|(gpu, _)| *gpu);
+        gpu_idle.dedup_by_key(|(gpu, _)| *gpu);
+        let idle_seconds: f64 = gpu_idle.iter().map(|(_, s)| s).sum();
+        let gpu_seconds = gpus as f64 * span_s;
+        run.gpu_seconds += gpu_seconds;
+        run.idle_seconds += idle_seconds;
+        run.ranks.push(RankBill {
+            node: r.node.clone(),
+            rank: r.rank,
+            gpus,
+            model: r.gpu_model.clone().unwrap_or_else(|| "unknown".to_owned()),
+            span_s,
+            gpu_seconds,
+            idle_seconds,
+            gpu_idle,
+        });
+    }
+    run
+}
+
+impl GpuIdleRow {
+    pub fn window(&self) -> IdleWindow {
+        IdleWindow {
+            first_ms: self.first_ms,
+            first_idle: self.first_idle,
+            last_ms: self.last_ms,
+            last_idle: self.last_idle,
+            idle_s: self.idle_s,
+        }
+    }
+}
+
+/// Hours as a tag shows them.
+pub fn hours(value: f64) -> String {
+    format!("{value:.4}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MIN: i64 = 60_000;
+
+    fn rank(rank: i64, gpus: i64, first: i64, last: i64) -> RankRow {
+        RankRow {
+            run_id: "r".into(),
+            node: "n".into(),
+            rank,
+            gpus,
+            bill_first_ms: Some(first),
+            bill_last_ms: Some(last),
+            gpu_model: Some("H200".into()),
+            ..RankRow::default()
+        }
+    }
+
+    fn idle_row(rank: i64, gpu: i64, samples: &[(i64, f64)]) -> GpuIdleRow {
+        let mut window = IdleWindow::new(samples[0].0, samples[0].1);
+        for &(at, idle) in &samples[1..] {
+            window.push(at, idle);
+        }
+        GpuIdleRow {
+            run_id: "r".into(),
+            node: "n".into(),
+            rank,
+            gpu,
+            first_ms: window.first_ms,
+            first_idle: window.first_idle,
+            last_ms: window.last_ms,
+            last_idle: window.last_idle,
+            idle_s: window.idle_s,
+        }
+    }
+
+    #[test]
+    fn held_time_is_gpus_times_first_to_last_sample_and_gaps_count_as_held() {
+        // Samples at 0 and 120 min only (a two-hour gap in between): two hours held.
+        let bill = bill(&[rank(0, 2, 0, 120 * MIN)], &[], Clip::default());
+        assert_eq!(bill.gpu_seconds, 2.0 * 7200.0);
+        assert_eq!(bill.idle_seconds, 0.0);
+        assert_eq!(bill.gpu_hours(), 4.0);
+        assert_eq!(bill.idle_fraction(), 0.0);
+    }
+
+    #[test]
+    fn idle_is_the_clocks_increase_over_the_span_not_what_it_read_at_the_start() {
+        // Idle for an hour already at the first sample, then idle throughout two hours.
+        let samples: Vec<(i64, f64)> = (0..=12)
+            .map(|i| (i * 10 * MIN, 3600.0 + (i * 600) as f64))
+            .collect();
+        let busy: Vec<(i64, f64)> = (0..=12).map(|i| (i * 10 * MIN, 0.0)).collect();
+        let bill = bill(
+            &[rank(0, 2, 0, 120 * MIN)],
+            &[idle_row(0, 0, &busy), idle_row(0, 1, &samples)],
+            Clip::default(),
+        );
+        assert_eq!(bill.idle_seconds, 7200.0);
+        assert_eq!(bill.idle_fraction(), 0.5);
+        assert_eq!(bill.ranks[0].gpu_idle, [(0, 0.0), (1, 7200.0)]);
+    }
+
+    #[test]
+    fn a_clock_that_falls_starts_a_new_stretch_and_a_step_never_exceeds_its_gap() {
+        // Idle 0..30 min (clock 1800 at 30), busy (0) at 40, idle again from 45 (clock 900 at
+        // 60: the collector restarted, or the GPU worked between): 1800 + 0 + 900.
+        let mut w = IdleWindow::new(0, 0.0);
+        w.push(30 * MIN, 1800.0);
+        w.push(40 * MIN, 0.0);
+        w.push(60 * MIN, 900.0);
+        assert_eq!(w.idle_s, 2700.0);
+        // A clock that jumps by more than the time between the samples (a restarted collector's
+        // clock from another source, a forged value): capped to the gap.
+        let mut w = IdleWindow::new(0, 0.0);
+        w.push(10 * MIN, 100_000.0);
+        assert_eq!(w.idle_s, 600.0);
+        // A clock that fell to a value larger than the gap: also capped.
+        let mut w = IdleWindow::new(0, 5_000.0);
+        w.push(MIN, 4_000.0);
+        assert_eq!(w.idle_s, 60.0);
+        assert_eq!(
+            idle_increase(10, 5.0, 5, 9.0),
+            0.0,
+            "time going backwards bills nothing"
+        );
+    }
+
+    #[test]
+    fn an_idle_clock_larger_than_the_span_is_capped_to_the_span_and_to_the_clip() {
+        // One sample only: no span, nothing billed, whatever the clock says.
+        let b = bill(
+            &[rank(0, 1, 0, 0)],
+            &[idle_row(0, 0, &[(0, 99_999.0)])],
+            Clip::default(),
+        );
+        assert_eq!((b.gpu_seconds, b.idle_seconds), (0.0, 0.0));
+        // Idle throughout 60 min, the run ended (by its client) at 30 min: half of both.
+        let samples: Vec<(i64, f64)> = (0..=6).map(|i| (i * 10 * MIN, (i * 600) as f64)).collect();
+        let b = bill(
+            &[rank(0, 1, 0, 60 * MIN)],
+            &[idle_row(0, 0, &samples)],
+            Clip {
+                start_ms: Some(-MIN),
+                end_ms: Some(30 * MIN),
+            },
+        );
+        assert_eq!((b.gpu_seconds, b.idle_seconds), (1800.0, 1800.0));
+        assert_eq!(b.idle_fraction(), 1.0);
+        // Samples stamped long before the run started (a wrong clock): billed from the start.
+        let b = bill(
+            &[rank(0, 1, -600 * MIN, 60 * MIN)],
+            &[],
+            Clip {
+                start_ms: Some(0),
+                end_ms: None,
+            },
+        );
+        assert_eq!(b.gpu_seconds, 3600.0);
+    }
+
+    #[test]
+    fn windows_from_two_replicas_merge_in_either_order_and_overlaps_add_nothing() {
+        let whole: Vec<(i64, f64)> = (0..=6).map(|i| (i * MIN, (i * 60) as f64)).collect();
+        let mut a = IdleWindow::new(whole[0].0, whole[0].1);
+        for &(t, c) in &whole[1..3] {
+            a.push(t, c);
+        }
+        let mut b = IdleWindow::new(whole[3].0, whole[3].1);
+        for &(t, c) in &whole[4..] {
+            b.push(t, c);
+        }
+        let (mut ab, mut ba) = (a, b);
+        ab.merge(&b);
+        ba.merge(&a);
+        assert_eq!(ab, ba);
+        assert_eq!(ab.idle_s, 360.0);
+        // A late, overlapping window (one sample between the ends): nothing changes.
+        let before = ab;
+        ab.merge(&IdleWindow::new(150_000, 150.0));
+        assert_eq!(ab, before);
+    }
+
+    #[test]
+    fn ranks_sum_per_model_and_per_rank_and_gpus_beyond_the_allocation_are_ignored() {
+        let mut other = rank(1, 1, 0, 60 * MIN);
+        other.gpu_model = None;
+        let b = bill(
+            &[rank(0, 2, 0, 60 * MIN), other],
+            // GPU 5 of rank 0 is beyond its 2 GPUs: not billed.
+            &[
+                idle_row(0, 5, &[(0, 0.0), (60 * MIN, 3600.0)]),
+                idle_row(1, 0, &[(0, 0.0), (60 * MIN, 3600.0)]),
+            ],
+            Clip::default(),
+        );
+        assert_eq!((b.gpu_seconds, b.idle_seconds), (3.0 * 3600.0, 3600.0));
+        let mut models = b.by_model();
+        models.sort_by(|a, b| a.0.cmp(&b.0));
+        assert_eq!(
+            models,
+            [
+                ("H200".to_owned(), 7200.0, 0.0),
+                ("unknown".to_owned(), 0.0, 3600.0)
+            ]
+        );
+        assert_eq!(b.per_rank(), [(0, 7200.0, 0.0), (1, 3600.0, 3600.0)]);
+        assert_eq!(hours(b.idle_hours()), "1.0000");
+    }
+}

@@ -1,0 +1,399 @@
+//! The GPU bill end to end, against the real MLflow: the collector's GPU payload
+//! (`system/rank-<r>/gpu_<i>_utilization_percentage`, `gpu_<i>_idle_seconds`, its identity headers
+//! and placement tags) sent with controlled timestamps, so that the run's length and each GPU's
+//! idle time are known. A run its client ends through the proxy, a rank that went silent, a run
+//! the sweep judged lost and a run two replicas on one PostgreSQL share are each billed once, as
+//! the README defines; a live run's idle GPUs are named in a tag that goes once they work.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use mlscope_tests::{PostgresDatabase, ProxyProcess, TestStack};
+use serde_json::{json, Value};
+
+use crate::health::{counter, health_proxy, health_view, wait_for_status};
+use crate::mlflow::{http, now_ms, post, run_tags};
+
+const MIN: i64 = 60_000;
+
+/// A run created directly in MLflow with `start_time` = `start_ms`.
+async fn run_started_at(mlflow: &str, prefix: &str, start_ms: i64) -> String {
+    let name = format!("{prefix}-{}", uuid::Uuid::new_v4().simple());
+    let experiment = post(mlflow, "experiments/create", json!({ "name": name })).await;
+    let run = post(
+        mlflow,
+        "runs/create",
+        json!({"experiment_id": experiment["experiment_id"], "start_time": start_ms}),
+    )
+    .await;
+    run["run"]["info"]["run_id"].as_str().unwrap().to_owned()
+}
+
+/// One publish of a rank's collector: every GPU's utilization and idle clock, all stamped `at`,
+/// with the placement tags on the first publish (`step` 0), as the collector sends them.
+fn publish(run_id: &str, rank: u32, node: &str, step: i64, at: i64, gpus: &[f64]) -> Value {
+    let mut metrics = Vec::new();
+    for (index, &idle) in gpus.iter().enumerate() {
+        let utilization = if idle > 0.0 { 0.0 } else { 97.0 };
+        let owner = format!("system/rank-{rank}/gpu_{index}");
+        metrics.push(json!({"key": format!("{owner}_utilization_percentage"), "value": utilization, "timestamp": at, "step": step}));
+        metrics.push(json!({"key": format!("{owner}_idle_seconds"), "value": idle, "timestamp": at, "step": step}));
+    }
+    let mut tags = Vec::new();
+    if step == 0 {
+        for (fact, value) in [
+            ("node", node.to_owned()),
+            ("pod", format!("pod-{node}-{rank}")),
+            ("gpu_count", gpus.len().to_string()),
+            ("gpu_model", "NVIDIA H200".to_owned()),
+        ] {
+            tags.push(json!({"key": format!("mlscope/rank-{rank}/{fact}"), "value": value}));
+        }
+    }
+    json!({"run_id": run_id, "metrics": metrics, "tags": tags})
+}
+
+async fn send(proxy: &ProxyProcess, rank: u32, node: &str, body: &Value) {
+    let response = http()
+        .post(format!("{}/api/2.0/mlflow/runs/log-batch", proxy.url))
+        .header("X-Mlscope-Node", node)
+        .header("X-Mlscope-Rank", rank.to_string())
+        .json(body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200, "{}", response.text().await.unwrap());
+}
+
+/// A rank's publishes every 10 minutes from `start` for `minutes`: GPU `i` idle throughout
+/// when `idle[i]` (its clock rising from 0 at the start), busy otherwise.
+fn publishes(start: i64, minutes: i64, idle: &[bool]) -> Vec<(i64, i64, Vec<f64>)> {
+    (0..=minutes / 10)
+        .map(|k| {
+            let at = start + k * 10 * MIN;
+            let clocks = idle
+                .iter()
+                .map(|&i| if i { (k * 600) as f64 } else { 0.0 })
+                .collect();
+            (k, at, clocks)
+        })
+        .collect()
+}
+
+async fn send_rank(
+    proxy: &ProxyProcess,
+    run_id: &str,
+    rank: u32,
+    node: &str,
+    publishes: &[(i64, i64, Vec<f64>)],
+) {
+    for (step, at, clocks) in publishes {
+        send(
+            proxy,
+            rank,
+            node,
+            &publish(run_id, rank, node, *step, *at, clocks),
+        )
+        .await;
+    }
+}
+
+/// Ends the run through `proxy` as MLflow's client does (`run_id` and `run_uuid`).
+async fn end_run(proxy: &ProxyProcess, run_id: &str, end_ms: i64) {
+    post(
+        &proxy.url,
+        "runs/update",
+        json!({"run_id": run_id, "run_uuid": run_id, "status": "FINISHED", "end_time": end_ms}),
+    )
+    .await;
+}
+
+/// Polls the run's tags until `mlscope.gpu_hours` is there.
+async fn billed_tags(mlflow: &str, run_id: &str) -> BTreeMap<String, String> {
+    let deadline = Instant::now() + Duration::from_secs(40);
+    loop {
+        let tags = run_tags(mlflow, run_id).await;
+        if tags.contains_key("mlscope.gpu_hours") {
+            return tags;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "run {run_id} not billed: {tags:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+}
+
+fn number(tags: &BTreeMap<String, String>, key: &str) -> f64 {
+    tags.get(key)
+        .unwrap_or_else(|| panic!("no {key}: {tags:?}"))
+        .parse()
+        .unwrap_or_else(|_| panic!("{key} is not a number: {tags:?}"))
+}
+
+fn within_2_percent(tags: &BTreeMap<String, String>, key: &str, truth: f64) {
+    let value = number(tags, key);
+    assert!(
+        (value - truth).abs() <= 0.02 * truth,
+        "{key} = {value}, truth {truth}: {tags:?}"
+    );
+}
+
+/// (a) two ranks with two GPUs each for two hours, GPU 1 of rank 0 idle throughout, ended by
+/// its client: 8 GPU hours, 2 of them idle. (b) the same, but rank 1 goes silent after one hour
+/// and the run is ended at two: rank 1 is billed to its last heartbeat (6 GPU hours).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_run_ended_by_its_client_is_billed_its_gpu_hours_and_a_silent_rank_to_its_last_heartbeat()
+{
+    let stack = TestStack::shared();
+    let mlflow = stack.mlflow.url.as_str();
+    let dir = tempfile::tempdir().unwrap();
+    let proxy = health_proxy(dir.path(), mlflow, "10m", &[]);
+    let start = now_ms() - 3 * 60 * MIN;
+    let whole = run_started_at(mlflow, "bill-whole", start).await;
+    let silent = run_started_at(mlflow, "bill-silent", start).await;
+    send_rank(
+        &proxy,
+        &whole,
+        0,
+        "node-a",
+        &publishes(start, 120, &[false, true]),
+    )
+    .await;
+    send_rank(
+        &proxy,
+        &whole,
+        1,
+        "node-b",
+        &publishes(start, 120, &[false, false]),
+    )
+    .await;
+    send_rank(
+        &proxy,
+        &silent,
+        0,
+        "node-a",
+        &publishes(start, 120, &[false, true]),
+    )
+    .await;
+    send_rank(
+        &proxy,
+        &silent,
+        1,
+        "node-b",
+        &publishes(start, 60, &[false, false]),
+    )
+    .await;
+
+    // Live: the bill so far is in the run's health (once every sample is flushed), and the idle
+    // GPU is named.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let view = loop {
+        let (code, view) = health_view(&proxy, &whole).await;
+        assert_eq!(
+            (code, view["bill"].as_str()),
+            (200, Some("running")),
+            "{view}"
+        );
+        if (view["gpu_hours"].as_f64().unwrap_or_default() - 8.0).abs() < 0.16 {
+            break view;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "bill so far not 8 GPU hours: {view}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert!(
+        (view["gpu_idle_hours"].as_f64().unwrap() - 2.0).abs() < 0.04,
+        "{view}"
+    );
+    assert_eq!(view["gpus_idle_tag"], "rank-0:gpu1", "{view}");
+
+    end_run(&proxy, &whole, start + 120 * MIN).await;
+    end_run(&proxy, &silent, start + 120 * MIN).await;
+
+    let tags = billed_tags(mlflow, &whole).await;
+    within_2_percent(&tags, "mlscope.gpu_hours", 8.0);
+    within_2_percent(&tags, "mlscope.gpu_idle_hours", 2.0);
+    within_2_percent(&tags, "mlscope.gpu_idle_fraction", 0.25);
+    within_2_percent(&tags, "mlscope/rank-0/gpu_hours", 4.0);
+    within_2_percent(&tags, "mlscope/rank-0/gpu_idle_hours", 2.0);
+    within_2_percent(&tags, "mlscope/rank-1/gpu_hours", 4.0);
+    assert_eq!(number(&tags, "mlscope/rank-1/gpu_idle_hours"), 0.0);
+
+    let tags = billed_tags(mlflow, &silent).await;
+    within_2_percent(&tags, "mlscope.gpu_hours", 6.0);
+    within_2_percent(&tags, "mlscope.gpu_idle_hours", 2.0);
+    within_2_percent(&tags, "mlscope/rank-1/gpu_hours", 2.0);
+
+    // The health view shows what the tags say; the fleet counters have both runs.
+    let (_, view) = health_view(&proxy, &whole).await;
+    assert_eq!(
+        (view["state"].as_str(), view["bill"].as_str()),
+        (Some("ended"), Some("billed")),
+        "{view}"
+    );
+    assert!(
+        (view["gpu_hours"].as_f64().unwrap() - 8.0).abs() < 0.16,
+        "{view}"
+    );
+    let busy = counter(
+        &[&proxy],
+        r#"mlscope_gpu_seconds_total{model="NVIDIA H200",state="busy"}"#,
+    )
+    .await;
+    let idle = counter(
+        &[&proxy],
+        r#"mlscope_gpu_seconds_total{model="NVIDIA H200",state="idle"}"#,
+    )
+    .await;
+    assert!(
+        ((busy + idle) / 3600.0 - 14.0).abs() < 0.28 && (idle / 3600.0 - 4.0).abs() < 0.08,
+        "busy {busy} s, idle {idle} s"
+    );
+    assert_eq!(counter(&[&proxy], "mlscope_runs_billed_total").await, 2.0);
+    // The idle tag written while the run was live went with its end; no write failed.
+    assert!(!run_tags(mlflow, &whole)
+        .await
+        .contains_key("mlscope.gpus_idle"));
+    assert_eq!(
+        counter(&[&proxy], "mlscope_health_sweep_errors_total").await,
+        0.0
+    );
+}
+
+/// (c) a run whose only rank vanished is judged lost by the sweep, ended at its last heartbeat,
+/// and billed over its samples: one hour of two GPUs, GPU 1 idle for the last half hour.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_run_the_sweep_judges_lost_is_billed_to_its_last_heartbeat() {
+    let stack = TestStack::shared();
+    let mlflow = stack.mlflow.url.as_str();
+    let dir = tempfile::tempdir().unwrap();
+    let proxy = health_proxy(dir.path(), mlflow, "3s", &[]);
+    let start = now_ms() - 90 * MIN;
+    let run_id = run_started_at(mlflow, "bill-lost", start).await;
+    for k in 0..=6 {
+        // GPU 1 works until minute 30, then idles: its clock reads 0, 0, 0, 0, 600, 1200, 1800.
+        let clock = ((k - 3).max(0) * 600) as f64;
+        let body = publish(&run_id, 0, "node-l", k, start + k * 10 * MIN, &[0.0, clock]);
+        send(&proxy, 0, "node-l", &body).await;
+    }
+    wait_for_status(mlflow, &run_id, "FAILED", Duration::from_secs(40)).await;
+    let tags = billed_tags(mlflow, &run_id).await;
+    assert_eq!(
+        tags.get("mlscope.outcome").map(String::as_str),
+        Some("lost")
+    );
+    within_2_percent(&tags, "mlscope.gpu_hours", 2.0);
+    within_2_percent(&tags, "mlscope.gpu_idle_hours", 0.5);
+    within_2_percent(&tags, "mlscope.gpu_idle_fraction", 0.25);
+}
+
+/// (d) two replicas on one PostgreSQL, each hearing one rank (in parts, one part late and out of
+/// order), the run ended through one of them: billed once, by one replica, with the true figures.
+#[tokio::test(flavor = "multi_thread")]
+async fn two_replicas_sharing_postgresql_bill_a_run_once() {
+    let stack = TestStack::shared();
+    let mlflow = stack.mlflow.url.as_str();
+    let dir = tempfile::tempdir().unwrap();
+    let admin = std::env::var("MLSCOPE_TEST_POSTGRES_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into());
+    let database = PostgresDatabase::create(&admin, "mlscope_bill").unwrap();
+    let shared = ["--database-url", database.url.as_str()];
+    let replicas = [
+        health_proxy(dir.path(), mlflow, "10m", &shared),
+        health_proxy(dir.path(), mlflow, "10m", &shared),
+    ];
+    let start = now_ms() - 3 * 60 * MIN;
+    let run_id = run_started_at(mlflow, "bill-replicas", start).await;
+    let rank0 = publishes(start, 120, &[false, true]);
+    let rank1 = publishes(start, 120, &[false, false]);
+    // Each replica's flushes reach the store apart (the pause outlasts the flush interval): the
+    // last hour first, then the first (merged before it), then the middle (between the two).
+    for (part, pause) in [(9..13, true), (0..5, true), (5..9, false)] {
+        send_rank(&replicas[0], &run_id, 0, "node-a", &rank0[part.clone()]).await;
+        send_rank(&replicas[1], &run_id, 1, "node-b", &rank1[part]).await;
+        if pause {
+            tokio::time::sleep(Duration::from_millis(800)).await;
+        }
+    }
+    end_run(&replicas[1], &run_id, start + 120 * MIN).await;
+
+    let tags = billed_tags(mlflow, &run_id).await;
+    within_2_percent(&tags, "mlscope.gpu_hours", 8.0);
+    within_2_percent(&tags, "mlscope.gpu_idle_hours", 2.0);
+    // Several sweeps of both replicas later: billed by one of them, once.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let both = [&replicas[0], &replicas[1]];
+    assert_eq!(counter(&both, "mlscope_runs_billed_total").await, 1.0);
+    let seconds = counter(&both, "mlscope_gpu_seconds_total").await;
+    assert!(
+        (seconds / 3600.0 - 8.0).abs() < 0.16,
+        "{seconds} GPU seconds"
+    );
+    for replica in &both {
+        let (_, view) = health_view(replica, &run_id).await;
+        assert_eq!(view["bill"], "billed", "{view}");
+    }
+}
+
+/// (e) a live run whose GPU has been idle past `--gpu-idle-after` carries `mlscope.gpus_idle`
+/// naming it; once it works again the tag is deleted.
+#[tokio::test(flavor = "multi_thread")]
+async fn idle_gpus_of_a_live_run_are_named_in_a_tag_that_goes_when_they_work_again() {
+    let stack = TestStack::shared();
+    let mlflow = stack.mlflow.url.as_str();
+    let dir = tempfile::tempdir().unwrap();
+    let proxy = health_proxy(dir.path(), mlflow, "10m", &["--gpu-idle-after", "30m"]);
+    let run_id = run_started_at(mlflow, "bill-idle-tag", now_ms()).await;
+    // Rank 1's GPU 0 has been idle an hour, rank 0's GPUs work, rank 1's GPU 1 idles 10 min.
+    send(
+        &proxy,
+        0,
+        "node-a",
+        &publish(&run_id, 0, "node-a", 0, now_ms(), &[0.0, 0.0]),
+    )
+    .await;
+    send(
+        &proxy,
+        1,
+        "node-b",
+        &publish(&run_id, 1, "node-b", 0, now_ms(), &[3600.0, 600.0]),
+    )
+    .await;
+    let tag = |wanted: Option<&'static str>| {
+        let run_id = run_id.clone();
+        async move {
+            let deadline = Instant::now() + Duration::from_secs(30);
+            loop {
+                let tags = run_tags(mlflow, &run_id).await;
+                if tags.get("mlscope.gpus_idle").map(String::as_str) == wanted {
+                    return;
+                }
+                assert!(
+                    Instant::now() < deadline,
+                    "mlscope.gpus_idle is not {wanted:?}: {tags:?}"
+                );
+                tokio::time::sleep(Duration::from_millis(300)).await;
+            }
+        }
+    };
+    tag(Some("rank-1:gpu0")).await;
+    // It works again: the next sweeps delete the tag.
+    send(
+        &proxy,
+        1,
+        "node-b",
+        &publish(&run_id, 1, "node-b", 1, now_ms(), &[0.0, 660.0]),
+    )
+    .await;
+    tag(None).await;
+    let (_, view) = health_view(&proxy, &run_id).await;
+    assert!(view["gpus_idle_tag"].is_null(), "{view}");
+    assert_eq!(view["bill"], "running", "{view}");
+    assert_eq!(
+        counter(&[&proxy], "mlscope_health_sweep_errors_total").await,
+        0.0
+    );
+}
