@@ -942,9 +942,12 @@ print("ok", flush=True)
         ok && stdout.contains("ok"),
         "--- stdout\n{stdout}\n--- stderr\n{stderr}"
     );
-    // The proxy's JSON request log: both kinds of write were answered 200 from the store.
-    let log = std::fs::read_to_string(&g.proxy.log_path).unwrap();
-    let stored = |root: &str| {
+    // The proxy's JSON request log: both kinds of write were answered 200 from the store. The
+    // trace is uploaded as the client exits, and its line may be written just after: the log is
+    // read again until both lines are there, for at most 30 s.
+    let read_log = || std::fs::read_to_string(&g.proxy.log_path).unwrap();
+    let mut log = read_log();
+    let stored = |log: &str, root: &str| {
         log.lines()
             .filter_map(|l| serde_json::from_str::<Value>(l).ok())
             .any(|line| {
@@ -956,12 +959,19 @@ print("ok", flush=True)
                         .is_some_and(|p| p.contains(root))
             })
     };
+    for _ in 0..60 {
+        if stored(&log, "/models/m-") && stored(&log, "/traces/tr-") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        log = read_log();
+    }
     assert!(
-        stored("/models/m-"),
+        stored(&log, "/models/m-"),
         "no logged-model file was stored through the gateway\n{stderr}"
     );
     assert!(
-        stored("/traces/tr-"),
+        stored(&log, "/traces/tr-"),
         "no trace file was stored through the gateway\n{stderr}"
     );
 }
