@@ -49,6 +49,7 @@ pub mod relocate;
 pub mod rewrite;
 pub mod route;
 pub mod serve;
+pub mod settings;
 pub mod state;
 
 #[cfg(test)]
