@@ -565,6 +565,191 @@ mod tests {
         .is_err());
     }
 
+    /// One setting of each component: its flag and environment variable, the value the file,
+    /// the environment and the flag give it, and how the resolved value reads (`Debug`) given
+    /// nowhere, by the file alone, by the environment over the file, and by the flag over both.
+    struct Layered {
+        flag: &'static str,
+        env: &'static str,
+        /// `key = value` in the file.
+        file: &'static str,
+        env_value: &'static str,
+        flag_value: &'static str,
+        read: fn(&Config) -> String,
+        /// Default, file, environment, flag.
+        expected: [&'static str; 4],
+    }
+
+    const ONE_OF_EACH_COMPONENT: &[Layered] = &[
+        Layered {
+            flag: "--shutdown-grace",
+            env: "MLSCOPE_SHUTDOWN_GRACE",
+            file: "shutdown_grace = \"11s\"",
+            env_value: "12s",
+            flag_value: "13s",
+            read: |c| format!("{:?}", c.shutdown_grace),
+            expected: ["30s", "11s", "12s", "13s"],
+        },
+        Layered {
+            flag: "--connect-timeout",
+            env: "MLSCOPE_CONNECT_TIMEOUT",
+            file: "connect_timeout = \"21s\"",
+            env_value: "22s",
+            flag_value: "23s",
+            read: |c| format!("{:?}", c.timeouts.connect),
+            expected: ["5s", "21s", "22s", "23s"],
+        },
+        Layered {
+            flag: "--trusted-proxies",
+            env: "MLSCOPE_TRUSTED_PROXIES",
+            file: "trusted_proxies = \"10.0.0.1\"",
+            env_value: "10.0.0.2",
+            flag_value: "10.0.0.3",
+            read: |c| format!("{:?}", c.trusted_proxies),
+            expected: [
+                "TrustedProxies([])",
+                "TrustedProxies([(10.0.0.1, 32)])",
+                "TrustedProxies([(10.0.0.2, 32)])",
+                "TrustedProxies([(10.0.0.3, 32)])",
+            ],
+        },
+        Layered {
+            flag: "--max-writes-at-mlflow",
+            env: "MLSCOPE_MAX_WRITES_AT_MLFLOW",
+            file: "max_writes_at_mlflow = 31",
+            env_value: "32",
+            flag_value: "33",
+            read: |c| format!("{:?}", c.fair_share.max_writes_at_mlflow),
+            expected: ["64", "31", "32", "33"],
+        },
+        Layered {
+            flag: "--state-retention",
+            env: "MLSCOPE_STATE_RETENTION",
+            file: "state_retention = \"41h\"",
+            env_value: "42h",
+            flag_value: "43h",
+            read: |c| format!("{:?}", c.state_retention),
+            expected: ["1209600s", "147600s", "151200s", "154800s"],
+        },
+        Layered {
+            flag: "--log-level",
+            env: "MLSCOPE_LOG",
+            file: "log_level = \"debug\"",
+            env_value: "warn",
+            flag_value: "error",
+            read: |c| c.log_level.clone(),
+            expected: ["info", "debug", "warn", "error"],
+        },
+        Layered {
+            flag: "--inspect-body-deadline",
+            env: "MLSCOPE_INSPECT_BODY_DEADLINE",
+            file: "inspect_body_deadline = \"51s\"",
+            env_value: "52s",
+            flag_value: "53s",
+            read: |c| format!("{:?}", c.scopes.inspect_deadline),
+            expected: ["60s", "51s", "52s", "53s"],
+        },
+        Layered {
+            flag: "--dedup-failover-timeout",
+            env: "MLSCOPE_DEDUP_FAILOVER_TIMEOUT",
+            file: "dedup_failover_timeout = \"61s\"",
+            env_value: "62s",
+            flag_value: "63s",
+            read: |c| format!("{:?}", c.scopes.dedup_config.failover_timeout),
+            expected: ["30s", "61s", "62s", "63s"],
+        },
+        Layered {
+            flag: "--coalesce-in-flight-per-run",
+            env: "MLSCOPE_COALESCE_IN_FLIGHT_PER_RUN",
+            file: "coalesce_in_flight_per_run = 71",
+            env_value: "72",
+            flag_value: "73",
+            read: |c| format!("{:?}", c.coalesce.in_flight_per_run),
+            expected: ["2", "71", "72", "73"],
+        },
+        Layered {
+            flag: "--artifact-upload-concurrency",
+            env: "MLSCOPE_ARTIFACT_UPLOAD_CONCURRENCY",
+            file: "artifact_upload_concurrency = 8",
+            env_value: "9",
+            flag_value: "10",
+            read: |c| format!("{:?}", c.artifacts.upload_concurrency),
+            expected: ["4", "8", "9", "10"],
+        },
+        Layered {
+            flag: "--run-stale-after",
+            env: "MLSCOPE_RUN_STALE_AFTER",
+            file: "run_stale_after = \"81m\"",
+            env_value: "82m",
+            flag_value: "83m",
+            read: |c| format!("{:?}", c.health.stale_after),
+            expected: ["300s", "4860s", "4920s", "4980s"],
+        },
+    ];
+
+    /// Set in the child process that holds the environment layer: the file to read.
+    const CHILD_WITH_ENVIRONMENT: &str = "MLSCOPE_TEST_LAYERS_FILE";
+
+    fn check_layer(config: &Config, layer: usize, name: &str) {
+        for setting in ONE_OF_EACH_COMPONENT {
+            assert_eq!(
+                (setting.read)(config),
+                setting.expected[layer],
+                "{} given by {name}",
+                setting.flag
+            );
+        }
+    }
+
+    /// Flag over environment over file over default, for one setting of each component. The
+    /// environment is the process's own, so that layer is checked in a child process (this test
+    /// run again) that has it: setting it here would reach every other test running meanwhile.
+    #[test]
+    fn a_flag_beats_the_environment_which_beats_the_file_which_beats_the_default() {
+        if let Some(path) = std::env::var_os(CHILD_WITH_ENVIRONMENT) {
+            let path = path.to_str().unwrap().to_owned();
+            let config = Config::from_args(["p", "--config", &path]).unwrap();
+            check_layer(&config, 2, "the environment and the file");
+            let mut args = vec!["p".to_owned(), "--config".to_owned(), path];
+            for setting in ONE_OF_EACH_COMPONENT {
+                args.extend([setting.flag.to_owned(), setting.flag_value.to_owned()]);
+            }
+            let config = Config::from_args(args).unwrap();
+            check_layer(&config, 3, "a flag, the environment and the file");
+            return;
+        }
+        check_layer(&Config::from_args(["p"]).unwrap(), 0, "nothing");
+        let mut file = tempfile::NamedTempFile::new().unwrap();
+        for setting in ONE_OF_EACH_COMPONENT {
+            writeln!(file, "{}", setting.file).unwrap();
+        }
+        let path = file.path().to_str().unwrap();
+        check_layer(
+            &Config::from_args(["p", "--config", path]).unwrap(),
+            1,
+            "the file",
+        );
+
+        let test = format!(
+            "{}::a_flag_beats_the_environment_which_beats_the_file_which_beats_the_default",
+            module_path!().split_once("::").unwrap().1
+        );
+        let mut child = std::process::Command::new(std::env::current_exe().unwrap());
+        child
+            .args([test.as_str(), "--exact", "--nocapture", "--test-threads=1"])
+            .env(CHILD_WITH_ENVIRONMENT, path);
+        for setting in ONE_OF_EACH_COMPONENT {
+            child.env(setting.env, setting.env_value);
+        }
+        let output = child.output().unwrap();
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        assert!(
+            output.status.success() && stdout.contains("1 passed"),
+            "the environment layer (child process): {stdout}{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+
     #[test]
     fn upstream_keeps_path_and_query_byte_exact() {
         let u = Upstream::parse("http://127.0.0.1:5000/").unwrap();
