@@ -75,6 +75,8 @@ mod tests {
         assert_eq!(parse_size("2 KB"), Ok(2_000));
         assert_eq!(parse_size("1000"), Ok(1000));
         assert!(parse_size("12 parsecs").is_err());
-        assert!(parse_size("99999999999999GiB").unwrap_err().contains("too large"));
+        assert!(parse_size("99999999999999GiB")
+            .unwrap_err()
+            .contains("too large"));
     }
 }

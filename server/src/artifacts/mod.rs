@@ -224,7 +224,9 @@ impl ArtifactsOptions {
                 stall_grace: d.s3.stall_grace,
             },
             part_size: self.artifact_part_size.unwrap_or(d.part_size),
-            upload_concurrency: self.artifact_upload_concurrency.unwrap_or(d.upload_concurrency),
+            upload_concurrency: self
+                .artifact_upload_concurrency
+                .unwrap_or(d.upload_concurrency),
             multipart_threshold: self
                 .artifact_multipart_threshold
                 .unwrap_or(d.multipart_threshold),

@@ -146,7 +146,9 @@ impl CoalesceOptions {
         let d = CoalesceConfig::default();
         CoalesceConfig {
             window: self.coalesce_window.unwrap_or(d.window),
-            in_flight_per_run: self.coalesce_in_flight_per_run.unwrap_or(d.in_flight_per_run),
+            in_flight_per_run: self
+                .coalesce_in_flight_per_run
+                .unwrap_or(d.in_flight_per_run),
             max_pending_per_run: self
                 .coalesce_max_pending_per_run
                 .unwrap_or(d.max_pending_per_run),

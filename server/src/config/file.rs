@@ -87,7 +87,14 @@ mod tests {
     #[test]
     fn every_component_names_its_keys() {
         let keys = keys();
-        for key in ["listen", "upstream", "teams", "dedup", "artifact_part_size", "run_health"] {
+        for key in [
+            "listen",
+            "upstream",
+            "teams",
+            "dedup",
+            "artifact_part_size",
+            "run_health",
+        ] {
             assert!(keys.contains(&key), "{key} missing from {keys:?}");
         }
         assert!(
@@ -108,7 +115,11 @@ mod tests {
             let refused = toml::from_str::<Settings>(&format!("{id} = 0"))
                 .err()
                 .is_some_and(|e| e.message().starts_with(&format!("unknown field `{id}`")));
-            assert!(keys.contains(&id) != refused, "{id}: listed {}, refused {refused}", keys.contains(&id));
+            assert!(
+                keys.contains(&id) != refused,
+                "{id}: listed {}, refused {refused}",
+                keys.contains(&id)
+            );
         }
         for key in &keys {
             let refused = toml::from_str::<Settings>(&format!("{key} = 0"))
