@@ -3,6 +3,9 @@
 //! connections) and a cap on the size of a request head. A client that opens thousands of
 //! connections and sends its headers a byte at a time holds each one for the header deadline at
 //! most, and never more connections than the cap, so other clients keep being served.
+//!
+//! Here too are the listeners' settings: where they bind, those limits, the cap on requests in
+//! flight and the shutdown grace.
 
 use std::future::Future;
 use std::net::SocketAddr;

@@ -1,4 +1,4 @@
-//! The TOML file: every component's options as top-level keys, read into [`Settings`].
+//! The TOML file: every component's options as top-level keys, read into `Settings`.
 
 use std::path::Path;
 

@@ -4,7 +4,7 @@
 //! A component declares its settings once, in its own module, as options (see
 //! [`crate::settings`]): a flag with its environment variable and help, which is also a key of the
 //! file. It turns them into its settings with its own defaults and checks them with its own
-//! rules. This module only puts the options side by side ([`Settings`]), layers them, and hands
+//! rules. This module only puts the options side by side (`Settings`), layers them, and hands
 //! each component its own. Nothing else in the crate reads `std::env`; tests build a [`Config`]
 //! directly.
 
