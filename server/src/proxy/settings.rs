@@ -153,7 +153,7 @@ pub struct ForwarderOptions {
 }
 
 impl ForwarderOptions {
-    /// The given values over the defaults, checked.
+    /// The given values over the defaults; an upstream URL the forwarder cannot use is refused.
     pub fn resolve(self) -> Result<ForwarderSettings, String> {
         let mut settings = ForwarderSettings::default();
         if let Some(url) = self.upstream {
@@ -165,7 +165,6 @@ impl ForwarderOptions {
         timeouts.body_idle = self.body_idle_timeout.unwrap_or(timeouts.body_idle);
         settings.host_header = self.host_header.unwrap_or(settings.host_header);
         settings.max_idle = self.upstream_max_idle.unwrap_or(settings.max_idle);
-        settings.validate()?;
         Ok(settings)
     }
 }
