@@ -17,6 +17,29 @@ pub fn peer_of(extensions: &http::Extensions) -> std::net::SocketAddr {
         .map_or(std::net::SocketAddr::from(([0, 0, 0, 0], 0)), |c| c.0)
 }
 
+/// Who the clients are, as given (see [`crate::settings`]); `None`: not given here.
+#[derive(Debug, Clone, Default, clap::Args, serde::Deserialize)]
+pub struct ClientOptions {
+    /// Addresses or networks of gateways in front of the proxy (e.g. 10.0.0.0/8,fd00::/8): a
+    /// request from one is counted against the client its X-Forwarded-For names, for the share
+    /// of inspected bodies and upload slots one client may hold [default: none; every client is
+    /// its source address].
+    #[arg(long, env = "MLSCOPE_TRUSTED_PROXIES", value_name = "NETWORKS")]
+    pub trusted_proxies: Option<String>,
+}
+
+impl ClientOptions {
+    /// The trusted gateways (none unless given).
+    pub fn resolve(self) -> Result<TrustedProxies, String> {
+        match self.trusted_proxies {
+            Some(networks) => {
+                TrustedProxies::parse(&networks).map_err(|e| format!("trusted-proxies: {e}"))
+            }
+            None => Ok(TrustedProxies::default()),
+        }
+    }
+}
+
 /// A set of networks, `address/prefix-length`.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct TrustedProxies(Vec<(IpAddr, u8)>);

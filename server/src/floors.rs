@@ -14,6 +14,7 @@ const PLUMBING: &[&str] = &[
     "listen",
     "proxy",
     "route",
+    "settings",
     "store",
     "telemetry",
     "upstream",

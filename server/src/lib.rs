@@ -13,7 +13,9 @@
 //! - [`writes`] reads MLflow's write bodies (`log-batch`, `log-metric`, `log-parameter`,
 //!   `set-tag`) the way MLflow's parser does; [`upstream`] learns MLflow's version;
 //!   [`workspace`] reads MLflow workspaces; [`listen`] binds listeners; [`layers`] are the
-//!   cross-cutting layers every route gets.
+//!   cross-cutting layers every route gets;
+//! - [`settings`] says how a component declares its settings, and how durations, sizes and times
+//!   are written in flags and in the file.
 //!
 //! **Capabilities** use plumbing, and one another only through a named seam ([`floors`] lists
 //! them):
@@ -26,10 +28,15 @@
 //! - run health writes its own run tags (the GPU bill, idle GPUs) through [`coalesce`], so they
 //!   join the run's write queue.
 //!
-//! **The shell** composes them: [`config`] gathers every component's settings, [`state`] builds the
+//! Every component owns its settings: one `*Options` struct in its module (a flag, its
+//! environment variable and a key of the config file per field), turned into its settings with
+//! its own defaults and checked by its own `validate`.
+//!
+//! **The shell** composes them: [`config`] gathers every component's options into the command
+//! line and the file and layers them (flag, environment, file, default), [`state`] builds the
 //! components, [`app`] is the route table (which requests a capability answers, with [`layers`]
 //! around every route and forwarding as the fallback) and runs until shutdown, [`serve`] accepts
-//! connections, [`admin`] serves `/healthz`, `/readyz` and `/metrics`, and [`relocate`] is a tool
+//! connections (and owns the listeners' settings), [`admin`] serves `/healthz`, `/readyz` and `/metrics`, and [`relocate`] is a tool
 //! (not on the request path) that copies stray objects into a run.
 
 pub mod admin;
@@ -52,6 +59,7 @@ pub mod relocate;
 pub mod rewrite;
 pub mod route;
 pub mod serve;
+pub mod settings;
 pub mod state;
 
 #[cfg(test)]

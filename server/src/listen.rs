@@ -124,6 +124,22 @@ impl FromStr for ListenAddr {
     }
 }
 
+impl ListenAddr {
+    /// A listen address read from the config file under `key`. Its refusal names the key and the
+    /// value as written, since a file's value errors do not say which key they are about.
+    pub fn from_file<'de, D: serde::Deserializer<'de>>(
+        key: &str,
+        d: D,
+    ) -> Result<Option<Self>, D::Error> {
+        let Some(text) = <Option<String> as serde::Deserialize>::deserialize(d)? else {
+            return Ok(None);
+        };
+        text.parse()
+            .map(Some)
+            .map_err(|why| serde::de::Error::custom(format!("{key} = {text:?}: {why}")))
+    }
+}
+
 impl fmt::Display for ListenAddr {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         if self.host.contains(':') {

@@ -25,6 +25,53 @@ pub enum LogFormat {
     Json,
 }
 
+/// How the proxy logs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LogConfig {
+    pub format: LogFormat,
+    /// `tracing` filter directive, e.g. `info` or `mlscope_proxy=debug,info`.
+    pub level: String,
+}
+
+impl Default for LogConfig {
+    fn default() -> Self {
+        Self {
+            format: LogFormat::Pretty,
+            level: "info".to_owned(),
+        }
+    }
+}
+
+impl LogConfig {
+    pub fn validate(&self) -> Result<(), String> {
+        EnvFilter::try_new(&self.level)
+            .map(drop)
+            .map_err(|e| format!("log-level {:?}: {e}", self.level))
+    }
+}
+
+/// Logging's settings as given (see [`crate::settings`]); `None`: not given here.
+#[derive(Debug, Clone, Default, clap::Args, serde::Deserialize)]
+pub struct LogOptions {
+    /// Log format [default: pretty].
+    #[arg(long, env = "MLSCOPE_LOG_FORMAT", value_enum)]
+    pub log_format: Option<LogFormat>,
+    /// Log filter, e.g. `info` or `mlscope_proxy=debug` [default: info].
+    #[arg(long, env = "MLSCOPE_LOG", value_name = "FILTER")]
+    pub log_level: Option<String>,
+}
+
+impl LogOptions {
+    /// The given values over the defaults.
+    pub fn resolve(self) -> LogConfig {
+        let d = LogConfig::default();
+        LogConfig {
+            format: self.log_format.unwrap_or(d.format),
+            level: self.log_level.unwrap_or(d.level),
+        }
+    }
+}
+
 /// Installs the global `tracing` subscriber. Called once by `main`; tests leave it alone.
 pub fn init_logging(format: LogFormat, filter: &str) {
     let filter = EnvFilter::try_new(filter).unwrap_or_else(|_| EnvFilter::new("info"));

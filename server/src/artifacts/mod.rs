@@ -31,6 +31,8 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+use crate::settings::{parse_duration, parse_size};
+
 pub use handlers::Gateway;
 pub use objects::{Bucket, StoreError};
 pub use quirks::Quirks;
@@ -127,5 +129,125 @@ impl ArtifactsConfig {
     /// Memory one upload may hold at most.
     pub fn upload_memory_bound(&self) -> usize {
         self.multipart_threshold + 1 + self.part_size * self.upload_concurrency
+    }
+}
+
+/// The gateway's settings as given (see [`crate::settings`]); `None`: not given here. The store
+/// settings are global flags, so that `relocate` takes them after its name too.
+#[derive(Debug, Clone, Default, clap::Args, Deserialize)]
+pub struct ArtifactsOptions {
+    /// Serve MLflow's artifact API from this S3 location, laid out as MLflow's own
+    /// `--artifacts-destination` (e.g. s3://mlflow/artifacts). Unset: artifact requests are forwarded.
+    #[arg(
+        long,
+        global = true,
+        env = "MLSCOPE_ARTIFACTS_DESTINATION",
+        value_name = "URI"
+    )]
+    pub artifacts_destination: Option<String>,
+    /// S3 endpoint of an S3-compatible store (e.g. http://seaweedfs:8333); unset for AWS S3.
+    #[arg(
+        long,
+        global = true,
+        env = "MLSCOPE_S3_ENDPOINT_URL",
+        value_name = "URL"
+    )]
+    pub s3_endpoint_url: Option<String>,
+    /// Region to sign requests for [default: the quirks profile's, us-east-1 for most].
+    #[arg(long, global = true, env = "MLSCOPE_S3_REGION", value_name = "REGION")]
+    pub s3_region: Option<String>,
+    /// Path-style addressing (endpoint/bucket/key) [default: the quirks profile's].
+    #[arg(long, global = true, env = "MLSCOPE_S3_PATH_STYLE", value_name = "BOOL", action = clap::ArgAction::Set)]
+    pub s3_path_style: Option<bool>,
+    /// Store quirks profile: generic, aws, seaweedfs, minio, ceph, r2 [default: generic].
+    #[arg(long, global = true, env = "MLSCOPE_S3_QUIRKS", value_name = "PROFILE")]
+    pub s3_quirks: Option<String>,
+    /// Endpoint written into presigned multipart URLs when clients reach the store under
+    /// another address than the proxy [default: --s3-endpoint-url].
+    #[arg(
+        long,
+        global = true,
+        env = "MLSCOPE_S3_PRESIGN_ENDPOINT_URL",
+        value_name = "URL"
+    )]
+    pub s3_presign_endpoint_url: Option<String>,
+    /// Part size of multipart uploads; memory per upload is bounded by part size x
+    /// (concurrency + 1) [default: 8MiB, at least 5MiB].
+    #[arg(long, env = "MLSCOPE_ARTIFACT_PART_SIZE", value_parser = parse_size, value_name = "SIZE")]
+    #[serde(default, deserialize_with = "crate::settings::size")]
+    pub artifact_part_size: Option<usize>,
+    /// Parts of one upload sent to the store at once [default: 4].
+    #[arg(long, env = "MLSCOPE_ARTIFACT_UPLOAD_CONCURRENCY", value_name = "N")]
+    pub artifact_upload_concurrency: Option<usize>,
+    /// Uploads up to this size go to the store as one PUT; larger or unknown-length ones as
+    /// multipart uploads [default: 8MiB].
+    #[arg(long, env = "MLSCOPE_ARTIFACT_MULTIPART_THRESHOLD", value_parser = parse_size, value_name = "SIZE")]
+    #[serde(default, deserialize_with = "crate::settings::size")]
+    pub artifact_multipart_threshold: Option<usize>,
+    /// Artifact uploads handled at once; more get 503 and are retried by the client [default: 32].
+    #[arg(
+        long,
+        env = "MLSCOPE_ARTIFACT_MAX_CONCURRENT_UPLOADS",
+        value_name = "N"
+    )]
+    pub artifact_max_concurrent_uploads: Option<usize>,
+    /// Writes outside MLflow-owned roots (<exp>/<run>/artifacts, <exp>/models/<id>/artifacts,
+    /// <exp>/traces/<id>/artifacts): enforce (403), warn (log and allow) or off [default: enforce].
+    #[arg(long, env = "MLSCOPE_ARTIFACT_WRITE_POLICY", value_enum)]
+    pub artifact_write_policy: Option<WritePolicy>,
+    /// How long a run's, model's or trace's existence is cached for the write policy [default: 5m].
+    #[arg(long, env = "MLSCOPE_ARTIFACT_OWNER_CACHE_TTL", value_parser = parse_duration, value_name = "DURATION")]
+    #[serde(default, with = "humantime_serde")]
+    pub artifact_owner_cache_ttl: Option<Duration>,
+    /// When MLflow authenticates, how long its "allowed" for one client, operation and path is
+    /// reused before MLflow is asked again; 0 asks on every request [default: 10s].
+    #[arg(long, env = "MLSCOPE_ARTIFACT_AUTHZ_CACHE_TTL", value_parser = parse_duration, value_name = "DURATION")]
+    #[serde(default, with = "humantime_serde")]
+    pub artifact_authz_cache_ttl: Option<Duration>,
+    /// Validity of presigned multipart part URLs [default: 1h].
+    #[arg(long, env = "MLSCOPE_ARTIFACT_PRESIGN_EXPIRY", value_parser = parse_duration, value_name = "DURATION")]
+    #[serde(default, with = "humantime_serde")]
+    pub artifact_presign_expiry: Option<Duration>,
+}
+
+impl ArtifactsOptions {
+    /// The given values over the defaults; a destination that is not `s3://` and an unknown
+    /// quirks profile are refused. The store's stall grace stays the default: it is the
+    /// forwarder's body idle timeout, which the caller sets.
+    pub fn resolve(self) -> Result<ArtifactsConfig, String> {
+        let d = ArtifactsConfig::default();
+        let destination = match self.artifacts_destination {
+            Some(uri) => Some(Destination::parse(&uri)?),
+            None => d.destination,
+        };
+        let quirks = match self.s3_quirks {
+            Some(name) => Quirks::named(&name)?,
+            None => d.s3.quirks,
+        };
+        Ok(ArtifactsConfig {
+            destination,
+            s3: S3Settings {
+                endpoint_url: self.s3_endpoint_url.or(d.s3.endpoint_url),
+                region: self.s3_region.or(d.s3.region),
+                path_style: self.s3_path_style.or(d.s3.path_style),
+                quirks,
+                presign_endpoint_url: self.s3_presign_endpoint_url.or(d.s3.presign_endpoint_url),
+                stall_grace: d.s3.stall_grace,
+            },
+            part_size: self.artifact_part_size.unwrap_or(d.part_size),
+            upload_concurrency: self
+                .artifact_upload_concurrency
+                .unwrap_or(d.upload_concurrency),
+            multipart_threshold: self
+                .artifact_multipart_threshold
+                .unwrap_or(d.multipart_threshold),
+            max_concurrent_uploads: self
+                .artifact_max_concurrent_uploads
+                .unwrap_or(d.max_concurrent_uploads),
+            write_policy: self.artifact_write_policy.unwrap_or(d.write_policy),
+            owner_cache_ttl: self.artifact_owner_cache_ttl.unwrap_or(d.owner_cache_ttl),
+            authz_cache_ttl: self.artifact_authz_cache_ttl.unwrap_or(d.authz_cache_ttl),
+            presign_expiry: self.artifact_presign_expiry.unwrap_or(d.presign_expiry),
+        })
     }
 }

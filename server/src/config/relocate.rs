@@ -2,7 +2,7 @@
 //! the command line is declared in one module and the tool depends on it, not the other way.
 
 use crate::artifacts::upload::{MAX_PART_SIZE, MIN_PART_SIZE};
-use crate::config::parse_size;
+use crate::settings::parse_size;
 
 /// Arguments of `relocate`. The store is reached as the gateway reaches it (`--artifacts-destination`,
 /// `--s3-*`, AWS credentials from the environment); MLflow at `--upstream` names the run's path.

@@ -13,6 +13,9 @@ use std::time::Duration;
 use crate::store::{NodeLease, Store, StoreError};
 pub use clock::{Clock, ManualClock, SystemClock};
 
+/// Node deduplication is on unless turned off (`--dedup false`).
+pub const ENABLED_BY_DEFAULT: bool = true;
+
 #[derive(Debug, Clone, Copy)]
 pub struct DedupConfig {
     /// How often the reporter's lease is renewed in the store when nothing else changed (a
@@ -29,6 +32,47 @@ impl Default for DedupConfig {
             update_interval: Duration::from_secs(5),
             failover_timeout: Duration::from_secs(30),
         }
+    }
+}
+
+impl DedupConfig {
+    pub fn validate(&self) -> Result<(), String> {
+        if self.update_interval.is_zero() || self.update_interval >= self.failover_timeout {
+            return Err(format!(
+                "dedup-update-interval ({:?}) must be above 0 and below dedup-failover-timeout ({:?})",
+                self.update_interval, self.failover_timeout
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Deduplication's settings as given (see [`crate::settings`]); `None`: not given here.
+#[derive(Debug, Clone, Default, clap::Args, serde::Deserialize)]
+pub struct DedupOptions {
+    /// Keep node-wide samples (node_*, rootfs_*) from one rank per (run, node) [default: true].
+    #[arg(long, env = "MLSCOPE_DEDUP", value_name = "BOOL", action = clap::ArgAction::Set)]
+    pub dedup: Option<bool>,
+    /// How often a reporter's lease is renewed in the store (a higher last step is written at once, whatever the interval) [default: 5s].
+    #[arg(long, env = "MLSCOPE_DEDUP_UPDATE_INTERVAL", value_parser = crate::settings::parse_duration, value_name = "DURATION")]
+    #[serde(default, with = "humantime_serde")]
+    pub dedup_update_interval: Option<Duration>,
+    /// Silence after which another rank takes over a node's series [default: 30s].
+    #[arg(long, env = "MLSCOPE_DEDUP_FAILOVER_TIMEOUT", value_parser = crate::settings::parse_duration, value_name = "DURATION")]
+    #[serde(default, with = "humantime_serde")]
+    pub dedup_failover_timeout: Option<Duration>,
+}
+
+impl DedupOptions {
+    /// Whether deduplication is on ([`ENABLED_BY_DEFAULT`] unless given), and its lease timings
+    /// over the defaults.
+    pub fn resolve(self) -> (bool, DedupConfig) {
+        let d = DedupConfig::default();
+        let config = DedupConfig {
+            update_interval: self.dedup_update_interval.unwrap_or(d.update_interval),
+            failover_timeout: self.dedup_failover_timeout.unwrap_or(d.failover_timeout),
+        };
+        (self.dedup.unwrap_or(ENABLED_BY_DEFAULT), config)
     }
 }
 

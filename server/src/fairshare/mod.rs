@@ -133,6 +133,42 @@ impl FairShareConfig {
     }
 }
 
+/// The share's settings as given (see [`crate::settings`]); `None`: not given here.
+#[derive(Debug, Clone, Default, clap::Args, Deserialize)]
+pub struct FairShareOptions {
+    /// Writes to MLflow's tracking API per second one client (its credential once MLflow
+    /// accepted it, else its address) may send, with bursts of two seconds' worth; beyond, 429
+    /// with Retry-After, which MLflow's client retries; 0 turns the limit off [default: 1000].
+    #[arg(long, env = "MLSCOPE_CLIENT_WRITE_RATE", value_name = "PER_SECOND")]
+    pub client_write_rate: Option<f64>,
+    /// Metrics, params and tags per second one client may write, with bursts of two seconds'
+    /// worth; a batch is charged once answered, so its client's next write waits until the bucket
+    /// has paid for it; 0 turns the limit off [default: 20000].
+    #[arg(long, env = "MLSCOPE_CLIENT_SAMPLE_RATE", value_name = "PER_SECOND")]
+    pub client_sample_rate: Option<f64>,
+    /// Ceiling of the number of writes at MLflow at once, a limit learned from MLflow's latency:
+    /// once it is reached, the client with the most writes waiting is refused (429) while others
+    /// are active; 0 turns saturation control off [default: 64].
+    #[arg(long, env = "MLSCOPE_MAX_WRITES_AT_MLFLOW", value_name = "N")]
+    pub max_writes_at_mlflow: Option<usize>,
+    /// Per-team quotas (`[[teams]]` tables): only in the file.
+    #[arg(skip)]
+    pub teams: Option<Vec<Team>>,
+}
+
+impl FairShareOptions {
+    /// The given values over the defaults.
+    pub fn resolve(self) -> FairShareConfig {
+        let d = FairShareConfig::default();
+        FairShareConfig {
+            client_write_rate: self.client_write_rate.unwrap_or(d.client_write_rate),
+            client_sample_rate: self.client_sample_rate.unwrap_or(d.client_sample_rate),
+            max_writes_at_mlflow: self.max_writes_at_mlflow.unwrap_or(d.max_writes_at_mlflow),
+            teams: self.teams.unwrap_or(d.teams),
+        }
+    }
+}
+
 /// Who a write is charged to.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 enum ClientKey {

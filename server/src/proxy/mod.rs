@@ -25,7 +25,7 @@ mod settings;
 
 use crate::error::ProxyError;
 use crate::telemetry::{ErrorLabels, Metrics};
-pub use settings::{ForwarderSettings, HostHeader, Timeouts, Upstream};
+pub use settings::{ForwarderOptions, ForwarderSettings, HostHeader, Timeouts, Upstream};
 
 type UpstreamBody = StreamingBody<Body>;
 

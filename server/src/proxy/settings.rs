@@ -1,9 +1,11 @@
 //! Where and how the forwarder reaches MLflow: the upstream's address, the `Host` policy and the
-//! timeouts around every exchange.
+//! timeouts around every exchange, and the flags and file keys that set them.
 
 use std::time::Duration;
 
 use serde::Deserialize;
+
+use crate::settings::parse_duration;
 
 /// How the proxy sets the `Host` header on upstream requests.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, clap::ValueEnum)]
@@ -105,5 +107,64 @@ impl Default for ForwarderSettings {
             },
             max_idle: 64,
         }
+    }
+}
+
+impl ForwarderSettings {
+    /// Refuses timeouts that would fail every exchange.
+    pub fn validate(&self) -> Result<(), String> {
+        for (name, d) in [
+            ("connect-timeout", self.timeouts.connect),
+            ("response-timeout", self.timeouts.response_headers),
+            ("body-idle-timeout", self.timeouts.body_idle),
+        ] {
+            if d.is_zero() {
+                return Err(format!("{name} must be longer than 0"));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The forwarder's settings as given (see [`crate::settings`]); `None`: not given here.
+#[derive(Debug, Clone, Default, clap::Args, Deserialize)]
+pub struct ForwarderOptions {
+    /// URL of the MLflow tracking server [default: http://127.0.0.1:5000].
+    #[arg(long, global = true, env = "MLSCOPE_UPSTREAM", value_name = "URL")]
+    pub upstream: Option<String>,
+    /// `preserve` forwards the client's Host header; `upstream` sends the upstream's [default: preserve].
+    #[arg(long, env = "MLSCOPE_HOST_HEADER", value_enum)]
+    pub host_header: Option<HostHeader>,
+    /// Upstream TCP connect timeout [default: 5s].
+    #[arg(long, env = "MLSCOPE_CONNECT_TIMEOUT", value_parser = parse_duration, value_name = "DURATION")]
+    #[serde(default, with = "humantime_serde")]
+    pub connect_timeout: Option<Duration>,
+    /// Time the upstream may take to send response headers [default: 120s].
+    #[arg(long, env = "MLSCOPE_RESPONSE_TIMEOUT", value_parser = parse_duration, value_name = "DURATION")]
+    #[serde(default, with = "humantime_serde")]
+    pub response_timeout: Option<Duration>,
+    /// Longest pause inside a request or response body before it is aborted [default: 120s].
+    #[arg(long, env = "MLSCOPE_BODY_IDLE_TIMEOUT", value_parser = parse_duration, value_name = "DURATION")]
+    #[serde(default, with = "humantime_serde")]
+    pub body_idle_timeout: Option<Duration>,
+    /// Idle keep-alive connections kept to the upstream [default: 64].
+    #[arg(long, env = "MLSCOPE_UPSTREAM_MAX_IDLE", value_name = "N")]
+    pub upstream_max_idle: Option<usize>,
+}
+
+impl ForwarderOptions {
+    /// The given values over the defaults; an upstream URL the forwarder cannot use is refused.
+    pub fn resolve(self) -> Result<ForwarderSettings, String> {
+        let mut settings = ForwarderSettings::default();
+        if let Some(url) = self.upstream {
+            settings.upstream = Upstream::parse(&url)?;
+        }
+        let timeouts = &mut settings.timeouts;
+        timeouts.connect = self.connect_timeout.unwrap_or(timeouts.connect);
+        timeouts.response_headers = self.response_timeout.unwrap_or(timeouts.response_headers);
+        timeouts.body_idle = self.body_idle_timeout.unwrap_or(timeouts.body_idle);
+        settings.host_header = self.host_header.unwrap_or(settings.host_header);
+        settings.max_idle = self.upstream_max_idle.unwrap_or(settings.max_idle);
+        Ok(settings)
     }
 }

@@ -20,7 +20,7 @@ use mlscope_scopes::{scoped_key, Identity, KeyOutcome, OwnerPattern, ScopedKey};
 
 use crate::authz::{self, Authorizer};
 use crate::coalesce::Coalescer;
-use crate::dedup::{Decision, DedupConfig, Deduplicator, Event};
+use crate::dedup::{self, Decision, DedupConfig, DedupOptions, Deduplicator, Event};
 use crate::error::Error;
 use crate::health::{Beat, Health};
 use crate::proxy::X_REQUEST_ID;
@@ -65,12 +65,90 @@ impl Default for ScopeConfig {
             rewrite: true,
             owner_pattern: OwnerPattern::default(),
             keep_original_until: None,
-            dedup: true,
+            dedup: dedup::ENABLED_BY_DEFAULT,
             dedup_config: DedupConfig::default(),
             max_inspect_bytes: 16 * 1024 * 1024,
             max_inspect_total: 256 * 1024 * 1024,
             inspect_deadline: Duration::from_secs(60),
         }
+    }
+}
+
+impl ScopeConfig {
+    pub fn validate(&self) -> Result<(), String> {
+        self.dedup_config.validate()?;
+        if self.max_inspect_bytes < 1024 {
+            return Err("max-inspect-body must be at least 1KiB".into());
+        }
+        if self.max_inspect_total < self.max_inspect_bytes {
+            return Err(format!(
+                "max-inspect-total ({} bytes) must be at least max-inspect-body ({} bytes)",
+                self.max_inspect_total, self.max_inspect_bytes
+            ));
+        }
+        if self.inspect_deadline < Duration::from_secs(1) {
+            return Err(format!(
+                "inspect-body-deadline must be at least 1s (a whole metrics body must arrive within it), not {:?}",
+                self.inspect_deadline
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// The metric routes' settings as given (see [`crate::settings`]); `None`: not given here.
+/// Node deduplication's part of [`ScopeConfig`] is set by [`crate::dedup::DedupOptions`].
+#[derive(Debug, Clone, Default, clap::Args, serde::Deserialize)]
+pub struct ScopeOptions {
+    /// Rename ambiguous `system/` metric keys to scoped names [default: true].
+    #[arg(long, env = "MLSCOPE_REWRITE_SYSTEM_METRICS", value_name = "BOOL", action = clap::ArgAction::Set)]
+    pub rewrite_system_metrics: Option<bool>,
+    /// Regular expression for the owner segment(s) of `system/<owner>/<name>` keys, with named
+    /// groups `node` and/or `rank` [default: rank-<r>, rank_<r>, rank<r>, <node>/rank-<r>].
+    #[arg(long, env = "MLSCOPE_OWNER_PATTERN", value_name = "REGEX")]
+    pub owner_pattern: Option<String>,
+    /// Migration period: until this time (RFC 3339, e.g. 2027-03-01T00:00:00Z) each renamed
+    /// sample is also written under its original key so existing dashboards keep working.
+    #[arg(long, env = "MLSCOPE_KEEP_ORIGINAL_KEYS_UNTIL", value_name = "TIME", value_parser = crate::settings::parse_time)]
+    #[serde(default, with = "humantime_serde")]
+    pub keep_original_keys_until: Option<SystemTime>,
+    /// Largest metrics body inspected; larger ones get 413 (e.g. 16MiB, 512KiB) [default: 16MiB].
+    #[arg(long, env = "MLSCOPE_MAX_INSPECT_BODY", value_parser = crate::settings::parse_size, value_name = "SIZE")]
+    #[serde(default, deserialize_with = "crate::settings::size")]
+    pub max_inspect_body: Option<usize>,
+    /// Memory all metrics bodies under inspection may hold together; beyond it requests get 503
+    /// and are retried (e.g. 256MiB) [default: 256MiB].
+    #[arg(long, env = "MLSCOPE_MAX_INSPECT_TOTAL", value_parser = crate::settings::parse_size, value_name = "SIZE")]
+    #[serde(default, deserialize_with = "crate::settings::size")]
+    pub max_inspect_total: Option<usize>,
+    /// How long a metrics body may take to arrive whole; a slower one gets 408 and frees what it
+    /// held of --max-inspect-total (which bodies are charged as bytes arrive; its last quarter is
+    /// kept for clients holding less than a quarter) [default: 60s].
+    #[arg(long, env = "MLSCOPE_INSPECT_BODY_DEADLINE", value_parser = crate::settings::parse_duration, value_name = "DURATION")]
+    #[serde(default, with = "humantime_serde")]
+    pub inspect_body_deadline: Option<Duration>,
+}
+
+impl ScopeOptions {
+    /// The given values over the defaults, with deduplication's; an owner pattern that is not a
+    /// valid regular expression with the right groups is refused.
+    pub fn resolve(self, dedup: DedupOptions) -> Result<ScopeConfig, String> {
+        let d = ScopeConfig::default();
+        let owner_pattern = match self.owner_pattern {
+            Some(pattern) => OwnerPattern::new(&pattern).map_err(|e| e.to_string())?,
+            None => d.owner_pattern,
+        };
+        let (dedup, dedup_config) = dedup.resolve();
+        Ok(ScopeConfig {
+            rewrite: self.rewrite_system_metrics.unwrap_or(d.rewrite),
+            owner_pattern,
+            keep_original_until: self.keep_original_keys_until.or(d.keep_original_until),
+            dedup,
+            dedup_config,
+            max_inspect_bytes: self.max_inspect_body.unwrap_or(d.max_inspect_bytes),
+            max_inspect_total: self.max_inspect_total.unwrap_or(d.max_inspect_total),
+            inspect_deadline: self.inspect_body_deadline.unwrap_or(d.inspect_deadline),
+        })
     }
 }
 

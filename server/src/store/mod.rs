@@ -67,6 +67,62 @@ impl StoreUrl {
     }
 }
 
+/// Which store to open and how long its rows are kept.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoreConfig {
+    pub database_url: String,
+    /// Rows untouched this long (leases, upload-failure counts, replicas) are deleted by the
+    /// retention sweep.
+    pub state_retention: Duration,
+}
+
+impl Default for StoreConfig {
+    fn default() -> Self {
+        Self {
+            database_url: "sqlite://mlscope.db".to_owned(),
+            state_retention: Duration::from_secs(14 * 86_400),
+        }
+    }
+}
+
+impl StoreConfig {
+    pub fn validate(&self) -> Result<(), String> {
+        if self.state_retention < Duration::from_secs(3600) {
+            return Err(
+                "state-retention must be at least 1h (leases of live runs must never expire)"
+                    .into(),
+            );
+        }
+        StoreUrl::parse(&self.database_url).map_err(|e| e.to_string())?;
+        Ok(())
+    }
+}
+
+/// The store's settings as given (see [`crate::settings`]); `None`: not given here.
+#[derive(Debug, Clone, Default, clap::Args, serde::Deserialize)]
+pub struct StoreOptions {
+    /// State store: `sqlite://<path>` (created on first start) or `postgres://...` when several
+    /// replicas share state [default: sqlite://mlscope.db].
+    #[arg(long, env = "MLSCOPE_DATABASE_URL", value_name = "URL")]
+    pub database_url: Option<String>,
+    /// State-store rows untouched this long (node leases, upload-failure counts, replica rows)
+    /// are deleted; keep it above the longest pause of a run that may resume [default: 14d].
+    #[arg(long, env = "MLSCOPE_STATE_RETENTION", value_parser = crate::settings::parse_duration, value_name = "DURATION")]
+    #[serde(default, with = "humantime_serde")]
+    pub state_retention: Option<Duration>,
+}
+
+impl StoreOptions {
+    /// The given values over the defaults.
+    pub fn resolve(self) -> StoreConfig {
+        let d = StoreConfig::default();
+        StoreConfig {
+            database_url: self.database_url.unwrap_or(d.database_url),
+            state_retention: self.state_retention.unwrap_or(d.state_retention),
+        }
+    }
+}
+
 /// The state store, one variant per backend. Queries that differ between dialects are written
 /// once per variant; everything else goes through the shared methods below.
 #[derive(Debug, Clone)]
