@@ -15,7 +15,7 @@ use crate::error::Error;
 use crate::rewrite::stats::{ReporterView, RunView};
 use crate::state::AppState;
 
-pub fn router(state: AppState) -> Router {
+pub(crate) fn router(state: AppState) -> Router {
     Router::new()
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))

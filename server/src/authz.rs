@@ -56,7 +56,7 @@ fn probe_name() -> String {
 /// Entries kept in the decision cache at most.
 const MAX_CACHED: usize = 10_000;
 /// How often MLflow is asked whether it authenticates at all.
-pub const DETECT_INTERVAL: Duration = Duration::from_secs(10);
+pub(crate) const DETECT_INTERVAL: Duration = Duration::from_secs(10);
 const API: &str = "/api/2.0/mlflow-artifacts/";
 
 /// The permission tier an artifact request needs in MLflow.

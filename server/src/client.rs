@@ -11,7 +11,7 @@ use http::HeaderMap;
 
 /// The peer of a request's connection (axum's `ConnectInfo`), or `0.0.0.0:0` where there is none
 /// (a request built in a test, or routed without a connection).
-pub fn peer_of(extensions: &http::Extensions) -> std::net::SocketAddr {
+pub(crate) fn peer_of(extensions: &http::Extensions) -> std::net::SocketAddr {
     extensions
         .get::<axum::extract::ConnectInfo<std::net::SocketAddr>>()
         .map_or(std::net::SocketAddr::from(([0, 0, 0, 0], 0)), |c| c.0)
@@ -19,7 +19,7 @@ pub fn peer_of(extensions: &http::Extensions) -> std::net::SocketAddr {
 
 /// Who the clients are, as given (see [`crate::settings`]); `None`: not given here.
 #[derive(Debug, Clone, Default, clap::Args, serde::Deserialize)]
-pub struct ClientOptions {
+pub(crate) struct ClientOptions {
     /// Addresses or networks of gateways in front of the proxy (e.g. 10.0.0.0/8,fd00::/8): a
     /// request from one is counted against the client its X-Forwarded-For names, for the share
     /// of inspected bodies and upload slots one client may hold [default: none; every client is
@@ -30,7 +30,7 @@ pub struct ClientOptions {
 
 impl ClientOptions {
     /// The trusted gateways (none unless given).
-    pub fn resolve(self) -> Result<TrustedProxies, String> {
+    pub(crate) fn resolve(self) -> Result<TrustedProxies, String> {
         match self.trusted_proxies {
             Some(networks) => {
                 TrustedProxies::parse(&networks).map_err(|e| format!("trusted-proxies: {e}"))

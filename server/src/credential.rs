@@ -61,14 +61,14 @@ impl ServiceCredential {
 /// another password are two credentials: a client that does not know a user's password cannot
 /// spend that user's share.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct Credential {
+pub(crate) struct Credential {
     pub user: Option<Box<str>>,
     pub digest: [u8; 16],
 }
 
 impl Credential {
     /// `None` without an `Authorization` header of scheme Basic or Bearer.
-    pub fn of(headers: &HeaderMap) -> Option<Credential> {
+    pub(crate) fn of(headers: &HeaderMap) -> Option<Credential> {
         let value = headers.get(header::AUTHORIZATION)?.to_str().ok()?.trim();
         let (scheme, rest) = value.split_once(' ')?;
         let user = if scheme.eq_ignore_ascii_case("basic") {
@@ -118,14 +118,14 @@ static REQUEST_SPECIFIC: [HeaderName; 8] = [
 
 /// The headers that describe a request, its body or its transfer, not its client: left out of a
 /// fingerprint, and of the authorizer's probes.
-pub fn not_identifying(name: &HeaderName) -> bool {
+pub(crate) fn not_identifying(name: &HeaderName) -> bool {
     REQUEST_SPECIFIC.contains(name) || BODY_HEADERS.contains(name)
 }
 
 /// Everything a client sends that could identify it to MLflow or its auth plugin, hashed: every
 /// header except those that only describe the request or its body. An unknown header is part of
 /// the key, so a plugin's own credential header is never shared between clients.
-pub fn fingerprint(client: &HeaderMap) -> [u8; 32] {
+pub(crate) fn fingerprint(client: &HeaderMap) -> [u8; 32] {
     let mut pairs: Vec<(&str, &[u8])> = client
         .iter()
         .filter(|(name, _)| {

@@ -108,7 +108,7 @@ static CLASSIFIED: AtomicBool = AtomicBool::new(true);
 
 /// Makes the proxy's own errors carry MLflow's error classification, or not, as the MLflow
 /// behind it does (set once its version is known).
-pub fn classify_like_mlflow(on: bool) {
+pub(crate) fn classify_like_mlflow(on: bool) {
     CLASSIFIED.store(on, Ordering::Relaxed);
 }
 
@@ -133,7 +133,7 @@ fn classification(error_code: &str) -> Option<(&'static str, &'static str)> {
 
 /// MLflow's error JSON: `{"error_code", "message"}`, plus `sqlstate` and `error_class` when
 /// `classified` and MLflow classifies the code.
-pub fn error_body(error_code: &str, message: &str, classified: bool) -> serde_json::Value {
+pub(crate) fn error_body(error_code: &str, message: &str, classified: bool) -> serde_json::Value {
     let mut body = serde_json::json!({ "error_code": error_code, "message": message });
     if let Some((sqlstate, error_class)) = classified.then(|| classification(error_code)).flatten()
     {
@@ -164,7 +164,7 @@ fn respond(
 /// Every error the proxy answers itself. The kind decides the status and MLflow's
 /// `error_code`; the message is for the person reading it and says what to do.
 #[derive(Debug, thiserror::Error)]
-pub enum Error {
+pub(crate) enum Error {
     /// A value MLflow refuses too (or would, were it asked): 400 `INVALID_PARAMETER_VALUE`.
     #[error("{0}")]
     InvalidParameter(String),
@@ -218,7 +218,7 @@ pub enum Error {
 
 impl Error {
     /// The HTTP status of this error.
-    pub fn status(&self) -> StatusCode {
+    pub(crate) fn status(&self) -> StatusCode {
         match self {
             Error::InvalidParameter(_) | Error::BadRequest(_) => StatusCode::BAD_REQUEST,
             Error::Unsupported(_) => StatusCode::NOT_IMPLEMENTED,
@@ -236,7 +236,7 @@ impl Error {
     }
 
     /// MLflow's `error_code` for this error.
-    pub fn error_code(&self) -> &'static str {
+    pub(crate) fn error_code(&self) -> &'static str {
         match self {
             Error::InvalidParameter(_) => "INVALID_PARAMETER_VALUE",
             Error::BadRequest(_) | Error::Unsupported(_) | Error::TooSlow(_) => "BAD_REQUEST",

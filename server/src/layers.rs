@@ -19,7 +19,11 @@ use crate::telemetry::{Metrics, RequestLabels, RouteLabels};
 /// Request id (the client's own when sane, else a new one, sent upstream and back), a span
 /// carrying it with the route class, method and path, one log line per request and the request
 /// metrics.
-pub async fn observe(State(metrics): State<Metrics>, mut request: Request, next: Next) -> Response {
+pub(crate) async fn observe(
+    State(metrics): State<Metrics>,
+    mut request: Request,
+    next: Next,
+) -> Response {
     let started = Instant::now();
     let route = RouteClass::of(request.uri().path());
     let method = request.method().clone();
@@ -70,7 +74,7 @@ pub async fn observe(State(metrics): State<Metrics>, mut request: Request, next:
 /// body has been sent. Writes may hold three quarters of it: the last quarter is kept for reads,
 /// so the UI answers while writers take everything else.
 #[derive(Clone)]
-pub struct ConcurrencyLimit {
+pub(crate) struct ConcurrencyLimit {
     permits: std::sync::Arc<Semaphore>,
     write_permits: std::sync::Arc<Semaphore>,
     limit: usize,
@@ -78,7 +82,7 @@ pub struct ConcurrencyLimit {
 }
 
 impl ConcurrencyLimit {
-    pub fn new(limit: usize, metrics: Metrics) -> Self {
+    pub(crate) fn new(limit: usize, metrics: Metrics) -> Self {
         Self {
             permits: std::sync::Arc::new(Semaphore::new(limit)),
             write_permits: std::sync::Arc::new(Semaphore::new((limit * 3 / 4).max(1))),
@@ -88,7 +92,7 @@ impl ConcurrencyLimit {
     }
 }
 
-pub async fn limit_concurrency(
+pub(crate) async fn limit_concurrency(
     State(limit): State<ConcurrencyLimit>,
     request: Request,
     next: Next,
@@ -153,7 +157,7 @@ impl Drop for InFlight {
 /// Requests whose meaning depends on who reads them, refused before anyone does: two `Host`
 /// headers (MLflow answers 400), and transfer codings other than `chunked` (a `gzip, chunked`
 /// body would be stored or forwarded still compressed; MLflow's server refuses it).
-pub async fn refuse_ambiguous(request: Request, next: Next) -> Response {
+pub(crate) async fn refuse_ambiguous(request: Request, next: Next) -> Response {
     if request.headers().get_all(header::HOST).iter().count() > 1 {
         tracing::info!("request with two Host headers refused");
         return Error::BadRequest(
@@ -181,7 +185,7 @@ pub async fn refuse_ambiguous(request: Request, next: Next) -> Response {
 /// The headers MLflow's server (3.5+) puts on every answer, added to those the proxy writes
 /// itself (errors, the gateway's answers) so that mlscope in front weakens no browser
 /// protection. Answers forwarded from MLflow already carry them and are left as they are.
-pub async fn security_headers(request: Request, next: Next) -> Response {
+pub(crate) async fn security_headers(request: Request, next: Next) -> Response {
     let mut response = next.run(request).await;
     let headers = response.headers_mut();
     if !headers.contains_key(header::X_CONTENT_TYPE_OPTIONS) {

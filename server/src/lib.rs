@@ -36,39 +36,43 @@
 //! line and the file and layers them (flag, environment, file, default), [`state`] builds the
 //! components, [`app`] is the route table (which requests a capability answers, with [`layers`]
 //! around every route and forwarding as the fallback) and runs until shutdown, [`serve`] accepts
-//! connections (and owns the listeners' settings), [`admin`] serves `/healthz`, `/readyz` and `/metrics`, and [`relocate`] is a tool
-//! (not on the request path) that copies stray objects into a run.
+//! connections (and owns the listeners' settings), [`admin`] serves `/healthz`, `/readyz` and
+//! `/metrics`, and [`relocate`] is a tool (not on the request path) that copies stray objects into a run.
+//!
+//! Modules another crate of the workspace uses (the binary, the integration tests, the load
+//! tests) are `pub`; every other module is `pub(crate)`, and the `unreachable_pub` lint keeps
+//! items inside them from claiming more.
 
-pub mod admin;
-pub mod app;
+pub(crate) mod admin;
+pub(crate) mod app;
 pub mod artifacts;
-pub mod authz;
-pub mod client;
+pub(crate) mod authz;
+pub(crate) mod client;
 pub mod coalesce;
 pub mod config;
-pub mod credential;
-pub mod dedup;
-pub mod error;
-pub mod fairshare;
+pub(crate) mod credential;
+pub(crate) mod dedup;
+pub(crate) mod error;
+pub(crate) mod fairshare;
 pub mod health;
-pub mod identity;
-pub mod layers;
-pub mod listen;
+pub(crate) mod identity;
+pub(crate) mod layers;
+pub(crate) mod listen;
 pub mod proxy;
 pub mod relocate;
 pub mod rewrite;
-pub mod route;
-pub mod serve;
-pub mod settings;
-pub mod state;
+pub(crate) mod route;
+pub(crate) mod serve;
+pub(crate) mod settings;
+pub(crate) mod state;
 
 #[cfg(test)]
 mod fuzz;
 pub mod store;
 pub mod telemetry;
-pub mod upstream;
-pub mod workspace;
-pub mod writes;
+pub(crate) mod upstream;
+pub(crate) mod workspace;
+pub(crate) mod writes;
 
 #[cfg(test)]
 mod floors;

@@ -111,7 +111,7 @@ impl InboundLimits {
 
 /// Serving's settings as given (see [`crate::settings`]); `None`: not given here.
 #[derive(Debug, Clone, Default, clap::Args, serde::Deserialize)]
-pub struct ServeOptions {
+pub(crate) struct ServeOptions {
     /// Address the MLflow-facing listener binds: an IP address or a host name with a port, e.g.
     /// 0.0.0.0:5001, [::1]:5001 or localhost:5001. A name is resolved at startup and only the
     /// first of its addresses that this host has is bound (::1 is skipped where IPv6 is off);
@@ -157,7 +157,7 @@ fn admin_listen_in_file<'de, D: serde::Deserializer<'de>>(
 
 impl ServeOptions {
     /// The given values over the defaults.
-    pub fn resolve(self) -> ServeConfig {
+    pub(crate) fn resolve(self) -> ServeConfig {
         let d = ServeConfig::default();
         ServeConfig {
             listen: self.listen.unwrap_or(d.listen),
@@ -177,7 +177,7 @@ impl ServeOptions {
 
 /// Serves `router` on `listener` until `shutdown` resolves, then stops accepting and lets open
 /// connections finish their requests (the caller bounds how long).
-pub async fn serve(
+pub(crate) async fn serve(
     listener: TcpListener,
     router: Router,
     limits: InboundLimits,

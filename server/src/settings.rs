@@ -13,17 +13,17 @@ use std::time::{Duration, SystemTime};
 use serde::Deserialize;
 
 /// A duration flag: `500ms`, `30s`, `2m`, `14d`.
-pub fn parse_duration(s: &str) -> Result<Duration, String> {
+pub(crate) fn parse_duration(s: &str) -> Result<Duration, String> {
     humantime::parse_duration(s).map_err(|e| format!("{e} (write e.g. 500ms, 30s, 2m)"))
 }
 
 /// A point in time flag, RFC 3339: `2027-03-01T00:00:00Z`.
-pub fn parse_time(s: &str) -> Result<SystemTime, String> {
+pub(crate) fn parse_time(s: &str) -> Result<SystemTime, String> {
     humantime::parse_rfc3339_weak(s).map_err(|e| format!("{e} (write e.g. 2027-03-01T00:00:00Z)"))
 }
 
 /// `16MiB`, `512KiB`, `1GiB`, `1000000` (bytes); `MB`/`KB`/`GB` are decimal.
-pub fn parse_size(s: &str) -> Result<usize, String> {
+pub(crate) fn parse_size(s: &str) -> Result<usize, String> {
     let s = s.trim();
     let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
     let (number, unit) = s.split_at(split);
@@ -51,7 +51,7 @@ pub fn parse_size(s: &str) -> Result<usize, String> {
 
 /// A size in the file: a number of bytes, or text as [`parse_size`] reads it
 /// (`#[serde(default, deserialize_with = "crate::settings::size")]`).
-pub fn size<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<usize>, D::Error> {
+pub(crate) fn size<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<usize>, D::Error> {
     #[derive(Deserialize)]
     #[serde(untagged)]
     enum Size {

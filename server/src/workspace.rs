@@ -14,14 +14,14 @@ use std::sync::Arc;
 use http::{HeaderMap, StatusCode};
 
 /// The header a client names its workspace in (HTTP header names are case-insensitive).
-pub const HEADER: &str = "x-mlflow-workspace";
+pub(crate) const HEADER: &str = "x-mlflow-workspace";
 /// The workspace of a request without the header.
-pub const DEFAULT: &str = "default";
+pub(crate) const DEFAULT: &str = "default";
 /// Where a workspace's artifacts live under the artifacts destination.
-pub const ARTIFACT_DIR: &str = "workspaces";
+pub(crate) const ARTIFACT_DIR: &str = "workspaces";
 
 /// The workspace a request names, trimmed; `None` without the header or with an empty one.
-pub fn of_request(headers: &HeaderMap) -> Option<&str> {
+pub(crate) fn of_request(headers: &HeaderMap) -> Option<&str> {
     headers
         .get(HEADER)
         .and_then(|value| value.to_str().ok())
@@ -81,7 +81,11 @@ impl Support {
 /// The artifact path MLflow's artifact API uses for `path` (validated, relative) in a request
 /// that names `workspace`, when workspaces are on; the error is MLflow's message for a path that
 /// names another workspace than the request's. With workspaces off, `path` as it is.
-pub fn artifact_path(path: &str, workspace: Option<&str>, enabled: bool) -> Result<String, String> {
+pub(crate) fn artifact_path(
+    path: &str,
+    workspace: Option<&str>,
+    enabled: bool,
+) -> Result<String, String> {
     if !enabled {
         return Ok(path.to_owned());
     }
@@ -112,7 +116,7 @@ pub fn artifact_path(path: &str, workspace: Option<&str>, enabled: bool) -> Resu
 
 /// The workspace whose artifact directory holds `path`, and the rest of the path below it:
 /// `workspaces/team-a/2/r/artifacts/x` is `(Some("team-a"), "2/r/artifacts/x")`.
-pub fn split_artifact_path(path: &str) -> (Option<&str>, &str) {
+pub(crate) fn split_artifact_path(path: &str) -> (Option<&str>, &str) {
     let mut segments = path.splitn(3, '/');
     match (segments.next(), segments.next(), segments.next()) {
         (Some(ARTIFACT_DIR), Some(workspace), rest) if !workspace.is_empty() => {

@@ -36,13 +36,13 @@ pub(crate) const MAX_BATCH_ITEMS: usize = 1000;
 /// that read its body, for the client's share of samples (the fair share); a write without it
 /// weighs one.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct WriteWeight(pub usize);
+pub(crate) struct WriteWeight(pub usize);
 
 /// Whether MLflow would take `id` as a run id (`_validate_run_id`: `^[a-zA-Z0-9][\w\-]{0,255}$`,
 /// where Python's `\w` is any Unicode letter, digit or `_`). No run MLflow has can have another
 /// id, so nothing the proxy keeps (leases, counters, heartbeats, queues) is made for one: the
 /// request goes to MLflow as it is and gets MLflow's refusal.
-pub fn is_valid_run_id(id: &str) -> bool {
+pub(crate) fn is_valid_run_id(id: &str) -> bool {
     let mut chars = id.chars();
     chars.next().is_some_and(|c| c.is_ascii_alphanumeric())
         && id.chars().count() <= 256

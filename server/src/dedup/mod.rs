@@ -4,17 +4,19 @@
 //! The store is consulted on election, on renewal (at most once per `update_interval` per
 //! lease) and when a cached lease looks expired; every other sample is decided from memory.
 
-pub mod clock;
+pub(crate) mod clock;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use crate::store::{NodeLease, Store, StoreError};
-pub use clock::{Clock, ManualClock, SystemClock};
+#[cfg(test)]
+pub(crate) use clock::ManualClock;
+pub(crate) use clock::{Clock, SystemClock};
 
 /// Node deduplication is on unless turned off (`--dedup false`).
-pub const ENABLED_BY_DEFAULT: bool = true;
+pub(crate) const ENABLED_BY_DEFAULT: bool = true;
 
 #[derive(Debug, Clone, Copy)]
 pub struct DedupConfig {
@@ -91,7 +93,7 @@ pub enum Decision {
 /// Largest node-series step, before and after the handover offset, in either direction. Far
 /// above any real step counter (2^61); it keeps `last_step + 1 - first_step` and `step + offset`
 /// inside an i64 in Rust and in SQL, whatever steps a client sends.
-pub const MAX_NODE_STEP: i64 = 1 << 61;
+pub(crate) const MAX_NODE_STEP: i64 = 1 << 61;
 
 /// What happened in one decision, for the counters.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -51,7 +51,7 @@ const MAX_VERIFIED: usize = 100_000;
 /// Buckets hold this many seconds of their rate.
 const BURST_SECONDS: f64 = 2.0;
 
-pub use crate::writes::WriteWeight;
+pub(crate) use crate::writes::WriteWeight;
 
 /// The share's settings.
 #[derive(Debug, Clone, PartialEq)]
@@ -135,7 +135,7 @@ impl FairShareConfig {
 
 /// The share's settings as given (see [`crate::settings`]); `None`: not given here.
 #[derive(Debug, Clone, Default, clap::Args, Deserialize)]
-pub struct FairShareOptions {
+pub(crate) struct FairShareOptions {
     /// Writes to MLflow's tracking API per second one client (its credential once MLflow
     /// accepted it, else its address) may send, with bursts of two seconds' worth; beyond, 429
     /// with Retry-After, which MLflow's client retries; 0 turns the limit off [default: 1000].
@@ -158,7 +158,7 @@ pub struct FairShareOptions {
 
 impl FairShareOptions {
     /// The given values over the defaults.
-    pub fn resolve(self) -> FairShareConfig {
+    pub(crate) fn resolve(self) -> FairShareConfig {
         let d = FairShareConfig::default();
         FairShareConfig {
             client_write_rate: self.client_write_rate.unwrap_or(d.client_write_rate),
@@ -496,7 +496,11 @@ fn declared_bytes(request: &Request) -> u64 {
 
 /// The layer on every route: writes admitted or refused by the share, reads seen as activity,
 /// credentials learned from MLflow's answers.
-pub async fn admit(State(share): State<Arc<FairShare>>, request: Request, next: Next) -> Response {
+pub(crate) async fn admit(
+    State(share): State<Arc<FairShare>>,
+    request: Request,
+    next: Next,
+) -> Response {
     let peer = crate::client::peer_of(request.extensions()).ip();
     let credential = Credential::of(request.headers());
     let address = share.trusted.client(peer, request.headers());
