@@ -105,7 +105,20 @@ fn dedup_proxy(dir: &Path, upstream: &str, extra: &[&str]) -> ProxyProcess {
 async fn eight_ranks_on_two_nodes_store_one_series_per_node_and_every_rank_series_complete() {
     let stack = TestStack::shared();
     let dir = tempfile::tempdir().unwrap();
-    let proxy = dedup_proxy(dir.path(), &stack.mlflow.url, &[]);
+    // One reporter per node for the whole run: a failover timeout far beyond any pause of the
+    // ranks' monitors on a loaded machine (eight Python processes on two cores paused one for
+    // more than 4 s, and its node rightly changed reporter). Handovers have tests of their own.
+    let proxy = spawn_proxy(
+        &stack.mlflow.url,
+        &[
+            "--dedup-update-interval",
+            "300ms",
+            "--dedup-failover-timeout",
+            "60s",
+        ],
+        dir.path(),
+    )
+    .unwrap();
     let run_id = create_run(&stack.mlflow.url, "system-metrics").await;
 
     let ranks: Vec<(String, u32)> = (0..8)
