@@ -471,12 +471,7 @@ async fn requests_over_the_concurrency_limit_get_503_with_retry_after() {
         "{json}"
     );
     // The proxy's own refusal is counted as such, never as MLflow failing to answer.
-    let metrics = reqwest::get(format!("{}/metrics", proxy.admin_url))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = crate::mlflow::scrape(&proxy.admin_url).await;
     assert!(
         metrics.contains("mlscope_overload_refusals_total 1"),
         "{metrics}"
