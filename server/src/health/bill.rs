@@ -86,7 +86,10 @@ impl IdleWindow {
 
     /// Idle seconds within `[from, to]`: the window's, capped to the part of it inside.
     fn idle_within(&self, from: i64, to: i64) -> f64 {
-        let overlap = (self.last_ms.min(to) - self.first_ms.max(from)).max(0) as f64 / 1e3;
+        let overlap = (self.last_ms.min(to))
+            .saturating_sub(self.first_ms.max(from))
+            .max(0) as f64
+            / 1e3;
         self.idle_s.min(overlap).max(0.0)
     }
 }
@@ -96,6 +99,21 @@ impl IdleWindow {
 pub struct Clip {
     pub start_ms: Option<i64>,
     pub end_ms: Option<i64>,
+}
+
+impl Clip {
+    /// The clip of a run that started at `start_ms` and ended at `end_ms` (both the client's
+    /// word, through MLflow), as far as they can be true at `now_ms`: a time at or before the
+    /// epoch is no time, an end is never later than now, and an end before the start is ignored
+    /// (the ranks' samples bound the bill instead).
+    pub fn new(start_ms: Option<i64>, end_ms: Option<i64>, now_ms: i64) -> Self {
+        let start_ms = start_ms.filter(|&ms| ms > 0);
+        let end_ms = end_ms
+            .filter(|&ms| ms > 0)
+            .map(|ms| ms.min(now_ms))
+            .filter(|&ms| start_ms.is_none_or(|start| ms >= start));
+        Clip { start_ms, end_ms }
+    }
 }
 
 /// What one (node, rank) cost.
@@ -183,7 +201,7 @@ pub fn bill(ranks: &[RankRow], idle: &[GpuIdleRow], clip: Clip) -> RunBill {
         };
         let from = clip.start_ms.map_or(first, |s| first.max(s));
         let to = clip.end_ms.map_or(last, |e| last.min(e));
-        let span_s = (to - from).max(0) as f64 / 1e3;
+        let span_s = to.saturating_sub(from).max(0) as f64 / 1e3;
         let gpus = r.gpus.max(0);
         let mut gpu_idle: Vec<(i64, f64)> = idle
             .iter()
@@ -347,6 +365,49 @@ mod tests {
             },
         );
         assert_eq!(b.gpu_seconds, 3600.0);
+    }
+
+    #[test]
+    fn an_end_at_or_before_the_epoch_before_the_start_or_in_the_future_never_inflates_the_bill() {
+        let now = 1_000 * MIN;
+        let ranks = [rank(0, 2, now - 60 * MIN, now)];
+        let idle = [idle_row(0, 1, &[(now - 60 * MIN, 0.0), (now, 3600.0)])];
+        let truth = (2.0 * 3600.0, 3600.0);
+        for end in [i64::MIN, -1, 0, now - 120 * MIN, now + 1, i64::MAX] {
+            let clip = Clip::new(Some(now - 60 * MIN), Some(end), now);
+            let b = bill(&ranks, &idle, clip);
+            assert_eq!(
+                (b.gpu_seconds, b.idle_seconds),
+                truth,
+                "end {end}: {clip:?}"
+            );
+        }
+        assert_eq!(
+            Clip::new(Some(-5), Some(i64::MIN), now),
+            Clip::default(),
+            "no start, no end"
+        );
+        assert_eq!(Clip::new(None, Some(i64::MAX), now).end_ms, Some(now));
+        // Unsanitised extremes: the arithmetic saturates, nothing wraps.
+        let b = bill(
+            &[rank(0, 1, i64::MIN, i64::MAX)],
+            &[idle_row(0, 0, &[(i64::MIN, 0.0), (i64::MAX, f64::MAX)])],
+            Clip {
+                start_ms: Some(i64::MIN),
+                end_ms: Some(i64::MAX),
+            },
+        );
+        assert!(b.gpu_seconds.is_finite() && b.gpu_seconds > 0.0, "{b:?}");
+        assert!(b.idle_seconds <= b.gpu_seconds, "{b:?}");
+        let b = bill(
+            &[rank(0, 1, 0, 60 * MIN)],
+            &[],
+            Clip {
+                start_ms: Some(i64::MAX),
+                end_ms: Some(i64::MIN),
+            },
+        );
+        assert_eq!(b.gpu_seconds, 0.0);
     }
 
     #[test]

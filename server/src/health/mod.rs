@@ -701,7 +701,7 @@ impl Health {
                 )
                 .await
             {
-                Ok(true) => self.bill_run(&bill).await,
+                Ok(true) => self.bill_run(&bill, now_ms).await,
                 Ok(false) => {}
                 Err(error) => {
                     tracing::warn!(%error, run_id = bill.run_id, "claiming a bill failed");
@@ -714,7 +714,7 @@ impl Health {
 
     /// Bills one claimed run: its figures as run tags, the fleet counters, the bill row done.
     /// A failure leaves the claim to be taken over in a later sweep.
-    async fn bill_run(&self, claimed: &BillRow) {
+    async fn bill_run(&self, claimed: &BillRow, now_ms: i64) {
         let run_id = claimed.run_id.as_str();
         let (ranks, idle) = match (
             self.inner.store.ranks_of_run(run_id).await,
@@ -739,10 +739,14 @@ impl Health {
         };
         let int = |v: &Value| v.as_i64().or_else(|| v.as_str()?.parse().ok());
         let info = &run["run"]["info"];
-        let mlflow_end = int(&info["end_time"]).filter(|&ms| ms > 0);
+        let start_ms = int(&info["start_time"]);
+        // Each end on its own: a wild one (the client's, stored by MLflow as sent) is ignored
+        // rather than winning the minimum.
+        let queued = Clip::new(start_ms, claimed.end_ms, now_ms).end_ms;
+        let mlflow_end = Clip::new(start_ms, int(&info["end_time"]), now_ms).end_ms;
         let clip = Clip {
-            start_ms: int(&info["start_time"]).filter(|&ms| ms > 0),
-            end_ms: match (claimed.end_ms, mlflow_end) {
+            start_ms: Clip::new(start_ms, None, now_ms).start_ms,
+            end_ms: match (queued, mlflow_end) {
                 (Some(a), Some(b)) => Some(a.min(b)),
                 (a, b) => a.or(b),
             },
@@ -959,15 +963,13 @@ impl Health {
     /// every replica has flushed what it heard until now.
     async fn ended_by_client(&self, run_id: &str, status: &str, end_ms: Option<i64>, now_ms: i64) {
         let settle = 2 * self.inner.config.flush_interval.as_millis() as i64 + 1_000;
+        // The client's end as far as it can be true now (one at or before the epoch, or none:
+        // now; one in the future: now); one before the run's start is dropped at billing.
+        let end_ms = Clip::new(None, end_ms, now_ms).end_ms.unwrap_or(now_ms);
         if let Err(error) = self
             .inner
             .store
-            .queue_bill(
-                run_id,
-                status,
-                Some(end_ms.unwrap_or(now_ms)),
-                now_ms + settle,
-            )
+            .queue_bill(run_id, status, Some(end_ms), now_ms + settle)
             .await
         {
             tracing::warn!(%error, run_id, "queueing the bill of a run its client ended failed");

@@ -397,3 +397,57 @@ async fn idle_gpus_of_a_live_run_are_named_in_a_tag_that_goes_when_they_work_aga
         0.0
     );
 }
+
+/// POSTs a `runs/update` body to `base` (the proxy or MLflow) and returns MLflow's status and
+/// JSON answer, whatever they are.
+async fn update_answer(base: &str, body: &Value) -> (u16, Value) {
+    let response = http()
+        .post(format!("{base}/api/2.0/mlflow/runs/update"))
+        .json(body)
+        .send()
+        .await
+        .unwrap();
+    let status = response.status().as_u16();
+    (status, response.json().await.unwrap_or(Value::Null))
+}
+
+/// (f) a client ends its runs with a wild `end_time`, one at the lowest 64-bit value and one at
+/// the highest: each gets MLflow's own answer, and each is billed no more than its GPUs were
+/// held (one hour of two GPUs, the second idle), in the tags and in the fleet counter.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_wild_end_time_from_the_client_is_mlflows_to_answer_and_never_inflates_the_bill() {
+    let stack = TestStack::shared();
+    let mlflow = stack.mlflow.url.as_str();
+    let dir = tempfile::tempdir().unwrap();
+    let proxy = health_proxy(dir.path(), mlflow, "10m", &[]);
+    let start = now_ms() - 90 * MIN;
+    for end_time in [i64::MIN, i64::MAX] {
+        let run_id = run_started_at(mlflow, "bill-wild-end", start).await;
+        send_rank(
+            &proxy,
+            &run_id,
+            0,
+            "node-w",
+            &publishes(start, 60, &[false, true]),
+        )
+        .await;
+        let body = json!({"run_id": run_id, "run_uuid": run_id, "status": "FINISHED", "end_time": end_time});
+        let (status, answer) = update_answer(&proxy.url, &body).await;
+        // What MLflow says of the run now is what it answered the update with.
+        let info = crate::mlflow::get_run(mlflow, &run_id).await["run"]["info"].clone();
+        assert_eq!(
+            (status, &answer["run_info"]),
+            (200, &info),
+            "end_time {end_time}: {answer}"
+        );
+        let tags = billed_tags(mlflow, &run_id).await;
+        within_2_percent(&tags, "mlscope.gpu_hours", 2.0);
+        within_2_percent(&tags, "mlscope.gpu_idle_hours", 1.0);
+    }
+    let seconds = counter(&[&proxy], "mlscope_gpu_seconds_total").await;
+    assert!(
+        (seconds / 3600.0 - 4.0).abs() < 0.08,
+        "{seconds} GPU seconds for two runs of 2 GPU hours"
+    );
+    assert_eq!(counter(&[&proxy], "mlscope_runs_billed_total").await, 2.0);
+}
