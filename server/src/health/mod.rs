@@ -674,10 +674,12 @@ impl Health {
     /// Bills every run whose bill is due, each claimed first so that one replica bills it;
     /// returns the runs due (ended: no idle-GPU tag for them any more).
     async fn bill_due(&self, now_ms: i64) -> std::collections::HashSet<String> {
+        // A claim older than a few sweeps was abandoned (its replica died) or failed: due again.
+        let abandoned_before = now_ms - 4 * self.inner.config.sweep_interval.as_millis() as i64;
         let due = match self
             .inner
             .store
-            .due_bills(now_ms, MAX_BILLS_PER_SWEEP)
+            .due_bills(now_ms, abandoned_before, MAX_BILLS_PER_SWEEP)
             .await
         {
             Ok(due) => due,
@@ -688,7 +690,6 @@ impl Health {
             }
         };
         let ended = due.iter().map(|b| b.run_id.clone()).collect();
-        let abandoned_before = now_ms - 4 * self.inner.config.sweep_interval.as_millis() as i64;
         for bill in due {
             match self
                 .inner
@@ -731,6 +732,7 @@ impl Health {
         let query = format!("/api/2.0/mlflow/runs/get?run_id={}", percent_encode(run_id));
         let run = match self.call(Method::GET, &query, &headers, None).await {
             Ok(run) => run,
+            Err((REJECTED, error)) => return self.give_up_bill(run_id, &error).await,
             Err((reason, error)) => {
                 tracing::warn!(run_id, error, "reading a run to bill failed; retried later");
                 self.inner.metrics.health_error(reason);
@@ -756,6 +758,9 @@ impl Health {
         if holds_gpus {
             if let Err((reason, error)) = self.write_tags(run_id, &headers, &bill_tags(&bill)).await
             {
+                if reason == REJECTED {
+                    return self.give_up_bill(run_id, &error).await;
+                }
                 tracing::warn!(
                     run_id,
                     error,
@@ -806,6 +811,26 @@ impl Health {
                 tracing::warn!(%error, run_id, "recording a bill failed");
                 self.inner.metrics.health_error("store");
             }
+        }
+    }
+
+    /// Marks a claimed bill done unbilled: MLflow refused the run for good (deleted, or
+    /// garbage-collected), so retrying would only hold the queue.
+    async fn give_up_bill(&self, run_id: &str, error: &str) {
+        tracing::warn!(
+            run_id,
+            error,
+            "MLflow refused a run's GPU bill for good; not billed"
+        );
+        self.inner.metrics.health_error(REJECTED);
+        if let Err(error) = self
+            .inner
+            .store
+            .give_up_bill(run_id, &self.inner.replica_id, error)
+            .await
+        {
+            tracing::warn!(%error, run_id, "recording an unbillable run failed");
+            self.inner.metrics.health_error("store");
         }
     }
 
@@ -1368,6 +1393,7 @@ impl Health {
             gpus_idle,
             gpus_idle_tag: idle_gpus(&ranks, now_ms, idle_after),
             bill: match &billed {
+                Some(b) if b.done == 1 && b.failure.is_some() => "not_billed",
                 Some(b) if b.done == 1 => "billed",
                 Some(_) => "ended",
                 None => "running",
@@ -1398,12 +1424,35 @@ fn check_answer(
     }
     if !status.is_success() {
         let shown: String = String::from_utf8_lossy(bytes).chars().take(300).collect();
+        let reason = if refused_for_good(status, bytes) {
+            REJECTED
+        } else {
+            "mlflow"
+        };
         return Err((
-            "mlflow",
+            reason,
             format!("MLflow answered {status} to {path}: {shown}"),
         ));
     }
     Ok(())
+}
+
+/// The reason of an answer that asking again will not change (see [`refused_for_good`]).
+const REJECTED: &str = "rejected";
+
+/// Whether MLflow refused a call for good: the run does not exist (any more) or the request is
+/// one it will never take, e.g. a write to a deleted run. A refused credential (401, 403), a
+/// conflict, throttling and 5xx may pass and are retried.
+fn refused_for_good(status: StatusCode, bytes: &[u8]) -> bool {
+    let code = serde_json::from_slice::<Value>(bytes)
+        .ok()
+        .and_then(|v| v["error_code"].as_str().map(str::to_owned));
+    status.is_client_error()
+        && (matches!(status, StatusCode::BAD_REQUEST | StatusCode::NOT_FOUND)
+            || matches!(
+                code.as_deref(),
+                Some("RESOURCE_DOES_NOT_EXIST" | "INVALID_PARAMETER_VALUE")
+            ))
 }
 
 /// The tags of a billed run: totals under `mlscope.`, and per rank (the first
@@ -1535,7 +1584,7 @@ pub struct RunHealth {
     /// What the run's `mlscope.gpus_idle` tag names (or would, once the sweep writes it).
     pub gpus_idle_tag: Option<String>,
     /// The GPU bill: `running` (so far), `ended` (queued, not written yet), `billed` (the
-    /// figures of the run's tags).
+    /// figures of the run's tags), `not_billed` (MLflow refused the run for good: deleted).
     pub bill: &'static str,
     pub gpu_hours: f64,
     pub gpu_idle_hours: f64,
@@ -1711,6 +1760,30 @@ mod tests {
             ..RankRow::default()
         };
         assert_eq!(gpu_idle_of(&row, 12_000), [Some(0.0), Some(102.5)]);
+    }
+
+    #[test]
+    fn only_answers_that_asking_again_cannot_change_are_refusals_for_good() {
+        let gone = br#"{"error_code":"RESOURCE_DOES_NOT_EXIST","message":"Run 'x' not found"}"#;
+        assert_eq!(
+            check_answer(StatusCode::NOT_FOUND, "/runs/get", gone)
+                .unwrap_err()
+                .0,
+            REJECTED
+        );
+        let deleted = br#"{"error_code":"INVALID_PARAMETER_VALUE","message":"must be active"}"#;
+        assert!(refused_for_good(StatusCode::BAD_REQUEST, deleted));
+        assert!(refused_for_good(StatusCode::NOT_FOUND, b"not json"));
+        for (status, body) in [
+            (StatusCode::UNAUTHORIZED, &b""[..]),
+            (StatusCode::FORBIDDEN, gone),
+            (StatusCode::TOO_MANY_REQUESTS, b""),
+            (StatusCode::CONFLICT, b""),
+            (StatusCode::SERVICE_UNAVAILABLE, gone),
+            (StatusCode::INTERNAL_SERVER_ERROR, deleted),
+        ] {
+            assert_ne!(check_answer(status, "/p", body).unwrap_err().0, REJECTED);
+        }
     }
 
     #[test]

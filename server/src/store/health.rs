@@ -66,10 +66,12 @@ pub struct BillRow {
     pub done: i64,
     pub gpu_seconds: Option<f64>,
     pub idle_seconds: Option<f64>,
+    /// Why the run was not billed, when MLflow refused it for good (done, without figures).
+    pub failure: Option<String>,
 }
 
-const BILL_COLUMNS: &str =
-    "run_id, ended_by, end_ms, due_ms, replica, claimed_ms, done, gpu_seconds, idle_seconds";
+const BILL_COLUMNS: &str = "run_id, ended_by, end_ms, due_ms, replica, claimed_ms, done, \
+     gpu_seconds, idle_seconds, failure";
 
 /// SQL for `bill::idle_increase` between two readings `(t1, c1)` and `(t2, c2)` (column
 /// expressions): the clock's rise, or its value where it fell, within 0 and the gap in seconds.
@@ -282,17 +284,47 @@ impl Store {
         Ok(())
     }
 
-    /// Up to `limit` bills not done and due at `now`.
-    pub async fn due_bills(&self, now: i64, limit: i64) -> Result<Vec<BillRow>, StoreError> {
+    /// Up to `limit` bills not done, due at `now` and free to claim (never claimed, or claimed
+    /// before `abandoned_before`): those never tried first, then the ones whose last try is
+    /// oldest, so a bill that keeps failing never holds back the ones behind it.
+    pub async fn due_bills(
+        &self,
+        now: i64,
+        abandoned_before: i64,
+        limit: i64,
+    ) -> Result<Vec<BillRow>, StoreError> {
         let sql = format!(
-            "SELECT {BILL_COLUMNS} FROM run_bills WHERE done = 0 AND due_ms <= $1 \
-             ORDER BY due_ms LIMIT $2"
+            "SELECT {BILL_COLUMNS} FROM run_bills \
+             WHERE done = 0 AND due_ms <= $1 AND claimed_ms < $2 \
+             ORDER BY claimed_ms, due_ms, run_id LIMIT $3"
         );
         Ok(on_backend!(self, |pool| sqlx::query_as(&sql)
             .bind(now)
+            .bind(abandoned_before)
             .bind(limit)
             .fetch_all(pool)
             .await?))
+    }
+
+    /// Marks a claimed bill done without figures, with why it cannot be billed (MLflow refused
+    /// the run for good): true when `replica` still held the claim.
+    pub async fn give_up_bill(
+        &self,
+        run_id: &str,
+        replica: &str,
+        failure: &str,
+    ) -> Result<bool, StoreError> {
+        let sql = "UPDATE run_bills SET done = 1, failure = $3 \
+                   WHERE run_id = $1 AND replica = $2 AND done = 0";
+        let failure: String = failure.chars().take(500).collect();
+        let affected = on_backend!(self, |pool| sqlx::query(sql)
+            .bind(run_id)
+            .bind(replica)
+            .bind(failure)
+            .execute(pool)
+            .await?
+            .rows_affected());
+        Ok(affected == 1)
     }
 
     /// Claims a due bill for `replica`, as a verdict is claimed: true when this replica may bill
@@ -737,8 +769,8 @@ mod tests {
             .unwrap();
         // The sweep's verdict later: the first entry stays.
         store.queue_bill("r", "lost", Some(9_000), 0).await.unwrap();
-        assert!(store.due_bills(9_999, 10).await.unwrap().is_empty());
-        let due = store.due_bills(10_000, 10).await.unwrap();
+        assert!(store.due_bills(9_999, 1, 10).await.unwrap().is_empty());
+        let due = store.due_bills(10_000, 1, 10).await.unwrap();
         assert_eq!(
             (due[0].ended_by.as_str(), due[0].end_ms),
             ("FINISHED", Some(5_000))
@@ -758,6 +790,76 @@ mod tests {
         // An ended run is no longer open for the sweep.
         store.record_ranks(&[beat("r", 0, 1, 2)]).await.unwrap();
         assert!(store.ranks_of_open_runs(0, 10).await.unwrap().is_empty());
+    }
+
+    /// 250 bills that fail every time (claimed, never finished) ahead of a fresh one, and one
+    /// MLflow refuses for good.
+    async fn bills_that_fail_never_hold_back_the_fresh_ones(store: &Store) {
+        for i in 0..250 {
+            let run = format!("stuck-{i:03}");
+            store.queue_bill(&run, "FINISHED", None, i).await.unwrap();
+            assert!(store.claim_bill(&run, "a", 1_000, 1).await.unwrap());
+        }
+        store
+            .queue_bill("fresh", "FINISHED", None, 900)
+            .await
+            .unwrap();
+        // Claimed moments ago: none of the stuck ones is offered; the fresh one is.
+        let due = store.due_bills(1_500, 1_000, 200).await.unwrap();
+        assert_eq!(
+            due.iter().map(|b| b.run_id.as_str()).collect::<Vec<_>>(),
+            ["fresh"]
+        );
+        // Once their claims are old, the fresh one still comes first.
+        let due = store.due_bills(100_000, 90_000, 200).await.unwrap();
+        assert_eq!((due.len(), due[0].run_id.as_str()), (200, "fresh"));
+        // A run MLflow no longer has: done, with the reason, and never offered again.
+        assert!(store
+            .give_up_bill(
+                "stuck-000",
+                "a",
+                "MLflow answered 404 Not Found to runs/get"
+            )
+            .await
+            .unwrap());
+        assert!(!store.give_up_bill("stuck-001", "b", "x").await.unwrap());
+        let bill = store.bill_of("stuck-000").await.unwrap().unwrap();
+        assert_eq!(
+            (bill.done, bill.gpu_seconds, bill.failure.as_deref()),
+            (1, None, Some("MLflow answered 404 Not Found to runs/get"))
+        );
+        let due = store.due_bills(100_000, 90_000, 1_000).await.unwrap();
+        assert_eq!(due.len(), 250);
+        assert!(due.iter().all(|b| b.run_id != "stuck-000"));
+    }
+
+    #[tokio::test]
+    async fn bills_that_fail_never_hold_back_the_fresh_ones_in_sqlite() {
+        let dir = tempfile::tempdir().unwrap();
+        bills_that_fail_never_hold_back_the_fresh_ones(&store(&dir).await).await;
+    }
+
+    /// Against the PostgreSQL server the project's CI starts (as the store's own test).
+    #[tokio::test]
+    async fn bills_that_fail_never_hold_back_the_fresh_ones_in_postgresql() {
+        let admin_url = std::env::var("MLSCOPE_TEST_POSTGRES_URL")
+            .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into());
+        let admin = sqlx::PgPool::connect(&admin_url).await.expect(
+            "PostgreSQL at MLSCOPE_TEST_POSTGRES_URL (default 127.0.0.1:5432) must be running",
+        );
+        let db = format!("mlscope_test_{}", uuid::Uuid::new_v4().simple());
+        sqlx::query(&format!("CREATE DATABASE {db}"))
+            .execute(&admin)
+            .await
+            .unwrap();
+        let url = format!("{}/{db}", admin_url.rsplit_once('/').unwrap().0);
+        let store = Store::open(&url).await.unwrap();
+        bills_that_fail_never_hold_back_the_fresh_ones(&store).await;
+        store.close().await;
+        sqlx::query(&format!("DROP DATABASE {db} WITH (FORCE)"))
+            .execute(&admin)
+            .await
+            .unwrap();
     }
 
     #[tokio::test]
