@@ -13,7 +13,8 @@
 //!   span: from sample to sample the clock's rise, or, where it fell (the GPU worked, or the
 //!   collector restarted), its new value; each step capped to the time between the two samples,
 //!   and the GPU's total capped to the billed span. Idle time before the first sample is not
-//!   billed. A GPU without an idle clock (MLflow's own monitor) counts as busy.
+//!   billed, nor the stretch the last reading places after the clipped end or before the
+//!   clipped start. A GPU without an idle clock (MLflow's own monitor) counts as busy.
 
 use crate::store::{GpuIdleRow, RankRow};
 
@@ -84,13 +85,20 @@ impl IdleWindow {
         self.merge(&IdleWindow::new(at_ms, idle));
     }
 
-    /// Idle seconds within `[from, to]`: the window's, capped to the part of it inside.
+    /// Idle seconds within `[from, to]`: the window's, less the idle time its clock places
+    /// outside (the stretch the last reading reports, `last_idle` seconds up to `last_ms`,
+    /// where it lies after `to` or before `from`), capped to the part of the window inside.
+    /// An idle stretch outside that had ended before the last reading is not seen by the clock
+    /// at the window's ends, and stays counted within that cap.
     fn idle_within(&self, from: i64, to: i64) -> f64 {
-        let overlap = (self.last_ms.min(to))
-            .saturating_sub(self.first_ms.max(from))
-            .max(0) as f64
-            / 1e3;
-        self.idle_s.min(overlap).max(0.0)
+        let seconds = |a: i64, b: i64| b.saturating_sub(a).max(0) as f64 / 1e3;
+        let overlap = seconds(self.first_ms.max(from), self.last_ms.min(to));
+        // Where the last reading's stretch began, within the window (ms, saturating).
+        let stretch_ms = (self.last_idle * 1e3).min(i64::MAX as f64) as i64;
+        let stretch_start = self.last_ms.saturating_sub(stretch_ms).max(self.first_ms);
+        let after = seconds(to.max(stretch_start), self.last_ms);
+        let before = seconds(stretch_start.max(self.first_ms), from.min(self.last_ms));
+        (self.idle_s - after - before).clamp(0.0, overlap)
     }
 }
 
@@ -408,6 +416,54 @@ mod tests {
             },
         );
         assert_eq!(b.gpu_seconds, 0.0);
+    }
+
+    #[test]
+    fn idle_after_the_end_or_before_the_start_is_not_billed() {
+        // Busy until the end at 60 min, then idle for 30 s of samples (every 10 s) while the
+        // collector runs on until the bill is due: no idle time billed.
+        let end = 60 * MIN;
+        let mut samples: Vec<(i64, f64)> = (0..=6).map(|i| (i * 10 * MIN, 0.0)).collect();
+        samples.extend((1..=3).map(|i| (end + i * 10_000, (i * 10) as f64)));
+        let b = bill(
+            &[rank(0, 1, 0, end + 30_000)],
+            &[idle_row(0, 0, &samples)],
+            Clip {
+                start_ms: Some(0),
+                end_ms: Some(end),
+            },
+        );
+        assert_eq!((b.gpu_seconds, b.idle_seconds), (3600.0, 0.0));
+        // Idle from 30 s before a later start_time and on until 60 min: only what follows the
+        // start is billed, the whole span.
+        let samples: Vec<(i64, f64)> = (0..=13)
+            .map(|i| (-30_000 + i * 5 * MIN, 30.0 + (i * 300) as f64))
+            .collect();
+        let b = bill(
+            &[rank(0, 1, -30_000, 65 * MIN - 30_000)],
+            &[idle_row(0, 0, &samples)],
+            Clip {
+                start_ms: Some(0),
+                end_ms: Some(end),
+            },
+        );
+        assert_eq!((b.gpu_seconds, b.idle_seconds), (3600.0, 3600.0));
+        // Idle for the last 10 minutes before the end and 5 after: 10 minutes.
+        let samples = [
+            (0, 0.0),
+            (50 * MIN, 0.0),
+            (60 * MIN, 600.0),
+            (65 * MIN, 900.0),
+        ];
+        let b = bill(
+            &[rank(0, 1, 0, 65 * MIN)],
+            &[idle_row(0, 0, &samples)],
+            Clip {
+                start_ms: None,
+                end_ms: Some(end),
+            },
+        );
+        assert_eq!(b.idle_seconds, 600.0);
     }
 
     #[test]
