@@ -23,8 +23,10 @@ use std::net::SocketAddr;
 
 use axum::body::Body;
 use axum::extract::{ConnectInfo, Request, State};
-use axum::response::Response;
+use axum::response::{IntoResponse, Response};
+use bytes::Bytes;
 use http_body_util::BodyExt;
+use tracing::Instrument as _;
 
 use crate::coalesce::Coalescer;
 use crate::credential::Secret;
@@ -383,6 +385,8 @@ struct Inner {
     pending_idle: Mutex<HashMap<(String, String, i64, i64), IdleWindow>>,
     /// Runs written to (any accepted metric write) since the last flush, with the latest time.
     writes: Mutex<HashMap<String, i64>>,
+    /// Bills of runs ended by their clients being written to the store in the background.
+    queueing: Arc<tokio::sync::Semaphore>,
 }
 
 impl Health {
@@ -405,6 +409,7 @@ impl Health {
                 pending: Mutex::new(HashMap::new()),
                 pending_idle: Mutex::new(HashMap::new()),
                 writes: Mutex::new(HashMap::new()),
+                queueing: Arc::new(tokio::sync::Semaphore::new(MAX_QUEUEING_BILLS)),
             }),
         }
     }
@@ -984,8 +989,29 @@ impl Health {
         headers
     }
 
-    /// After MLflow accepted a `runs/update`: a terminal status queues the run's bill, due once
-    /// every replica has flushed what it heard until now.
+    /// After MLflow accepted a `runs/update` that ends a run: its bill is queued in the
+    /// background, so the client's answer does not wait on the store; with
+    /// [`MAX_QUEUEING_BILLS`] already under way, in line.
+    async fn after_update(&self, run_id: String, status: String, end_ms: Option<i64>, now_ms: i64) {
+        match self.inner.queueing.clone().try_acquire_owned() {
+            Ok(permit) => {
+                let health = self.clone();
+                tokio::spawn(
+                    async move {
+                        health
+                            .ended_by_client(&run_id, &status, end_ms, now_ms)
+                            .await;
+                        drop(permit);
+                    }
+                    .in_current_span(),
+                );
+            }
+            Err(_) => self.ended_by_client(&run_id, &status, end_ms, now_ms).await,
+        }
+    }
+
+    /// A terminal status queues the run's bill, due once every replica has flushed what it
+    /// heard until now.
     async fn ended_by_client(&self, run_id: &str, status: &str, end_ms: Option<i64>, now_ms: i64) {
         let settle = 2 * self.inner.config.flush_interval.as_millis() as i64 + 1_000;
         // The client's end as far as it can be true now (one at or before the epoch, or none:
@@ -1514,7 +1540,9 @@ fn idle_gpus(ranks: &[RankRow], now_ms: i64, idle_after: f64) -> Option<String> 
 /// `POST runs/update`: forwarded; once MLflow accepted a terminal status (`FINISHED`,
 /// `FAILED`, `KILLED`) the run's GPU bill is queued. The run is the one MLflow acts on
 /// (`run_id`, else `run_uuid`, read as MLflow reads them), so a client bills only a run MLflow
-/// let it end.
+/// let it end. A body the handler does not read (over [`MAX_UPDATE_BYTES`]) goes on to MLflow
+/// unchanged and unbilled; MLflow's answer is the client's in every case, and never waits on
+/// the store.
 pub async fn update_run(
     State(health): State<Health>,
     State(forwarder): State<Forwarder>,
@@ -1525,38 +1553,85 @@ pub async fn update_run(
         return forwarder.forward(request, peer).await;
     }
     let (parts, body) = request.into_parts();
-    let body = match crate::coalesce::read_body(body).await {
-        Ok(body) => body,
-        Err(answer) => return answer,
+    let declared = parts
+        .headers
+        .get(http::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|len| len > MAX_UPDATE_BYTES as u64) {
+        return forwarder
+            .forward(Request::from_parts(parts, body), peer)
+            .await;
+    }
+    let body = match read_up_to(body, MAX_UPDATE_BYTES).await {
+        Ok(Ok(body)) => body,
+        // Longer than it said, or of no declared length: streamed on as it comes.
+        Ok(Err(unread)) => {
+            return forwarder
+                .forward(Request::from_parts(parts, unread), peer)
+                .await
+        }
+        Err(error) => {
+            return crate::error::Error::BadRequest(format!(
+                "the request body could not be read: {error}"
+            ))
+            .into_response()
+        }
     };
-    let ended = crate::writes::run_of(&body).and_then(|run_id| {
-        let update: Value = serde_json::from_slice(&body).ok()?;
-        let status = match &update["status"] {
-            Value::String(s) => s.clone(),
-            Value::Number(n) => match n.as_i64() {
-                Some(3) => "FINISHED".to_owned(),
-                Some(4) => "FAILED".to_owned(),
-                Some(5) => "KILLED".to_owned(),
-                _ => return None,
-            },
-            _ => return None,
-        };
-        let end_ms = match &update["end_time"] {
-            Value::Number(n) => n.as_i64(),
-            Value::String(s) => s.parse().ok(),
-            _ => None,
-        };
-        matches!(status.as_str(), "FINISHED" | "FAILED" | "KILLED")
-            .then_some((run_id, status, end_ms))
-    });
+    let ended = ended_by(&body);
     let response = forwarder
         .forward(Request::from_parts(parts, Body::from(body)), peer)
         .await;
     if let Some((run_id, status, end_ms)) = ended.filter(|_| response.status().is_success()) {
         let now = unix_millis(SystemTime::now());
-        health.ended_by_client(&run_id, &status, end_ms, now).await;
+        health.after_update(run_id, status, end_ms, now).await;
     }
     response
+}
+
+/// The longest `runs/update` body read for billing; a longer one is forwarded unread.
+const MAX_UPDATE_BYTES: usize = crate::coalesce::MAX_BATCH_BYTES;
+/// Bills being queued in the background at once; beyond it the next waits for the store.
+const MAX_QUEUEING_BILLS: usize = 64;
+
+/// The run a `runs/update` body ends, with its terminal status and the end it names.
+fn ended_by(body: &[u8]) -> Option<(String, String, Option<i64>)> {
+    let run_id = crate::writes::run_of(body)?;
+    let update: Value = serde_json::from_slice(body).ok()?;
+    let status = match &update["status"] {
+        Value::String(s) => s.clone(),
+        Value::Number(n) => match n.as_i64() {
+            Some(3) => "FINISHED".to_owned(),
+            Some(4) => "FAILED".to_owned(),
+            Some(5) => "KILLED".to_owned(),
+            _ => return None,
+        },
+        _ => return None,
+    };
+    let end_ms = match &update["end_time"] {
+        Value::Number(n) => n.as_i64(),
+        Value::String(s) => s.parse().ok(),
+        _ => None,
+    };
+    matches!(status.as_str(), "FINISHED" | "FAILED" | "KILLED").then_some((run_id, status, end_ms))
+}
+
+/// The body, when it ends within `limit` bytes; otherwise `Err` with a body that yields what
+/// was read and then the rest, to be forwarded as it came.
+async fn read_up_to(mut body: Body, limit: usize) -> Result<Result<Bytes, Body>, axum::Error> {
+    let mut read = bytes::BytesMut::new();
+    while let Some(frame) = body.frame().await {
+        let Ok(data) = frame?.into_data() else {
+            continue;
+        };
+        read.extend_from_slice(&data);
+        if read.len() > limit {
+            let head = futures_util::stream::once(async move { Ok(read.freeze()) });
+            let rest = futures_util::StreamExt::chain(head, body.into_data_stream());
+            return Ok(Err(Body::from_stream(rest)));
+        }
+    }
+    Ok(Ok(read.freeze()))
 }
 
 enum Acted {

@@ -451,3 +451,75 @@ async fn a_wild_end_time_from_the_client_is_mlflows_to_answer_and_never_inflates
     );
     assert_eq!(counter(&[&proxy], "mlscope_runs_billed_total").await, 2.0);
 }
+
+/// (g) `runs/update` requests MLflow refuses get MLflow's own answer through the proxy: the
+/// same status and JSON body as straight from MLflow, for a run that does not exist, a status
+/// that is no status, and a body over the proxy's read limit (sent with and without a
+/// length, the latter streamed on as it came): none of them is billed.
+#[tokio::test(flavor = "multi_thread")]
+async fn refused_run_updates_pass_through_with_mlflows_own_answer() {
+    let stack = TestStack::shared();
+    let mlflow = stack.mlflow.url.as_str();
+    let dir = tempfile::tempdir().unwrap();
+    let proxy = health_proxy(dir.path(), mlflow, "10m", &[]);
+    let run_id = run_started_at(mlflow, "bill-refused-update", now_ms()).await;
+    send(
+        &proxy,
+        0,
+        "node-r",
+        &publish(&run_id, 0, "node-r", 0, now_ms(), &[0.0]),
+    )
+    .await;
+    let padding = "x".repeat(1_100_000);
+    let bodies = [
+        json!({"run_id": "0123456789abcdef0123456789abcdef", "status": "FINISHED", "end_time": now_ms()}),
+        json!({"run_id": run_id, "status": ["FINISHED"], "end_time": now_ms()}),
+        json!({"run_id": "0123456789abcdef0123456789abcdef", "status": "FINISHED", "padding": padding}),
+    ];
+    let answer = |base: String, body: Vec<u8>, chunked: bool| async move {
+        let request = http()
+            .post(format!("{base}/api/2.0/mlflow/runs/update"))
+            .header("Content-Type", "application/json");
+        let request = if chunked {
+            let chunks: Vec<Result<Vec<u8>, std::io::Error>> =
+                body.chunks(64 * 1024).map(|c| Ok(c.to_vec())).collect();
+            request.body(reqwest::Body::wrap_stream(futures_util::stream::iter(
+                chunks,
+            )))
+        } else {
+            request.body(body)
+        };
+        let response = request.send().await.unwrap();
+        let status = response.status().as_u16();
+        (
+            status,
+            response.json::<Value>().await.unwrap_or(Value::Null),
+        )
+    };
+    // Chunked only where the proxy streams the body on unread: a body it reads goes to MLflow
+    // with its length (MLflow's server reads no chunked body of its own).
+    for (i, body) in bodies.iter().enumerate() {
+        for chunked in [false, i == 2] {
+            let bytes = serde_json::to_vec(body).unwrap();
+            let direct = answer(mlflow.to_owned(), bytes.clone(), chunked).await;
+            let through = answer(proxy.url.clone(), bytes, chunked).await;
+            assert!(direct.0 >= 400, "case {i}: MLflow took it: {direct:?}");
+            assert_eq!(through, direct, "case {i}, chunked {chunked}");
+        }
+    }
+    // The run MLflow kept running is not billed: its health shows the bill so far.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let (code, view) = health_view(&proxy, &run_id).await;
+        if code == 200 {
+            assert_eq!(view["bill"], "running", "{view}");
+            break;
+        }
+        assert!(Instant::now() < deadline, "{view}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(
+        counter(&[&proxy], "mlscope_health_sweep_errors_total").await,
+        0.0
+    );
+}
