@@ -989,8 +989,8 @@ impl Health {
         headers
     }
 
-    /// After MLflow accepted a `runs/update` that ends a run: its bill is queued in the
-    /// background, so the client's answer does not wait on the store; with
+    /// After MLflow accepted a `runs/update` that ends or resumes a run: the store hears of it in
+    /// the background, so the client's answer does not wait on the store; with
     /// [`MAX_QUEUEING_BILLS`] already under way, in line.
     async fn after_update(&self, run_id: String, status: String, end_ms: Option<i64>, now_ms: i64) {
         match self.inner.queueing.clone().try_acquire_owned() {
@@ -999,14 +999,34 @@ impl Health {
                 tokio::spawn(
                     async move {
                         health
-                            .ended_by_client(&run_id, &status, end_ms, now_ms)
+                            .updated_by_client(&run_id, &status, end_ms, now_ms)
                             .await;
                         drop(permit);
                     }
                     .in_current_span(),
                 );
             }
-            Err(_) => self.ended_by_client(&run_id, &status, end_ms, now_ms).await,
+            Err(_) => {
+                self.updated_by_client(&run_id, &status, end_ms, now_ms)
+                    .await
+            }
+        }
+    }
+
+    /// A run its client ended is queued for its bill; one it resumed (`RUNNING`) is open again.
+    async fn updated_by_client(
+        &self,
+        run_id: &str,
+        status: &str,
+        end_ms: Option<i64>,
+        now_ms: i64,
+    ) {
+        if status != "RUNNING" {
+            return self.ended_by_client(run_id, status, end_ms, now_ms).await;
+        }
+        if let Err(error) = self.inner.store.reopen_run(run_id, now_ms).await {
+            tracing::warn!(%error, run_id, "reopening a run its client resumed failed");
+            self.inner.metrics.health_error("store");
         }
     }
 
@@ -1319,7 +1339,7 @@ impl Health {
             (Some(v), _) if v.done == 1 => "judged",
             (Some(_), _) => "being_judged",
             // Its client ended it through the proxy: the sweep leaves it alone.
-            (None, _) if billed.is_some() => "ended",
+            (None, _) if billed.as_ref().is_some_and(|b| b.reopened_ms.is_none()) => "ended",
             (None, Some(_)) => "dead",
             (None, None) if ranks.iter().all(|r| r.outcome.is_some()) => "ended",
             (None, None) => "live",
@@ -1594,13 +1614,15 @@ const MAX_UPDATE_BYTES: usize = crate::coalesce::MAX_BATCH_BYTES;
 /// Bills being queued in the background at once; beyond it the next waits for the store.
 const MAX_QUEUEING_BILLS: usize = 64;
 
-/// The run a `runs/update` body ends, with its terminal status and the end it names.
+/// The run a `runs/update` body ends (or resumes: `RUNNING`), with its status and the end it
+/// names.
 fn ended_by(body: &[u8]) -> Option<(String, String, Option<i64>)> {
     let run_id = crate::writes::run_of(body)?;
     let update: Value = serde_json::from_slice(body).ok()?;
     let status = match &update["status"] {
         Value::String(s) => s.clone(),
         Value::Number(n) => match n.as_i64() {
+            Some(1) => "RUNNING".to_owned(),
             Some(3) => "FINISHED".to_owned(),
             Some(4) => "FAILED".to_owned(),
             Some(5) => "KILLED".to_owned(),
@@ -1613,7 +1635,11 @@ fn ended_by(body: &[u8]) -> Option<(String, String, Option<i64>)> {
         Value::String(s) => s.parse().ok(),
         _ => None,
     };
-    matches!(status.as_str(), "FINISHED" | "FAILED" | "KILLED").then_some((run_id, status, end_ms))
+    matches!(
+        status.as_str(),
+        "FINISHED" | "FAILED" | "KILLED" | "RUNNING"
+    )
+    .then_some((run_id, status, end_ms))
 }
 
 /// The body, when it ends within `limit` bytes; otherwise `Err` with a body that yields what

@@ -68,10 +68,12 @@ pub struct BillRow {
     pub idle_seconds: Option<f64>,
     /// Why the run was not billed, when MLflow refused it for good (done, without figures).
     pub failure: Option<String>,
+    /// When its client resumed the run after it was billed (it is live again, billed once).
+    pub reopened_ms: Option<i64>,
 }
 
 const BILL_COLUMNS: &str = "run_id, ended_by, end_ms, due_ms, replica, claimed_ms, done, \
-     gpu_seconds, idle_seconds, failure";
+     gpu_seconds, idle_seconds, failure, reopened_ms";
 
 /// SQL for `bill::idle_increase` between two readings `(t1, c1)` and `(t2, c2)` (column
 /// expressions): the clock's rise, or its value where it fell, within 0 and the gap in seconds.
@@ -284,6 +286,28 @@ impl Store {
         Ok(())
     }
 
+    /// A run its client resumed (MLflow accepted `runs/update` RUNNING): a bill not done yet is
+    /// dropped and the sweep's verdict forgotten, so the run is live again for the sweep; a
+    /// bill done stays (the run is not billed again) and is marked reopened at `now`.
+    pub async fn reopen_run(&self, run_id: &str, now: i64) -> Result<(), StoreError> {
+        on_backend!(self, |pool| {
+            let mut tx = pool.begin().await?;
+            for sql in [
+                "DELETE FROM run_bills WHERE run_id = $1 AND done = 0",
+                "DELETE FROM run_verdicts WHERE run_id = $1 AND done = 1",
+            ] {
+                sqlx::query(sql).bind(run_id).execute(&mut *tx).await?;
+            }
+            sqlx::query("UPDATE run_bills SET reopened_ms = $2 WHERE run_id = $1 AND done = 1")
+                .bind(run_id)
+                .bind(now)
+                .execute(&mut *tx)
+                .await?;
+            tx.commit().await?;
+        });
+        Ok(())
+    }
+
     /// Up to `limit` bills not done, due at `now` and free to claim (never claimed, or claimed
     /// before `abandoned_before`): those never tried first, then the ones whose last try is
     /// oldest, so a bill that keeps failing never holds back the ones behind it.
@@ -459,7 +483,7 @@ impl Store {
     }
 
     /// Every rank of up to `limit` runs that have no finished verdict and no bill (the run
-    /// ended), heard from since
+    /// ended) or one its client reopened, heard from since
     /// `heard_since`, ordered by run.
     pub async fn ranks_of_open_runs(
         &self,
@@ -471,7 +495,8 @@ impl Store {
                SELECT DISTINCT r.run_id FROM run_ranks r \
                WHERE r.last_heard_ms >= $1 AND NOT EXISTS ( \
                  SELECT 1 FROM run_verdicts v WHERE v.run_id = r.run_id AND v.done = 1) \
-               AND NOT EXISTS (SELECT 1 FROM run_bills b WHERE b.run_id = r.run_id) \
+               AND NOT EXISTS (SELECT 1 FROM run_bills b WHERE b.run_id = r.run_id \
+                 AND b.reopened_ms IS NULL) \
                ORDER BY r.run_id LIMIT $2) \
              ORDER BY run_id, rank, node"
         );
@@ -860,6 +885,54 @@ mod tests {
             .execute(&admin)
             .await
             .unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_resumed_run_is_open_again_and_billed_at_most_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = store(&dir).await;
+        let open = |store: Store| async move {
+            let rows = store.ranks_of_open_runs(0, 10).await.unwrap();
+            rows.into_iter().map(|r| r.run_id).collect::<Vec<_>>()
+        };
+        store
+            .record_ranks(&[beat("queued", 0, 1, 2)])
+            .await
+            .unwrap();
+        store
+            .record_ranks(&[beat("billed", 0, 1, 2)])
+            .await
+            .unwrap();
+        store
+            .queue_bill("queued", "FINISHED", None, 0)
+            .await
+            .unwrap();
+        store
+            .queue_bill("billed", "FINISHED", None, 0)
+            .await
+            .unwrap();
+        assert!(store.claim_bill("billed", "a", 10, 1).await.unwrap());
+        assert!(store
+            .finish_bill("billed", "a", 3_600.0, 0.0)
+            .await
+            .unwrap());
+        assert!(open(store.clone()).await.is_empty());
+        store.reopen_run("queued", 20).await.unwrap();
+        store.reopen_run("billed", 20).await.unwrap();
+        assert_eq!(open(store.clone()).await, ["billed", "queued"]);
+        // Not yet billed: gone, so its next end queues it afresh.
+        assert!(store.bill_of("queued").await.unwrap().is_none());
+        // Billed: the bill stands, and its next end does not bill it again.
+        store
+            .queue_bill("billed", "FAILED", None, 30)
+            .await
+            .unwrap();
+        let bill = store.bill_of("billed").await.unwrap().unwrap();
+        assert_eq!(
+            (bill.done, bill.ended_by.as_str(), bill.gpu_seconds),
+            (1, "FINISHED", Some(3_600.0))
+        );
+        assert!(store.due_bills(100, 50, 10).await.unwrap().is_empty());
     }
 
     #[tokio::test]
