@@ -163,9 +163,12 @@ impl Store {
                  AND (run_ranks.gpu_idle_ms IS NULL OR excluded.gpu_idle_ms >= run_ranks.gpu_idle_ms) \
                  THEN excluded.gpu_idle_ms ELSE run_ranks.gpu_idle_ms END"
         );
+        // In key order: two replicas' transactions lock rows in one order and never deadlock.
+        let mut updates: Vec<&RankRow> = updates.iter().collect();
+        updates.sort_by(|a, b| (&a.run_id, &a.node, a.rank).cmp(&(&b.run_id, &b.node, b.rank)));
         on_backend!(self, |pool| {
             let mut tx = pool.begin().await?;
-            for u in updates {
+            for u in &updates {
                 sqlx::query(&sql)
                     .bind(&u.run_id)
                     .bind(&u.node)
@@ -232,9 +235,14 @@ impl Store {
                first_idle = CASE WHEN NOT ({after}) AND {before} THEN {e}.first_idle \
                  ELSE {t}.first_idle END"
         );
+        // In key order, as `record_ranks`.
+        let mut windows: Vec<&GpuIdleRow> = windows.iter().collect();
+        windows.sort_by(|a, b| {
+            (&a.run_id, &a.node, a.rank, a.gpu).cmp(&(&b.run_id, &b.node, b.rank, b.gpu))
+        });
         on_backend!(self, |pool| {
             let mut tx = pool.begin().await?;
-            for w in windows {
+            for w in &windows {
                 sqlx::query(&sql)
                     .bind(&w.run_id)
                     .bind(&w.node)
@@ -459,9 +467,12 @@ impl Store {
     pub async fn record_writes(&self, writes: &[(String, i64)]) -> Result<(), StoreError> {
         let sql = "UPDATE run_ranks SET last_write_ms = $2 \
                    WHERE run_id = $1 AND (last_write_ms IS NULL OR last_write_ms < $2)";
+        // In key order, as `record_ranks`.
+        let mut writes: Vec<&(String, i64)> = writes.iter().collect();
+        writes.sort();
         on_backend!(self, |pool| {
             let mut tx = pool.begin().await?;
-            for (run_id, ms) in writes {
+            for (run_id, ms) in writes.iter().copied() {
                 sqlx::query(sql)
                     .bind(run_id)
                     .bind(ms)
