@@ -601,9 +601,15 @@ impl Health {
             let mut pending = self.inner.pending.lock().expect("health lock");
             for update in batch {
                 let key = (update.run_id.clone(), update.node.clone(), update.rank);
-                // Newer heartbeats gathered meanwhile win; the failed batch fills the rest.
-                if pending.len() < MAX_PENDING_RANKS || pending.contains_key(&key) {
-                    pending.entry(key).or_insert(update);
+                // Newer heartbeats gathered meanwhile win; the failed batch fills the rest and
+                // keeps the earliest first heartbeat and sample (the start of the bill).
+                let room = pending.len() < MAX_PENDING_RANKS;
+                match pending.get_mut(&key) {
+                    Some(newer) => merge_older(newer, update),
+                    None if room => {
+                        pending.insert(key, update);
+                    }
+                    None => self.inner.metrics.heartbeat_dropped(),
                 }
             }
         }
@@ -1740,6 +1746,40 @@ fn gpu_idle_of(rank: &RankRow, now_ms: i64) -> Vec<Option<f64>> {
         .collect()
 }
 
+/// Folds what a failed flush held of a rank (`older`) into what was gathered since (`newer`):
+/// the newer facts win, the older fill the gaps, and the spans take both ends (the earliest
+/// first heartbeat and sample, the latest last ones), as the store's merge does.
+fn merge_older(newer: &mut RankRow, older: RankRow) {
+    let min = |a: Option<i64>, b: Option<i64>| a.into_iter().chain(b).min();
+    let max = |a: Option<i64>, b: Option<i64>| a.into_iter().chain(b).max();
+    newer.first_heard_ms = newer.first_heard_ms.min(older.first_heard_ms);
+    newer.last_heard_ms = newer.last_heard_ms.max(older.last_heard_ms);
+    newer.bill_first_ms = min(newer.bill_first_ms, older.bill_first_ms);
+    newer.bill_last_ms = max(newer.bill_last_ms, older.bill_last_ms);
+    newer.last_sample_ms = max(newer.last_sample_ms, older.last_sample_ms);
+    newer.last_write_ms = max(newer.last_write_ms, older.last_write_ms);
+    newer.interval_ms = newer.interval_ms.or(older.interval_ms);
+    newer.gpus = newer.gpus.max(older.gpus);
+    newer.workspace = newer.workspace.take().or(older.workspace);
+    newer.pod = newer.pod.take().or(older.pod);
+    newer.gpu_model = newer.gpu_model.take().or(older.gpu_model);
+    newer.memory_limit_mb = newer.memory_limit_mb.or(older.memory_limit_mb);
+    newer.cpu_limit_cores = newer.cpu_limit_cores.or(older.cpu_limit_cores);
+    if newer.gpu_idle_ms.is_none() {
+        newer.gpu_idle = older.gpu_idle;
+        newer.gpu_idle_ms = older.gpu_idle_ms;
+    }
+    // An end reported before the newer samples: the newer entry already dropped it when the
+    // samples superseded it; otherwise it still holds.
+    if newer.outcome.is_none()
+        && newer.last_sample_ms <= older.ended_ms.map(|e| e + SUPERSEDE_AFTER_MS)
+    {
+        newer.outcome = older.outcome;
+        newer.exit_code = newer.exit_code.or(older.exit_code);
+        newer.ended_ms = older.ended_ms;
+    }
+}
+
 /// Consecutive rows of one run (rows come ordered by run).
 fn by_run(rows: &[RankRow]) -> impl Iterator<Item = &[RankRow]> {
     rows.chunk_by(|a, b| a.run_id == b.run_id)
@@ -1885,6 +1925,38 @@ mod tests {
         ] {
             assert_ne!(check_answer(status, "/p", body).unwrap_err().0, REJECTED);
         }
+    }
+
+    #[test]
+    fn a_failed_flush_merged_back_keeps_the_ranks_first_sample_and_facts() {
+        let older = RankRow {
+            run_id: "r".into(),
+            first_heard_ms: 1_000,
+            last_heard_ms: 5_000,
+            bill_first_ms: Some(900),
+            bill_last_ms: Some(4_900),
+            last_sample_ms: Some(5_000),
+            pod: Some("train-0".into()),
+            gpus: 8,
+            ..RankRow::default()
+        };
+        let mut newer = RankRow {
+            run_id: "r".into(),
+            first_heard_ms: 6_000,
+            last_heard_ms: 7_000,
+            bill_first_ms: Some(5_900),
+            bill_last_ms: Some(6_900),
+            last_sample_ms: Some(7_000),
+            ..RankRow::default()
+        };
+        merge_older(&mut newer, older);
+        assert_eq!((newer.first_heard_ms, newer.last_heard_ms), (1_000, 7_000));
+        assert_eq!(
+            (newer.bill_first_ms, newer.bill_last_ms),
+            (Some(900), Some(6_900))
+        );
+        assert_eq!((newer.pod.as_deref(), newer.gpus), (Some("train-0"), 8));
+        assert_eq!(newer.outcome, None);
     }
 
     #[test]
