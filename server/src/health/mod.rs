@@ -750,20 +750,7 @@ impl Health {
                 return;
             }
         };
-        let int = |v: &Value| v.as_i64().or_else(|| v.as_str()?.parse().ok());
-        let info = &run["run"]["info"];
-        let start_ms = int(&info["start_time"]);
-        // Each end on its own: a wild one (the client's, stored by MLflow as sent) is ignored
-        // rather than winning the minimum.
-        let queued = Clip::new(start_ms, claimed.end_ms, now_ms).end_ms;
-        let mlflow_end = Clip::new(start_ms, int(&info["end_time"]), now_ms).end_ms;
-        let clip = Clip {
-            start_ms: Clip::new(start_ms, None, now_ms).start_ms,
-            end_ms: match (queued, mlflow_end) {
-                (Some(a), Some(b)) => Some(a.min(b)),
-                (a, b) => a.or(b),
-            },
-        };
+        let clip = clip_of(&run, claimed.end_ms, now_ms);
         let bill = bill::bill(&ranks, &idle, clip);
         let holds_gpus = bill.ranks.iter().any(|r| r.gpus > 0);
         if holds_gpus {
@@ -1365,14 +1352,21 @@ impl Health {
             .gpu_idle_of_run(run_id)
             .await
             .map_err(|e| e.to_string())?;
-        let run_bill = bill::bill(
-            &ranks,
-            &idle_rows,
-            Clip {
-                start_ms: None,
-                end_ms: billed.as_ref().and_then(|b| b.end_ms),
-            },
-        );
+        // Clipped as the bill is (MLflow's start and end of the run), so a rank's figures here
+        // are those of its tags; without MLflow's answer, to the queued end only.
+        let queued_end = billed.as_ref().and_then(|b| b.end_ms);
+        let query = format!("/api/2.0/mlflow/runs/get?run_id={}", percent_encode(run_id));
+        let clip = match self
+            .call(Method::GET, &query, &self.run_headers(&ranks), None)
+            .await
+        {
+            Ok(run) => clip_of(&run, queued_end, now_ms),
+            Err((_, error)) => {
+                tracing::debug!(run_id, error, "run health view without MLflow's start time");
+                Clip::new(None, queued_end, now_ms)
+            }
+        };
+        let run_bill = bill::bill(&ranks, &idle_rows, clip);
         let (gpu_seconds, idle_seconds) = match &billed {
             Some(BillRow {
                 done: 1,
@@ -1744,6 +1738,24 @@ fn gpu_idle_of(rank: &RankRow, now_ms: i64) -> Vec<Option<f64>> {
         .into_iter()
         .map(|idle| idle.map(|s| if s > 0.0 { s + since } else { s }))
         .collect()
+}
+
+/// The clip of a run's bill: MLflow's start and end of it (`runs/get`'s answer) and the end its
+/// bill was queued with, the earlier end winning. Each end is checked on its own: a wild one
+/// (the client's, stored by MLflow as sent) is ignored rather than winning the minimum.
+fn clip_of(run: &Value, queued_end: Option<i64>, now_ms: i64) -> Clip {
+    let int = |v: &Value| v.as_i64().or_else(|| v.as_str()?.parse().ok());
+    let info = &run["run"]["info"];
+    let start_ms = int(&info["start_time"]);
+    let queued = Clip::new(start_ms, queued_end, now_ms).end_ms;
+    let mlflow_end = Clip::new(start_ms, int(&info["end_time"]), now_ms).end_ms;
+    Clip {
+        start_ms: Clip::new(start_ms, None, now_ms).start_ms,
+        end_ms: match (queued, mlflow_end) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        },
+    }
 }
 
 /// Folds what a failed flush held of a rank (`older`) into what was gathered since (`newer`):
