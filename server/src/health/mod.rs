@@ -56,6 +56,9 @@ const MAX_TAG_VALUE: usize = 5_000;
 const SWEEP_LEASE: &str = "stale-run-sweep";
 /// GPU indexes read from keys (`gpu_<i>_...`): beyond this an index is not a real device.
 const MAX_GPUS_PER_RANK: i64 = 64;
+/// Runs whose ranks all exited 0 asked about at MLflow per sweep (ended there, not through the
+/// proxy, they are billed).
+const MAX_CLEAN_ENDS_PER_SWEEP: usize = 50;
 /// Bills carried out per sweep.
 const MAX_BILLS_PER_SWEEP: i64 = 200;
 /// The tag naming a live run's GPUs idle past `--gpu-idle-after`.
@@ -668,10 +671,18 @@ impl Health {
                 return;
             }
         }
+        let mut clean_ends_asked = 0;
         for ranks in by_run(&rows) {
-            if let Some(judgement) = judge(ranks, now_ms, config.stale_after) {
-                self.carry_out(&ranks[0].run_id, ranks, &judgement, now_ms)
-                    .await;
+            match judge(ranks, now_ms, config.stale_after) {
+                Some(judgement) => {
+                    self.carry_out(&ranks[0].run_id, ranks, &judgement, now_ms)
+                        .await
+                }
+                None if ended_cleanly(ranks) && clean_ends_asked < MAX_CLEAN_ENDS_PER_SWEEP => {
+                    clean_ends_asked += 1;
+                    self.bill_clean_end(&ranks[0].run_id, ranks, now_ms).await;
+                }
+                None => {}
             }
         }
         let billed = self.bill_due(now_ms).await;
@@ -680,6 +691,40 @@ impl Health {
             .filter(|ranks| !billed.contains(&ranks[0].run_id))
             .take(MAX_GAUGE_RUNS);
         self.mark_idle_gpus(live, now_ms).await;
+    }
+
+    /// A run whose ranks all exited 0 is its client's to end, and the sweep leaves it alone;
+    /// once MLflow has it ended (straight, not through the proxy) its bill is queued here.
+    async fn bill_clean_end(&self, run_id: &str, ranks: &[RankRow], now_ms: i64) {
+        let query = format!("/api/2.0/mlflow/runs/get?run_id={}", percent_encode(run_id));
+        let status = match self
+            .call(Method::GET, &query, &self.run_headers(ranks), None)
+            .await
+        {
+            Ok(run) => run["run"]["info"]["status"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned(),
+            Err((reason, error)) => {
+                tracing::warn!(run_id, error, "asking MLflow whether a run ended failed");
+                self.inner.metrics.health_error(reason);
+                return;
+            }
+        };
+        if !matches!(status.as_str(), "FINISHED" | "FAILED" | "KILLED") {
+            return;
+        }
+        // MLflow's end time clips the bill (read again when it is billed).
+        let settle = 2 * self.inner.config.flush_interval.as_millis() as i64 + 1_000;
+        if let Err(error) = self
+            .inner
+            .store
+            .queue_bill(run_id, &status, None, now_ms + settle)
+            .await
+        {
+            tracing::warn!(%error, run_id, "queueing the bill of a run ended at MLflow failed");
+            self.inner.metrics.health_error("store");
+        }
     }
 
     /// Bills every run whose bill is due, each claimed first so that one replica bills it;
@@ -1790,6 +1835,14 @@ fn merge_older(newer: &mut RankRow, older: RankRow) {
         newer.exit_code = newer.exit_code.or(older.exit_code);
         newer.ended_ms = older.ended_ms;
     }
+}
+
+/// Whether every rank of the run reported its end with exit status 0 (the wrapper's word).
+fn ended_cleanly(ranks: &[RankRow]) -> bool {
+    !ranks.is_empty()
+        && ranks
+            .iter()
+            .all(|r| r.outcome.as_deref() == Some("exited") && r.exit_code.unwrap_or(0) == 0)
 }
 
 /// Consecutive rows of one run (rows come ordered by run).

@@ -523,3 +523,42 @@ async fn refused_run_updates_pass_through_with_mlflows_own_answer() {
         0.0
     );
 }
+
+/// (h) a run whose only rank reported a clean exit (exit status 0) and that its client ended
+/// straight at MLflow, not through the proxy: the sweep sees MLflow's end and bills it.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_run_ended_straight_at_mlflow_after_its_ranks_exited_cleanly_is_billed() {
+    let stack = TestStack::shared();
+    let mlflow = stack.mlflow.url.as_str();
+    let dir = tempfile::tempdir().unwrap();
+    let proxy = health_proxy(dir.path(), mlflow, "10m", &[]);
+    let start = now_ms() - 90 * MIN;
+    let run_id = run_started_at(mlflow, "bill-clean-exit", start).await;
+    send_rank(
+        &proxy,
+        &run_id,
+        0,
+        "node-c",
+        &publishes(start, 60, &[false, true]),
+    )
+    .await;
+    let exited = json!({"run_id": run_id, "tags": [
+        {"key": "mlscope/rank-0/outcome", "value": "exited"},
+        {"key": "mlscope/rank-0/exit_code", "value": "0"},
+    ]});
+    send(&proxy, 0, "node-c", &exited).await;
+    end_run_at(mlflow, &run_id, start + 60 * MIN).await;
+    let tags = billed_tags(mlflow, &run_id).await;
+    within_2_percent(&tags, "mlscope.gpu_hours", 2.0);
+    within_2_percent(&tags, "mlscope.gpu_idle_hours", 1.0);
+}
+
+/// Ends the run straight at MLflow.
+async fn end_run_at(mlflow: &str, run_id: &str, end_ms: i64) {
+    post(
+        mlflow,
+        "runs/update",
+        json!({"run_id": run_id, "status": "FINISHED", "end_time": end_ms}),
+    )
+    .await;
+}
