@@ -474,7 +474,7 @@ impl Metrics {
         );
         registry.register(
             "health_sweep_errors",
-            "Failures of the run-health work, by step (store, mlflow, refused)",
+            "Failures of the run-health work, by step (store, mlflow, refused; rejected: MLflow refused for good, e.g. a deleted run)",
             health.sweep_errors.clone(),
         );
         let store_up = Gauge::default();

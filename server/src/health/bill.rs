@@ -13,7 +13,8 @@
 //!   span: from sample to sample the clock's rise, or, where it fell (the GPU worked, or the
 //!   collector restarted), its new value; each step capped to the time between the two samples,
 //!   and the GPU's total capped to the billed span. Idle time before the first sample is not
-//!   billed. A GPU without an idle clock (MLflow's own monitor) counts as busy.
+//!   billed, nor the stretch the last reading places after the clipped end or before the
+//!   clipped start. A GPU without an idle clock (MLflow's own monitor) counts as busy.
 
 use crate::store::{GpuIdleRow, RankRow};
 
@@ -84,10 +85,20 @@ impl IdleWindow {
         self.merge(&IdleWindow::new(at_ms, idle));
     }
 
-    /// Idle seconds within `[from, to]`: the window's, capped to the part of it inside.
+    /// Idle seconds within `[from, to]`: the window's, less the idle time its clock places
+    /// outside (the stretch the last reading reports, `last_idle` seconds up to `last_ms`,
+    /// where it lies after `to` or before `from`), capped to the part of the window inside.
+    /// An idle stretch outside that had ended before the last reading is not seen by the clock
+    /// at the window's ends, and stays counted within that cap.
     fn idle_within(&self, from: i64, to: i64) -> f64 {
-        let overlap = (self.last_ms.min(to) - self.first_ms.max(from)).max(0) as f64 / 1e3;
-        self.idle_s.min(overlap).max(0.0)
+        let seconds = |a: i64, b: i64| b.saturating_sub(a).max(0) as f64 / 1e3;
+        let overlap = seconds(self.first_ms.max(from), self.last_ms.min(to));
+        // Where the last reading's stretch began, within the window (ms, saturating).
+        let stretch_ms = (self.last_idle * 1e3).min(i64::MAX as f64) as i64;
+        let stretch_start = self.last_ms.saturating_sub(stretch_ms).max(self.first_ms);
+        let after = seconds(to.max(stretch_start), self.last_ms);
+        let before = seconds(stretch_start.max(self.first_ms), from.min(self.last_ms));
+        (self.idle_s - after - before).clamp(0.0, overlap)
     }
 }
 
@@ -96,6 +107,21 @@ impl IdleWindow {
 pub struct Clip {
     pub start_ms: Option<i64>,
     pub end_ms: Option<i64>,
+}
+
+impl Clip {
+    /// The clip of a run that started at `start_ms` and ended at `end_ms` (both the client's
+    /// word, through MLflow), as far as they can be true at `now_ms`: a time at or before the
+    /// epoch is no time, an end is never later than now, and an end before the start is ignored
+    /// (the ranks' samples bound the bill instead).
+    pub fn new(start_ms: Option<i64>, end_ms: Option<i64>, now_ms: i64) -> Self {
+        let start_ms = start_ms.filter(|&ms| ms > 0);
+        let end_ms = end_ms
+            .filter(|&ms| ms > 0)
+            .map(|ms| ms.min(now_ms))
+            .filter(|&ms| start_ms.is_none_or(|start| ms >= start));
+        Clip { start_ms, end_ms }
+    }
 }
 
 /// What one (node, rank) cost.
@@ -183,7 +209,7 @@ pub fn bill(ranks: &[RankRow], idle: &[GpuIdleRow], clip: Clip) -> RunBill {
         };
         let from = clip.start_ms.map_or(first, |s| first.max(s));
         let to = clip.end_ms.map_or(last, |e| last.min(e));
-        let span_s = (to - from).max(0) as f64 / 1e3;
+        let span_s = to.saturating_sub(from).max(0) as f64 / 1e3;
         let gpus = r.gpus.max(0);
         let mut gpu_idle: Vec<(i64, f64)> = idle
             .iter()
@@ -347,6 +373,97 @@ mod tests {
             },
         );
         assert_eq!(b.gpu_seconds, 3600.0);
+    }
+
+    #[test]
+    fn an_end_at_or_before_the_epoch_before_the_start_or_in_the_future_never_inflates_the_bill() {
+        let now = 1_000 * MIN;
+        let ranks = [rank(0, 2, now - 60 * MIN, now)];
+        let idle = [idle_row(0, 1, &[(now - 60 * MIN, 0.0), (now, 3600.0)])];
+        let truth = (2.0 * 3600.0, 3600.0);
+        for end in [i64::MIN, -1, 0, now - 120 * MIN, now + 1, i64::MAX] {
+            let clip = Clip::new(Some(now - 60 * MIN), Some(end), now);
+            let b = bill(&ranks, &idle, clip);
+            assert_eq!(
+                (b.gpu_seconds, b.idle_seconds),
+                truth,
+                "end {end}: {clip:?}"
+            );
+        }
+        assert_eq!(
+            Clip::new(Some(-5), Some(i64::MIN), now),
+            Clip::default(),
+            "no start, no end"
+        );
+        assert_eq!(Clip::new(None, Some(i64::MAX), now).end_ms, Some(now));
+        // Unsanitised extremes: the arithmetic saturates, nothing wraps.
+        let b = bill(
+            &[rank(0, 1, i64::MIN, i64::MAX)],
+            &[idle_row(0, 0, &[(i64::MIN, 0.0), (i64::MAX, f64::MAX)])],
+            Clip {
+                start_ms: Some(i64::MIN),
+                end_ms: Some(i64::MAX),
+            },
+        );
+        assert!(b.gpu_seconds.is_finite() && b.gpu_seconds > 0.0, "{b:?}");
+        assert!(b.idle_seconds <= b.gpu_seconds, "{b:?}");
+        let b = bill(
+            &[rank(0, 1, 0, 60 * MIN)],
+            &[],
+            Clip {
+                start_ms: Some(i64::MAX),
+                end_ms: Some(i64::MIN),
+            },
+        );
+        assert_eq!(b.gpu_seconds, 0.0);
+    }
+
+    #[test]
+    fn idle_after_the_end_or_before_the_start_is_not_billed() {
+        // Busy until the end at 60 min, then idle for 30 s of samples (every 10 s) while the
+        // collector runs on until the bill is due: no idle time billed.
+        let end = 60 * MIN;
+        let mut samples: Vec<(i64, f64)> = (0..=6).map(|i| (i * 10 * MIN, 0.0)).collect();
+        samples.extend((1..=3).map(|i| (end + i * 10_000, (i * 10) as f64)));
+        let b = bill(
+            &[rank(0, 1, 0, end + 30_000)],
+            &[idle_row(0, 0, &samples)],
+            Clip {
+                start_ms: Some(0),
+                end_ms: Some(end),
+            },
+        );
+        assert_eq!((b.gpu_seconds, b.idle_seconds), (3600.0, 0.0));
+        // Idle from 30 s before a later start_time and on until 60 min: only what follows the
+        // start is billed, the whole span.
+        let samples: Vec<(i64, f64)> = (0..=13)
+            .map(|i| (-30_000 + i * 5 * MIN, 30.0 + (i * 300) as f64))
+            .collect();
+        let b = bill(
+            &[rank(0, 1, -30_000, 65 * MIN - 30_000)],
+            &[idle_row(0, 0, &samples)],
+            Clip {
+                start_ms: Some(0),
+                end_ms: Some(end),
+            },
+        );
+        assert_eq!((b.gpu_seconds, b.idle_seconds), (3600.0, 3600.0));
+        // Idle for the last 10 minutes before the end and 5 after: 10 minutes.
+        let samples = [
+            (0, 0.0),
+            (50 * MIN, 0.0),
+            (60 * MIN, 600.0),
+            (65 * MIN, 900.0),
+        ];
+        let b = bill(
+            &[rank(0, 1, 0, 65 * MIN)],
+            &[idle_row(0, 0, &samples)],
+            Clip {
+                start_ms: None,
+                end_ms: Some(end),
+            },
+        );
+        assert_eq!(b.idle_seconds, 600.0);
     }
 
     #[test]

@@ -23,8 +23,10 @@ use std::net::SocketAddr;
 
 use axum::body::Body;
 use axum::extract::{ConnectInfo, Request, State};
-use axum::response::Response;
+use axum::response::{IntoResponse, Response};
+use bytes::Bytes;
 use http_body_util::BodyExt;
+use tracing::Instrument as _;
 
 use crate::coalesce::Coalescer;
 use crate::credential::Secret;
@@ -54,6 +56,9 @@ const MAX_TAG_VALUE: usize = 5_000;
 const SWEEP_LEASE: &str = "stale-run-sweep";
 /// GPU indexes read from keys (`gpu_<i>_...`): beyond this an index is not a real device.
 const MAX_GPUS_PER_RANK: i64 = 64;
+/// Runs whose ranks all exited 0 asked about at MLflow per sweep (ended there, not through the
+/// proxy, they are billed).
+const MAX_CLEAN_ENDS_PER_SWEEP: usize = 50;
 /// Bills carried out per sweep.
 const MAX_BILLS_PER_SWEEP: i64 = 200;
 /// The tag naming a live run's GPUs idle past `--gpu-idle-after`.
@@ -383,6 +388,8 @@ struct Inner {
     pending_idle: Mutex<HashMap<(String, String, i64, i64), IdleWindow>>,
     /// Runs written to (any accepted metric write) since the last flush, with the latest time.
     writes: Mutex<HashMap<String, i64>>,
+    /// Bills of runs ended by their clients being written to the store in the background.
+    queueing: Arc<tokio::sync::Semaphore>,
 }
 
 impl Health {
@@ -405,6 +412,7 @@ impl Health {
                 pending: Mutex::new(HashMap::new()),
                 pending_idle: Mutex::new(HashMap::new()),
                 writes: Mutex::new(HashMap::new()),
+                queueing: Arc::new(tokio::sync::Semaphore::new(MAX_QUEUEING_BILLS)),
             }),
         }
     }
@@ -596,9 +604,15 @@ impl Health {
             let mut pending = self.inner.pending.lock().expect("health lock");
             for update in batch {
                 let key = (update.run_id.clone(), update.node.clone(), update.rank);
-                // Newer heartbeats gathered meanwhile win; the failed batch fills the rest.
-                if pending.len() < MAX_PENDING_RANKS || pending.contains_key(&key) {
-                    pending.entry(key).or_insert(update);
+                // Newer heartbeats gathered meanwhile win; the failed batch fills the rest and
+                // keeps the earliest first heartbeat and sample (the start of the bill).
+                let room = pending.len() < MAX_PENDING_RANKS;
+                match pending.get_mut(&key) {
+                    Some(newer) => merge_older(newer, update),
+                    None if room => {
+                        pending.insert(key, update);
+                    }
+                    None => self.inner.metrics.heartbeat_dropped(),
                 }
             }
         }
@@ -657,10 +671,18 @@ impl Health {
                 return;
             }
         }
+        let mut clean_ends_asked = 0;
         for ranks in by_run(&rows) {
-            if let Some(judgement) = judge(ranks, now_ms, config.stale_after) {
-                self.carry_out(&ranks[0].run_id, ranks, &judgement, now_ms)
-                    .await;
+            match judge(ranks, now_ms, config.stale_after) {
+                Some(judgement) => {
+                    self.carry_out(&ranks[0].run_id, ranks, &judgement, now_ms)
+                        .await
+                }
+                None if ended_cleanly(ranks) && clean_ends_asked < MAX_CLEAN_ENDS_PER_SWEEP => {
+                    clean_ends_asked += 1;
+                    self.bill_clean_end(&ranks[0].run_id, ranks, now_ms).await;
+                }
+                None => {}
             }
         }
         let billed = self.bill_due(now_ms).await;
@@ -671,13 +693,49 @@ impl Health {
         self.mark_idle_gpus(live, now_ms).await;
     }
 
+    /// A run whose ranks all exited 0 is its client's to end, and the sweep leaves it alone;
+    /// once MLflow has it ended (straight, not through the proxy) its bill is queued here.
+    async fn bill_clean_end(&self, run_id: &str, ranks: &[RankRow], now_ms: i64) {
+        let query = format!("/api/2.0/mlflow/runs/get?run_id={}", percent_encode(run_id));
+        let status = match self
+            .call(Method::GET, &query, &self.run_headers(ranks), None)
+            .await
+        {
+            Ok(run) => run["run"]["info"]["status"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned(),
+            Err((reason, error)) => {
+                tracing::warn!(run_id, error, "asking MLflow whether a run ended failed");
+                self.inner.metrics.health_error(reason);
+                return;
+            }
+        };
+        if !matches!(status.as_str(), "FINISHED" | "FAILED" | "KILLED") {
+            return;
+        }
+        // MLflow's end time clips the bill (read again when it is billed).
+        let settle = 2 * self.inner.config.flush_interval.as_millis() as i64 + 1_000;
+        if let Err(error) = self
+            .inner
+            .store
+            .queue_bill(run_id, &status, None, now_ms + settle)
+            .await
+        {
+            tracing::warn!(%error, run_id, "queueing the bill of a run ended at MLflow failed");
+            self.inner.metrics.health_error("store");
+        }
+    }
+
     /// Bills every run whose bill is due, each claimed first so that one replica bills it;
     /// returns the runs due (ended: no idle-GPU tag for them any more).
     async fn bill_due(&self, now_ms: i64) -> std::collections::HashSet<String> {
+        // A claim older than a few sweeps was abandoned (its replica died) or failed: due again.
+        let abandoned_before = now_ms - 4 * self.inner.config.sweep_interval.as_millis() as i64;
         let due = match self
             .inner
             .store
-            .due_bills(now_ms, MAX_BILLS_PER_SWEEP)
+            .due_bills(now_ms, abandoned_before, MAX_BILLS_PER_SWEEP)
             .await
         {
             Ok(due) => due,
@@ -688,7 +746,6 @@ impl Health {
             }
         };
         let ended = due.iter().map(|b| b.run_id.clone()).collect();
-        let abandoned_before = now_ms - 4 * self.inner.config.sweep_interval.as_millis() as i64;
         for bill in due {
             match self
                 .inner
@@ -701,7 +758,7 @@ impl Health {
                 )
                 .await
             {
-                Ok(true) => self.bill_run(&bill).await,
+                Ok(true) => self.bill_run(&bill, now_ms).await,
                 Ok(false) => {}
                 Err(error) => {
                     tracing::warn!(%error, run_id = bill.run_id, "claiming a bill failed");
@@ -714,7 +771,7 @@ impl Health {
 
     /// Bills one claimed run: its figures as run tags, the fleet counters, the bill row done.
     /// A failure leaves the claim to be taken over in a later sweep.
-    async fn bill_run(&self, claimed: &BillRow) {
+    async fn bill_run(&self, claimed: &BillRow, now_ms: i64) {
         let run_id = claimed.run_id.as_str();
         let (ranks, idle) = match (
             self.inner.store.ranks_of_run(run_id).await,
@@ -731,27 +788,22 @@ impl Health {
         let query = format!("/api/2.0/mlflow/runs/get?run_id={}", percent_encode(run_id));
         let run = match self.call(Method::GET, &query, &headers, None).await {
             Ok(run) => run,
+            Err((REJECTED, error)) => return self.give_up_bill(run_id, &error).await,
             Err((reason, error)) => {
                 tracing::warn!(run_id, error, "reading a run to bill failed; retried later");
                 self.inner.metrics.health_error(reason);
                 return;
             }
         };
-        let int = |v: &Value| v.as_i64().or_else(|| v.as_str()?.parse().ok());
-        let info = &run["run"]["info"];
-        let mlflow_end = int(&info["end_time"]).filter(|&ms| ms > 0);
-        let clip = Clip {
-            start_ms: int(&info["start_time"]).filter(|&ms| ms > 0),
-            end_ms: match (claimed.end_ms, mlflow_end) {
-                (Some(a), Some(b)) => Some(a.min(b)),
-                (a, b) => a.or(b),
-            },
-        };
+        let clip = clip_of(&run, claimed.end_ms, now_ms);
         let bill = bill::bill(&ranks, &idle, clip);
         let holds_gpus = bill.ranks.iter().any(|r| r.gpus > 0);
         if holds_gpus {
             if let Err((reason, error)) = self.write_tags(run_id, &headers, &bill_tags(&bill)).await
             {
+                if reason == REJECTED {
+                    return self.give_up_bill(run_id, &error).await;
+                }
                 tracing::warn!(
                     run_id,
                     error,
@@ -802,6 +854,26 @@ impl Health {
                 tracing::warn!(%error, run_id, "recording a bill failed");
                 self.inner.metrics.health_error("store");
             }
+        }
+    }
+
+    /// Marks a claimed bill done unbilled: MLflow refused the run for good (deleted, or
+    /// garbage-collected), so retrying would only hold the queue.
+    async fn give_up_bill(&self, run_id: &str, error: &str) {
+        tracing::warn!(
+            run_id,
+            error,
+            "MLflow refused a run's GPU bill for good; not billed"
+        );
+        self.inner.metrics.health_error(REJECTED);
+        if let Err(error) = self
+            .inner
+            .store
+            .give_up_bill(run_id, &self.inner.replica_id, error)
+            .await
+        {
+            tracing::warn!(%error, run_id, "recording an unbillable run failed");
+            self.inner.metrics.health_error("store");
         }
     }
 
@@ -955,19 +1027,58 @@ impl Health {
         headers
     }
 
-    /// After MLflow accepted a `runs/update`: a terminal status queues the run's bill, due once
-    /// every replica has flushed what it heard until now.
+    /// After MLflow accepted a `runs/update` that ends or resumes a run: the store hears of it in
+    /// the background, so the client's answer does not wait on the store; with
+    /// [`MAX_QUEUEING_BILLS`] already under way, in line.
+    async fn after_update(&self, run_id: String, status: String, end_ms: Option<i64>, now_ms: i64) {
+        match self.inner.queueing.clone().try_acquire_owned() {
+            Ok(permit) => {
+                let health = self.clone();
+                tokio::spawn(
+                    async move {
+                        health
+                            .updated_by_client(&run_id, &status, end_ms, now_ms)
+                            .await;
+                        drop(permit);
+                    }
+                    .in_current_span(),
+                );
+            }
+            Err(_) => {
+                self.updated_by_client(&run_id, &status, end_ms, now_ms)
+                    .await
+            }
+        }
+    }
+
+    /// A run its client ended is queued for its bill; one it resumed (`RUNNING`) is open again.
+    async fn updated_by_client(
+        &self,
+        run_id: &str,
+        status: &str,
+        end_ms: Option<i64>,
+        now_ms: i64,
+    ) {
+        if status != "RUNNING" {
+            return self.ended_by_client(run_id, status, end_ms, now_ms).await;
+        }
+        if let Err(error) = self.inner.store.reopen_run(run_id, now_ms).await {
+            tracing::warn!(%error, run_id, "reopening a run its client resumed failed");
+            self.inner.metrics.health_error("store");
+        }
+    }
+
+    /// A terminal status queues the run's bill, due once every replica has flushed what it
+    /// heard until now.
     async fn ended_by_client(&self, run_id: &str, status: &str, end_ms: Option<i64>, now_ms: i64) {
         let settle = 2 * self.inner.config.flush_interval.as_millis() as i64 + 1_000;
+        // The client's end as far as it can be true now (one at or before the epoch, or none:
+        // now; one in the future: now); one before the run's start is dropped at billing.
+        let end_ms = Clip::new(None, end_ms, now_ms).end_ms.unwrap_or(now_ms);
         if let Err(error) = self
             .inner
             .store
-            .queue_bill(
-                run_id,
-                status,
-                Some(end_ms.unwrap_or(now_ms)),
-                now_ms + settle,
-            )
+            .queue_bill(run_id, status, Some(end_ms), now_ms + settle)
             .await
         {
             tracing::warn!(%error, run_id, "queueing the bill of a run its client ended failed");
@@ -1266,7 +1377,7 @@ impl Health {
             (Some(v), _) if v.done == 1 => "judged",
             (Some(_), _) => "being_judged",
             // Its client ended it through the proxy: the sweep leaves it alone.
-            (None, _) if billed.is_some() => "ended",
+            (None, _) if billed.as_ref().is_some_and(|b| b.reopened_ms.is_none()) => "ended",
             (None, Some(_)) => "dead",
             (None, None) if ranks.iter().all(|r| r.outcome.is_some()) => "ended",
             (None, None) => "live",
@@ -1286,14 +1397,21 @@ impl Health {
             .gpu_idle_of_run(run_id)
             .await
             .map_err(|e| e.to_string())?;
-        let run_bill = bill::bill(
-            &ranks,
-            &idle_rows,
-            Clip {
-                start_ms: None,
-                end_ms: billed.as_ref().and_then(|b| b.end_ms),
-            },
-        );
+        // Clipped as the bill is (MLflow's start and end of the run), so a rank's figures here
+        // are those of its tags; without MLflow's answer, to the queued end only.
+        let queued_end = billed.as_ref().and_then(|b| b.end_ms);
+        let query = format!("/api/2.0/mlflow/runs/get?run_id={}", percent_encode(run_id));
+        let clip = match self
+            .call(Method::GET, &query, &self.run_headers(&ranks), None)
+            .await
+        {
+            Ok(run) => clip_of(&run, queued_end, now_ms),
+            Err((_, error)) => {
+                tracing::debug!(run_id, error, "run health view without MLflow's start time");
+                Clip::new(None, queued_end, now_ms)
+            }
+        };
+        let run_bill = bill::bill(&ranks, &idle_rows, clip);
         let (gpu_seconds, idle_seconds) = match &billed {
             Some(BillRow {
                 done: 1,
@@ -1366,6 +1484,7 @@ impl Health {
             gpus_idle,
             gpus_idle_tag: idle_gpus(&ranks, now_ms, idle_after),
             bill: match &billed {
+                Some(b) if b.done == 1 && b.failure.is_some() => "not_billed",
                 Some(b) if b.done == 1 => "billed",
                 Some(_) => "ended",
                 None => "running",
@@ -1396,12 +1515,35 @@ fn check_answer(
     }
     if !status.is_success() {
         let shown: String = String::from_utf8_lossy(bytes).chars().take(300).collect();
+        let reason = if refused_for_good(status, bytes) {
+            REJECTED
+        } else {
+            "mlflow"
+        };
         return Err((
-            "mlflow",
+            reason,
             format!("MLflow answered {status} to {path}: {shown}"),
         ));
     }
     Ok(())
+}
+
+/// The reason of an answer that asking again will not change (see [`refused_for_good`]).
+const REJECTED: &str = "rejected";
+
+/// Whether MLflow refused a call for good: the run does not exist (any more) or the request is
+/// one it will never take, e.g. a write to a deleted run. A refused credential (401, 403), a
+/// conflict, throttling and 5xx may pass and are retried.
+fn refused_for_good(status: StatusCode, bytes: &[u8]) -> bool {
+    let code = serde_json::from_slice::<Value>(bytes)
+        .ok()
+        .and_then(|v| v["error_code"].as_str().map(str::to_owned));
+    status.is_client_error()
+        && (matches!(status, StatusCode::BAD_REQUEST | StatusCode::NOT_FOUND)
+            || matches!(
+                code.as_deref(),
+                Some("RESOURCE_DOES_NOT_EXIST" | "INVALID_PARAMETER_VALUE")
+            ))
 }
 
 /// The tags of a billed run: totals under `mlscope.`, and per rank (the first
@@ -1463,7 +1605,9 @@ fn idle_gpus(ranks: &[RankRow], now_ms: i64, idle_after: f64) -> Option<String> 
 /// `POST runs/update`: forwarded; once MLflow accepted a terminal status (`FINISHED`,
 /// `FAILED`, `KILLED`) the run's GPU bill is queued. The run is the one MLflow acts on
 /// (`run_id`, else `run_uuid`, read as MLflow reads them), so a client bills only a run MLflow
-/// let it end.
+/// let it end. A body the handler does not read (over [`MAX_UPDATE_BYTES`]) goes on to MLflow
+/// unchanged and unbilled; MLflow's answer is the client's in every case, and never waits on
+/// the store.
 pub async fn update_run(
     State(health): State<Health>,
     State(forwarder): State<Forwarder>,
@@ -1474,38 +1618,91 @@ pub async fn update_run(
         return forwarder.forward(request, peer).await;
     }
     let (parts, body) = request.into_parts();
-    let body = match crate::coalesce::read_body(body).await {
-        Ok(body) => body,
-        Err(answer) => return answer,
+    let declared = parts
+        .headers
+        .get(http::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|len| len > MAX_UPDATE_BYTES as u64) {
+        return forwarder
+            .forward(Request::from_parts(parts, body), peer)
+            .await;
+    }
+    let body = match read_up_to(body, MAX_UPDATE_BYTES).await {
+        Ok(Ok(body)) => body,
+        // Longer than it said, or of no declared length: streamed on as it comes.
+        Ok(Err(unread)) => {
+            return forwarder
+                .forward(Request::from_parts(parts, unread), peer)
+                .await
+        }
+        Err(error) => {
+            return crate::error::Error::BadRequest(format!(
+                "the request body could not be read: {error}"
+            ))
+            .into_response()
+        }
     };
-    let ended = crate::writes::run_of(&body).and_then(|run_id| {
-        let update: Value = serde_json::from_slice(&body).ok()?;
-        let status = match &update["status"] {
-            Value::String(s) => s.clone(),
-            Value::Number(n) => match n.as_i64() {
-                Some(3) => "FINISHED".to_owned(),
-                Some(4) => "FAILED".to_owned(),
-                Some(5) => "KILLED".to_owned(),
-                _ => return None,
-            },
-            _ => return None,
-        };
-        let end_ms = match &update["end_time"] {
-            Value::Number(n) => n.as_i64(),
-            Value::String(s) => s.parse().ok(),
-            _ => None,
-        };
-        matches!(status.as_str(), "FINISHED" | "FAILED" | "KILLED")
-            .then_some((run_id, status, end_ms))
-    });
+    let ended = ended_by(&body);
     let response = forwarder
         .forward(Request::from_parts(parts, Body::from(body)), peer)
         .await;
     if let Some((run_id, status, end_ms)) = ended.filter(|_| response.status().is_success()) {
         let now = unix_millis(SystemTime::now());
-        health.ended_by_client(&run_id, &status, end_ms, now).await;
+        health.after_update(run_id, status, end_ms, now).await;
     }
     response
+}
+
+/// The longest `runs/update` body read for billing; a longer one is forwarded unread.
+const MAX_UPDATE_BYTES: usize = crate::coalesce::MAX_BATCH_BYTES;
+/// Bills being queued in the background at once; beyond it the next waits for the store.
+const MAX_QUEUEING_BILLS: usize = 64;
+
+/// The run a `runs/update` body ends (or resumes: `RUNNING`), with its status and the end it
+/// names.
+fn ended_by(body: &[u8]) -> Option<(String, String, Option<i64>)> {
+    let run_id = crate::writes::run_of(body)?;
+    let update: Value = serde_json::from_slice(body).ok()?;
+    let status = match &update["status"] {
+        Value::String(s) => s.clone(),
+        Value::Number(n) => match n.as_i64() {
+            Some(1) => "RUNNING".to_owned(),
+            Some(3) => "FINISHED".to_owned(),
+            Some(4) => "FAILED".to_owned(),
+            Some(5) => "KILLED".to_owned(),
+            _ => return None,
+        },
+        _ => return None,
+    };
+    let end_ms = match &update["end_time"] {
+        Value::Number(n) => n.as_i64(),
+        Value::String(s) => s.parse().ok(),
+        _ => None,
+    };
+    matches!(
+        status.as_str(),
+        "FINISHED" | "FAILED" | "KILLED" | "RUNNING"
+    )
+    .then_some((run_id, status, end_ms))
+}
+
+/// The body, when it ends within `limit` bytes; otherwise `Err` with a body that yields what
+/// was read and then the rest, to be forwarded as it came.
+async fn read_up_to(mut body: Body, limit: usize) -> Result<Result<Bytes, Body>, axum::Error> {
+    let mut read = bytes::BytesMut::new();
+    while let Some(frame) = body.frame().await {
+        let Ok(data) = frame?.into_data() else {
+            continue;
+        };
+        read.extend_from_slice(&data);
+        if read.len() > limit {
+            let head = futures_util::stream::once(async move { Ok(read.freeze()) });
+            let rest = futures_util::StreamExt::chain(head, body.into_data_stream());
+            return Ok(Err(Body::from_stream(rest)));
+        }
+    }
+    Ok(Ok(read.freeze()))
 }
 
 enum Acted {
@@ -1533,7 +1730,7 @@ pub struct RunHealth {
     /// What the run's `mlscope.gpus_idle` tag names (or would, once the sweep writes it).
     pub gpus_idle_tag: Option<String>,
     /// The GPU bill: `running` (so far), `ended` (queued, not written yet), `billed` (the
-    /// figures of the run's tags).
+    /// figures of the run's tags), `not_billed` (MLflow refused the run for good: deleted).
     pub bill: &'static str,
     pub gpu_hours: f64,
     pub gpu_idle_hours: f64,
@@ -1586,6 +1783,66 @@ fn gpu_idle_of(rank: &RankRow, now_ms: i64) -> Vec<Option<f64>> {
         .into_iter()
         .map(|idle| idle.map(|s| if s > 0.0 { s + since } else { s }))
         .collect()
+}
+
+/// The clip of a run's bill: MLflow's start and end of it (`runs/get`'s answer) and the end its
+/// bill was queued with, the earlier end winning. Each end is checked on its own: a wild one
+/// (the client's, stored by MLflow as sent) is ignored rather than winning the minimum.
+fn clip_of(run: &Value, queued_end: Option<i64>, now_ms: i64) -> Clip {
+    let int = |v: &Value| v.as_i64().or_else(|| v.as_str()?.parse().ok());
+    let info = &run["run"]["info"];
+    let start_ms = int(&info["start_time"]);
+    let queued = Clip::new(start_ms, queued_end, now_ms).end_ms;
+    let mlflow_end = Clip::new(start_ms, int(&info["end_time"]), now_ms).end_ms;
+    Clip {
+        start_ms: Clip::new(start_ms, None, now_ms).start_ms,
+        end_ms: match (queued, mlflow_end) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        },
+    }
+}
+
+/// Folds what a failed flush held of a rank (`older`) into what was gathered since (`newer`):
+/// the newer facts win, the older fill the gaps, and the spans take both ends (the earliest
+/// first heartbeat and sample, the latest last ones), as the store's merge does.
+fn merge_older(newer: &mut RankRow, older: RankRow) {
+    let min = |a: Option<i64>, b: Option<i64>| a.into_iter().chain(b).min();
+    let max = |a: Option<i64>, b: Option<i64>| a.into_iter().chain(b).max();
+    newer.first_heard_ms = newer.first_heard_ms.min(older.first_heard_ms);
+    newer.last_heard_ms = newer.last_heard_ms.max(older.last_heard_ms);
+    newer.bill_first_ms = min(newer.bill_first_ms, older.bill_first_ms);
+    newer.bill_last_ms = max(newer.bill_last_ms, older.bill_last_ms);
+    newer.last_sample_ms = max(newer.last_sample_ms, older.last_sample_ms);
+    newer.last_write_ms = max(newer.last_write_ms, older.last_write_ms);
+    newer.interval_ms = newer.interval_ms.or(older.interval_ms);
+    newer.gpus = newer.gpus.max(older.gpus);
+    newer.workspace = newer.workspace.take().or(older.workspace);
+    newer.pod = newer.pod.take().or(older.pod);
+    newer.gpu_model = newer.gpu_model.take().or(older.gpu_model);
+    newer.memory_limit_mb = newer.memory_limit_mb.or(older.memory_limit_mb);
+    newer.cpu_limit_cores = newer.cpu_limit_cores.or(older.cpu_limit_cores);
+    if newer.gpu_idle_ms.is_none() {
+        newer.gpu_idle = older.gpu_idle;
+        newer.gpu_idle_ms = older.gpu_idle_ms;
+    }
+    // An end reported before the newer samples: the newer entry already dropped it when the
+    // samples superseded it; otherwise it still holds.
+    if newer.outcome.is_none()
+        && newer.last_sample_ms <= older.ended_ms.map(|e| e + SUPERSEDE_AFTER_MS)
+    {
+        newer.outcome = older.outcome;
+        newer.exit_code = newer.exit_code.or(older.exit_code);
+        newer.ended_ms = older.ended_ms;
+    }
+}
+
+/// Whether every rank of the run reported its end with exit status 0 (the wrapper's word).
+fn ended_cleanly(ranks: &[RankRow]) -> bool {
+    !ranks.is_empty()
+        && ranks
+            .iter()
+            .all(|r| r.outcome.as_deref() == Some("exited") && r.exit_code.unwrap_or(0) == 0)
 }
 
 /// Consecutive rows of one run (rows come ordered by run).
@@ -1709,6 +1966,62 @@ mod tests {
             ..RankRow::default()
         };
         assert_eq!(gpu_idle_of(&row, 12_000), [Some(0.0), Some(102.5)]);
+    }
+
+    #[test]
+    fn only_answers_that_asking_again_cannot_change_are_refusals_for_good() {
+        let gone = br#"{"error_code":"RESOURCE_DOES_NOT_EXIST","message":"Run 'x' not found"}"#;
+        assert_eq!(
+            check_answer(StatusCode::NOT_FOUND, "/runs/get", gone)
+                .unwrap_err()
+                .0,
+            REJECTED
+        );
+        let deleted = br#"{"error_code":"INVALID_PARAMETER_VALUE","message":"must be active"}"#;
+        assert!(refused_for_good(StatusCode::BAD_REQUEST, deleted));
+        assert!(refused_for_good(StatusCode::NOT_FOUND, b"not json"));
+        for (status, body) in [
+            (StatusCode::UNAUTHORIZED, &b""[..]),
+            (StatusCode::FORBIDDEN, gone),
+            (StatusCode::TOO_MANY_REQUESTS, b""),
+            (StatusCode::CONFLICT, b""),
+            (StatusCode::SERVICE_UNAVAILABLE, gone),
+            (StatusCode::INTERNAL_SERVER_ERROR, deleted),
+        ] {
+            assert_ne!(check_answer(status, "/p", body).unwrap_err().0, REJECTED);
+        }
+    }
+
+    #[test]
+    fn a_failed_flush_merged_back_keeps_the_ranks_first_sample_and_facts() {
+        let older = RankRow {
+            run_id: "r".into(),
+            first_heard_ms: 1_000,
+            last_heard_ms: 5_000,
+            bill_first_ms: Some(900),
+            bill_last_ms: Some(4_900),
+            last_sample_ms: Some(5_000),
+            pod: Some("train-0".into()),
+            gpus: 8,
+            ..RankRow::default()
+        };
+        let mut newer = RankRow {
+            run_id: "r".into(),
+            first_heard_ms: 6_000,
+            last_heard_ms: 7_000,
+            bill_first_ms: Some(5_900),
+            bill_last_ms: Some(6_900),
+            last_sample_ms: Some(7_000),
+            ..RankRow::default()
+        };
+        merge_older(&mut newer, older);
+        assert_eq!((newer.first_heard_ms, newer.last_heard_ms), (1_000, 7_000));
+        assert_eq!(
+            (newer.bill_first_ms, newer.bill_last_ms),
+            (Some(900), Some(6_900))
+        );
+        assert_eq!((newer.pod.as_deref(), newer.gpus), (Some("train-0"), 8));
+        assert_eq!(newer.outcome, None);
     }
 
     #[test]

@@ -66,10 +66,14 @@ pub struct BillRow {
     pub done: i64,
     pub gpu_seconds: Option<f64>,
     pub idle_seconds: Option<f64>,
+    /// Why the run was not billed, when MLflow refused it for good (done, without figures).
+    pub failure: Option<String>,
+    /// When its client resumed the run after it was billed (it is live again, billed once).
+    pub reopened_ms: Option<i64>,
 }
 
-const BILL_COLUMNS: &str =
-    "run_id, ended_by, end_ms, due_ms, replica, claimed_ms, done, gpu_seconds, idle_seconds";
+const BILL_COLUMNS: &str = "run_id, ended_by, end_ms, due_ms, replica, claimed_ms, done, \
+     gpu_seconds, idle_seconds, failure, reopened_ms";
 
 /// SQL for `bill::idle_increase` between two readings `(t1, c1)` and `(t2, c2)` (column
 /// expressions): the clock's rise, or its value where it fell, within 0 and the gap in seconds.
@@ -159,9 +163,12 @@ impl Store {
                  AND (run_ranks.gpu_idle_ms IS NULL OR excluded.gpu_idle_ms >= run_ranks.gpu_idle_ms) \
                  THEN excluded.gpu_idle_ms ELSE run_ranks.gpu_idle_ms END"
         );
+        // In key order: two replicas' transactions lock rows in one order and never deadlock.
+        let mut updates: Vec<&RankRow> = updates.iter().collect();
+        updates.sort_by(|a, b| (&a.run_id, &a.node, a.rank).cmp(&(&b.run_id, &b.node, b.rank)));
         on_backend!(self, |pool| {
             let mut tx = pool.begin().await?;
-            for u in updates {
+            for u in &updates {
                 sqlx::query(&sql)
                     .bind(&u.run_id)
                     .bind(&u.node)
@@ -228,9 +235,14 @@ impl Store {
                first_idle = CASE WHEN NOT ({after}) AND {before} THEN {e}.first_idle \
                  ELSE {t}.first_idle END"
         );
+        // In key order, as `record_ranks`.
+        let mut windows: Vec<&GpuIdleRow> = windows.iter().collect();
+        windows.sort_by(|a, b| {
+            (&a.run_id, &a.node, a.rank, a.gpu).cmp(&(&b.run_id, &b.node, b.rank, b.gpu))
+        });
         on_backend!(self, |pool| {
             let mut tx = pool.begin().await?;
-            for w in windows {
+            for w in &windows {
                 sqlx::query(&sql)
                     .bind(&w.run_id)
                     .bind(&w.node)
@@ -282,17 +294,69 @@ impl Store {
         Ok(())
     }
 
-    /// Up to `limit` bills not done and due at `now`.
-    pub async fn due_bills(&self, now: i64, limit: i64) -> Result<Vec<BillRow>, StoreError> {
+    /// A run its client resumed (MLflow accepted `runs/update` RUNNING): a bill not done yet is
+    /// dropped and the sweep's verdict forgotten, so the run is live again for the sweep; a
+    /// bill done stays (the run is not billed again) and is marked reopened at `now`.
+    pub async fn reopen_run(&self, run_id: &str, now: i64) -> Result<(), StoreError> {
+        on_backend!(self, |pool| {
+            let mut tx = pool.begin().await?;
+            for sql in [
+                "DELETE FROM run_bills WHERE run_id = $1 AND done = 0",
+                "DELETE FROM run_verdicts WHERE run_id = $1 AND done = 1",
+            ] {
+                sqlx::query(sql).bind(run_id).execute(&mut *tx).await?;
+            }
+            sqlx::query("UPDATE run_bills SET reopened_ms = $2 WHERE run_id = $1 AND done = 1")
+                .bind(run_id)
+                .bind(now)
+                .execute(&mut *tx)
+                .await?;
+            tx.commit().await?;
+        });
+        Ok(())
+    }
+
+    /// Up to `limit` bills not done, due at `now` and free to claim (never claimed, or claimed
+    /// before `abandoned_before`): those never tried first, then the ones whose last try is
+    /// oldest, so a bill that keeps failing never holds back the ones behind it.
+    pub async fn due_bills(
+        &self,
+        now: i64,
+        abandoned_before: i64,
+        limit: i64,
+    ) -> Result<Vec<BillRow>, StoreError> {
         let sql = format!(
-            "SELECT {BILL_COLUMNS} FROM run_bills WHERE done = 0 AND due_ms <= $1 \
-             ORDER BY due_ms LIMIT $2"
+            "SELECT {BILL_COLUMNS} FROM run_bills \
+             WHERE done = 0 AND due_ms <= $1 AND claimed_ms < $2 \
+             ORDER BY claimed_ms, due_ms, run_id LIMIT $3"
         );
         Ok(on_backend!(self, |pool| sqlx::query_as(&sql)
             .bind(now)
+            .bind(abandoned_before)
             .bind(limit)
             .fetch_all(pool)
             .await?))
+    }
+
+    /// Marks a claimed bill done without figures, with why it cannot be billed (MLflow refused
+    /// the run for good): true when `replica` still held the claim.
+    pub async fn give_up_bill(
+        &self,
+        run_id: &str,
+        replica: &str,
+        failure: &str,
+    ) -> Result<bool, StoreError> {
+        let sql = "UPDATE run_bills SET done = 1, failure = $3 \
+                   WHERE run_id = $1 AND replica = $2 AND done = 0";
+        let failure: String = failure.chars().take(500).collect();
+        let affected = on_backend!(self, |pool| sqlx::query(sql)
+            .bind(run_id)
+            .bind(replica)
+            .bind(failure)
+            .execute(pool)
+            .await?
+            .rows_affected());
+        Ok(affected == 1)
     }
 
     /// Claims a due bill for `replica`, as a verdict is claimed: true when this replica may bill
@@ -403,9 +467,12 @@ impl Store {
     pub async fn record_writes(&self, writes: &[(String, i64)]) -> Result<(), StoreError> {
         let sql = "UPDATE run_ranks SET last_write_ms = $2 \
                    WHERE run_id = $1 AND (last_write_ms IS NULL OR last_write_ms < $2)";
+        // In key order, as `record_ranks`.
+        let mut writes: Vec<&(String, i64)> = writes.iter().collect();
+        writes.sort();
         on_backend!(self, |pool| {
             let mut tx = pool.begin().await?;
-            for (run_id, ms) in writes {
+            for (run_id, ms) in writes.iter().copied() {
                 sqlx::query(sql)
                     .bind(run_id)
                     .bind(ms)
@@ -427,7 +494,7 @@ impl Store {
     }
 
     /// Every rank of up to `limit` runs that have no finished verdict and no bill (the run
-    /// ended), heard from since
+    /// ended) or one its client reopened, heard from since
     /// `heard_since`, ordered by run.
     pub async fn ranks_of_open_runs(
         &self,
@@ -439,7 +506,8 @@ impl Store {
                SELECT DISTINCT r.run_id FROM run_ranks r \
                WHERE r.last_heard_ms >= $1 AND NOT EXISTS ( \
                  SELECT 1 FROM run_verdicts v WHERE v.run_id = r.run_id AND v.done = 1) \
-               AND NOT EXISTS (SELECT 1 FROM run_bills b WHERE b.run_id = r.run_id) \
+               AND NOT EXISTS (SELECT 1 FROM run_bills b WHERE b.run_id = r.run_id \
+                 AND b.reopened_ms IS NULL) \
                ORDER BY r.run_id LIMIT $2) \
              ORDER BY run_id, rank, node"
         );
@@ -737,8 +805,8 @@ mod tests {
             .unwrap();
         // The sweep's verdict later: the first entry stays.
         store.queue_bill("r", "lost", Some(9_000), 0).await.unwrap();
-        assert!(store.due_bills(9_999, 10).await.unwrap().is_empty());
-        let due = store.due_bills(10_000, 10).await.unwrap();
+        assert!(store.due_bills(9_999, 1, 10).await.unwrap().is_empty());
+        let due = store.due_bills(10_000, 1, 10).await.unwrap();
         assert_eq!(
             (due[0].ended_by.as_str(), due[0].end_ms),
             ("FINISHED", Some(5_000))
@@ -758,6 +826,124 @@ mod tests {
         // An ended run is no longer open for the sweep.
         store.record_ranks(&[beat("r", 0, 1, 2)]).await.unwrap();
         assert!(store.ranks_of_open_runs(0, 10).await.unwrap().is_empty());
+    }
+
+    /// 250 bills that fail every time (claimed, never finished) ahead of a fresh one, and one
+    /// MLflow refuses for good.
+    async fn bills_that_fail_never_hold_back_the_fresh_ones(store: &Store) {
+        for i in 0..250 {
+            let run = format!("stuck-{i:03}");
+            store.queue_bill(&run, "FINISHED", None, i).await.unwrap();
+            assert!(store.claim_bill(&run, "a", 1_000, 1).await.unwrap());
+        }
+        store
+            .queue_bill("fresh", "FINISHED", None, 900)
+            .await
+            .unwrap();
+        // Claimed moments ago: none of the stuck ones is offered; the fresh one is.
+        let due = store.due_bills(1_500, 1_000, 200).await.unwrap();
+        assert_eq!(
+            due.iter().map(|b| b.run_id.as_str()).collect::<Vec<_>>(),
+            ["fresh"]
+        );
+        // Once their claims are old, the fresh one still comes first.
+        let due = store.due_bills(100_000, 90_000, 200).await.unwrap();
+        assert_eq!((due.len(), due[0].run_id.as_str()), (200, "fresh"));
+        // A run MLflow no longer has: done, with the reason, and never offered again.
+        assert!(store
+            .give_up_bill(
+                "stuck-000",
+                "a",
+                "MLflow answered 404 Not Found to runs/get"
+            )
+            .await
+            .unwrap());
+        assert!(!store.give_up_bill("stuck-001", "b", "x").await.unwrap());
+        let bill = store.bill_of("stuck-000").await.unwrap().unwrap();
+        assert_eq!(
+            (bill.done, bill.gpu_seconds, bill.failure.as_deref()),
+            (1, None, Some("MLflow answered 404 Not Found to runs/get"))
+        );
+        let due = store.due_bills(100_000, 90_000, 1_000).await.unwrap();
+        assert_eq!(due.len(), 250);
+        assert!(due.iter().all(|b| b.run_id != "stuck-000"));
+    }
+
+    #[tokio::test]
+    async fn bills_that_fail_never_hold_back_the_fresh_ones_in_sqlite() {
+        let dir = tempfile::tempdir().unwrap();
+        bills_that_fail_never_hold_back_the_fresh_ones(&store(&dir).await).await;
+    }
+
+    /// Against the PostgreSQL server the project's CI starts (as the store's own test).
+    #[tokio::test]
+    async fn bills_that_fail_never_hold_back_the_fresh_ones_in_postgresql() {
+        let admin_url = std::env::var("MLSCOPE_TEST_POSTGRES_URL")
+            .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into());
+        let admin = sqlx::PgPool::connect(&admin_url).await.expect(
+            "PostgreSQL at MLSCOPE_TEST_POSTGRES_URL (default 127.0.0.1:5432) must be running",
+        );
+        let db = format!("mlscope_test_{}", uuid::Uuid::new_v4().simple());
+        sqlx::query(&format!("CREATE DATABASE {db}"))
+            .execute(&admin)
+            .await
+            .unwrap();
+        let url = format!("{}/{db}", admin_url.rsplit_once('/').unwrap().0);
+        let store = Store::open(&url).await.unwrap();
+        bills_that_fail_never_hold_back_the_fresh_ones(&store).await;
+        store.close().await;
+        sqlx::query(&format!("DROP DATABASE {db} WITH (FORCE)"))
+            .execute(&admin)
+            .await
+            .unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_resumed_run_is_open_again_and_billed_at_most_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = store(&dir).await;
+        let open = |store: Store| async move {
+            let rows = store.ranks_of_open_runs(0, 10).await.unwrap();
+            rows.into_iter().map(|r| r.run_id).collect::<Vec<_>>()
+        };
+        store
+            .record_ranks(&[beat("queued", 0, 1, 2)])
+            .await
+            .unwrap();
+        store
+            .record_ranks(&[beat("billed", 0, 1, 2)])
+            .await
+            .unwrap();
+        store
+            .queue_bill("queued", "FINISHED", None, 0)
+            .await
+            .unwrap();
+        store
+            .queue_bill("billed", "FINISHED", None, 0)
+            .await
+            .unwrap();
+        assert!(store.claim_bill("billed", "a", 10, 1).await.unwrap());
+        assert!(store
+            .finish_bill("billed", "a", 3_600.0, 0.0)
+            .await
+            .unwrap());
+        assert!(open(store.clone()).await.is_empty());
+        store.reopen_run("queued", 20).await.unwrap();
+        store.reopen_run("billed", 20).await.unwrap();
+        assert_eq!(open(store.clone()).await, ["billed", "queued"]);
+        // Not yet billed: gone, so its next end queues it afresh.
+        assert!(store.bill_of("queued").await.unwrap().is_none());
+        // Billed: the bill stands, and its next end does not bill it again.
+        store
+            .queue_bill("billed", "FAILED", None, 30)
+            .await
+            .unwrap();
+        let bill = store.bill_of("billed").await.unwrap().unwrap();
+        assert_eq!(
+            (bill.done, bill.ended_by.as_str(), bill.gpu_seconds),
+            (1, "FINISHED", Some(3_600.0))
+        );
+        assert!(store.due_bills(100, 50, 10).await.unwrap().is_empty());
     }
 
     #[tokio::test]

@@ -42,7 +42,13 @@ impl Store {
             run_ranks: delete("DELETE FROM run_ranks WHERE last_heard_ms < $1").await?,
             verdicts: delete("DELETE FROM run_verdicts WHERE claimed_ms < $1").await?,
             gpu_idle: delete("DELETE FROM rank_gpu_idle WHERE last_ms < $1").await?,
-            bills: delete("DELETE FROM run_bills WHERE due_ms < $1").await?,
+            // A bill outlives the run's heartbeat rows (deleted above): while they are kept the
+            // run would be judged and billed again without it.
+            bills: delete(
+                "DELETE FROM run_bills WHERE due_ms < $1 AND NOT EXISTS \
+                 (SELECT 1 FROM run_ranks r WHERE r.run_id = run_bills.run_id)",
+            )
+            .await?,
             idle_tags: delete("DELETE FROM run_idle_tags WHERE written_ms < $1").await?,
         })
     }
@@ -92,6 +98,21 @@ mod tests {
             .await
             .unwrap();
 
+        // Two old bills: one of a run still heard from (kept with its rows), one of a run whose
+        // rows go in this sweep (goes too).
+        for run in ["old-run", "heard-run"] {
+            store.queue_bill(run, "FINISHED", None, old).await.unwrap();
+        }
+        store
+            .record_ranks(&[crate::store::RankRow {
+                run_id: "heard-run".into(),
+                first_heard_ms: old,
+                last_heard_ms: unix_millis(now),
+                ..Default::default()
+            }])
+            .await
+            .unwrap();
+
         let swept = store.sweep(14 * day, now).await.unwrap();
         assert_eq!(
             swept,
@@ -101,9 +122,12 @@ mod tests {
                 replicas: 0,
                 run_ranks: 1,
                 verdicts: 0,
+                bills: 1,
                 ..Swept::default()
             }
         );
+        assert!(store.bill_of("old-run").await.unwrap().is_none());
+        assert!(store.bill_of("heard-run").await.unwrap().is_some());
         assert!(store.lease("old-run", "n1").await.unwrap().is_none());
         assert!(store.lease("new-run", "n1").await.unwrap().is_some());
         // A month later everything has expired; sweeping again is harmless.
@@ -114,8 +138,9 @@ mod tests {
                 leases: 1,
                 upload_failures: 1,
                 replicas: 1,
-                run_ranks: 0,
+                run_ranks: 1,
                 verdicts: 0,
+                bills: 1,
                 ..Swept::default()
             }
         );

@@ -397,3 +397,168 @@ async fn idle_gpus_of_a_live_run_are_named_in_a_tag_that_goes_when_they_work_aga
         0.0
     );
 }
+
+/// POSTs a `runs/update` body to `base` (the proxy or MLflow) and returns MLflow's status and
+/// JSON answer, whatever they are.
+async fn update_answer(base: &str, body: &Value) -> (u16, Value) {
+    let response = http()
+        .post(format!("{base}/api/2.0/mlflow/runs/update"))
+        .json(body)
+        .send()
+        .await
+        .unwrap();
+    let status = response.status().as_u16();
+    (status, response.json().await.unwrap_or(Value::Null))
+}
+
+/// (f) a client ends its runs with a wild `end_time`, one at the lowest 64-bit value and one at
+/// the highest: each gets MLflow's own answer, and each is billed no more than its GPUs were
+/// held (one hour of two GPUs, the second idle), in the tags and in the fleet counter.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_wild_end_time_from_the_client_is_mlflows_to_answer_and_never_inflates_the_bill() {
+    let stack = TestStack::shared();
+    let mlflow = stack.mlflow.url.as_str();
+    let dir = tempfile::tempdir().unwrap();
+    let proxy = health_proxy(dir.path(), mlflow, "10m", &[]);
+    let start = now_ms() - 90 * MIN;
+    for end_time in [i64::MIN, i64::MAX] {
+        let run_id = run_started_at(mlflow, "bill-wild-end", start).await;
+        send_rank(
+            &proxy,
+            &run_id,
+            0,
+            "node-w",
+            &publishes(start, 60, &[false, true]),
+        )
+        .await;
+        let body = json!({"run_id": run_id, "run_uuid": run_id, "status": "FINISHED", "end_time": end_time});
+        let (status, answer) = update_answer(&proxy.url, &body).await;
+        // What MLflow says of the run now is what it answered the update with.
+        let info = crate::mlflow::get_run(mlflow, &run_id).await["run"]["info"].clone();
+        assert_eq!(
+            (status, &answer["run_info"]),
+            (200, &info),
+            "end_time {end_time}: {answer}"
+        );
+        let tags = billed_tags(mlflow, &run_id).await;
+        within_2_percent(&tags, "mlscope.gpu_hours", 2.0);
+        within_2_percent(&tags, "mlscope.gpu_idle_hours", 1.0);
+    }
+    let seconds = counter(&[&proxy], "mlscope_gpu_seconds_total").await;
+    assert!(
+        (seconds / 3600.0 - 4.0).abs() < 0.08,
+        "{seconds} GPU seconds for two runs of 2 GPU hours"
+    );
+    assert_eq!(counter(&[&proxy], "mlscope_runs_billed_total").await, 2.0);
+}
+
+/// (g) `runs/update` requests MLflow refuses get MLflow's own answer through the proxy: the
+/// same status and JSON body as straight from MLflow, for a run that does not exist, a status
+/// that is no status, and a body over the proxy's read limit (sent with and without a
+/// length, the latter streamed on as it came): none of them is billed.
+#[tokio::test(flavor = "multi_thread")]
+async fn refused_run_updates_pass_through_with_mlflows_own_answer() {
+    let stack = TestStack::shared();
+    let mlflow = stack.mlflow.url.as_str();
+    let dir = tempfile::tempdir().unwrap();
+    let proxy = health_proxy(dir.path(), mlflow, "10m", &[]);
+    let run_id = run_started_at(mlflow, "bill-refused-update", now_ms()).await;
+    send(
+        &proxy,
+        0,
+        "node-r",
+        &publish(&run_id, 0, "node-r", 0, now_ms(), &[0.0]),
+    )
+    .await;
+    let padding = "x".repeat(1_100_000);
+    let bodies = [
+        json!({"run_id": "0123456789abcdef0123456789abcdef", "status": "FINISHED", "end_time": now_ms()}),
+        json!({"run_id": run_id, "status": ["FINISHED"], "end_time": now_ms()}),
+        json!({"run_id": "0123456789abcdef0123456789abcdef", "status": "FINISHED", "padding": padding}),
+    ];
+    let answer = |base: String, body: Vec<u8>, chunked: bool| async move {
+        let request = http()
+            .post(format!("{base}/api/2.0/mlflow/runs/update"))
+            .header("Content-Type", "application/json");
+        let request = if chunked {
+            let chunks: Vec<Result<Vec<u8>, std::io::Error>> =
+                body.chunks(64 * 1024).map(|c| Ok(c.to_vec())).collect();
+            request.body(reqwest::Body::wrap_stream(futures_util::stream::iter(
+                chunks,
+            )))
+        } else {
+            request.body(body)
+        };
+        let response = request.send().await.unwrap();
+        let status = response.status().as_u16();
+        (
+            status,
+            response.json::<Value>().await.unwrap_or(Value::Null),
+        )
+    };
+    // Chunked only where the proxy streams the body on unread: a body it reads goes to MLflow
+    // with its length (MLflow's server reads no chunked body of its own).
+    for (i, body) in bodies.iter().enumerate() {
+        for chunked in [false, i == 2] {
+            let bytes = serde_json::to_vec(body).unwrap();
+            let direct = answer(mlflow.to_owned(), bytes.clone(), chunked).await;
+            let through = answer(proxy.url.clone(), bytes, chunked).await;
+            assert!(direct.0 >= 400, "case {i}: MLflow took it: {direct:?}");
+            assert_eq!(through, direct, "case {i}, chunked {chunked}");
+        }
+    }
+    // The run MLflow kept running is not billed: its health shows the bill so far.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let (code, view) = health_view(&proxy, &run_id).await;
+        if code == 200 {
+            assert_eq!(view["bill"], "running", "{view}");
+            break;
+        }
+        assert!(Instant::now() < deadline, "{view}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(
+        counter(&[&proxy], "mlscope_health_sweep_errors_total").await,
+        0.0
+    );
+}
+
+/// (h) a run whose only rank reported a clean exit (exit status 0) and that its client ended
+/// straight at MLflow, not through the proxy: the sweep sees MLflow's end and bills it.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_run_ended_straight_at_mlflow_after_its_ranks_exited_cleanly_is_billed() {
+    let stack = TestStack::shared();
+    let mlflow = stack.mlflow.url.as_str();
+    let dir = tempfile::tempdir().unwrap();
+    let proxy = health_proxy(dir.path(), mlflow, "10m", &[]);
+    let start = now_ms() - 90 * MIN;
+    let run_id = run_started_at(mlflow, "bill-clean-exit", start).await;
+    send_rank(
+        &proxy,
+        &run_id,
+        0,
+        "node-c",
+        &publishes(start, 60, &[false, true]),
+    )
+    .await;
+    let exited = json!({"run_id": run_id, "tags": [
+        {"key": "mlscope/rank-0/outcome", "value": "exited"},
+        {"key": "mlscope/rank-0/exit_code", "value": "0"},
+    ]});
+    send(&proxy, 0, "node-c", &exited).await;
+    end_run_at(mlflow, &run_id, start + 60 * MIN).await;
+    let tags = billed_tags(mlflow, &run_id).await;
+    within_2_percent(&tags, "mlscope.gpu_hours", 2.0);
+    within_2_percent(&tags, "mlscope.gpu_idle_hours", 1.0);
+}
+
+/// Ends the run straight at MLflow.
+async fn end_run_at(mlflow: &str, run_id: &str, end_ms: i64) {
+    post(
+        mlflow,
+        "runs/update",
+        json!({"run_id": run_id, "status": "FINISHED", "end_time": end_ms}),
+    )
+    .await;
+}
