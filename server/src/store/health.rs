@@ -878,24 +878,11 @@ mod tests {
     /// Against the PostgreSQL server the project's CI starts (as the store's own test).
     #[tokio::test]
     async fn bills_that_fail_never_hold_back_the_fresh_ones_in_postgresql() {
-        let admin_url = std::env::var("MLSCOPE_TEST_POSTGRES_URL")
-            .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into());
-        let admin = sqlx::PgPool::connect(&admin_url).await.expect(
-            "PostgreSQL at MLSCOPE_TEST_POSTGRES_URL (default 127.0.0.1:5432) must be running",
-        );
-        let db = format!("mlscope_test_{}", uuid::Uuid::new_v4().simple());
-        sqlx::query(&format!("CREATE DATABASE {db}"))
-            .execute(&admin)
-            .await
-            .unwrap();
-        let url = format!("{}/{db}", admin_url.rsplit_once('/').unwrap().0);
-        let store = Store::open(&url).await.unwrap();
+        let db = crate::store::TestDatabase::create().await;
+        let store = Store::open(&db.url).await.unwrap();
         bills_that_fail_never_hold_back_the_fresh_ones(&store).await;
         store.close().await;
-        sqlx::query(&format!("DROP DATABASE {db} WITH (FORCE)"))
-            .execute(&admin)
-            .await
-            .unwrap();
+        db.drop().await;
     }
 
     #[tokio::test]

@@ -270,6 +270,41 @@ pub(crate) fn unix_millis(t: SystemTime) -> i64 {
         .unwrap_or(0)
 }
 
+/// A database of its own on the PostgreSQL server the project's CI starts
+/// (`MLSCOPE_TEST_POSTGRES_URL`, by default 127.0.0.1:5432 with trust auth), for the store's
+/// tests; [`TestDatabase::drop`] removes it.
+#[cfg(test)]
+pub(crate) struct TestDatabase {
+    admin: PgPool,
+    name: String,
+    pub(crate) url: String,
+}
+
+#[cfg(test)]
+impl TestDatabase {
+    pub(crate) async fn create() -> TestDatabase {
+        let admin_url = std::env::var("MLSCOPE_TEST_POSTGRES_URL")
+            .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into());
+        let admin = PgPool::connect(&admin_url).await.expect(
+            "PostgreSQL at MLSCOPE_TEST_POSTGRES_URL (default 127.0.0.1:5432) must be running",
+        );
+        let name = format!("mlscope_test_{}", uuid::Uuid::new_v4().simple());
+        sqlx::query(&format!("CREATE DATABASE {name}"))
+            .execute(&admin)
+            .await
+            .unwrap();
+        let url = format!("{}/{name}", admin_url.rsplit_once('/').unwrap().0);
+        TestDatabase { admin, name, url }
+    }
+
+    pub(crate) async fn drop(self) {
+        sqlx::query(&format!("DROP DATABASE {} WITH (FORCE)", self.name))
+            .execute(&self.admin)
+            .await
+            .unwrap();
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -303,17 +338,8 @@ mod tests {
     /// in a database of its own that it drops afterwards.
     #[tokio::test]
     async fn postgres_store_is_migrated_once_and_shared_by_two_replicas() {
-        let admin_url = std::env::var("MLSCOPE_TEST_POSTGRES_URL")
-            .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into());
-        let admin = PgPool::connect(&admin_url).await.expect(
-            "PostgreSQL at MLSCOPE_TEST_POSTGRES_URL (default 127.0.0.1:5432) must be running",
-        );
-        let db = format!("mlscope_test_{}", uuid::Uuid::new_v4().simple());
-        sqlx::query(&format!("CREATE DATABASE {db}"))
-            .execute(&admin)
-            .await
-            .unwrap();
-        let url = format!("{}/{db}", admin_url.rsplit_once('/').unwrap().0);
+        let db = TestDatabase::create().await;
+        let url = db.url.clone();
 
         let (a, b) = tokio::join!(Store::open(&url), Store::open(&url));
         let (a, b) = (a.unwrap(), b.unwrap());
@@ -327,10 +353,7 @@ mod tests {
         assert_eq!(live, expected);
         a.close().await;
         b.close().await;
-        sqlx::query(&format!("DROP DATABASE {db} WITH (FORCE)"))
-            .execute(&admin)
-            .await
-            .unwrap();
+        db.drop().await;
     }
 
     #[test]
