@@ -694,10 +694,16 @@ fn beat_of(body: &MetricsBody<'_>, plans: &[KeyPlan], metric_plans: &[usize]) ->
         ranks: Vec::new(),
         workspace: None,
     };
+    // Per key plan: its first metric, and the span of its samples' timestamps (billing), in one
+    // pass; the ranks are looked up once per plan, not once per sample.
     let mut first = vec![usize::MAX; plans.len()];
+    let mut spans: Vec<Option<(i64, i64)>> = vec![None; plans.len()];
     for (metric, &index) in metric_plans.iter().enumerate() {
         if first[index] == usize::MAX {
             first[index] = metric;
+        }
+        if let Some(at) = body.metrics[metric].timestamp_ms() {
+            spans[index] = Some(spans[index].map_or((at, at), |(a, b)| (a.min(at), b.max(at))));
         }
     }
     let mut valued = vec![false; plans.len()];
@@ -721,24 +727,24 @@ fn beat_of(body: &MetricsBody<'_>, plans: &[KeyPlan], metric_plans: &[usize]) ->
         valued[index] = Beat::needs_value(name);
         beat.observe_metric(node, rank, name, f64::NAN, None);
     }
-    // The span each rank's samples cover (billing): every system sample's timestamp.
-    for (metric, &index) in body.metrics.iter().zip(metric_plans) {
-        let plan = &plans[index];
-        if first[index] == usize::MAX
-            || matches!(
-                plan.scoped.outcome,
-                KeyOutcome::Untouched | KeyOutcome::Invalid { .. }
-            )
-        {
+    // The span each rank's system samples cover (billing), from every scoped key's samples.
+    for (index, plan) in plans.iter().enumerate() {
+        let Some((from, to)) = spans[index] else {
+            continue;
+        };
+        if matches!(
+            plan.scoped.outcome,
+            KeyOutcome::Untouched | KeyOutcome::Invalid { .. }
+        ) {
             continue;
         }
-        if let Some(at) = metric.timestamp_ms() {
-            beat.observe_time(
-                plan.scoped.identity.node.as_deref().unwrap_or_default(),
-                plan.scoped.identity.rank.map_or(-1, i64::from),
-                at,
-            );
-        }
+        let identity = &plan.scoped.identity;
+        let (node, rank) = (
+            identity.node.as_deref().unwrap_or_default(),
+            identity.rank.map_or(-1, i64::from),
+        );
+        beat.observe_time(node, rank, from);
+        beat.observe_time(node, rank, to);
     }
     if valued.contains(&true) {
         for (metric, &index) in body.metrics.iter().zip(metric_plans) {
