@@ -80,7 +80,7 @@ pub fn app(state: AppState, max_in_flight: usize) -> Router {
         ));
     }
     let limit = ConcurrencyLimit::new(max_in_flight, state.metrics.clone());
-    router
+    let routed = router
         .layer(middleware::from_fn(layers::security_headers))
         .layer(middleware::from_fn(layers::refuse_ambiguous))
         .layer(middleware::from_fn_with_state(
@@ -91,7 +91,14 @@ pub fn app(state: AppState, max_in_flight: usize) -> Router {
             state.metrics.clone(),
             layers::observe,
         ))
-        .with_state(state)
+        .with_state(state);
+    // Routing happens on the path MLflow's server routes on (decoded once), so no spelling of
+    // a path escapes the route that handles it.
+    Router::new().fallback_service(
+        tower::ServiceBuilder::new()
+            .map_request(layers::route_as_mlflow)
+            .service(routed),
+    )
 }
 
 /// A 401 from MLflow on any forwarded request means it authenticates: from then on the

@@ -58,6 +58,9 @@ const MAX_CACHED: usize = 10_000;
 /// How often MLflow is asked whether it authenticates at all.
 pub(crate) const DETECT_INTERVAL: Duration = Duration::from_secs(10);
 const API: &str = "/api/2.0/mlflow-artifacts/";
+/// MLflow's refusal of a multipart create without `path` (`missing_value` in
+/// `mlflow/utils/validation.py`): the update probe's answer when the client may write.
+const MISSING_PATH: &str = "Missing value for required parameter 'path'";
 
 /// The permission tier an artifact request needs in MLflow.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -228,7 +231,13 @@ impl Authorizer {
         // A browser's request (it carries `Origin`) is always asked: MLflow's security middleware
         // refuses state-changing requests from foreign origins and answers CORS, with or without
         // authentication. Other clients cost nothing while MLflow does not authenticate.
-        if self.mode.get() == Mode::Open && !client.contains_key(header::ORIGIN) {
+        // A request in another workspace than the default one is asked too: MLflow refuses a
+        // workspace it does not have (404) before any handler runs, with or without
+        // authentication.
+        let other_workspace = crate::workspace::of_request(client)
+            .map_or(true, |named| named.is_some_and(|w| w != crate::workspace::DEFAULT));
+        if self.mode.get() == Mode::Open && !client.contains_key(header::ORIGIN) && !other_workspace
+        {
             return Decision::Allowed(HeaderMap::new());
         }
         let key = cache_key(action, raw, client);
@@ -272,24 +281,36 @@ impl Authorizer {
             }
             return Decision::Denied(relay(answer));
         }
+        // Only the answer the probe means is a permission: MLflow answers other requests before
+        // it authenticates too (400 for a workspace name it does not take, 404 for a workspace
+        // it does not have), and those say nothing about the client.
         let allowed = match action {
-            Action::Read | Action::Manage => {
-                status.is_success() || status == StatusCode::BAD_REQUEST
+            // The listing of a directory that does not exist, the delete of a subtree that does
+            // not exist.
+            Action::Read | Action::Manage => status.is_success(),
+            // The create handler ran and refused the body that names no file.
+            Action::Update => {
+                status == StatusCode::BAD_REQUEST
+                    && String::from_utf8_lossy(answer.body()).contains(MISSING_PATH)
             }
-            Action::Update => status == StatusCode::BAD_REQUEST,
             Action::WriteRun => status.is_success(),
             // The download handler ran on a file that does not exist: 404, or 500 from MLflow
-            // versions that do not tell a missing file apart.
+            // versions that do not tell a missing file apart. (A HEAD's answer has no body, so a
+            // workspace MLflow does not have cannot be told apart: the gateway then answers from
+            // that workspace's directory, which MLflow never fills.)
             Action::Head => {
                 status.is_success()
                     || matches!(
                         status,
-                        StatusCode::NOT_FOUND
-                            | StatusCode::INTERNAL_SERVER_ERROR
-                            | StatusCode::BAD_REQUEST
+                        StatusCode::NOT_FOUND | StatusCode::INTERNAL_SERVER_ERROR
                     )
             }
         };
+        if !allowed && status.is_client_error() {
+            // MLflow refused the request before its handler ran, for a reason that holds for the
+            // client's own request as much as for the probe: its answer is the client's.
+            return Decision::Denied(relay(answer));
+        }
         if !allowed {
             let reason = format!(
                 "MLflow answered HTTP {} to the authorization check: {}",

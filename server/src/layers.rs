@@ -182,6 +182,46 @@ pub(crate) async fn refuse_ambiguous(request: Request, next: Next) -> Response {
     next.run(request).await
 }
 
+/// The request with the path MLflow's server routes on: uvicorn and werkzeug percent-decode the
+/// path once before routing, so `runs/log%2Dbatch` is MLflow's `runs/log-batch` and
+/// `mlflow%2Dartifacts` its artifact API. The proxy routes on the same path, written back with
+/// only what a path must keep encoded (`%`, controls, spaces, non-ASCII bytes, `?`, `#`), so
+/// that one decode of it is the path MLflow sees and no spelling takes a request past the route
+/// that handles it. Runs before routing, around the whole router.
+pub(crate) fn route_as_mlflow(mut request: Request) -> Request {
+    if let Some(uri) = as_mlflow_routes(request.uri()) {
+        *request.uri_mut() = uri;
+    }
+    request
+}
+
+/// `uri` with its path decoded as MLflow's server decodes it; `None` when that is the path.
+pub(crate) fn as_mlflow_routes(uri: &http::Uri) -> Option<http::Uri> {
+    let path = uri.path();
+    if !path.contains('%') {
+        return None;
+    }
+    let decoded: Vec<u8> = percent_encoding::percent_decode_str(path).collect();
+    let mut canonical = String::with_capacity(decoded.len());
+    for byte in decoded {
+        if byte.is_ascii_alphanumeric() || b"-._~!$&'()*+,;=:@/".contains(&byte) {
+            canonical.push(char::from(byte));
+        } else {
+            canonical.push_str(&format!("%{byte:02X}"));
+        }
+    }
+    if canonical == path {
+        return None;
+    }
+    let path_and_query = match uri.query() {
+        Some(query) => format!("{canonical}?{query}"),
+        None => canonical,
+    };
+    let mut parts = uri.clone().into_parts();
+    parts.path_and_query = Some(path_and_query.parse().ok()?);
+    http::Uri::from_parts(parts).ok()
+}
+
 /// The headers MLflow's server (3.5+) puts on every answer, added to those the proxy writes
 /// itself (errors, the gateway's answers) so that mlscope in front weakens no browser
 /// protection. Answers forwarded from MLflow already carry them and are left as they are.
@@ -310,6 +350,37 @@ mod tests {
         let server = tokio::spawn(async move { axum::serve(listener, mlflow).await });
         assert_eq!(answer_through(upstream).await, (404, "upstream".to_owned()));
         server.abort();
+    }
+
+    #[test]
+    fn a_path_is_routed_as_mlflow_decodes_it() {
+        let routed = |uri: &str| {
+            as_mlflow_routes(&uri.parse().unwrap()).map(|u| u.to_string())
+        };
+        assert_eq!(routed("/api/2.0/mlflow/runs/log-batch"), None);
+        assert_eq!(
+            routed("/api/2.0/mlflow/runs/log%2Dbatch").as_deref(),
+            Some("/api/2.0/mlflow/runs/log-batch")
+        );
+        assert_eq!(
+            routed("/api/2.0/mlflow/%72uns/log-metric?x=%2D").as_deref(),
+            Some("/api/2.0/mlflow/runs/log-metric?x=%2D")
+        );
+        assert_eq!(
+            routed("/api/2.0/mlflow%2Dartifacts/artifacts/1").as_deref(),
+            Some("/api/2.0/mlflow-artifacts/artifacts/1")
+        );
+        // What one decode makes of the path is kept: a `%` stays a `%`, a space a space.
+        assert_eq!(routed("/api/2.0/mlflow-artifacts/artifacts/a%20b"), None);
+        assert_eq!(routed("/api/2.0/mlflow-artifacts/artifacts/a%252Fb"), None);
+        assert_eq!(
+            routed("/api/2.0/mlflow-artifacts/artifacts/a%2Fb%2e%2E").as_deref(),
+            Some("/api/2.0/mlflow-artifacts/artifacts/a/b..")
+        );
+        assert_eq!(
+            routed("/x/%zz%e4").as_deref(),
+            Some("/x/%25zz%E4")
+        );
     }
 
     #[test]

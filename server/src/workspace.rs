@@ -20,13 +20,47 @@ pub(crate) const DEFAULT: &str = "default";
 /// Where a workspace's artifacts live under the artifacts destination.
 pub(crate) const ARTIFACT_DIR: &str = "workspaces";
 
-/// The workspace a request names, trimmed; `None` without the header or with an empty one.
-pub(crate) fn of_request(headers: &HeaderMap) -> Option<&str> {
-    headers
-        .get(HEADER)
-        .and_then(|value| value.to_str().ok())
-        .map(str::trim)
-        .filter(|name| !name.is_empty())
+/// A workspace header MLflow refuses before it authenticates (400 "Workspace name ... must match
+/// the pattern"): the request is MLflow's to answer, and nothing of it may reach an object key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct InvalidName;
+
+/// The workspace a request names, trimmed as MLflow trims it; `Ok(None)` without the header or
+/// with a blank one (the default workspace). `Err` for a header MLflow would refuse: one that is
+/// not text, sent twice (MLflow reads the values joined), or not a name MLflow's validator takes
+/// ([`is_valid_name`]; `default` is the default workspace's own name).
+pub(crate) fn of_request(headers: &HeaderMap) -> Result<Option<&str>, InvalidName> {
+    let mut values = headers.get_all(HEADER).iter();
+    let Some(value) = values.next() else {
+        return Ok(None);
+    };
+    if values.next().is_some() {
+        return Err(InvalidName);
+    }
+    let name = value.to_str().map_err(|_| InvalidName)?.trim();
+    if name.is_empty() {
+        return Ok(None);
+    }
+    if name == DEFAULT || is_valid_name(name) {
+        Ok(Some(name))
+    } else {
+        Err(InvalidName)
+    }
+}
+
+/// Whether MLflow's `WorkspaceNameValidator` takes `name`: 2 to 63 characters of lowercase ASCII
+/// letters, digits and inner hyphens (a Kubernetes name), and none of its reserved names. No `/`,
+/// `.` or `%` can pass, so a valid name is one path segment of an object key and nothing more.
+pub(crate) fn is_valid_name(name: &str) -> bool {
+    const RESERVED: [&str; 4] = ["workspaces", "api", "ajax-api", "static-files"];
+    let bytes = name.as_bytes();
+    let inner = |b: &u8| b.is_ascii_lowercase() || b.is_ascii_digit() || *b == b'-';
+    let edge = |b: &u8| b.is_ascii_lowercase() || b.is_ascii_digit();
+    (2..=63).contains(&bytes.len())
+        && bytes.iter().all(inner)
+        && bytes.first().is_some_and(edge)
+        && bytes.last().is_some_and(edge)
+        && !RESERVED.contains(&name)
 }
 
 /// Whether the MLflow behind the proxy has workspaces on, as its `server-info` says (the
@@ -220,10 +254,49 @@ mod tests {
     #[test]
     fn the_request_s_workspace_is_the_trimmed_header() {
         let mut headers = HeaderMap::new();
-        assert_eq!(of_request(&headers), None);
+        assert_eq!(of_request(&headers), Ok(None));
         headers.insert("X-MLflow-Workspace", " team-a ".parse().unwrap());
-        assert_eq!(of_request(&headers), Some("team-a"));
+        assert_eq!(of_request(&headers), Ok(Some("team-a")));
         headers.insert("x-mlflow-workspace", "".parse().unwrap());
-        assert_eq!(of_request(&headers), None);
+        assert_eq!(of_request(&headers), Ok(None));
+        headers.insert("x-mlflow-workspace", "default".parse().unwrap());
+        assert_eq!(of_request(&headers), Ok(Some("default")));
+    }
+
+    #[test]
+    fn a_header_mlflow_refuses_is_no_workspace_at_all() {
+        // What a hostile client put in the header to reach other workspaces' objects, and names
+        // MLflow's validator refuses.
+        for value in [
+            "team-a/1/0123456789abcdef0123456789abcdef/artifacts",
+            "default/1/r/artifacts",
+            "team-a/1",
+            "../team-a",
+            "team-a/..",
+            "team.a",
+            "team_a",
+            "Team-A",
+            "t",
+            "-team",
+            "team-",
+            "workspaces",
+            "api",
+            &"a".repeat(64),
+            "team%2Da",
+        ] {
+            let mut headers = HeaderMap::new();
+            headers.insert(HEADER, value.parse().unwrap());
+            assert_eq!(of_request(&headers), Err(InvalidName), "{value:?}");
+        }
+        let mut headers = HeaderMap::new();
+        headers.insert(HEADER, http::HeaderValue::from_bytes(b"team-\xe4").unwrap());
+        assert_eq!(of_request(&headers), Err(InvalidName), "not text");
+        let mut twice = HeaderMap::new();
+        twice.append(HEADER, "team-a".parse().unwrap());
+        twice.append(HEADER, "team-b".parse().unwrap());
+        assert_eq!(of_request(&twice), Err(InvalidName), "sent twice");
+        for value in ["team-a", "ab", "123", "a1-b2", &"a".repeat(63)] {
+            assert!(is_valid_name(value), "{value}");
+        }
     }
 }

@@ -49,22 +49,126 @@ pub(crate) fn is_valid_run_id(id: &str) -> bool {
         && chars.all(|c| c.is_alphanumeric() || c == '_' || c == '-')
 }
 
-/// The run a write names, as MLflow picks it (`run_id`, else `run_uuid`), when MLflow would take
-/// it as a run id; `None` for a body that is not such an object.
+/// The run a write names, as MLflow picks it, when MLflow would take it as a run id; `None` for a
+/// body that is not such an object.
+///
+/// MLflow reads the body with Python's `json` (a key sent twice keeps its last value, at the
+/// place of its first) and protobuf's `ParseDict`, which takes both spellings of a field, the
+/// proto name and the JSON name (`run_id`/`runId`, `run_uuid`/`runUuid`), the later one in the
+/// object winning, clears a field on `null`, skips keys it does not know and stops at the first
+/// value of the wrong type, keeping what it read before. The handlers act on `run_id`, else
+/// `run_uuid`. Every spelling is read here the same way, so the proxy never keeps state for one
+/// run while MLflow acts on another.
 pub(crate) fn run_of(body: &[u8]) -> Option<String> {
-    #[derive(Deserialize)]
-    struct Target<'a> {
-        #[serde(borrow, default)]
-        run_id: Option<Cow<'a, str>>,
-        #[serde(borrow, default)]
-        run_uuid: Option<Cow<'a, str>>,
+    let entries = python_object(body)?;
+    let (mut run_id, mut run_uuid): (Option<String>, Option<String>) = (None, None);
+    for (key, value) in entries {
+        let field = match key.as_str() {
+            "run_id" | "runId" => &mut run_id,
+            "run_uuid" | "runUuid" => &mut run_uuid,
+            _ => continue,
+        };
+        match serde_json::from_str::<Option<String>>(value.get()) {
+            Ok(read) => *field = read,
+            // Not a string: ParseDict stops here.
+            Err(_) => break,
+        }
     }
-    let target: Target<'_> = serde_json::from_slice(body).ok()?;
-    let run = target
-        .run_id
-        .filter(|id| !id.is_empty())
-        .or(target.run_uuid)?;
-    is_valid_run_id(&run).then(|| run.into_owned())
+    let run = run_id.filter(|id| !id.is_empty()).or(run_uuid)?;
+    is_valid_run_id(&run).then_some(run)
+}
+
+/// A request body as the JSON text MLflow's server reads from it, when that differs from the
+/// bytes: Python's `json.loads` takes bytes in UTF-8 with a byte-order mark and in UTF-16 or
+/// UTF-32 (told by their byte-order marks or by where the zero bytes of the first characters
+/// fall), and MLflow decodes a body that is a JSON string a second time (older clients
+/// double-encoded their JSON). `None`: the body is read as it is. Every route that reads a body
+/// reads what MLflow will act on, so no encoding lets a write past scoping, dedup or caps.
+pub(crate) fn as_mlflow_reads(body: &[u8]) -> Option<Bytes> {
+    let text = python_json_text(body);
+    let trimmed = match text.as_deref() {
+        Some(text) => text,
+        None => std::str::from_utf8(body).ok()?,
+    };
+    // A JSON string whose text is JSON: what MLflow acts on.
+    let inner = trimmed
+        .trim_start_matches([' ', '\t', '\n', '\r'])
+        .starts_with('"')
+        .then(|| serde_json::from_str::<String>(trimmed).ok())
+        .flatten()
+        .filter(|inner| serde_json::from_str::<serde::de::IgnoredAny>(inner).is_ok());
+    match (inner, text) {
+        (Some(inner), _) => Some(Bytes::from(inner)),
+        (None, Some(text)) => Some(Bytes::from(text)),
+        (None, None) => None,
+    }
+}
+
+/// The text of `body` when Python's `json.loads` would decode it otherwise than as plain UTF-8
+/// (`json.detect_encoding`): a UTF-8 byte-order mark, or UTF-16/UTF-32 in either byte order.
+fn python_json_text(body: &[u8]) -> Option<String> {
+    if let Some(rest) = body.strip_prefix(b"\xef\xbb\xbf") {
+        return std::str::from_utf8(rest).ok().map(str::to_owned);
+    }
+    let units = |width: usize, big: bool, skip: usize| -> Option<String> {
+        let body = body.get(skip..)?;
+        if body.len() % width != 0 {
+            return None;
+        }
+        let mut chars = Vec::with_capacity(body.len() / width);
+        for unit in body.chunks_exact(width) {
+            let value = match (width, big) {
+                (2, true) => u32::from(u16::from_be_bytes([unit[0], unit[1]])),
+                (2, false) => u32::from(u16::from_le_bytes([unit[0], unit[1]])),
+                (_, true) => u32::from_be_bytes([unit[0], unit[1], unit[2], unit[3]]),
+                (_, false) => u32::from_le_bytes([unit[0], unit[1], unit[2], unit[3]]),
+            };
+            chars.push(value);
+        }
+        if width == 2 {
+            let units: Vec<u16> = chars.into_iter().map(|c| c as u16).collect();
+            String::from_utf16(&units).ok()
+        } else {
+            chars.into_iter().map(char::from_u32).collect()
+        }
+    };
+    match body {
+        [0xff, 0xfe, 0, 0, ..] => units(4, false, 4),
+        [0, 0, 0xfe, 0xff, ..] => units(4, true, 4),
+        [0xff, 0xfe, ..] => units(2, false, 2),
+        [0xfe, 0xff, ..] => units(2, true, 2),
+        [0, 0, 0, _, ..] => units(4, true, 0),
+        [0, _, 0, _, ..] | [0, _, ..] => units(2, true, 0),
+        [_, 0, 0, 0, ..] => units(4, false, 0),
+        [_, 0, _, 0, ..] | [_, 0, ..] => units(2, false, 0),
+        _ => None,
+    }
+}
+
+/// A JSON object's entries as Python's `json.loads` keeps them: each key once, in the order it
+/// first appeared, with the value it was given last. `None` for anything but an object.
+fn python_object(body: &[u8]) -> Option<Vec<(String, Box<RawValue>)>> {
+    struct Entries;
+    impl<'de> serde::de::Visitor<'de> for Entries {
+        type Value = Vec<(String, Box<RawValue>)>;
+        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("a JSON object")
+        }
+        fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+            let mut entries: Vec<(String, Box<RawValue>)> = Vec::new();
+            while let Some((key, value)) = map.next_entry::<String, Box<RawValue>>()? {
+                match entries.iter_mut().find(|(k, _)| *k == key) {
+                    Some(entry) => entry.1 = value,
+                    None => entries.push((key, value)),
+                }
+            }
+            Ok(entries)
+        }
+    }
+    let mut deserializer = serde_json::Deserializer::from_slice(body);
+    let entries = serde::Deserializer::deserialize_map(&mut deserializer, Entries).ok()?;
+    deserializer.end().ok()?;
+    Some(entries)
 }
 
 /// The endpoints whose writes the coalescer takes, by the path suffix MLflow serves them at.
@@ -499,8 +603,46 @@ mod tests {
             Some("a1")
         );
         assert_eq!(run_of(br#"{"run_id": "../x"}"#), None);
-        assert_eq!(run_of(br#"{"run_id": "a1", "run_id": "b2"}"#), None);
         assert_eq!(run_of(b"not json"), None);
+        assert_eq!(run_of(br#"["a1"]"#), None);
+    }
+
+    #[test]
+    fn a_body_is_read_in_every_encoding_mlflow_decodes() {
+        let json = r#"{"run_id": "r1", "metrics": [{"key": "loss", "value": 1, "timestamp": 1}]}"#;
+        let read = |body: &[u8]| as_mlflow_reads(body).map(|b| String::from_utf8(b.to_vec()).unwrap());
+        assert_eq!(read(json.as_bytes()), None, "plain UTF-8 is read as it is");
+        let mut bom = b"\xef\xbb\xbf".to_vec();
+        bom.extend_from_slice(json.as_bytes());
+        assert_eq!(read(&bom).as_deref(), Some(json));
+        let double = serde_json::to_string(json).unwrap();
+        assert_eq!(read(double.as_bytes()).as_deref(), Some(json));
+        let utf16le: Vec<u8> = json.encode_utf16().flat_map(u16::to_le_bytes).collect();
+        assert_eq!(read(&utf16le).as_deref(), Some(json));
+        let mut utf16be = vec![0xfe, 0xff];
+        utf16be.extend(json.encode_utf16().flat_map(u16::to_be_bytes));
+        assert_eq!(read(&utf16be).as_deref(), Some(json));
+        let utf32le: Vec<u8> = json.chars().flat_map(|c| u32::from(c).to_le_bytes()).collect();
+        assert_eq!(read(&utf32le).as_deref(), Some(json));
+        // A JSON string that is not JSON inside stays what it is.
+        assert_eq!(read(br#""not json""#), None);
+    }
+
+    #[test]
+    fn every_spelling_of_the_run_is_read_as_mlflow_reads_it() {
+        let run = |body: &str| run_of(body.as_bytes());
+        // `runId` is `run_id` and wins over `run_uuid`: the run MLflow ends.
+        assert_eq!(run(r#"{"runId": "a1", "run_uuid": "b2", "status": "FINISHED"}"#).as_deref(), Some("a1"));
+        assert_eq!(run(r#"{"runUuid": "b2"}"#).as_deref(), Some("b2"));
+        // Two spellings of one field: the later one in the object.
+        assert_eq!(run(r#"{"run_id": "a1", "runId": "b2"}"#).as_deref(), Some("b2"));
+        assert_eq!(run(r#"{"runId": "b2", "run_id": "a1"}"#).as_deref(), Some("a1"));
+        // A key sent twice: its last value, at the place of its first.
+        assert_eq!(run(r#"{"run_id": "a1", "run_id": "b2"}"#).as_deref(), Some("b2"));
+        assert_eq!(run(r#"{"run_id": "a1", "runId": "c3", "run_id": "b2"}"#).as_deref(), Some("c3"));
+        // `null` clears; a value of another type stops the reading where it stands.
+        assert_eq!(run(r#"{"run_id": "a1", "runId": null, "run_uuid": "b2"}"#).as_deref(), Some("b2"));
+        assert_eq!(run(r#"{"run_uuid": "b2", "run_id": 7, "runId": "a1"}"#).as_deref(), Some("b2"));
     }
 
     #[test]

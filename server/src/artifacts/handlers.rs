@@ -200,6 +200,11 @@ impl Gateway {
     where
         F: Future<Output = Answer>,
     {
+        if crate::workspace::of_request(request.headers()).is_err() {
+            // MLflow refuses a workspace name it does not take before it authenticates, and
+            // nothing of such a header may reach an object key: MLflow answers the request.
+            return self.forward(request).await;
+        }
         let raw = op.raw_path(request.uri());
         let peer = peer_of(&request);
         let mut cors = HeaderMap::new();
@@ -239,7 +244,8 @@ impl Gateway {
 
     /// Whether workspaces apply to a request with these headers, and its workspace.
     fn workspace<'h>(&self, headers: &'h HeaderMap) -> (bool, Option<&'h str>) {
-        let workspace = crate::workspace::of_request(headers);
+        // [`Gateway::serve`] has sent a header MLflow refuses to MLflow.
+        let workspace = crate::workspace::of_request(headers).ok().flatten();
         (self.workspaces.apply(workspace), workspace)
     }
 

@@ -24,7 +24,6 @@ use std::net::SocketAddr;
 use axum::body::Body;
 use axum::extract::{ConnectInfo, Request, State};
 use axum::response::{IntoResponse, Response};
-use bytes::Bytes;
 use http_body_util::BodyExt;
 use tracing::Instrument as _;
 
@@ -1628,7 +1627,7 @@ pub async fn update_run(
             .forward(Request::from_parts(parts, body), peer)
             .await;
     }
-    let body = match read_up_to(body, MAX_UPDATE_BYTES).await {
+    let body = match crate::proxy::read_up_to(body, MAX_UPDATE_BYTES).await {
         Ok(Ok(body)) => body,
         // Longer than it said, or of no declared length: streamed on as it comes.
         Ok(Err(unread)) => {
@@ -1647,11 +1646,49 @@ pub async fn update_run(
     let response = forwarder
         .forward(Request::from_parts(parts, Body::from(body)), peer)
         .await;
-    if let Some((run_id, status, end_ms)) = ended.filter(|_| response.status().is_success()) {
-        let now = unix_millis(SystemTime::now());
-        health.after_update(run_id, status, end_ms, now).await;
-    }
+    let Some((asked_run, status, end_ms)) = ended.filter(|_| response.status().is_success())
+    else {
+        return response;
+    };
+    // The run MLflow updated is the one its answer describes: however the body spelled its run,
+    // only that run is billed.
+    let (response, updated) = updated_run(response).await;
+    let run_id = match updated {
+        Some(run_id) => run_id,
+        // An answer without `run_info` (none of the versions in the field sends one): the body,
+        // read as MLflow reads it.
+        None => asked_run,
+    };
+    let now = unix_millis(SystemTime::now());
+    health.after_update(run_id, status, end_ms, now).await;
     response
+}
+
+/// The run MLflow's answer to `runs/update` describes (`run_info.run_id`), and the answer,
+/// whole again, for the client. An answer longer than [`MAX_UPDATE_BYTES`] is passed on as it
+/// came, describing nothing.
+async fn updated_run(response: Response) -> (Response, Option<String>) {
+    let (parts, body) = response.into_parts();
+    match crate::proxy::read_up_to(body, MAX_UPDATE_BYTES).await {
+        Ok(Ok(bytes)) => {
+            let run = serde_json::from_slice::<Value>(&bytes)
+                .ok()
+                .and_then(|answer| answer["run_info"]["run_id"].as_str().map(str::to_owned))
+                .filter(|id| crate::writes::is_valid_run_id(id));
+            (Response::from_parts(parts, Body::from(bytes)), run)
+        }
+        Ok(Err(unread)) => (Response::from_parts(parts, unread), None),
+        Err(error) => {
+            tracing::warn!(%error, "MLflow's answer to runs/update could not be read");
+            (
+                crate::error::Error::StoreFailed(
+                    "mlscope-proxy lost MLflow's answer to runs/update while reading it; the update may have been applied, read the run before retrying".into(),
+                )
+                .into_response(),
+                None,
+            )
+        }
+    }
 }
 
 /// The longest `runs/update` body read for billing; a longer one is forwarded unread.
@@ -1685,24 +1722,6 @@ fn ended_by(body: &[u8]) -> Option<(String, String, Option<i64>)> {
         "FINISHED" | "FAILED" | "KILLED" | "RUNNING"
     )
     .then_some((run_id, status, end_ms))
-}
-
-/// The body, when it ends within `limit` bytes; otherwise `Err` with a body that yields what
-/// was read and then the rest, to be forwarded as it came.
-async fn read_up_to(mut body: Body, limit: usize) -> Result<Result<Bytes, Body>, axum::Error> {
-    let mut read = bytes::BytesMut::new();
-    while let Some(frame) = body.frame().await {
-        let Ok(data) = frame?.into_data() else {
-            continue;
-        };
-        read.extend_from_slice(&data);
-        if read.len() > limit {
-            let head = futures_util::stream::once(async move { Ok(read.freeze()) });
-            let rest = futures_util::StreamExt::chain(head, body.into_data_stream());
-            return Ok(Err(Body::from_stream(rest)));
-        }
-    }
-    Ok(Ok(read.freeze()))
 }
 
 enum Acted {

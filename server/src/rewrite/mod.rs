@@ -299,6 +299,9 @@ impl MetricsRewriter {
             Ok(read) => read,
             Err(error) => return Err(self.intake_refusal(error)),
         };
+        // What MLflow reads out of a byte-order mark, UTF-16 or a double-encoded body is read
+        // here too, and sent on as plain JSON.
+        let (bytes, parts) = normalized(bytes, parts);
         let parsed = match MetricsBody::parse(&bytes, endpoint) {
             Ok(parsed) => parsed,
             Err(BodyError::Conflict(message)) => {
@@ -330,7 +333,10 @@ impl MetricsRewriter {
         let beat = beat.map(|mut beat| {
             // With no ranks it still says that the run is written to (a sign of life).
             observe_rank_tags(&mut beat, &identity, &bytes);
-            beat.workspace = crate::workspace::of_request(&parts.headers).map(str::to_owned);
+            beat.workspace = crate::workspace::of_request(&parts.headers)
+                .ok()
+                .flatten()
+                .map(str::to_owned);
             beat
         });
         if edits.iter().all(|e| *e == Edit::Keep) {
@@ -868,14 +874,26 @@ async fn submit(
 pub async fn log_pair(
     State(coalescer): State<Coalescer>,
     State(health): State<Health>,
+    State(forwarder): State<crate::proxy::Forwarder>,
     ConnectInfo(peer): ConnectInfo<SocketAddr>,
     request: Request,
 ) -> Response {
     let (parts, body) = request.into_parts();
-    let body = match crate::coalesce::read_body(body).await {
-        Ok(body) => body,
-        Err(answer) => return answer,
+    // A body longer than a batch cannot share one: it goes on unread, as it comes, and MLflow
+    // answers it (MLflow stores tags and params of megabytes).
+    let body = match crate::proxy::read_up_to(body, crate::coalesce::MAX_BATCH_BYTES).await {
+        Ok(Ok(body)) => body,
+        Ok(Err(unread)) => {
+            return forwarder
+                .forward(Request::from_parts(parts, unread), peer)
+                .await
+        }
+        Err(error) => {
+            return Error::BadRequest(format!("the request body could not be read: {error}"))
+                .into_response()
+        }
     };
+    let (body, parts) = normalized(body, parts);
     let run_id = crate::writes::run_of(&body);
     let response = coalescer
         .submit(Request::from_parts(parts, Body::from(body)), None, peer)
@@ -884,6 +902,23 @@ pub async fn log_pair(
         health.touch(&run_id, crate::store::unix_millis(SystemTime::now()));
     }
     response
+}
+
+/// The body as the JSON MLflow reads from it (see [`crate::writes::as_mlflow_reads`]), with its
+/// length.
+fn normalized(
+    body: bytes::Bytes,
+    mut parts: http::request::Parts,
+) -> (bytes::Bytes, http::request::Parts) {
+    match crate::writes::as_mlflow_reads(&body) {
+        Some(read) => {
+            parts
+                .headers
+                .insert(header::CONTENT_LENGTH, HeaderValue::from(read.len()));
+            (read, parts)
+        }
+        None => (body, parts),
+    }
 }
 
 /// `POST runs/log-metric`: as [`log_batch`]; a renamed sample may go on as a log-batch.
