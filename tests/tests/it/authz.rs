@@ -952,3 +952,131 @@ async fn every_artifact_operation_in_a_workspace_is_allowed_and_denied_through_t
         }
     }
 }
+
+/// Sends `op` on `path` (relative to the artifact root the workspace places it under; it may be
+/// empty) with `workspace` as the raw `X-MLFLOW-WORKSPACE` header; the status and body.
+async fn send_raw(base: &str, path: &str, op: Op, client: Client, workspace: &str) -> (u16, String) {
+    let api = format!("{base}/api/2.0/mlflow-artifacts");
+    let join = |rest: &str| {
+        if path.is_empty() {
+            rest.to_owned()
+        } else {
+            format!("{path}/{rest}")
+        }
+    };
+    let file = join("shared/readme.txt");
+    let builder = match op {
+        Op::Get => request(client, Method::GET, format!("{api}/artifacts/{file}")),
+        Op::Head => request(client, Method::HEAD, format!("{api}/artifacts/{file}")),
+        Op::List => request(client, Method::GET, format!("{api}/artifacts"))
+            .query(&[("path", join("shared"))]),
+        Op::Presigned => request(client, Method::GET, format!("{api}/presigned/{file}")),
+        Op::Put => request(
+            client,
+            Method::PUT,
+            format!("{api}/artifacts/{}", join(&format!("uploads/{}.txt", client.name))),
+        )
+        .body("planted"),
+        Op::MpuCreate => request(client, Method::POST, format!("{api}/mpu/create/{}", join("uploads")))
+            .json(&json!({ "path": format!("{}.bin", client.name), "num_parts": 1 })),
+        Op::MpuAbort => request(client, Method::POST, format!("{api}/mpu/abort/{}", join("uploads")))
+            .json(&json!({ "path": format!("{}.bin", client.name), "upload_id": "bm90LWFuLXVwbG9hZA" })),
+        Op::Delete => request(
+            client,
+            Method::DELETE,
+            format!("{api}/artifacts/{}", join(&format!("victims/{}.txt", client.name))),
+        ),
+    };
+    let response = builder.header("x-mlflow-workspace", workspace).send().await.unwrap();
+    (response.status().as_u16(), response.text().await.unwrap())
+}
+
+/// A workspace header MLflow refuses before it authenticates (a name with `/` that reaches into
+/// another workspace's run, `default/...`, names its validator refuses) or a workspace MLflow
+/// does not have: MLflow answers 400 or 404 whoever asks. Through the gateway every operation
+/// gets MLflow's own answer: no file is read, listed, presigned, planted or deleted. (The escape
+/// found by a hostile probe of e93dbfe: the gateway took MLflow's 400 as "allowed" and put the
+/// raw header into the object key.)
+#[tokio::test]
+async fn a_workspace_header_mlflow_refuses_reaches_no_workspace_s_artifacts_through_the_gateway() {
+    let s = stack(Version::Workspaces);
+    let (experiment, run) = setup_workspaces(&s.mlflow.url).await;
+    let plain = format!("{experiment}/{run}/artifacts");
+    restore_files(&s.mlflow.url, &plain, Some(TEAM_A)).await;
+    restore_files(&s.mlflow.url, &plain, None).await;
+    // (the header, the path the client names below the root it places)
+    let hostile: Vec<(String, String)> = vec![
+        (format!("{TEAM_A}/{plain}"), String::new()),
+        (format!("{TEAM_A}/{experiment}"), format!("{run}/artifacts")),
+        (format!("default/{plain}"), String::new()),
+        (format!("{TEAM_A}/.."), format!("{TEAM_A}/{plain}")),
+        ("Team-A".to_owned(), plain.clone()),
+        ("team_a".to_owned(), plain.clone()),
+        ("workspaces".to_owned(), plain.clone()),
+        ("t".to_owned(), plain.clone()),
+        ("no-such-team".to_owned(), plain.clone()),
+    ];
+    let anonymous = Client {
+        name: "anonymous",
+        password: None,
+    };
+    let nobody = Client {
+        name: "nobody",
+        password: Some(PASSWORD),
+    };
+    let mut differences = Vec::new();
+    let mut cells = 0;
+    for (header, path) in &hostile {
+        for client in [anonymous, nobody] {
+            for op in OPS {
+                let direct = send_raw(&s.mlflow.url, path, op, client, header).await;
+                let through = send_raw(&s.proxy.url, path, op, client, header).await;
+                cells += 1;
+                assert!(
+                    !(200..300).contains(&direct.0),
+                    "MLflow itself allowed {op:?} for {} with header {header:?}: {direct:?}",
+                    client.name
+                );
+                if direct.0 != through.0 {
+                    differences.push(format!(
+                        "{op:?} by {} with {header:?}: MLflow {direct:?}, gateway {through:?}",
+                        client.name
+                    ));
+                }
+            }
+        }
+    }
+    assert!(
+        differences.is_empty(),
+        "{} of {cells} cells differ:\n{}",
+        differences.len(),
+        differences.join("\n")
+    );
+    // Nothing was deleted, nothing planted, in team-a or in the default workspace.
+    for workspace in [Some(TEAM_A), None] {
+        for name in ["anonymous", "nobody"] {
+            let mut get = request(
+                ADMIN,
+                Method::GET,
+                format!("{}/api/2.0/mlflow-artifacts/artifacts/{plain}/victims/{name}.txt", s.mlflow.url),
+            );
+            if let Some(w) = workspace {
+                get = get.header("x-mlflow-workspace", w);
+            }
+            assert_eq!(get.send().await.unwrap().status(), 200, "{workspace:?}: {name}'s victim file");
+        }
+        let mut list = request(ADMIN, Method::GET, format!("{}/api/2.0/mlflow-artifacts/artifacts", s.mlflow.url))
+            .query(&[("path", format!("{plain}/uploads"))]);
+        if let Some(w) = workspace {
+            list = list.header("x-mlflow-workspace", w);
+        }
+        let listed: Value = list.send().await.unwrap().json().await.unwrap();
+        let planted: Vec<&Value> = listed["files"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|f| f["path"].as_str().is_some_and(|p| p.contains("anonymous") || p.contains("nobody")))
+            .collect();
+        assert!(planted.is_empty(), "{workspace:?}: planted {planted:?}");
+    }
+}

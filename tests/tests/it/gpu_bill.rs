@@ -12,7 +12,7 @@ use mlscope_tests::{PostgresDatabase, ProxyProcess, TestStack};
 use serde_json::{json, Value};
 
 use crate::health::{counter, health_proxy, health_view, wait_for_status};
-use crate::mlflow::{http, now_ms, post, run_tags};
+use crate::mlflow::{get_run, http, now_ms, post, run_tags};
 
 const MIN: i64 = 60_000;
 
@@ -561,4 +561,42 @@ async fn end_run_at(mlflow: &str, run_id: &str, end_ms: i64) {
         json!({"run_id": run_id, "status": "FINISHED", "end_time": end_ms}),
     )
     .await;
+}
+
+/// (g) a `runs/update` that spells its run two ways naming two runs (`runId`, which MLflow reads
+/// as `run_id` and acts on, and `run_uuid`): the run MLflow ended is billed and the other keeps
+/// running, in MLflow and in its health view. (e93dbfe billed the `run_uuid` run: its bill froze
+/// and its view said `ended` while it ran.)
+#[tokio::test(flavor = "multi_thread")]
+async fn a_run_update_spelling_its_run_two_ways_bills_the_run_mlflow_ended_and_no_other() {
+    let stack = TestStack::shared();
+    let mlflow = stack.mlflow.url.as_str();
+    let dir = tempfile::tempdir().unwrap();
+    let proxy = health_proxy(dir.path(), mlflow, "10m", &[]);
+    let start = now_ms() - 2 * 60 * MIN;
+    let ended = run_started_at(mlflow, "bill-ended", start).await;
+    let victim = run_started_at(mlflow, "bill-victim", start).await;
+    for run in [&ended, &victim] {
+        send_rank(&proxy, run, 0, "node-a", &publishes(start, 60, &[false])).await;
+    }
+    let (status, answer) = update_answer(
+        &proxy.url,
+        &json!({"runId": ended, "run_uuid": victim, "status": "FINISHED", "end_time": start + 60 * MIN}),
+    )
+    .await;
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(answer["run_info"]["run_id"], ended.as_str(), "MLflow ended the runId run");
+
+    let tags = billed_tags(mlflow, &ended).await;
+    within_2_percent(&tags, "mlscope.gpu_hours", 1.0);
+    // The other run: still running in MLflow, live and unbilled in its view.
+    let run = get_run(mlflow, &victim).await;
+    assert_eq!(run["info"]["status"], "RUNNING", "{run}");
+    let (code, view) = health_view(&proxy, &victim).await;
+    assert_eq!(
+        (code, view["state"].as_str(), view["bill"].as_str()),
+        (200, Some("live"), Some("running")),
+        "{view}"
+    );
+    assert!(!run_tags(mlflow, &victim).await.contains_key("mlscope.gpu_hours"));
 }

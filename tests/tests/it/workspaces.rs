@@ -178,6 +178,81 @@ async fn a_path_of_another_workspace_is_refused_as_mlflow_refuses_it() {
     );
 }
 
+/// Without authentication, a workspace header MLflow refuses (400) or a workspace it does not
+/// have (404) gets MLflow's answer through the gateway for every artifact operation, never the
+/// gateway's own 200 with an empty listing or a file of another workspace.
+#[tokio::test]
+async fn a_workspace_mlflow_refuses_or_does_not_have_gets_mlflow_s_answer_through_the_gateway() {
+    let w = tokio::task::spawn_blocking(workspaces).await.unwrap();
+    let client = reqwest::Client::new();
+    let run_root = "1/0123456789abcdef0123456789abcdef/artifacts";
+    // A file in team-a's run, straight into MLflow.
+    let put = client
+        .put(format!(
+            "{}/api/2.0/mlflow-artifacts/artifacts/{run_root}/secret.txt",
+            w.stack.mlflow.url
+        ))
+        .header("X-MLFLOW-WORKSPACE", "team-a")
+        .body("secret")
+        .send()
+        .await
+        .unwrap();
+    assert!(put.status().is_success(), "{put:?}");
+    let cases: [(&str, String); 5] = [
+        ("team-a/1/0123456789abcdef0123456789abcdef/artifacts", String::new()),
+        ("default/1", "0123456789abcdef0123456789abcdef/artifacts".to_owned()),
+        ("Team-A", run_root.to_owned()),
+        ("team-a/..", format!("team-a/{run_root}")),
+        ("no-such-team", run_root.to_owned()),
+    ];
+    let mut answers = Vec::new();
+    for base in [&w.stack.mlflow.url, &w.proxy.url] {
+        let mut answer = Vec::new();
+        for (workspace, below) in &cases {
+            let file = if below.is_empty() {
+                "secret.txt".to_owned()
+            } else {
+                format!("{below}/secret.txt")
+            };
+            let api = format!("{base}/api/2.0/mlflow-artifacts");
+            for (op, request) in [
+                ("get", client.get(format!("{api}/artifacts/{file}"))),
+                ("head", client.head(format!("{api}/artifacts/{file}"))),
+                ("list", client.get(format!("{api}/artifacts")).query(&[("path", below)])),
+                ("presigned", client.get(format!("{api}/presigned/{file}"))),
+                ("delete", client.delete(format!("{api}/artifacts/{file}"))),
+            ] {
+                let response = request
+                    .header("X-MLFLOW-WORKSPACE", *workspace)
+                    .send()
+                    .await
+                    .unwrap();
+                let status = response.status().as_u16();
+                let body: Value = response.json().await.unwrap_or(Value::Null);
+                answer.push((*workspace, op, status, body["error_code"].clone()));
+            }
+        }
+        answers.push(answer);
+    }
+    assert_eq!(answers[1], answers[0], "through the gateway, as MLflow answers");
+    assert!(
+        answers[0].iter().all(|(_, _, status, _)| (400..500).contains(status)),
+        "{:?}",
+        answers[0]
+    );
+    // The file is still there.
+    let get = client
+        .get(format!(
+            "{}/api/2.0/mlflow-artifacts/artifacts/{run_root}/secret.txt",
+            w.stack.mlflow.url
+        ))
+        .header("X-MLFLOW-WORKSPACE", "team-a")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(get.status(), 200);
+}
+
 /// MLflow's REST API in `workspace`: POST `path` with `body`, the answer's JSON.
 async fn in_workspace(base: &str, workspace: &str, method: &str, path: &str, body: Value) -> Value {
     let client = reqwest::Client::new();
