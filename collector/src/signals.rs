@@ -1,12 +1,16 @@
 //! Signals arrive through a signalfd read by one thread: they are blocked in every thread
-//! (so [`block`] must run before any thread is spawned), and the child of wrapper mode starts
-//! with an empty mask again (std resets it on spawn).
+//! (so [`block`] must run before any thread is spawned). A blocked mask survives fork and exec,
+//! and std's `Command` does not clear it: the child of wrapper mode gets an empty mask and the
+//! default actions back from [`restore_in_child`], between fork and exec, or it would never
+//! receive the SIGTERM forwarded to it.
 
 use std::io;
+use std::os::unix::process::CommandExt;
+use std::process::Command;
 use std::thread::{self, JoinHandle};
 
 use nix::errno::Errno;
-use nix::sys::signal::{SigSet, Signal};
+use nix::sys::signal::{SaFlags, SigAction, SigHandler, SigSet, SigmaskHow, Signal};
 use nix::sys::signalfd::SignalFd;
 
 /// The signals the collector handles: SIGTERM and SIGINT stop it (or are forwarded to the
@@ -43,6 +47,42 @@ pub fn block() -> nix::Result<SignalMask> {
         unsafe { nix::sys::signal::signal(signal, nix::sys::signal::SigHandler::SigDfl) }?;
     }
     Ok(SignalMask(set))
+}
+
+/// The signals whose action the collector's process changes: [`HANDLED`], and SIGPIPE, which
+/// the Rust runtime ignores (an ignore, unlike a handler, survives exec).
+const CHANGED: [Signal; 6] = [
+    Signal::SIGTERM,
+    Signal::SIGINT,
+    Signal::SIGHUP,
+    Signal::SIGUSR1,
+    Signal::SIGUSR2,
+    Signal::SIGPIPE,
+];
+
+/// Makes `command` start with no signal blocked and the default action for every signal the
+/// collector changed, as it would as a container's first process: set in the child between
+/// fork and exec, before anything can be delivered to the new program.
+#[allow(unsafe_code)]
+pub fn restore_in_child(command: &mut Command) {
+    // Built here, in the parent: the child only makes the two system calls.
+    let default = SigAction::new(SigHandler::SigDfl, SaFlags::empty(), SigSet::empty());
+    let nothing = SigSet::empty();
+    // SAFETY: the closure runs in the forked child, where only async-signal-safe functions may
+    // be called: it calls sigaction(2) and sigprocmask(2) (both on POSIX's list) with values
+    // built before the fork, allocates nothing, takes no lock and touches no shared state; an
+    // error is an errno turned into `io::Error` without allocating. Actions first, mask second:
+    // a signal unblocked by the second call meets the default action, never a handler of the
+    // collector (and the collector installs none).
+    unsafe {
+        command.pre_exec(move || {
+            for signal in CHANGED {
+                nix::sys::signal::sigaction(signal, &default)?;
+            }
+            nix::sys::signal::sigprocmask(SigmaskHow::SIG_SETMASK, Some(&nothing), None)?;
+            Ok(())
+        });
+    }
 }
 
 /// One received signal.

@@ -79,7 +79,8 @@ impl ChildOutcome {
 }
 
 /// Starts `command` with the collector's stdio and environment, plus
-/// `MLFLOW_SYSTEM_METRICS_NODE_ID=<node_id>` unless `already_set`.
+/// `MLFLOW_SYSTEM_METRICS_NODE_ID=<node_id>` unless `already_set`, with no signal blocked and
+/// the default actions (see [`crate::signals::restore_in_child`]).
 pub fn spawn(command: &[OsString], node_id: &str, already_set: bool) -> io::Result<Child> {
     let (program, args) = command
         .split_first()
@@ -89,6 +90,9 @@ pub fn spawn(command: &[OsString], node_id: &str, already_set: bool) -> io::Resu
     if !already_set {
         child.env(NODE_ID_VARIABLE, node_id);
     }
+    // The collector blocks the signals it reads from a signalfd; the command must not inherit
+    // that, or a forwarded SIGTERM stays pending in it.
+    crate::signals::restore_in_child(&mut child);
     child.spawn()
 }
 

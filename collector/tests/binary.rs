@@ -7,7 +7,9 @@ use std::collections::BTreeSet;
 use std::fs;
 use std::time::Duration;
 
-use support::{collector, finish, sigterm, spawn, wait_for, MockMlflow};
+use support::{
+    collector, collector_ignoring, finish, sigterm, spawn, venv_python, wait_for, MockMlflow,
+};
 
 const EXIT: Duration = Duration::from_secs(20);
 const WAIT: Duration = Duration::from_secs(30);
@@ -487,6 +489,128 @@ fn sigint_sent_to_the_wrapper_reaches_the_wrapped_command() {
     assert!(status.success());
     let (status, _, stderr) = finish(child, EXIT);
     assert_eq!(status.code(), Some(8), "{stderr}");
+}
+
+/// A Python program that traps SIGTERM, SIGINT, SIGHUP, SIGUSR1 and SIGUSR2: each handler
+/// appends the signal's name to `argv[1]`, SIGTERM's then exits 42. Once the handlers are in
+/// place it writes its `/proc/self/status` signal lines to `argv[2]` (Python itself neither
+/// blocks nor unblocks anything) and waits, at most 60 s.
+const TRAPPING_PROGRAM: &str = r#"
+import os, signal, sys, time
+marker, ready = sys.argv[1], sys.argv[2]
+def on(number, frame):
+    with open(marker, "a") as f:
+        f.write(signal.Signals(number).name + "\n")
+    if number == signal.SIGTERM:
+        os._exit(42)
+for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2):
+    signal.signal(s, on)
+with open("/proc/self/status") as f:
+    lines = [l for l in f if l.startswith("Sig")]
+with open(ready + ".tmp", "w") as f:
+    f.writelines(lines)
+os.rename(ready + ".tmp", ready)
+deadline = time.monotonic() + 60
+while time.monotonic() < deadline:
+    time.sleep(0.05)
+"#;
+
+/// `kill -<signal> <pid>`.
+fn kill(signal: &str, pid: u32) {
+    let status = std::process::Command::new("kill")
+        .args([&format!("-{signal}"), &pid.to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+}
+
+/// The field `name` of `/proc/<pid>/status` text, as a number.
+fn status_field(status: &str, name: &str) -> u64 {
+    let line = status
+        .lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(":"))
+        .unwrap_or_else(|| panic!("no {name} in {status}"));
+    u64::from_str_radix(line.trim(), 16).unwrap()
+}
+
+#[test]
+fn the_wrapped_command_starts_unblocked_and_gets_each_forwarded_signal_once() {
+    let mlflow = MockMlflow::ok();
+    let dir = tempfile::tempdir().unwrap();
+    let (marker, ready) = (dir.path().join("marker"), dir.path().join("ready"));
+    let python = venv_python();
+    let child = spawn(&mut collector(
+        &mlflow.url,
+        &[
+            "--interval",
+            "1h",
+            "--",
+            python.to_str().unwrap(),
+            "-c",
+            TRAPPING_PROGRAM,
+            marker.to_str().unwrap(),
+            ready.to_str().unwrap(),
+        ],
+    ));
+    wait_for("the command's handlers", WAIT, || ready.exists());
+    let status = fs::read_to_string(&ready).unwrap();
+    // Blocked, SIGTERM would stay pending in the command until the kubelet's SIGKILL.
+    assert_eq!(
+        status_field(&status, "SigBlk"),
+        0,
+        "the command started with signals blocked:\n{status}"
+    );
+    let received = || fs::read_to_string(&marker).unwrap_or_default();
+    let mut expected = String::new();
+    for signal in ["USR1", "USR2", "HUP", "INT"] {
+        kill(signal, child.id());
+        expected += &format!("SIG{signal}\n");
+        wait_for(&format!("SIG{signal} to reach the command"), WAIT, || {
+            received() == expected
+        });
+    }
+    sigterm(&child);
+    // The collector waits for the command and ends as it did: the handler's exit 42.
+    let (status, _, stderr) = finish(child, EXIT);
+    assert_eq!(status.code(), Some(42), "{stderr}");
+    assert_eq!(
+        received(),
+        "SIGUSR1\nSIGUSR2\nSIGHUP\nSIGINT\nSIGTERM\n",
+        "each signal handled once"
+    );
+    let tags = mlflow.tags();
+    assert_eq!(
+        tags.get("mlscope/rank-0/outcome").map(String::as_str),
+        Some("exited"),
+        "{tags:?}"
+    );
+    assert_eq!(
+        tags.get("mlscope/rank-0/exit_code").map(String::as_str),
+        Some("42")
+    );
+}
+
+#[test]
+fn the_wrapped_command_starts_with_the_default_action_for_every_signal_the_collector_changed() {
+    // SIGTERM, SIGINT, SIGHUP, SIGUSR1, SIGUSR2 and SIGPIPE; `cat` is exec'd directly, so no
+    // shell resets anything on the way. SIGHUP and SIGINT come ignored from the collector's
+    // parent, as a shell starts a background job.
+    let mlflow = MockMlflow::ok();
+    let child = spawn(&mut collector_ignoring(
+        "HUP INT",
+        &mlflow.url,
+        &["--interval", "1h", "--", "cat", "/proc/self/status"],
+    ));
+    let (status, stdout, stderr) = finish(child, EXIT);
+    assert!(status.success(), "{stderr}");
+    let changed: u64 = [15, 2, 1, 10, 12, 13].iter().map(|n| 1 << (n - 1)).sum();
+    let signals: String = stdout
+        .lines()
+        .filter(|l| l.starts_with("Sig"))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    assert_eq!(status_field(&signals, "SigBlk"), 0, "{signals}");
+    assert_eq!(status_field(&signals, "SigIgn") & changed, 0, "{signals}");
 }
 
 #[test]

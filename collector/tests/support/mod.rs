@@ -231,20 +231,37 @@ pub fn collector_binary() -> PathBuf {
 /// in from the test process.
 pub fn collector(url: &str, args: &[&str]) -> Command {
     let mut command = Command::new(collector_binary());
+    command.args(args);
+    with_clean_environment(&mut command, url);
+    command
+}
+
+/// [`collector`], exec'd by a shell that first ignores `signals` (as a shell starts a
+/// background job with SIGINT ignored): the collector starts with them ignored.
+pub fn collector_ignoring(signals: &str, url: &str, args: &[&str]) -> Command {
+    let mut command = Command::new("sh");
+    command
+        .arg("-c")
+        .arg(format!("trap '' {signals}; exec \"$0\" \"$@\""))
+        .arg(collector_binary())
+        .args(args);
+    with_clean_environment(&mut command, url);
+    command
+}
+
+fn with_clean_environment(command: &mut Command, url: &str) {
     command
         .env_clear()
         .env("PATH", std::env::var_os("PATH").unwrap_or_default())
         .env("MLFLOW_TRACKING_URI", url)
         .env("MLFLOW_RUN_ID", "run-1")
-        .env("MLSCOPE_LOG_FORMAT", "json")
-        .args(args);
+        .env("MLSCOPE_LOG_FORMAT", "json");
     // Kept through the cleared environment: scripts/test finds what a run left running by it.
     for kept in ["MLSCOPE_TEST_RUN", "TMPDIR"] {
         if let Some(value) = std::env::var_os(kept) {
             command.env(kept, value);
         }
     }
-    command
 }
 
 /// Starts a command with stdout and stderr captured.
