@@ -85,6 +85,10 @@ pub enum Decision {
     Allowed(HeaderMap),
     /// MLflow's own refusal (401 with `WWW-Authenticate`, 403), to be sent to the client as is.
     Denied(Response),
+    /// MLflow refused the question before its handler ran, for a reason of the request itself
+    /// (a workspace it does not have, a path it does not take), which says nothing about the
+    /// client's permission: MLflow answers the client's own request, as without the gateway.
+    MlflowAnswers,
     /// MLflow could not be asked; the client gets 503 and retries.
     Unverifiable(Response),
 }
@@ -307,9 +311,10 @@ impl Authorizer {
             }
         };
         if !allowed && status.is_client_error() {
-            // MLflow refused the request before its handler ran, for a reason that holds for the
-            // client's own request as much as for the probe: its answer is the client's.
-            return Decision::Denied(relay(answer));
+            // MLflow refused the probe before its handler ran (MLflow's routes check workspaces
+            // and authentication in different orders, so the client's own request may get
+            // another refusal): MLflow answers that request itself.
+            return Decision::MlflowAnswers;
         }
         if !allowed {
             let reason = format!(

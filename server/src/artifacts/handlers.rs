@@ -209,7 +209,8 @@ impl Gateway {
         let peer = peer_of(&request);
         let mut cors = HeaderMap::new();
         let result = match self.authorize(op, &raw, request.headers(), peer).await {
-            Err(refusal) => Err(refusal),
+            Err(None) => return self.forward(request).await,
+            Err(Some(refusal)) => Err(refusal),
             Ok(allowed_cors) => {
                 cors = allowed_cors;
                 match self.place(op, raw, request.headers()) {
@@ -298,14 +299,15 @@ impl Gateway {
     }
 
     /// Asks MLflow whether this client may do `op` on the still-encoded path `raw` (see
-    /// [`super::authz`]).
+    /// [`super::authz`]): MLflow's CORS answer when allowed, else the client's answer, or `None`
+    /// when MLflow is to answer the request itself.
     async fn authorize(
         &self,
         op: Op,
         raw: &str,
         headers: &HeaderMap,
         peer: std::net::SocketAddr,
-    ) -> Result<HeaderMap, Response> {
+    ) -> Result<HeaderMap, Option<Response>> {
         let id = crate::proxy::request_id(headers);
         match self.authz.check(op.action(), raw, headers, peer, &id).await {
             Decision::Allowed(cors) => Ok(cors),
@@ -316,9 +318,10 @@ impl Gateway {
                     status = answer.status().as_u16(),
                     "MLflow refused the artifact request for this client"
                 );
-                Err(answer)
+                Err(Some(answer))
             }
-            Decision::Unverifiable(answer) => Err(answer),
+            Decision::MlflowAnswers => Err(None),
+            Decision::Unverifiable(answer) => Err(Some(answer)),
         }
     }
 

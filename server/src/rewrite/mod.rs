@@ -618,7 +618,7 @@ impl MetricsRewriter {
             .await
         {
             authz::Decision::Allowed(_) => Ok(true),
-            authz::Decision::Denied(_) => Ok(false),
+            authz::Decision::Denied(_) | authz::Decision::MlflowAnswers => Ok(false),
             authz::Decision::Unverifiable(answer) => Err(answer),
         }
     }

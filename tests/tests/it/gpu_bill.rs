@@ -591,7 +591,7 @@ async fn a_run_update_spelling_its_run_two_ways_bills_the_run_mlflow_ended_and_n
     within_2_percent(&tags, "mlscope.gpu_hours", 1.0);
     // The other run: still running in MLflow, live and unbilled in its view.
     let run = get_run(mlflow, &victim).await;
-    assert_eq!(run["info"]["status"], "RUNNING", "{run}");
+    assert_eq!(run["run"]["info"]["status"], "RUNNING", "{run}");
     let (code, view) = health_view(&proxy, &victim).await;
     assert_eq!(
         (code, view["state"].as_str(), view["bill"].as_str()),
