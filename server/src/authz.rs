@@ -240,7 +240,12 @@ impl Authorizer {
         // authentication.
         let other_workspace = crate::workspace::of_request(client)
             .map_or(true, |named| named.is_some_and(|w| w != crate::workspace::DEFAULT));
-        if self.mode.get() == Mode::Open && !client.contains_key(header::ORIGIN) && !other_workspace
+        // Logging to a run is asked too: MLflow's answer says whether the run exists at all, and
+        // nothing (a reporter lease) is kept for a run MLflow does not have.
+        if self.mode.get() == Mode::Open
+            && !client.contains_key(header::ORIGIN)
+            && !other_workspace
+            && action != Action::WriteRun
         {
             return Decision::Allowed(HeaderMap::new());
         }

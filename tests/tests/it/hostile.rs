@@ -511,6 +511,66 @@ async fn a_made_up_run_id_gets_mlflows_refusal_and_no_state_in_the_proxy() {
     assert_eq!(made_up_rows, (0, 0), "rows for the made-up run id");
 }
 
+/// Made-up run ids of valid form (256 characters, MLflow's longest; 32 hex digits like a real
+/// one), each with 16 node identities, to an MLflow without authentication: MLflow answers 404,
+/// and the proxy keeps no lease and no row for them (e93dbfe kept 16 lease rows per request for
+/// `--state-retention`, 14 days). A real run's node series after them is leased as always.
+#[tokio::test]
+async fn made_up_run_ids_of_valid_form_get_mlflows_refusal_and_leave_no_lease() {
+    let h = hostile();
+    let made_up: Vec<String> = (0..20)
+        .map(|i| {
+            if i % 2 == 0 {
+                format!("{i:0>4}{}", "f".repeat(252))
+            } else {
+                uuid::Uuid::new_v4().simple().to_string()
+            }
+        })
+        .collect();
+    for run_id in &made_up {
+        let metrics: Vec<Value> = (0..16)
+            .map(|j| json!({"key": format!("system/made-up-{j}/rank-0/cpu_utilization_percentage"), "value": 1.0, "timestamp": now_ms(), "step": 0}))
+            .collect();
+        let body = json!({"run_id": run_id, "metrics": metrics});
+        let mut refusals = Vec::new();
+        for base in [&h.stack.mlflow.url, &h.proxy.url] {
+            let response = http()
+                .post(format!("{base}/api/2.0/mlflow/runs/log-batch"))
+                .json(&body)
+                .send()
+                .await
+                .unwrap();
+            refusals.push(error_code(response).await);
+        }
+        assert_eq!(refusals[1], refusals[0], "through the proxy, straight to MLflow");
+        assert!(refusals[0].0.is_client_error(), "{refusals:?}");
+    }
+    let (_, run) = create_experiment_and_run(&h.stack.mlflow.url, "made-up-valid-ids").await;
+    let real = json!({"run_id": run, "metrics": [{"key": "system/node-a/rank-0/cpu_utilization_percentage", "value": 1.0, "timestamp": now_ms(), "step": 0}]});
+    let response = http()
+        .post(format!("{}/api/2.0/mlflow/runs/log-batch", h.proxy.url))
+        .json(&real)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    let port = h.proxy.url.rsplit(':').next().unwrap();
+    let database = h.stack.dir.path().join(format!("mlscope-{port}.db"));
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let (_, real_rows) = state_rows(&database, &run);
+        if real_rows.0 > 0 {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "the real run's lease was never written");
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    for run_id in &made_up {
+        let (_, rows) = state_rows(&database, run_id);
+        assert_eq!(rows, (0, 0), "leases and rank rows for made-up run {run_id}");
+    }
+}
+
 /// One page of `/runs/{run}/health` (`query`: its paging), or null when it is not JSON.
 async fn health_page(admin_url: &str, run: &str, query: &str) -> Value {
     let response = http()
@@ -962,4 +1022,95 @@ async fn under_a_flood_of_heavy_batches_the_heaviest_client_gives_way_and_nothin
         metrics.contains("mlscope_fair_share_write_limit "),
         "{metrics}"
     );
+}
+
+/// Spellings MLflow's server decodes before it routes or parses: a percent-encoded path
+/// (`runs/log%2Dbatch`, `%72uns/...`), a body with a UTF-8 byte-order mark, in UTF-16, or
+/// double-encoded as a JSON string. MLflow stores each; through the proxy each is scoped as the
+/// plain request is (e93dbfe forwarded them untouched: no scoping, dedup, caps or heartbeats,
+/// and charged one sample each).
+#[tokio::test]
+async fn encodings_mlflow_decodes_are_scoped_as_the_plain_request() {
+    let h = hostile();
+    let key = "system/gpu-node-1/rank-3/cpu_utilization_percentage";
+    let scoped = "system/gpu-node-1/node_cpu_utilization_percentage";
+    let batch = |run: &str| json!({"run_id": run, "metrics": [{"key": key, "value": 5.0, "timestamp": now_ms(), "step": 0}]}).to_string();
+    let metric = |run: &str| json!({"run_id": run, "run_uuid": run, "key": key, "value": 5.0, "timestamp": now_ms(), "step": 0}).to_string();
+    type Body = fn(String) -> Vec<u8>;
+    let plain: Body = |json| json.into_bytes();
+    let bom: Body = |json| [&b"\xef\xbb\xbf"[..], json.as_bytes()].concat();
+    let utf16: Body = |json| json.encode_utf16().flat_map(u16::to_le_bytes).collect();
+    let double: Body = |json| serde_json::to_string(&json).unwrap().into_bytes();
+    let cases: [(&str, &str, Body, bool); 8] = [
+        ("plain", "runs/log-batch", plain, true),
+        ("encoded hyphen", "runs/log%2Dbatch", plain, true),
+        ("encoded letter", "%72uns/log-batch", plain, true),
+        ("encoded lowercase", "runs%2flog%2dbatch", plain, true),
+        ("byte-order mark", "runs/log-batch", bom, true),
+        ("UTF-16", "runs/log-batch", utf16, true),
+        ("double-encoded", "runs/log-batch", double, true),
+        ("log-metric encoded", "runs/log%2Dmetric", plain, false),
+    ];
+    let mut stored = Vec::new();
+    for (name, path, body, is_batch) in cases {
+        let (_, run) = create_experiment_and_run(&h.stack.mlflow.url, "encodings").await;
+        let json = if is_batch { batch(&run) } else { metric(&run) };
+        let response = http()
+            .post(format!("{}/api/2.0/mlflow/{path}", h.proxy.url))
+            .header("content-type", "application/json")
+            .body(body(json))
+            .send()
+            .await
+            .unwrap();
+        let status = response.status();
+        assert_eq!(status, StatusCode::OK, "{name}: {}", response.text().await.unwrap());
+        let keys = crate::mlflow::metric_keys(&h.stack.mlflow.url, &run).await;
+        stored.push((name, keys.into_iter().collect::<Vec<_>>()));
+    }
+    for (name, keys) in &stored {
+        assert_eq!(keys, &vec![scoped.to_owned()], "{name}: {stored:?}");
+    }
+}
+
+/// The artifact API spelled with an encoded hyphen (`mlflow%2Dartifacts`) is the gateway's:
+/// the delete of an experiment's root is refused (403) as for the plain path, and a PUT outside
+/// any run's root is refused (e93dbfe forwarded both to MLflow, which deleted every run's
+/// files of the experiment).
+#[tokio::test]
+async fn the_artifact_api_spelled_with_encodings_is_guarded_as_the_plain_one() {
+    let h = hostile();
+    let (experiment, run) = create_experiment_and_run(&h.stack.mlflow.url, "encoded-artifacts").await;
+    let file = format!("{experiment}/{run}/artifacts/model.pkl");
+    let put = http()
+        .put(format!("{}/api/2.0/mlflow-artifacts/artifacts/{file}", h.stack.mlflow.url))
+        .body("weights")
+        .send()
+        .await
+        .unwrap();
+    assert!(put.status().is_success(), "{put:?}");
+    let mut answers = Vec::new();
+    for api in ["mlflow-artifacts", "mlflow%2Dartifacts", "mlflow%2dartifacts"] {
+        let delete = http()
+            .delete(format!("{}/api/2.0/{api}/artifacts/{experiment}", h.proxy.url))
+            .send()
+            .await
+            .unwrap();
+        let outside = http()
+            .put(format!("{}/api/2.0/{api}/artifacts/{experiment}/planted.txt", h.proxy.url))
+            .body("x")
+            .send()
+            .await
+            .unwrap();
+        answers.push((api, delete.status().as_u16(), outside.status().as_u16()));
+    }
+    assert!(
+        answers.iter().all(|(_, delete, outside)| *delete == 403 && *outside == 403),
+        "{answers:?}"
+    );
+    let get = http()
+        .get(format!("{}/api/2.0/mlflow-artifacts/artifacts/{file}", h.stack.mlflow.url))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(get.status(), StatusCode::OK, "the run's file is still there");
 }
