@@ -857,8 +857,9 @@ fn check_upload_id(id: &str) -> Result<(), Response> {
     let printable = id
         .bytes()
         .all(|b| b.is_ascii_graphic() && b != b'/' && b != b'\\');
-    if id.is_empty() || id.len() > 1024 || !printable {
-        return Err(Error::InvalidParameter("upload_id must be the id mpu/create returned (1 to 1024 printable ASCII characters, no '/' or '\\')".into()).into_response());
+    // `.` and `..` name a directory, not an upload, to a store that keeps uploads in directories.
+    if id.is_empty() || id.len() > 1024 || !printable || id == "." || id == ".." {
+        return Err(Error::InvalidParameter("upload_id must be the id mpu/create returned (1 to 1024 printable ASCII characters, no '/' or '\\', not '.' or '..')".into()).into_response());
     }
     Ok(())
 }

@@ -45,7 +45,11 @@ pub fn validate(raw: &str) -> Result<String, InvalidPath> {
         || path.chars().any(char::is_control)
         || path.starts_with('/')
         || windows_absolute
-        || path.split(['/', '\\']).any(|segment| segment == "..")
+        // `..` climbs out of the root; `.` names no object (MLflow 3.17 answers it with a 500,
+        // the store with an error): both are the client's mistake.
+        || path
+            .split(['/', '\\'])
+            .any(|segment| segment == ".." || segment == ".")
     {
         return Err(InvalidPath);
     }
@@ -247,6 +251,9 @@ mod tests {
             "a\\..\\b",
             "file#frag",
             "a%23b",
+            "1/r/artifacts/./x",
+            "1/r/artifacts/%2e/x",
+            ".",
         ] {
             assert_eq!(validate(bad), Err(InvalidPath), "{bad}");
         }

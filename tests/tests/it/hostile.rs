@@ -76,7 +76,7 @@ async fn an_overlong_upload_id_is_a_400_not_a_closed_connection() {
     };
     // Overlong, and with path separators (before: 502, which the client retried for minutes).
     let long_id = "A".repeat(70_000);
-    for made_up in [long_id.as_str(), "a/b", "../x", "a\\b", "bm90/LWFu\\LXVw"] {
+    for made_up in [long_id.as_str(), "a/b", "../x", "a\\b", "bm90/LWFu\\LXVw", "..", "."] {
         for op in ["abort", "complete"] {
             let body = json!({ "path": "big.bin", "upload_id": made_up, "parts": [{ "part_number": 1, "etag": "x" }] });
             let (status, code) =
@@ -1113,4 +1113,77 @@ async fn the_artifact_api_spelled_with_encodings_is_guarded_as_the_plain_one() {
         .await
         .unwrap();
     assert_eq!(get.status(), StatusCode::OK, "the run's file is still there");
+}
+
+/// A `.` segment in an artifact path is the client's mistake: a 4xx it does not retry, for every
+/// operation (e93dbfe: 502 from the store, which clients retried for minutes; MLflow 3.17 500).
+#[tokio::test]
+async fn a_dot_segment_in_an_artifact_path_is_a_client_error_not_a_retryable_5xx() {
+    let h = hostile();
+    let (experiment, run) = create_experiment_and_run(&h.stack.mlflow.url, "dot-segment").await;
+    let root = format!("{experiment}/{run}/artifacts");
+    let host = h.proxy.url.trim_start_matches("http://");
+    let mut answers = Vec::new();
+    // Sent as written (an HTTP client library would remove the segment first).
+    for path in [format!("{root}/./model.pkl"), format!("{root}/%2E/model.pkl")] {
+        for (op, method, body) in [("get", "GET", ""), ("put", "PUT", "x"), ("delete", "DELETE", "")] {
+            let head = format!(
+                "{method} /api/2.0/mlflow-artifacts/artifacts/{path} HTTP/1.1\r\nHost: {host}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+                body.len()
+            );
+            let (status, _) = raw(&h.proxy.url, &head, body.as_bytes()).await;
+            answers.push((path.clone(), op, status));
+        }
+        let status = http()
+            .get(format!("{}/api/2.0/mlflow-artifacts/artifacts", h.proxy.url))
+            .query(&[("path", path.as_str())])
+            .send()
+            .await
+            .unwrap()
+            .status();
+        answers.push((path.clone(), "list", status.as_u16()));
+    }
+    assert!(
+        answers.iter().all(|(_, _, status)| (400..500).contains(status)),
+        "{answers:?}"
+    );
+}
+
+/// `set-tag` and `log-parameter` bodies longer than a batch (here padded with JSON whitespace to
+/// 1.5 and 5 MB) get MLflow's own answer, as straight to MLflow, and are stored (e93dbfe: the
+/// proxy's own 400 at 1 MB, a reset mid-upload at 5 MB).
+#[tokio::test]
+async fn params_and_tags_in_bodies_longer_than_a_batch_are_stored_as_mlflow_stores_them() {
+    let h = hostile();
+    for (size, endpoint, key) in [
+        (1_500_000, "runs/set-tag", "padded-tag"),
+        (5_000_000, "runs/set-tag", "padded-tag-5mb"),
+        (1_500_000, "runs/log-parameter", "padded-param"),
+    ] {
+        let mut answers = Vec::new();
+        for base in [&h.stack.mlflow.url, &h.proxy.url] {
+            let (_, run) = create_experiment_and_run(&h.stack.mlflow.url, "long-pairs").await;
+            let json = json!({"run_id": run, "key": key, "value": "v"}).to_string();
+            let body = format!("{}{}}}", &json[..json.len() - 1], " ".repeat(size));
+            let response = http()
+                .post(format!("{base}/api/2.0/mlflow/{endpoint}"))
+                .header("content-type", "application/json")
+                .body(body)
+                .send()
+                .await
+                .unwrap();
+            let status = response.status().as_u16();
+            let run_json = crate::mlflow::get_run(&h.stack.mlflow.url, &run).await;
+            let data = &run_json["run"]["data"];
+            let stored = data["tags"]
+                .as_array()
+                .into_iter()
+                .chain(data["params"].as_array())
+                .flatten()
+                .any(|pair| pair["key"] == key && pair["value"] == "v");
+            answers.push((status, stored));
+        }
+        assert_eq!(answers[1], answers[0], "{endpoint} of {size} bytes: through the proxy, straight to MLflow");
+        assert_eq!(answers[0], (200, true), "{endpoint} of {size} bytes");
+    }
 }
