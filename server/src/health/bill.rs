@@ -200,6 +200,13 @@ impl RunBill {
     }
 }
 
+/// How long before the proxy first heard a rank its samples may begin to be billed: a collector
+/// buffers up to an hour of samples by default (`--buffer`) while MLflow cannot be reached, and
+/// sends them late; a sample older than this is not billed, whatever time it names.
+pub const MAX_BACKFILL_MS: i64 = 6 * 3600 * 1000;
+/// How far a sender's clock may run ahead of the proxy's: later samples are billed only to here.
+pub const MAX_CLOCK_AHEAD_MS: i64 = 5 * 60 * 1000;
+
 /// The bill of a run from its rank rows and its GPUs' idle windows, inside `clip`.
 pub fn bill(ranks: &[RankRow], idle: &[GpuIdleRow], clip: Clip) -> RunBill {
     let mut run = RunBill::default();
@@ -207,6 +214,11 @@ pub fn bill(ranks: &[RankRow], idle: &[GpuIdleRow], clip: Clip) -> RunBill {
         let (Some(first), Some(last)) = (r.bill_first_ms, r.bill_last_ms) else {
             continue;
         };
+        // The samples' times are the sender's word: the span stays within what the proxy itself
+        // saw of the rank, from [`MAX_BACKFILL`] before it first heard it (a collector's buffer
+        // sent late) to [`MAX_CLOCK_AHEAD`] after it last heard it.
+        let first = first.max(r.first_heard_ms.saturating_sub(MAX_BACKFILL_MS));
+        let last = last.min(r.last_heard_ms.saturating_add(MAX_CLOCK_AHEAD_MS));
         let from = clip.start_ms.map_or(first, |s| first.max(s));
         let to = clip.end_ms.map_or(last, |e| last.min(e));
         let span_s = to.saturating_sub(from).max(0) as f64 / 1e3;
@@ -267,9 +279,31 @@ mod tests {
             gpus,
             bill_first_ms: Some(first),
             bill_last_ms: Some(last),
+            // Heard as it sampled.
+            first_heard_ms: first,
+            last_heard_ms: last,
             gpu_model: Some("H200".into()),
             ..RankRow::default()
         }
+    }
+
+    #[test]
+    fn sample_times_the_proxy_did_not_see_are_not_billed() {
+        // A forged run: started at 1 ms after the epoch, one sample there, one now, 64 GPUs;
+        // the proxy heard the rank for a minute. Billed: at most the backfill before it first
+        // heard the rank (not 56 years of 64 GPUs).
+        let now = 1_800_000_000_000;
+        let mut forged = rank(0, 64, 1, now);
+        forged.first_heard_ms = now - MIN;
+        forged.last_heard_ms = now;
+        let bill = bill(&[forged], &[], Clip::new(Some(1), None, now));
+        assert_eq!(bill.gpu_seconds, 64.0 * ((MAX_BACKFILL_MS + MIN) / 1000) as f64);
+        // Samples from a sender's clock far ahead: billed to a little after the last heartbeat.
+        let mut ahead = rank(0, 1, now - 10 * MIN, now + 1000 * 24 * 60 * MIN);
+        ahead.first_heard_ms = now - 10 * MIN;
+        ahead.last_heard_ms = now;
+        let bill = super::bill(&[ahead], &[], Clip::default());
+        assert_eq!(bill.gpu_seconds, ((10 * MIN + MAX_CLOCK_AHEAD_MS) / 1000) as f64);
     }
 
     fn idle_row(rank: i64, gpu: i64, samples: &[(i64, f64)]) -> GpuIdleRow {

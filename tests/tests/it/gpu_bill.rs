@@ -600,3 +600,26 @@ async fn a_run_update_spelling_its_run_two_ways_bills_the_run_mlflow_ended_and_n
     );
     assert!(!run_tags(mlflow, &victim).await.contains_key("mlscope.gpu_hours"));
 }
+
+/// (h) a forged run: `start_time` 1 ms after the epoch, a sample there and one now, 64 GPUs.
+/// The bill stays within what the proxy saw of the rank (at most six hours of backfill before it
+/// first heard it), in the tags and in the fleet counter, which cannot be undone (e93dbfe billed
+/// 31.9 M GPU hours).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_forged_start_and_sample_time_bills_no_more_than_the_proxy_saw() {
+    let stack = TestStack::shared();
+    let mlflow = stack.mlflow.url.as_str();
+    let dir = tempfile::tempdir().unwrap();
+    let proxy = health_proxy(dir.path(), mlflow, "10m", &[]);
+    let run = run_started_at(mlflow, "bill-forged", 1).await;
+    let gpus = vec![0.0; 64];
+    let now = now_ms();
+    send(&proxy, 0, "node-a", &publish(&run, 0, "node-a", 0, 1, &gpus)).await;
+    send(&proxy, 0, "node-a", &publish(&run, 0, "node-a", 1, now, &gpus)).await;
+    end_run(&proxy, &run, now).await;
+    let tags = billed_tags(mlflow, &run).await;
+    let hours = number(&tags, "mlscope.gpu_hours");
+    assert!(hours <= 64.0 * 6.1, "{hours} GPU hours billed: {tags:?}");
+    let total = counter(&[&proxy], r#"mlscope_gpu_seconds_total{model="NVIDIA H200",state="busy"}"#).await;
+    assert!(total <= 64.0 * 6.1 * 3600.0, "fleet counter {total} s");
+}
