@@ -97,6 +97,9 @@ fn stricter_on_purpose(raw: &str) -> Option<&'static str> {
     if decoded.split(['/', '\\']).any(|s| s == "..") {
         return Some("`..` between backslashes");
     }
+    if decoded.split(['/', '\\']).any(|s| s == ".") {
+        return Some("`.` segments (MLflow 3.17's handlers answer them 500, stores refuse them)");
+    }
     if decoded.starts_with(['/', '\\']) || decoded.as_bytes().get(1) == Some(&b':') {
         return Some("absolute (MLflow's URL parsing drops leading slashes)");
     }
