@@ -336,7 +336,7 @@ impl Inner {
 
     fn reject(&self, reason: &'static str, what: &str) -> Response {
         self.metrics.coalesce_rejected(reason);
-        Error::Unavailable(format!(
+        Error::Overloaded(format!(
             "mlscope-proxy is holding {what} while MLflow catches up; retry with backoff"
         ))
         .into_response()
