@@ -89,7 +89,11 @@ impl Credential {
             hash.update(b"basic\0");
             hash.update(text.as_bytes());
             // werkzeug: `username, _, password = decoded.partition(":")`.
-            Some(text.split_once(':').map_or(text.as_str(), |(u, _)| u).into())
+            Some(
+                text.split_once(':')
+                    .map_or(text.as_str(), |(u, _)| u)
+                    .into(),
+            )
         } else if scheme.eq_ignore_ascii_case("bearer") {
             if rest.is_empty() {
                 return None;

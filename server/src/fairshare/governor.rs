@@ -70,7 +70,10 @@ pub(crate) enum Verdict {
     Admitted,
     /// The writes at MLflow are at the limit, another client writes, and this one takes more than
     /// its share and weighs more than twice the others.
-    Heaviest { limit: usize, writers: usize },
+    Heaviest {
+        limit: usize,
+        writers: usize,
+    },
 }
 
 #[derive(Debug, Clone)]
@@ -308,8 +311,8 @@ impl<K: Hash + Eq + Clone> Governor<K> {
             .fold(f64::INFINITY, f64::min);
         let at_limit = window.peak_at_mlflow as f64 >= self.limit;
         let in_use = window.peak_at_mlflow as f64 >= (self.limit * 0.75).min(self.limit - 0.5);
-        let saturated = mean > SATURATED * baseline
-            && mean - baseline > SATURATED_EXCESS.as_secs_f64();
+        let saturated =
+            mean > SATURATED * baseline && mean - baseline > SATURATED_EXCESS.as_secs_f64();
         if saturated {
             if at_limit {
                 self.limit = (self.limit / 2.0).max(MIN_LIMIT);
@@ -472,7 +475,11 @@ mod tests {
                 g.answered(&client, 150, Some(300 * MS), 1, at);
             }
             let client = clients[tick as usize % clients.len()];
-            assert_eq!(g.admit(&client, now), Verdict::Admitted, "{client} at tick {tick}");
+            assert_eq!(
+                g.admit(&client, now),
+                Verdict::Admitted,
+                "{client} at tick {tick}"
+            );
             g.forwarded(&client, 150, now);
             pending.push_back((now + 300 * MS, client));
         }

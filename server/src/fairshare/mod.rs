@@ -30,12 +30,12 @@ mod bucket;
 mod governor;
 
 use std::collections::{HashMap, HashSet};
+use std::net::IpAddr;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::OnceLock;
-use std::task::{Context, Poll};
-use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use axum::body::Body;
@@ -320,7 +320,9 @@ impl FairShare {
             return;
         }
         let mut shares = self.shares.lock().expect("fair share lock");
-        shares.verified.get_or_insert_with(&credential.digest, || ());
+        shares
+            .verified
+            .get_or_insert_with(&credential.digest, || ());
     }
 
     /// Admits a write of `client` at `now`, taking one write from its buckets, or says why not.
@@ -567,13 +569,20 @@ fn declared_bytes(request: &Request) -> u64 {
 /// static files and `server-info` it answers to anyone) answered with a success or a client
 /// error other than 401, 403 and 407.
 fn authenticated(path: &str, status: StatusCode) -> bool {
-    let api = ["/api/2.0/mlflow/", "/ajax-api/2.0/mlflow/", "/api/3.0/mlflow/", "/ajax-api/3.0/mlflow/"]
-        .iter()
-        .any(|prefix| path.starts_with(prefix));
+    let api = [
+        "/api/2.0/mlflow/",
+        "/ajax-api/2.0/mlflow/",
+        "/api/3.0/mlflow/",
+        "/ajax-api/3.0/mlflow/",
+    ]
+    .iter()
+    .any(|prefix| path.starts_with(prefix));
     let open = path.ends_with("/server-info") || path.contains("/static");
     let refused = matches!(
         status,
-        StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN | StatusCode::PROXY_AUTHENTICATION_REQUIRED
+        StatusCode::UNAUTHORIZED
+            | StatusCode::FORBIDDEN
+            | StatusCode::PROXY_AUTHENTICATION_REQUIRED
     );
     api && !open && !refused && (status.is_success() || status.is_client_error())
 }

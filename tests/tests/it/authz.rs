@@ -1015,7 +1015,9 @@ async fn a_credential_primed_on_health_spends_neither_a_teams_quota_nor_escapes_
     // The admin, authenticated by MLflow on its tracking API.
     let admin = basic(&format!("admin:{MLFLOW_ADMIN_PASSWORD}"));
     let searched = http()
-        .get(format!("{base}/api/2.0/mlflow/experiments/search?max_results=1"))
+        .get(format!(
+            "{base}/api/2.0/mlflow/experiments/search?max_results=1"
+        ))
         .header("authorization", &admin)
         .send()
         .await
@@ -1031,7 +1033,10 @@ async fn a_credential_primed_on_health_spends_neither_a_teams_quota_nor_escapes_
             refused += 1;
         }
     }
-    assert!(refused >= 20, "only {refused} of 24 refused: invented credentials escaped the address's share");
+    assert!(
+        refused >= 20,
+        "only {refused} of 24 refused: invented credentials escaped the address's share"
+    );
     // The admin's name with a wrong password, primed by /health: charged to the address too.
     let guess = basic("admin:wrong-password");
     health(guess.clone()).await;

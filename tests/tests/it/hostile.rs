@@ -1110,7 +1110,10 @@ async fn a_training_job_beside_readers_tricklers_and_invented_credentials_is_nev
         finished
     };
     let ((ok, stdout, stderr), ..) = tokio::join!(job, readers, invented, tricklers);
-    assert!(ok, "the job failed\n--- stdout\n{stdout}\n--- stderr\n{stderr}");
+    assert!(
+        ok,
+        "the job failed\n--- stdout\n{stdout}\n--- stderr\n{stderr}"
+    );
     assert!(
         stdout.contains("errors 0\n"),
         "log_metric raised\n--- stdout\n{stdout}\n--- stderr\n{stderr}"
