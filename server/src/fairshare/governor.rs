@@ -17,10 +17,10 @@
 //!   writer's share smaller). A writer's **load** is the larger of its writes at MLflow now and
 //!   their average over about a second; its **weight** is the bytes it had MLflow take (recent
 //!   answers, decaying over about two seconds, plus the writes at MLflow now).
-//! - **A write is refused** only while the writes at MLflow are at the limit, another writer is
-//!   active, the writer's load is above its share (the limit divided among the writers) and its
+//! - **A write is refused** only while the writes at MLflow are at the limit (or MLflow was
+//!   saturated in the last `CONGESTED_FOR`), another writer is active, the writer's load is above its share (the limit divided among the writers) and its
 //!   weight is more than `HEAVY` times the average of the *other* writers. So the only writer is
-//!   never refused, nor writers writing alike, nor anyone while MLflow has room; a slow answer makes
+//!   never refused, nor writers writing alike, nor anyone while MLflow has room and answers in time; a slow answer makes
 //!   a client's load high, never its weight, so a calm client kept waiting by a flood does not
 //!   become the one refused.
 //! - Writers are remembered in a map bounded by `MAX_CLIENTS` that forgets the least recently
@@ -43,6 +43,10 @@ const BASELINE_MIN_ANSWERS: u32 = 3;
 /// reached, means MLflow is queueing writes.
 const SATURATED: f64 = 4.0;
 const SATURATED_EXCESS: Duration = Duration::from_millis(100);
+/// How long MLflow counts as saturated after a window that said so: the heavy writer over its
+/// share gives way meanwhile even below the limit (one heavy batch admitted whenever the limit
+/// has room keeps MLflow saturated).
+const CONGESTED_FOR: Duration = Duration::from_secs(5);
 /// A write of at most this many samples is light: its latency is the limit's signal.
 const LIGHT_SAMPLES: usize = 10;
 /// The limit never goes below one write at once.
@@ -145,6 +149,8 @@ pub(crate) struct Governor<K> {
     census: Option<(Instant, usize, f64)>,
     /// (window end, window mean in seconds), oldest first.
     means: VecDeque<(Instant, f64)>,
+    /// Until when the last saturated window counts.
+    congested_until: Option<Instant>,
 }
 
 #[derive(Debug)]
@@ -177,6 +183,7 @@ impl<K: Hash + Eq + Clone> Governor<K> {
             window: Window::new(now, 0),
             census: None,
             means: VecDeque::new(),
+            congested_until: None,
         }
     }
 
@@ -221,7 +228,8 @@ impl<K: Hash + Eq + Clone> Governor<K> {
 
     /// Whether a write of `client` may go to MLflow now; it counts once [`Governor::forwarded`].
     pub(crate) fn admit(&mut self, client: &K, now: Instant) -> Verdict {
-        if (self.at_mlflow as f64) < self.limit {
+        let congested = self.congested_until.is_some_and(|until| now < until);
+        if (self.at_mlflow as f64) < self.limit && !congested {
             return Verdict::Admitted;
         }
         let (others, others_weight) = self.others(client, now);
@@ -314,6 +322,7 @@ impl<K: Hash + Eq + Clone> Governor<K> {
         let saturated =
             mean > SATURATED * baseline && mean - baseline > SATURATED_EXCESS.as_secs_f64();
         if saturated {
+            self.congested_until = Some(now + CONGESTED_FOR);
             if at_limit {
                 self.limit = (self.limit / 2.0).max(MIN_LIMIT);
             }
