@@ -12,7 +12,7 @@
 //!   `SATURATED_EXCESS` slower, while the writes at MLflow reached the limit. Ordinary
 //!   concurrency (a few writes answered a few milliseconds later) is no such evidence. A window
 //!   with the limit in use and latency short of that raises it by a twentieth, up to the ceiling.
-//! - **Writers** are the clients with a write at MLflow or answered in the last `ACTIVE_FOR`;
+//! - **Writers** are the clients with a write MLflow answered in the last `ACTIVE_FOR`;
 //!   readers are not counted (the proxy never refuses a read, and a reader does not make a
 //!   writer's share smaller). A writer's **load** is the larger of its writes at MLflow now and
 //!   their average over about a second; its **weight** is the bytes it had MLflow take (recent
@@ -86,8 +86,8 @@ struct ClientLoad {
     holds: usize,
     usage: f64,
     updated: Instant,
-    /// The last write handed on or answered.
-    wrote: Instant,
+    /// The last write MLflow answered.
+    wrote: Option<Instant>,
     /// Bytes of answered writes, decaying with `WEIGHT_TAU` from `updated`.
     answered_bytes: f64,
     /// Bytes of the writes at MLflow.
@@ -100,7 +100,7 @@ impl ClientLoad {
             holds: 0,
             usage: 0.0,
             updated: now,
-            wrote: now,
+            wrote: None,
             answered_bytes: 0.0,
             held_bytes: 0,
         }
@@ -129,10 +129,12 @@ impl ClientLoad {
         self.updated = now;
     }
 
-    /// Whether this client is a writer now: a write at MLflow, or one MLflow answered lately,
-    /// that weighs something (a write the proxy answered itself does not make a writer).
+    /// Whether this client is a writer now: MLflow answered one of its writes lately, and it
+    /// weighs something (a write the proxy answered itself, or a body still trickling in, does not
+    /// make a writer).
     fn writing(&self, now: Instant) -> bool {
-        (self.holds > 0 || now.saturating_duration_since(self.wrote) < ACTIVE_FOR)
+        self.wrote
+            .is_some_and(|at| now.saturating_duration_since(at) < ACTIVE_FOR)
             && self.weight_at(now) > 0.0
     }
 }
@@ -259,7 +261,6 @@ impl<K: Hash + Eq + Clone> Governor<K> {
         own.advance(now);
         own.holds += 1;
         own.held_bytes = own.held_bytes.saturating_add(bytes);
-        own.wrote = now;
         self.at_mlflow += 1;
         self.window.peak_at_mlflow = self.window.peak_at_mlflow.max(self.at_mlflow);
     }
@@ -284,7 +285,7 @@ impl<K: Hash + Eq + Clone> Governor<K> {
             // took none of MLflow's time after its end).
             if latency.is_some() {
                 c.answered_bytes += bytes as f64;
-                c.wrote = now;
+                c.wrote = Some(now);
             }
         }
         if now.saturating_duration_since(self.window.started) >= WINDOW {
@@ -403,6 +404,8 @@ mod tests {
         }
         // A calm writer appears: the flood (10 at MLflow, its share 4 / 2) is refused, the calm
         // one is not.
+        g.forwarded(&"calm", 150, start);
+        g.answered(&"calm", 150, Some(5 * MS), 1, start);
         g.forwarded(&"calm", 150, start);
         assert_eq!(
             g.admit(&"flood", start),
