@@ -56,10 +56,11 @@ impl ServiceCredential {
     }
 }
 
-/// The credential a request carries in `Authorization` (Basic or Bearer), as a digest of the whole
-/// header value, with the user name of a Basic credential. Two requests with the same user and
-/// another password are two credentials: a client that does not know a user's password cannot
-/// spend that user's share.
+/// The credential a request carries in `Authorization` (Basic or Bearer), as MLflow reads it: the
+/// scheme in any case and the value trimmed, as werkzeug parses them, a Basic credential decoded to
+/// its user and password; the digest is of what was decoded, so every spelling of one credential is
+/// one credential. Two requests with the same user and another password are two credentials: a
+/// client that does not know a user's password cannot spend that user's share.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub(crate) struct Credential {
     pub user: Option<Box<str>>,
@@ -67,24 +68,44 @@ pub(crate) struct Credential {
 }
 
 impl Credential {
-    /// `None` without an `Authorization` header of scheme Basic or Bearer.
+    /// `None` without an `Authorization` header of scheme Basic or Bearer that MLflow could read.
     pub(crate) fn of(headers: &HeaderMap) -> Option<Credential> {
         let value = headers.get(header::AUTHORIZATION)?.to_str().ok()?.trim();
-        let (scheme, rest) = value.split_once(' ')?;
+        // werkzeug: `scheme, _, rest = value.partition(" ")`, the scheme lowered, rest stripped.
+        let (scheme, rest) = value.split_once(|c: char| c.is_ascii_whitespace())?;
+        let rest = rest.trim();
+        let mut hash = Sha256::new();
         let user = if scheme.eq_ignore_ascii_case("basic") {
             use base64::Engine as _;
+            // Python's b64decode (werkzeug's) drops characters outside the alphabet.
+            let alphabet: String = rest
+                .chars()
+                .filter(|c| c.is_ascii_alphanumeric() || matches!(c, '+' | '/' | '='))
+                .collect();
             let raw = base64::engine::general_purpose::STANDARD
-                .decode(rest.trim())
+                .decode(alphabet.as_bytes())
                 .ok()?;
-            let text = String::from_utf8(raw).ok()?;
-            Some(text.split_once(':')?.0.into())
+            let text = String::from_utf8(raw).ok().filter(|t| !t.is_empty())?;
+            hash.update(b"basic\0");
+            hash.update(text.as_bytes());
+            // werkzeug: `username, _, password = decoded.partition(":")`.
+            Some(
+                text.split_once(':')
+                    .map_or(text.as_str(), |(u, _)| u)
+                    .into(),
+            )
         } else if scheme.eq_ignore_ascii_case("bearer") {
+            if rest.is_empty() {
+                return None;
+            }
+            hash.update(b"bearer\0");
+            hash.update(rest.as_bytes());
             None
         } else {
             return None;
         };
         let mut digest = [0u8; 16];
-        digest.copy_from_slice(&Sha256::digest(value.as_bytes())[..16]);
+        digest.copy_from_slice(&hash.finalize()[..16]);
         Some(Credential { user, digest })
     }
 }
@@ -167,6 +188,29 @@ mod tests {
             .iter()
             .map(|(k, v)| (HeaderName::from_static(k), HeaderValue::from_static(v)))
             .collect()
+    }
+
+    #[test]
+    fn every_spelling_of_one_credential_is_one_credential_and_another_password_another() {
+        let of = |value: &'static str| Credential::of(&headers(&[("authorization", value)]));
+        // alice:secret
+        let alice = of("Basic YWxpY2U6c2VjcmV0").unwrap();
+        assert_eq!(alice.user.as_deref(), Some("alice"));
+        for spelling in [
+            "basic YWxpY2U6c2VjcmV0",
+            "BASIC YWxpY2U6c2VjcmV0",
+            "Basic    YWxpY2U6c2VjcmV0   ",
+            "  bAsIc YWxpY2U6c2VjcmV0",
+        ] {
+            assert_eq!(of(spelling), Some(alice.clone()), "{spelling}");
+        }
+        // alice:guess
+        assert_ne!(of("Basic YWxpY2U6Z3Vlc3M=").unwrap(), alice);
+        assert_eq!(of("Bearer abc"), of("bearer   abc "));
+        assert_ne!(of("Bearer abc"), of("Bearer abd"));
+        assert_eq!(of("Bearer abc").unwrap().user, None);
+        assert_eq!(of("Negotiate abc"), None);
+        assert_eq!(of("Basic %%%"), None);
     }
 
     #[test]

@@ -4,7 +4,10 @@
 //! `error_code`; [`ProxyError`] is the forwarder's own (the upstream could not be reached or the
 //! client's body failed). Bodies use MLflow's error JSON so the MLflow client shows the message
 //! to the user, and the statuses follow the side that failed: a client's mistake is a 4xx it
-//! must not retry, and the Python client retries 429/502/503/504 with backoff.
+//! must not retry; work the proxy refused without forwarding it (its limits, its shares) is 429
+//! with `Retry-After`, which MLflow's client retries for every request (3.18 retries a write that
+//! is not known to be safe, such as `runs/create`, only after a connection error, 408 or 429, since
+//! MLflow's own server may answer 503 after it committed a write); upstream trouble is 502/504.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -54,7 +57,7 @@ pub enum ProxyError {
     #[error("the request body could not be read: {reason}")]
     ClientBody { reason: String },
     #[error(
-        "mlscope-proxy is handling its limit of {limit} concurrent requests; retry with backoff."
+        "mlscope-proxy is handling its limit of {limit} concurrent requests and did not forward this one; retry with backoff."
     )]
     Overloaded { limit: usize },
     #[error("mlscope-proxy could not build the upstream request: {reason}")]
@@ -69,7 +72,7 @@ impl ProxyError {
             }
             ProxyError::UpstreamConnectTimeout { .. }
             | ProxyError::UpstreamResponseTimeout { .. } => StatusCode::GATEWAY_TIMEOUT,
-            ProxyError::Overloaded { .. } => StatusCode::SERVICE_UNAVAILABLE,
+            ProxyError::Overloaded { .. } => StatusCode::TOO_MANY_REQUESTS,
             ProxyError::ClientBodyIdle { .. } => StatusCode::REQUEST_TIMEOUT,
             ProxyError::ClientBody { .. } => StatusCode::BAD_REQUEST,
             ProxyError::Internal { .. } => StatusCode::INTERNAL_SERVER_ERROR,
@@ -81,6 +84,7 @@ impl ProxyError {
         match self {
             ProxyError::ClientBodyIdle { .. } | ProxyError::ClientBody { .. } => "BAD_REQUEST",
             ProxyError::Internal { .. } => "INTERNAL_ERROR",
+            ProxyError::Overloaded { .. } => "REQUEST_LIMIT_EXCEEDED",
             _ => "TEMPORARILY_UNAVAILABLE",
         }
     }
@@ -190,6 +194,11 @@ pub(crate) enum Error {
     /// `retry_after` seconds.
     #[error("{message}")]
     OverShare { message: String, retry_after: u64 },
+    /// The proxy is at one of its own limits and did not forward this request: 429
+    /// `REQUEST_LIMIT_EXCEEDED` with `Retry-After: 1` (not 503, which MLflow's client does not
+    /// retry for writes that are not known to be safe).
+    #[error("{0}")]
+    Overloaded(String),
     /// The proxy (or a store it needs) cannot take this now: 503 `TEMPORARILY_UNAVAILABLE`
     /// with `Retry-After: 1`.
     #[error("{0}")]
@@ -226,7 +235,7 @@ impl Error {
             Error::PermissionDenied(_) => StatusCode::FORBIDDEN,
             Error::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             Error::TooSlow(_) => StatusCode::REQUEST_TIMEOUT,
-            Error::OverShare { .. } => StatusCode::TOO_MANY_REQUESTS,
+            Error::OverShare { .. } | Error::Overloaded(_) => StatusCode::TOO_MANY_REQUESTS,
             Error::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
             Error::StoreFailed(_) => StatusCode::BAD_GATEWAY,
             Error::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
@@ -242,7 +251,9 @@ impl Error {
             Error::BadRequest(_) | Error::Unsupported(_) | Error::TooSlow(_) => "BAD_REQUEST",
             Error::NotFound(_) => "RESOURCE_DOES_NOT_EXIST",
             Error::PermissionDenied(_) => "PERMISSION_DENIED",
-            Error::TooLarge(_) | Error::OverShare { .. } => "REQUEST_LIMIT_EXCEEDED",
+            Error::TooLarge(_) | Error::OverShare { .. } | Error::Overloaded(_) => {
+                "REQUEST_LIMIT_EXCEEDED"
+            }
             Error::Unavailable(_) | Error::StoreFailed(_) => "TEMPORARILY_UNAVAILABLE",
             Error::Internal(_) => "INTERNAL_ERROR",
             Error::AsMlflow { error_code, .. } => error_code,
@@ -254,6 +265,7 @@ impl Error {
     fn retry_after(&self) -> Option<u64> {
         match self {
             Error::OverShare { retry_after, .. } => Some(*retry_after),
+            Error::Overloaded(_) | Error::Proxy(ProxyError::Overloaded { .. }) => Some(1),
             _ if self.status() == StatusCode::SERVICE_UNAVAILABLE => Some(1),
             _ => None,
         }
@@ -275,6 +287,50 @@ impl IntoResponse for ProxyError {
     fn into_response(self) -> Response {
         Error::Proxy(self).into_response()
     }
+}
+
+/// The most of a refused request's body read before answering.
+const DRAIN_BYTES: u64 = 1 << 20;
+/// How long a refused request's body may take to arrive before the answer goes out anyway.
+const DRAIN_FOR: Duration = Duration::from_secs(2);
+
+/// Answers `refusal` to a request whose `body` the proxy never read. The body is read and dropped
+/// first, up to `DRAIN_BYTES` within `DRAIN_FOR`, so that the connection is clean for the client's
+/// next request on it (an answer sent over an unread body makes the server close the connection,
+/// and the client's next request on it fails); a longer or slower body gets `Connection: close`.
+pub(crate) async fn refuse_unread(body: axum::body::Body, refusal: Response) -> Response {
+    use http_body::Body as _;
+    use http_body_util::BodyExt as _;
+    let declared = body.size_hint().upper();
+    let drained = if declared.is_some_and(|n| n > DRAIN_BYTES) {
+        false
+    } else {
+        tokio::time::timeout(DRAIN_FOR, async move {
+            let mut body = body;
+            let mut read = 0u64;
+            while let Some(frame) = body.frame().await {
+                match frame {
+                    Ok(frame) => {
+                        read += frame.data_ref().map_or(0, |d| d.len() as u64);
+                        if read > DRAIN_BYTES {
+                            return false;
+                        }
+                    }
+                    Err(_) => return false,
+                }
+            }
+            true
+        })
+        .await
+        .unwrap_or(false)
+    };
+    let mut refusal = refusal;
+    if !drained {
+        refusal
+            .headers_mut()
+            .insert(header::CONNECTION, HeaderValue::from_static("close"));
+    }
+    refusal
 }
 
 #[cfg(test)]
@@ -352,6 +408,12 @@ mod tests {
                 Some("7"),
             ),
             (
+                Error::Overloaded("m".into()),
+                429,
+                "REQUEST_LIMIT_EXCEEDED",
+                Some("1"),
+            ),
+            (
                 Error::Unavailable("m".into()),
                 503,
                 "TEMPORARILY_UNAVAILABLE",
@@ -376,8 +438,8 @@ mod tests {
             ),
             (
                 Error::Proxy(ProxyError::Overloaded { limit: 1 }),
-                503,
-                "TEMPORARILY_UNAVAILABLE",
+                429,
+                "REQUEST_LIMIT_EXCEEDED",
                 Some("1"),
             ),
         ];
@@ -418,7 +480,7 @@ mod tests {
             .contains("connection refused"));
 
         let overloaded = ProxyError::Overloaded { limit: 3 }.into_response();
-        assert_eq!(overloaded.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(overloaded.status(), StatusCode::TOO_MANY_REQUESTS);
         assert_eq!(overloaded.headers()[header::RETRY_AFTER], "1");
     }
 }

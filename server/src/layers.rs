@@ -69,8 +69,10 @@ pub(crate) async fn observe(
 }
 
 /// The one concurrency limit of everything the proxy does: forwarded requests, inspected metric
-/// bodies and every gateway operation. A request over the limit is answered 503 with
-/// `Retry-After` at once (the MLflow client retries it); a request counts until its response
+/// bodies and every gateway operation. A request over the limit is not forwarded: it is answered
+/// 429 `REQUEST_LIMIT_EXCEEDED` with `Retry-After` once its body (up to a bound) has been read, so
+/// the client retries it (also a write MLflow's client does not retry after a 503) on a connection
+/// that stays usable; a request counts until its response
 /// body has been sent. Writes may hold three quarters of it: the last quarter is kept for reads,
 /// so the UI answers while writers take everything else.
 #[derive(Clone)]
@@ -100,13 +102,13 @@ pub(crate) async fn limit_concurrency(
     let write_permit = if crate::proxy::is_write(request.method(), request.uri().path()) {
         match limit.write_permits.clone().try_acquire_owned() {
             Ok(permit) => Some(permit),
-            Err(_) => return limit.refuse(),
+            Err(_) => return limit.refuse(request).await,
         }
     } else {
         None
     };
     let Ok(permit) = limit.permits.clone().try_acquire_owned() else {
-        return limit.refuse();
+        return limit.refuse(request).await;
     };
     let guard = InFlight::new(&limit.metrics, permit, write_permit);
     let response = next.run(request).await;
@@ -115,13 +117,14 @@ pub(crate) async fn limit_concurrency(
 }
 
 impl ConcurrencyLimit {
-    fn refuse(&self) -> Response {
+    async fn refuse(&self, request: Request) -> Response {
         tracing::warn!(
             limit = self.limit,
-            "concurrency limit reached; answered 503"
+            "concurrency limit reached; answered 429, not forwarded"
         );
         self.metrics.overload_refusals.inc();
-        ProxyError::Overloaded { limit: self.limit }.into_response()
+        let refusal = ProxyError::Overloaded { limit: self.limit }.into_response();
+        crate::error::refuse_unread(request.into_body(), refusal).await
     }
 }
 

@@ -36,7 +36,7 @@ pub struct ServeConfig {
     pub admin_listen: ListenAddr,
     /// Limits on inbound connections, against slow or hostile clients.
     pub inbound: InboundLimits,
-    /// Requests handled at once; one more is answered 503 at once instead of queueing.
+    /// Requests handled at once; one more is answered 429 (not forwarded) at once instead of queueing.
     pub max_in_flight: usize,
     /// How long in-flight requests may run on after SIGTERM/SIGINT.
     pub shutdown_grace: Duration,
@@ -124,7 +124,7 @@ pub(crate) struct ServeOptions {
     #[arg(long, env = "MLSCOPE_ADMIN_LISTEN", value_name = "HOST:PORT")]
     #[serde(default, deserialize_with = "admin_listen_in_file")]
     pub admin_listen: Option<ListenAddr>,
-    /// Concurrent requests before new ones get 503 [default: 1024].
+    /// Concurrent requests before new ones get 429, not forwarded [default: 1024].
     #[arg(long, env = "MLSCOPE_MAX_IN_FLIGHT", value_name = "N")]
     pub max_in_flight: Option<usize>,
     /// Client connections open at once; more wait in the listen backlog [default: 4096].

@@ -143,7 +143,7 @@ pub struct Metrics {
     pub requests: Family<RequestLabels, Counter>,
     pub latency: Family<RouteLabels, Histogram, fn() -> Histogram>,
     pub upstream_errors: Family<ErrorLabels, Counter>,
-    /// Requests refused with 503 because `--max-in-flight` requests were in flight already.
+    /// Requests refused with 429 because `--max-in-flight` requests were in flight already.
     pub overload_refusals: Counter,
     pub in_flight: Gauge<i64, AtomicI64>,
     pub open_connections: Gauge<i64, AtomicI64>,
@@ -275,7 +275,7 @@ impl Metrics {
         let overload_refusals = Counter::default();
         registry.register(
             "overload_refusals",
-            "Requests refused with 503 because --max-in-flight requests were in flight already (MLflow was not asked)",
+            "Requests refused with 429 because --max-in-flight requests were in flight already (MLflow was not asked)",
             overload_refusals.clone(),
         );
         let in_flight = Gauge::<i64, AtomicI64>::default();
@@ -423,7 +423,7 @@ impl Metrics {
         );
         registry.register(
             "coalesce_rejected",
-            "Metric requests answered 503 because the coalescer's queue was full, by limit",
+            "Metric requests answered 429 because the coalescer's queue was full, by limit",
             coalesce.rejected.clone(),
         );
         let health = HealthMetrics {

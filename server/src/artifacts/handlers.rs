@@ -568,7 +568,7 @@ impl Gateway {
             .into_response()
         })?;
         let _slot = self.uploads.clone().try_acquire_owned().map_err(|_| {
-            Error::Unavailable(format!("mlscope-proxy is handling its limit of {} concurrent artifact uploads; retry with backoff.", self.config.max_concurrent_uploads)).into_response()
+            Error::Overloaded(format!("mlscope-proxy is handling its limit of {} concurrent artifact uploads; retry with backoff.", self.config.max_concurrent_uploads)).into_response()
         })?;
         let length = request
             .headers()

@@ -32,7 +32,7 @@
 //!   request has waited `window`, or at once when it is full, once the run may send again; so
 //!   batches grow with the load and shrink back when it falls.
 //! - **Bounded.** Queued bodies are bounded per run (items) and overall (bytes); past either a
-//!   request gets 503 with `Retry-After`, which the MLflow client retries.
+//!   request gets 429 with `Retry-After`, which the MLflow client retries.
 //! - Requests the coalescer cannot merge (see [`writes::Alone`]) go to MLflow as they came.
 //!   Scoping and deduplication happen before (the rewriter prepared the body). Timestamps, steps
 //!   and values are never re-encoded.
@@ -77,9 +77,9 @@ pub struct CoalesceConfig {
     /// Batches of metrics alone of one run at MLflow at once; more requests gather meanwhile.
     /// Batches with params or tags always go one at a time.
     pub in_flight_per_run: usize,
-    /// Items (metrics, params, tags) queued per run before requests get 503.
+    /// Items (metrics, params, tags) queued per run before requests get 429.
     pub max_pending_per_run: usize,
-    /// Bytes of request bodies queued over all runs before requests get 503.
+    /// Bytes of request bodies queued over all runs before requests get 429.
     pub max_pending_bytes: usize,
 }
 
@@ -336,7 +336,7 @@ impl Inner {
 
     fn reject(&self, reason: &'static str, what: &str) -> Response {
         self.metrics.coalesce_rejected(reason);
-        Error::Unavailable(format!(
+        Error::Overloaded(format!(
             "mlscope-proxy is holding {what} while MLflow catches up; retry with backoff"
         ))
         .into_response()

@@ -73,7 +73,7 @@ pub struct Config {
     /// Each client's share of MLflow's writes.
     pub fair_share: FairShareConfig,
     pub timeouts: Timeouts,
-    /// Requests handled at once; one more is answered 503 at once instead of queueing.
+    /// Requests handled at once; one more is answered 429 (not forwarded) at once instead of queueing.
     pub max_in_flight: usize,
     /// Idle keep-alive connections kept to the upstream.
     pub upstream_max_idle: usize,

@@ -61,10 +61,6 @@ impl Bucket {
         self.refill(rate, now);
         self.tokens -= amount;
     }
-
-    pub(crate) fn updated(&self) -> Instant {
-        self.updated
-    }
 }
 
 #[cfg(test)]

@@ -7,32 +7,44 @@
 //! - **per-team quotas** from the configuration file: a team's members share the team's buckets,
 //!   on top of their own;
 //! - **saturation control** ([`governor`]): how many writes MLflow takes at once is learned from
-//!   its latency, each active client's fair share of them is that limit divided among them, and a
-//!   client taking more than its share, and the most of all, is refused first; a client alone, or
-//!   within its share, is not.
+//!   its latency; once that many are at MLflow, a writer taking more than its share of them (the
+//!   limit divided among the writers) and writing more than twice the others is refused first.
+//!   The only writer is never refused by it, nor writers writing alike, nor anyone while MLflow has
+//!   room.
 //!
 //! A refusal is 429 with `Retry-After` and MLflow's `REQUEST_LIMIT_EXCEEDED`, which MLflow's
-//! client retries; nothing of a refused write reaches MLflow. Reads (GET, searches, GraphQL) are
-//! never refused here, and count as activity: a client browsing the UI makes a flooding writer
-//! give way. Artifact uploads have their own share (upload slots), not this one.
+//! client retries; nothing of a refused write reaches MLflow, and its body is read (up to a bound)
+//! before the answer so the client's keep-alive connection stays usable. Reads (GET, searches,
+//! GraphQL) are never refused here and do not count: a reader does not shrink a writer's share.
+//! Artifact uploads have their own share (upload slots), not this one.
 //!
-//! A client is its credential (`crate::credential::Credential`) once MLflow accepted that credential
-//! (answered a request that carried it with anything but 401), else its address. Without MLflow
+//! A client is its credential (`crate::credential::Credential`, keyed on what MLflow decodes, not
+//! on its spelling) once MLflow authenticated that credential (answered a request to its tracking
+//! API, which requires authentication, with a success or a client error other than 401 and 403;
+//! never `/health`, `/version` or the proxy's own answers), else its address. Without MLflow
 //! authentication every credential is accepted, so a user name is only a claim there: a client can
 //! then spend another user's or team's share by naming it, and escape its own by inventing names.
 
+mod aged;
 mod bucket;
 mod governor;
 
 use std::collections::{HashMap, HashSet};
 use std::net::IpAddr;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::OnceLock;
 use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
+use axum::body::Body;
 use axum::extract::{Request, State};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
+use bytes::Bytes;
 use http::{header, StatusCode};
+use http_body::{Body as _, Frame, SizeHint};
 use serde::Deserialize;
 
 use crate::client::TrustedProxies;
@@ -41,12 +53,14 @@ use crate::error::Error;
 use crate::proxy::RouteClass;
 use crate::telemetry::Metrics;
 
+use aged::AgedMap;
 use bucket::{Bucket, Rate};
 use governor::{Governor, Verdict};
 
-/// Clients remembered at once; beyond, the longest idle is forgotten (full buckets again).
+/// Clients remembered at once; beyond, the least recently seen is forgotten (full buckets again).
 const MAX_CLIENTS: usize = 50_000;
-/// Credentials remembered as accepted by MLflow; beyond, the set starts again.
+/// Credentials remembered as authenticated by MLflow; beyond, the least recently seen is
+/// forgotten (charged to its address until MLflow authenticates it again).
 const MAX_VERIFIED: usize = 100_000;
 /// Buckets hold this many seconds of their rate.
 const BURST_SECONDS: f64 = 2.0;
@@ -147,8 +161,8 @@ pub(crate) struct FairShareOptions {
     #[arg(long, env = "MLSCOPE_CLIENT_SAMPLE_RATE", value_name = "PER_SECOND")]
     pub client_sample_rate: Option<f64>,
     /// Ceiling of the number of writes at MLflow at once, a limit learned from MLflow's latency:
-    /// once it is reached, the client with the most writes waiting is refused (429) while others
-    /// are active; 0 turns saturation control off [default: 64].
+    /// once that many are at MLflow, a client writing more than its share and twice the others is
+    /// refused (429); the only writer never is; 0 turns saturation control off [default: 64].
     #[arg(long, env = "MLSCOPE_MAX_WRITES_AT_MLFLOW", value_name = "N")]
     pub max_writes_at_mlflow: Option<usize>,
     /// Per-team quotas (`[[teams]]` tables): only in the file.
@@ -187,10 +201,9 @@ struct TeamShare {
     samples: Option<(Rate, Bucket)>,
 }
 
-#[derive(Default)]
 struct Shares {
-    clients: HashMap<ClientKey, ClientShare>,
-    verified: HashSet<[u8; 16]>,
+    clients: AgedMap<ClientKey, ClientShare>,
+    verified: AgedMap<[u8; 16], ()>,
     teams: Vec<TeamShare>,
 }
 
@@ -201,7 +214,7 @@ enum Refusal {
     ClientSamples(Duration),
     TeamRate(Duration),
     TeamSamples(Duration),
-    Saturation { limit: usize, active: usize },
+    Saturation { limit: usize, writers: usize },
 }
 
 impl Refusal {
@@ -268,8 +281,9 @@ impl FairShare {
                 .collect(),
             trusted,
             shares: Mutex::new(Shares {
+                clients: AgedMap::new(MAX_CLIENTS),
+                verified: AgedMap::new(MAX_VERIFIED),
                 teams,
-                ..Shares::default()
             }),
             governor: (config.max_writes_at_mlflow > 0)
                 .then(|| Mutex::new(Governor::new(config.max_writes_at_mlflow, now))),
@@ -286,8 +300,8 @@ impl FairShare {
     /// Who `credential` from `address` is charged to, and its team.
     fn key(&self, credential: Option<&Credential>, address: IpAddr) -> (ClientKey, Option<usize>) {
         if let Some(credential) = credential {
-            let shares = self.shares.lock().expect("fair share lock");
-            if shares.verified.contains(&credential.digest) {
+            let mut shares = self.shares.lock().expect("fair share lock");
+            if shares.verified.get_mut(&credential.digest).is_some() {
                 let team = credential
                     .user
                     .as_deref()
@@ -298,49 +312,28 @@ impl FairShare {
         (ClientKey::Address(address), None)
     }
 
-    /// MLflow answered a request carrying `credential` with `status`.
-    fn learn(&self, credential: &Credential, status: StatusCode) {
-        if status == StatusCode::UNAUTHORIZED {
+    /// MLflow itself answered a request to `path` carrying `credential` with `status`: the
+    /// credential is authenticated when the path is one MLflow authenticates and the answer says it
+    /// did.
+    fn learn(&self, credential: &Credential, path: &str, status: StatusCode) {
+        if !authenticated(path, status) {
             return;
         }
         let mut shares = self.shares.lock().expect("fair share lock");
-        if !shares.verified.contains(&credential.digest) {
-            if shares.verified.len() >= MAX_VERIFIED {
-                shares.verified.clear();
-            }
-            shares.verified.insert(credential.digest);
-        }
+        shares
+            .verified
+            .get_or_insert_with(&credential.digest, || ());
     }
 
     /// Admits a write of `client` at `now`, taking one write from its buckets, or says why not.
-    fn admit(
-        &self,
-        client: &ClientKey,
-        team: Option<usize>,
-        bytes: u64,
-        now: Instant,
-    ) -> Result<(), Refusal> {
+    fn admit(&self, client: &ClientKey, team: Option<usize>, now: Instant) -> Result<(), Refusal> {
         let mut shares = self.shares.lock().expect("fair share lock");
         let Shares { clients, teams, .. } = &mut *shares;
-        if clients.len() >= MAX_CLIENTS && !clients.contains_key(client) {
-            let idle = clients
-                .iter()
-                .min_by_key(|(_, c)| {
-                    let at = |b: &Option<Bucket>| b.as_ref().map(Bucket::updated);
-                    at(&c.writes).max(at(&c.samples))
-                })
-                .map(|(k, _)| k.clone());
-            if let Some(idle) = idle {
-                clients.remove(&idle);
-            }
-        }
         let (write_rate, sample_rate) = (self.write_rate, self.sample_rate);
-        let own = clients
-            .entry(client.clone())
-            .or_insert_with(|| ClientShare {
-                writes: write_rate.map(|r| Bucket::full(r, now)),
-                samples: sample_rate.map(|r| Bucket::full(r, now)),
-            });
+        let own = clients.get_or_insert_with(client, || ClientShare {
+            writes: write_rate.map(|r| Bucket::full(r, now)),
+            samples: sample_rate.map(|r| Bucket::full(r, now)),
+        });
         if let (Some(rate), Some(bucket)) = (write_rate, own.writes.as_mut()) {
             bucket.check(rate, 1.0, now).map_err(Refusal::ClientRate)?;
         }
@@ -361,11 +354,9 @@ impl FairShare {
         }
         if let Some(governor) = &self.governor {
             let mut governor = governor.lock().expect("governor lock");
-            if let Verdict::Heaviest { limit, active } = governor.admit(client, bytes, now) {
-                return Err(Refusal::Saturation { limit, active });
+            if let Verdict::Heaviest { limit, writers } = governor.admit(client, now) {
+                return Err(Refusal::Saturation { limit, writers });
             }
-            self.metrics
-                .fair_share_load(governor.limit(), governor.in_flight());
         }
         if let (Some(rate), Some(bucket)) = (write_rate, own.writes.as_mut()) {
             bucket.charge(rate, 1.0, now);
@@ -379,28 +370,55 @@ impl FairShare {
         Ok(())
     }
 
-    /// An admitted write of `bytes` was answered after `latency` (`None`: abandoned), weighing
-    /// `samples`.
+    /// An admitted write's whole body of `bytes` was handed on at `now`: it is at MLflow.
+    fn forwarded(&self, write: &WriteState, client: &ClientKey, bytes: u64, now: Instant) {
+        let Some(governor) = &self.governor else {
+            return;
+        };
+        let mut governor = governor.lock().expect("governor lock");
+        // Under the governor's lock, so that an answer racing the body's end counts once.
+        if write
+            .phase
+            .compare_exchange(UPLOADING, AT_MLFLOW, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+        {
+            let _ = write.forwarded_at.set(now);
+            governor.forwarded(client, bytes, now);
+            self.metrics
+                .fair_share_load(governor.limit(), governor.at_mlflow());
+        }
+    }
+
+    /// An admitted write of `bytes` was answered (`by_mlflow`: by MLflow itself; `None`:
+    /// abandoned), weighing `samples`.
     fn answered(
         &self,
+        write: &WriteState,
         client: &ClientKey,
         team: Option<usize>,
         bytes: u64,
         samples: usize,
-        latency: Option<Duration>,
+        by_mlflow: Option<bool>,
     ) {
         let now = Instant::now();
         if let Some(governor) = &self.governor {
             let mut governor = governor.lock().expect("governor lock");
-            governor.answered(client, bytes, latency, samples, now);
-            self.metrics
-                .fair_share_load(governor.limit(), governor.in_flight());
+            if write.phase.swap(ANSWERED, Ordering::AcqRel) == AT_MLFLOW {
+                // MLflow's time only: from the whole body handed on to MLflow's answer.
+                let latency = by_mlflow
+                    .filter(|by| *by)
+                    .and(write.forwarded_at.get())
+                    .map(|at| now.saturating_duration_since(*at));
+                governor.answered(client, bytes, latency, samples, now);
+                self.metrics
+                    .fair_share_load(governor.limit(), governor.at_mlflow());
+            }
         }
         let mut shares = self.shares.lock().expect("fair share lock");
         let Shares { clients, teams, .. } = &mut *shares;
         if let (Some(rate), Some(bucket)) = (
             self.sample_rate,
-            clients.get_mut(client).and_then(|c| c.samples.as_mut()),
+            clients.peek_mut(client).and_then(|c| c.samples.as_mut()),
         ) {
             bucket.charge(rate, samples as f64, now);
         }
@@ -409,12 +427,6 @@ impl FairShare {
             .and_then(|t| t.samples.as_mut())
         {
             bucket.charge(*rate, samples as f64, now);
-        }
-    }
-
-    fn saw(&self, client: &ClientKey, now: Instant) {
-        if let Some(governor) = &self.governor {
-            governor.lock().expect("governor lock").saw(client, now);
         }
     }
 
@@ -443,8 +455,8 @@ impl FairShare {
             Refusal::TeamSamples(_) => format!(
                 "team {team_name:?} is using all of its samples per second (its quota in mlscope-proxy's configuration); retry after {wait:.1} s"
             ),
-            Refusal::Saturation { limit, active } => format!(
-                "MLflow takes about {limit} writes at once (learned from its latency), shared by {active} active clients, and this client takes more than its share and the most of all; retry after 1 s, or send fewer writes at once"
+            Refusal::Saturation { limit, writers } => format!(
+                "MLflow is taking as many writes at once as it answers without queueing (about {limit}, learned from its latency), shared by {writers} writing clients, and this client takes more than its share and writes more than twice the others; retry after 1 s, or send fewer writes at once"
             ),
         };
         Error::OverShare {
@@ -463,21 +475,79 @@ fn governs(request: &Request) -> bool {
         && !matches!(RouteClass::of(path), RouteClass::Artifacts)
 }
 
+/// Where an admitted write is: its body still arriving, at MLflow (handed on whole), answered.
+const UPLOADING: u8 = 0;
+const AT_MLFLOW: u8 = 1;
+const ANSWERED: u8 = 2;
+
+/// One admitted write's progress, shared by its body (which says when it was handed on whole) and
+/// the layer (which sees the answer).
+#[derive(Default)]
+struct WriteState {
+    phase: AtomicU8,
+    forwarded_at: OnceLock<Instant>,
+}
+
 /// Counts an admitted write until it is answered, also when the client goes away first.
-struct Admitted<'a> {
-    share: &'a FairShare,
+struct Admitted {
+    share: Arc<FairShare>,
+    write: Arc<WriteState>,
     client: ClientKey,
     team: Option<usize>,
     bytes: u64,
     done: bool,
 }
 
-impl Drop for Admitted<'_> {
+impl Drop for Admitted {
     fn drop(&mut self) {
         if !self.done {
             self.share
-                .answered(&self.client, self.team, self.bytes, 0, None);
+                .answered(&self.write, &self.client, self.team, self.bytes, 0, None);
         }
+    }
+}
+
+/// An admitted write's body: tells the share when it has been read to its end (handed on whole
+/// to MLflow, or read whole by an interceptor that sends it on), the moment from which the write
+/// is MLflow's work.
+struct Watched {
+    inner: Body,
+    share: Arc<FairShare>,
+    write: Arc<WriteState>,
+    client: ClientKey,
+    bytes: u64,
+}
+
+impl Watched {
+    fn ended(&self) {
+        self.share
+            .forwarded(&self.write, &self.client, self.bytes, Instant::now());
+    }
+}
+
+impl http_body::Body for Watched {
+    type Data = Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, axum::Error>>> {
+        let polled = Pin::new(&mut self.inner).poll_frame(cx);
+        match &polled {
+            Poll::Ready(None) => self.ended(),
+            Poll::Ready(Some(Ok(_))) if self.inner.is_end_stream() => self.ended(),
+            _ => {}
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
     }
 }
 
@@ -494,8 +564,31 @@ fn declared_bytes(request: &Request) -> u64 {
         .min(64 << 20)
 }
 
-/// The layer on every route: writes admitted or refused by the share, reads seen as activity,
-/// credentials learned from MLflow's answers.
+/// Whether MLflow's own answer `status` to `path` says it authenticated the request's
+/// credential: its tracking API (which MLflow's authentication guards; `/health`, `/version`,
+/// static files and `server-info` it answers to anyone) answered with a success or a client
+/// error other than 401, 403 and 407.
+fn authenticated(path: &str, status: StatusCode) -> bool {
+    let api = [
+        "/api/2.0/mlflow/",
+        "/ajax-api/2.0/mlflow/",
+        "/api/3.0/mlflow/",
+        "/ajax-api/3.0/mlflow/",
+    ]
+    .iter()
+    .any(|prefix| path.starts_with(prefix));
+    let open = path.ends_with("/server-info") || path.contains("/static");
+    let refused = matches!(
+        status,
+        StatusCode::UNAUTHORIZED
+            | StatusCode::FORBIDDEN
+            | StatusCode::PROXY_AUTHENTICATION_REQUIRED
+    );
+    api && !open && !refused && (status.is_success() || status.is_client_error())
+}
+
+/// The layer on every route: writes admitted or refused by the share, credentials learned from
+/// MLflow's answers.
 pub(crate) async fn admit(
     State(share): State<Arc<FairShare>>,
     request: Request,
@@ -505,17 +598,35 @@ pub(crate) async fn admit(
     let credential = Credential::of(request.headers());
     let address = share.trusted.client(peer, request.headers());
     let (client, team) = share.key(credential.as_ref(), address);
+    let path = credential
+        .is_some()
+        .then(|| request.uri().path().to_owned());
     let now = Instant::now();
     let response = if governs(&request) {
         let bytes = declared_bytes(&request);
-        if let Err(refusal) = share.admit(&client, team, bytes, now) {
-            return share.refuse(refusal, team);
+        if let Err(refusal) = share.admit(&client, team, now) {
+            let refused = share.refuse(refusal, team);
+            return crate::error::refuse_unread(request.into_body(), refused).await;
         }
         share
             .metrics
             .fair_share("admitted", "none", share.team_name(team));
+        let write = Arc::new(WriteState::default());
+        if request.body().is_end_stream() {
+            share.forwarded(&write, &client, bytes, now);
+        }
+        let request = request.map(|inner| {
+            Body::new(Watched {
+                inner,
+                share: share.clone(),
+                write: write.clone(),
+                client: client.clone(),
+                bytes,
+            })
+        });
         let mut admitted = Admitted {
-            share: &share,
+            share: share.clone(),
+            write,
             client,
             team,
             bytes,
@@ -527,22 +638,34 @@ pub(crate) async fn admit(
             .get::<WriteWeight>()
             .map_or(1, |w| w.0.max(1));
         admitted.done = true;
-        share.answered(&admitted.client, team, bytes, weight, Some(now.elapsed()));
+        share.answered(
+            &admitted.write,
+            &admitted.client,
+            team,
+            bytes,
+            weight,
+            // MLflow's answer, or the coalescer's success for a write it sent with others.
+            Some(answered_by_mlflow(&response) || response.status().is_success()),
+        );
         response
     } else {
-        share.saw(&client, now);
         next.run(request).await
     };
-    // Only MLflow's own answer says whether it accepted the credential (the proxy's refusals,
-    // before MLflow saw the request, say nothing about it).
-    let from_mlflow = response
-        .extensions()
-        .get::<crate::proxy::AnsweredBy>()
-        .is_some_and(|a| *a == crate::proxy::AnsweredBy::UPSTREAM);
-    if let Some(credential) = credential.as_ref().filter(|_| from_mlflow) {
-        share.learn(credential, response.status());
+    // Only MLflow's own answer says whether it authenticated the credential (the proxy's
+    // refusals, before MLflow saw the request, say nothing about it).
+    if let (Some(credential), Some(path)) = (credential.as_ref(), path) {
+        if answered_by_mlflow(&response) {
+            share.learn(credential, &path, response.status());
+        }
     }
     response
+}
+
+fn answered_by_mlflow(response: &Response) -> bool {
+    response
+        .extensions()
+        .get::<crate::proxy::AnsweredBy>()
+        .is_some_and(|a| *a == crate::proxy::AnsweredBy::UPSTREAM)
 }
 
 #[cfg(test)]
@@ -573,8 +696,10 @@ mod tests {
         Credential::of(&headers).unwrap()
     }
 
+    const API: &str = "/api/2.0/mlflow/runs/log-metric";
+
     #[test]
-    fn a_client_is_its_accepted_credential_else_its_address() {
+    fn a_client_is_its_authenticated_credential_else_its_address() {
         let share = share(&config(10.0, 0.0));
         let address: IpAddr = "10.1.2.3".parse().unwrap();
         let alice = basic("alice:secret");
@@ -589,13 +714,19 @@ mod tests {
             share.key(Some(&alice), address).0,
             ClientKey::Address(address)
         );
-        // MLflow refused it: still the address.
-        share.learn(&alice, StatusCode::UNAUTHORIZED);
+        // MLflow refused it, or answered a route it answers to anyone: still the address.
+        share.learn(&alice, API, StatusCode::UNAUTHORIZED);
+        share.learn(&alice, API, StatusCode::FORBIDDEN);
+        share.learn(&alice, "/health", StatusCode::OK);
+        share.learn(&alice, "/version", StatusCode::OK);
+        share.learn(&alice, "/api/3.0/mlflow/server-info", StatusCode::OK);
+        share.learn(&alice, "/static-files/index.html", StatusCode::OK);
+        share.learn(&alice, API, StatusCode::BAD_GATEWAY);
         assert_eq!(
             share.key(Some(&alice), address).0,
             ClientKey::Address(address)
         );
-        share.learn(&alice, StatusCode::OK);
+        share.learn(&alice, API, StatusCode::OK);
         assert_eq!(
             share.key(Some(&alice), address).0,
             ClientKey::Credential(alice.digest)
@@ -616,17 +747,18 @@ mod tests {
         let flood = ClientKey::Address("203.0.113.9".parse().unwrap());
         let calm = ClientKey::Address("198.51.100.1".parse().unwrap());
         for _ in 0..20 {
-            share.admit(&flood, None, 100, start).unwrap();
+            share.admit(&flood, None, start).unwrap();
         }
         assert!(matches!(
-            share.admit(&flood, None, 100, start),
+            share.admit(&flood, None, start),
             Err(Refusal::ClientRate(_))
         ));
-        share.admit(&calm, None, 100, start).unwrap();
+        share.admit(&calm, None, start).unwrap();
         // A write of 2,000 samples (twice the bucket) goes through, then its client waits two
         // seconds for its bucket to pay.
-        share.answered(&calm, None, 100, 2000, Some(Duration::from_millis(5)));
-        let refused = share.admit(&calm, None, 100, Instant::now()).unwrap_err();
+        let write = WriteState::default();
+        share.answered(&write, &calm, None, 100, 2000, Some(true));
+        let refused = share.admit(&calm, None, Instant::now()).unwrap_err();
         assert_eq!(refused.reason(), "client_samples");
         assert!(refused.wait() > Duration::from_millis(1900), "{refused:?}");
         let answer = share.refuse(refused, None);
@@ -654,7 +786,7 @@ mod tests {
         let address: IpAddr = "10.0.0.1".parse().unwrap();
         let (alice, bob, carol) = (basic("alice:a"), basic("bob:b"), basic("carol:c"));
         for c in [&alice, &bob, &carol] {
-            share.learn(c, StatusCode::OK);
+            share.learn(c, API, StatusCode::OK);
         }
         let (alice, team) = share.key(Some(&alice), address);
         assert_eq!(team, Some(0));
@@ -664,13 +796,13 @@ mod tests {
         let now = Instant::now();
         for i in 0..10 {
             let member = if i % 2 == 0 { &alice } else { &bob };
-            share.admit(member, team, 100, now).unwrap();
+            share.admit(member, team, now).unwrap();
         }
         assert!(matches!(
-            share.admit(&bob, team, 100, now),
+            share.admit(&bob, team, now),
             Err(Refusal::TeamRate(_))
         ));
-        share.admit(&carol, none, 100, now).unwrap();
+        share.admit(&carol, none, now).unwrap();
 
         let mut twice = settings.clone();
         twice.teams.push(Team {
@@ -680,5 +812,73 @@ mod tests {
             sample_rate: 0.0,
         });
         assert!(twice.validate().unwrap_err().contains("\"bob\""));
+    }
+
+    #[test]
+    fn a_wrong_password_primed_on_health_cannot_spend_a_teams_quota() {
+        // Finding 3: one `GET /health` as alice with a wrong password made the credential
+        // "accepted", and its writes were charged to team vision.
+        let mut settings = config(0.0, 0.0);
+        settings.teams = vec![Team {
+            name: "vision".into(),
+            users: vec!["alice".into()],
+            write_rate: 5.0,
+            sample_rate: 0.0,
+        }];
+        let share = share(&settings);
+        let address: IpAddr = "10.0.0.9".parse().unwrap();
+        let guess = basic("alice:guess");
+        share.learn(&guess, "/health", StatusCode::OK);
+        assert_eq!(
+            share.key(Some(&guess), address),
+            (ClientKey::Address(address), None)
+        );
+    }
+
+    #[test]
+    fn one_credential_spelled_many_ways_is_one_client() {
+        let share = share(&config(10.0, 0.0));
+        let address: IpAddr = "10.0.0.2".parse().unwrap();
+        let spelled = |value: &str| {
+            let mut headers = http::HeaderMap::new();
+            headers.insert(header::AUTHORIZATION, value.parse().unwrap());
+            Credential::of(&headers).unwrap()
+        };
+        // alice:secret
+        share.learn(&spelled("Basic YWxpY2U6c2VjcmV0"), API, StatusCode::OK);
+        let keys: HashSet<ClientKey> = [
+            "basic YWxpY2U6c2VjcmV0",
+            "BASIC YWxpY2U6c2VjcmV0",
+            "Basic   YWxpY2U6c2VjcmV0 ",
+        ]
+        .iter()
+        .map(|v| share.key(Some(&spelled(v)), address).0)
+        .collect();
+        assert_eq!(keys.len(), 1, "{keys:?}");
+        assert!(matches!(
+            keys.into_iter().next(),
+            Some(ClientKey::Credential(_))
+        ));
+    }
+
+    #[test]
+    fn the_maps_of_clients_and_credentials_stay_bounded_and_keep_the_recent_ones() {
+        let share = share(&config(10.0, 0.0));
+        let now = Instant::now();
+        let flood = ClientKey::Address("203.0.113.9".parse().unwrap());
+        for _ in 0..20 {
+            share.admit(&flood, None, now).unwrap();
+        }
+        for i in 0..(MAX_CLIENTS as u32 + 10) {
+            let other = ClientKey::Address(IpAddr::from(i.to_be_bytes()));
+            share.admit(&other, None, now).unwrap();
+            // The flood keeps writing: its emptied bucket is never the one forgotten.
+            if i % 10_000 == 0 {
+                assert!(share.admit(&flood, None, now).is_err());
+            }
+        }
+        assert!(share.admit(&flood, None, now).is_err());
+        let shares = share.shares.lock().unwrap();
+        assert_eq!(shares.clients.len(), MAX_CLIENTS);
     }
 }

@@ -388,7 +388,7 @@ impl MetricsRewriter {
             IntakeError::TooLarge => self.too_large(),
             IntakeError::Budget => {
                 self.metrics.rejected("memory_budget");
-                Error::Unavailable(format!(
+                Error::Overloaded(format!(
                     "mlscope-proxy is holding its limit of {} bytes of metrics bodies under inspection; retry with backoff.",
                     self.config.max_inspect_total
                 ))

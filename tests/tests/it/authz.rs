@@ -1079,4 +1079,98 @@ async fn a_workspace_header_mlflow_refuses_reaches_no_workspace_s_artifacts_thro
             .collect();
         assert!(planted.is_empty(), "{workspace:?}: planted {planted:?}");
     }
+
+/// Finding 3: a credential counted as MLflow's once MLflow answered anything but 401, `/health`
+/// included. One `GET /health` as `admin` with a wrong password, then writes the proxy answers
+/// itself (a log-batch whose `run_id` and `run_uuid` differ), spent team `vision`'s quota and
+/// the real admin was refused; 24 invented credentials, each primed by `/health`, escaped their
+/// address's share. Now a credential is a client of its own only once MLflow authenticated it on
+/// its tracking API: both are charged to the address, and the team keeps its quota.
+#[tokio::test]
+async fn a_credential_primed_on_health_spends_neither_a_teams_quota_nor_escapes_its_address() {
+    use base64::Engine as _;
+    let stack = stack(Version::Current);
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("teams.toml");
+    std::fs::write(
+        &config,
+        "[[teams]]\nname = \"vision\"\nusers = [\"admin\"]\nwrite_rate = 0.2\n",
+    )
+    .unwrap();
+    let proxy = spawn_proxy(
+        &stack.mlflow.url,
+        &[
+            "--config",
+            config.to_str().unwrap(),
+            "--client-write-rate",
+            "1",
+        ],
+        dir.path(),
+    )
+    .unwrap();
+    let base = proxy.url.as_str();
+    let mismatched = json!({"run_id": "0123456789abcdef0123456789abcdef", "run_uuid": "fedcba9876543210fedcba9876543210", "metrics": [{"key": "m", "value": 1, "timestamp": now_ms(), "step": 0}]});
+    let write = |credential: String| {
+        let body = mismatched.clone();
+        async move {
+            http()
+                .post(format!("{base}/api/2.0/mlflow/runs/log-batch"))
+                .header("authorization", credential)
+                .json(&body)
+                .send()
+                .await
+                .unwrap()
+                .status()
+        }
+    };
+    let health = |credential: String| async move {
+        let status = http()
+            .get(format!("{base}/health"))
+            .header("authorization", credential)
+            .send()
+            .await
+            .unwrap()
+            .status();
+        assert_eq!(status, StatusCode::OK);
+    };
+    let basic = |user_password: &str| {
+        format!(
+            "Basic {}",
+            base64::engine::general_purpose::STANDARD.encode(user_password)
+        )
+    };
+    // The admin, authenticated by MLflow on its tracking API.
+    let admin = basic(&format!("admin:{MLFLOW_ADMIN_PASSWORD}"));
+    let searched = http()
+        .get(format!(
+            "{base}/api/2.0/mlflow/experiments/search?max_results=1"
+        ))
+        .header("authorization", &admin)
+        .send()
+        .await
+        .unwrap()
+        .status();
+    assert_eq!(searched, StatusCode::OK);
+    // 24 invented credentials, each primed by /health: one address, one share (2 writes of burst).
+    let mut refused = 0;
+    for i in 0..24 {
+        let invented = basic(&format!("invented-{i}:x"));
+        health(invented.clone()).await;
+        if write(invented).await == StatusCode::TOO_MANY_REQUESTS {
+            refused += 1;
+        }
+    }
+    assert!(
+        refused >= 20,
+        "only {refused} of 24 refused: invented credentials escaped the address's share"
+    );
+    // The admin's name with a wrong password, primed by /health: charged to the address too.
+    let guess = basic("admin:wrong-password");
+    health(guess.clone()).await;
+    for _ in 0..5 {
+        write(guess.clone()).await;
+    }
+    // The team's quota (one write of burst) is the admin's: admitted (and answered 400 by the
+    // proxy for the mismatched ids), not refused.
+    assert_eq!(write(admin).await, StatusCode::BAD_REQUEST);
 }

@@ -297,7 +297,7 @@ async fn a_client_that_goes_away_loses_nothing_of_the_others() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_full_queue_answers_503_with_retry_after_and_keeps_what_it_queued() {
+async fn a_full_queue_answers_429_with_retry_after_and_keeps_what_it_queued() {
     let stack = TestStack::shared();
     let proxy = spawn_proxy(
         &stack.mlflow.url,
@@ -337,10 +337,10 @@ async fn a_full_queue_answers_503_with_retry_after_and_keeps_what_it_queued() {
     );
     assert_eq!(opened, (200, "{}".to_owned()));
     assert_eq!(first.status(), 200);
-    assert_eq!(second.status(), 503);
+    assert_eq!(second.status(), 429);
     assert_eq!(second.headers()["retry-after"], "1");
     let error: Value = second.json().await.unwrap();
-    assert_eq!(error["error_code"], "TEMPORARILY_UNAVAILABLE");
+    assert_eq!(error["error_code"], "REQUEST_LIMIT_EXCEEDED");
     let stored = histories(&stack.mlflow.url, &run_id).await;
     assert_eq!(stored["queued/0"].len(), 60);
     assert!(!stored.contains_key("refused/0"), "{:?}", stored.keys());

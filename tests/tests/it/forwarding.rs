@@ -450,8 +450,32 @@ async fn a_response_body_that_stalls_is_aborted_after_the_idle_timeout() {
     );
 }
 
+/// Reads one HTTP/1.1 response (headers and a `Content-Length` body) from `socket`: its status
+/// line and headers, lower-cased.
+async fn read_response(socket: &mut TcpStream) -> String {
+    let mut seen = Vec::new();
+    let mut byte = [0u8; 1];
+    while !seen.ends_with(b"\r\n\r\n") {
+        assert_eq!(socket.read(&mut byte).await.unwrap(), 1, "closed: {seen:?}");
+        seen.push(byte[0]);
+    }
+    let head = String::from_utf8_lossy(&seen).to_ascii_lowercase();
+    let length: usize = head
+        .lines()
+        .find_map(|l| l.strip_prefix("content-length:"))
+        .map_or(0, |v| v.trim().parse().unwrap());
+    let mut body = vec![0u8; length];
+    socket.read_exact(&mut body).await.unwrap();
+    head
+}
+
+/// Finding 5: the proxy's own refusal was 503, which MLflow 3.18's client does not retry for a
+/// write such as `runs/create`, and the connection was closed under the client's next request.
+/// A request the proxy did not forward is answered 429 `REQUEST_LIMIT_EXCEEDED` with
+/// `Retry-After`, after its body was read, so the keep-alive connection serves the next request.
 #[tokio::test]
-async fn requests_over_the_concurrency_limit_get_503_with_retry_after() {
+async fn requests_over_the_concurrency_limit_get_429_with_retry_after_on_a_connection_that_stays_usable(
+) {
     let script = Script::default();
     let upstream = start_upstream(script.clone()).await;
     let proxy = start_proxy(&format!("http://{upstream}"), |c| c.max_in_flight = 1).await;
@@ -460,9 +484,10 @@ async fn requests_over_the_concurrency_limit_get_503_with_retry_after() {
     script.entered.notified().await;
 
     let rejected = reqwest::get(format!("{}/echo", proxy.url)).await.unwrap();
-    assert_eq!(rejected.status(), 503);
+    assert_eq!(rejected.status(), 429);
     assert_eq!(rejected.headers()["retry-after"], "1");
     let json: Value = rejected.json().await.unwrap();
+    assert_eq!(json["error_code"], "REQUEST_LIMIT_EXCEEDED", "{json}");
     assert!(
         json["message"]
             .as_str()
@@ -470,10 +495,24 @@ async fn requests_over_the_concurrency_limit_get_503_with_retry_after() {
             .contains("limit of 1 concurrent"),
         "{json}"
     );
+    // A write refused on a keep-alive connection, its body unread by anyone: the client's next
+    // request on the same connection is answered.
+    let address = proxy.url.trim_start_matches("http://");
+    let mut socket = TcpStream::connect(address).await.unwrap();
+    let body = "x".repeat(64 * 1024);
+    let post = format!(
+        "POST /api/2.0/mlflow/runs/create HTTP/1.1\r\nHost: {address}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    socket.write_all(post.as_bytes()).await.unwrap();
+    let refused = read_response(&mut socket).await;
+    assert!(refused.starts_with("http/1.1 429"), "{refused}");
+    assert!(refused.contains("retry-after: 1"), "{refused}");
+    assert!(!refused.contains("connection: close"), "{refused}");
     // The proxy's own refusal is counted as such, never as MLflow failing to answer.
     let metrics = crate::mlflow::scrape(&proxy.admin_url).await;
     assert!(
-        metrics.contains("mlscope_overload_refusals_total 1"),
+        metrics.contains("mlscope_overload_refusals_total 2"),
         "{metrics}"
     );
     assert!(
@@ -483,14 +522,14 @@ async fn requests_over_the_concurrency_limit_get_503_with_retry_after() {
 
     script.release.notify_one();
     assert_eq!(held.await.unwrap(), "released");
-    // The permit is back once the held response has finished.
-    assert_eq!(
-        reqwest::get(format!("{}/echo", proxy.url))
-            .await
-            .unwrap()
-            .status(),
-        200
-    );
+    // The permit is back once the held response has finished; the refused connection carries
+    // the next request.
+    socket
+        .write_all(format!("GET /echo HTTP/1.1\r\nHost: {address}\r\n\r\n").as_bytes())
+        .await
+        .unwrap();
+    let next = read_response(&mut socket).await;
+    assert!(next.starts_with("http/1.1 200"), "{next}");
 }
 
 #[tokio::test]

@@ -808,9 +808,13 @@ async fn a_flooding_client_is_refused_its_excess_and_a_calm_one_is_not() {
     let dir = tempfile::tempdir().unwrap();
     let proxy = spawn_proxy(
         &h.stack.mlflow.url,
+        // The per-client rate alone: 200 writes at once saturate MLflow, and saturation control
+        // would refuse the flood's excess too (reason "saturation").
         &[
             "--client-write-rate",
             "20",
+            "--max-writes-at-mlflow",
+            "0",
             "--trusted-proxies",
             "127.0.0.1",
         ],
@@ -1185,5 +1189,178 @@ async fn params_and_tags_in_bodies_longer_than_a_batch_are_stored_as_mlflow_stor
         }
         assert_eq!(answers[1], answers[0], "{endpoint} of {size} bytes: through the proxy, straight to MLflow");
         assert_eq!(answers[0], (200, true), "{endpoint} of {size} bytes");
+
+/// The job of finding 2: eight ranks, each logging one metric every 100 ms with MLflow's own
+/// client (`MlflowClient.log_metric`, retries and all), for `STEPS` steps; prints the run and every
+/// exception a call raised.
+const TRAINING_JOB: &str = r#"
+import os, sys, threading, time, uuid
+from mlflow.tracking import MlflowClient
+client = MlflowClient()
+experiment = client.create_experiment(f"fair-job-{uuid.uuid4().hex}")
+run = client.create_run(experiment).info.run_id
+steps = int(os.environ["STEPS"])
+errors = []
+def rank(r):
+    for step in range(steps):
+        try:
+            client.log_metric(run, f"loss/{r}", step * 0.1, step=step)
+        except Exception as e:
+            errors.append(repr(e))
+        time.sleep(0.1)
+threads = [threading.Thread(target=rank, args=(r,)) for r in range(8)]
+for t in threads: t.start()
+for t in threads: t.join()
+print(f"run {run}", flush=True)
+print(f"errors {len(errors)}", flush=True)
+for e in errors[:5]: print(e, flush=True)
+"#;
+
+/// The sum of `mlscope_fair_share_writes_total{outcome="refused"}` over every reason.
+fn fair_share_refusals(metrics: &str) -> f64 {
+    metrics
+        .lines()
+        .filter(|l| {
+            l.starts_with("mlscope_fair_share_writes_total") && l.contains("outcome=\"refused\"")
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// Finding 2: a training job of 8 ranks under one address, with MLflow's own client, beside 30
+/// readers polling `/version`, 3 clients trickling `set-tag` bodies and 24 invented credentials
+/// (each primed with `/health`, then writing what the proxy answers itself), through the proxy's
+/// defaults: the governor halved its limit to 1 on ordinary concurrency, shared it among the
+/// readers and refused the job (26 of 160 `log_metric` calls raised). Now no write is refused,
+/// no call raises, and every sample is stored.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_training_job_beside_readers_tricklers_and_invented_credentials_is_never_refused() {
+    use base64::Engine as _;
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
+    const STEPS: usize = 30;
+    // An MLflow of its own: the flood of the test above, run at the same time against a shared
+    // MLflow, exhausts MLflow's own connection pool (its 400 "QueuePool limit"), which is not
+    // what this test is about.
+    static STACK: OnceLock<Result<TestStack, String>> = OnceLock::new();
+    let stack = crate::module_stack(&STACK, "training-job stack");
+    let dir = tempfile::tempdir().unwrap();
+    let proxy = spawn_proxy(
+        &stack.mlflow.url,
+        &["--trusted-proxies", "127.0.0.1"],
+        dir.path(),
+    )
+    .unwrap();
+    let (_, other_run) = create_experiment_and_run(&stack.mlflow.url, "fair-job-other").await;
+    let (done, reads) = (AtomicBool::new(false), AtomicUsize::new(0));
+    let base = proxy.url.clone();
+    let readers = futures_util::future::join_all((0..30).map(|i| {
+        let (base, done, reads) = (&base, &done, &reads);
+        async move {
+            let client = http();
+            while !done.load(Relaxed) {
+                let answer = client
+                    .get(format!("{base}/version"))
+                    .header("x-forwarded-for", format!("198.51.100.{}", i + 1))
+                    .send()
+                    .await
+                    .unwrap();
+                assert_eq!(answer.status(), StatusCode::OK);
+                reads.fetch_add(1, Relaxed);
+                tokio::time::sleep(Duration::from_millis(1500)).await;
+            }
+        }
+    }));
+    let invented = futures_util::future::join_all((0..24).map(|i| {
+        let (base, done, other_run) = (&base, &done, &other_run);
+        async move {
+            let client = http();
+            let credential = format!(
+                "Basic {}",
+                base64::engine::general_purpose::STANDARD.encode(format!("invented-{i}:x"))
+            );
+            while !done.load(Relaxed) {
+                let health = client
+                    .get(format!("{base}/health"))
+                    .header("authorization", &credential)
+                    .header("x-forwarded-for", "192.0.2.200")
+                    .send()
+                    .await
+                    .unwrap();
+                assert_eq!(health.status(), StatusCode::OK);
+                // run_id and run_uuid naming different runs: the proxy answers 400 itself.
+                let write = client
+                    .post(format!("{base}/api/2.0/mlflow/runs/log-batch"))
+                    .header("authorization", &credential)
+                    .header("x-forwarded-for", "192.0.2.200")
+                    .json(&json!({"run_id": other_run, "run_uuid": "0123456789abcdef", "metrics": [{"key": "m", "value": 1, "timestamp": now_ms(), "step": 0}]}))
+                    .send()
+                    .await
+                    .unwrap();
+                assert!(write.status().is_client_error(), "{}", write.status());
+                tokio::time::sleep(Duration::from_millis(1500)).await;
+            }
+        }
+    }));
+    let tricklers = futures_util::future::join_all((0..3).map(|i| {
+        let (address, done, other_run) = (
+            base.trim_start_matches("http://").to_owned(),
+            &done,
+            &other_run,
+        );
+        async move {
+            while !done.load(Relaxed) {
+                let body = json!({"run_id": other_run, "key": format!("trickle-{i}"), "value": "x".repeat(100)}).to_string();
+                let head = format!(
+                    "POST /api/2.0/mlflow/runs/set-tag HTTP/1.1\r\nHost: {address}\r\nX-Forwarded-For: 203.0.113.{}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+                    i + 1,
+                    body.len()
+                );
+                let mut socket = tokio::net::TcpStream::connect(&address).await.unwrap();
+                socket.write_all(head.as_bytes()).await.unwrap();
+                for byte in body.as_bytes() {
+                    if done.load(Relaxed) || socket.write_all(&[*byte]).await.is_err() {
+                        break;
+                    }
+                    tokio::time::sleep(Duration::from_secs(3)).await;
+                }
+            }
+        }
+    }));
+    let job = async {
+        // Every reader has read before the job starts.
+        while reads.load(Relaxed) < 30 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let child = crate::python_client::python(&proxy.url, &[("STEPS", &STEPS.to_string())])
+            .args(["-c", TRAINING_JOB])
+            .spawn()
+            .expect("starting python");
+        let finished = crate::python_client::finish(child, Duration::from_secs(600)).await;
+        done.store(true, Relaxed);
+        finished
+    };
+    let ((ok, stdout, stderr), ..) = tokio::join!(job, readers, invented, tricklers);
+    assert!(
+        ok,
+        "the job failed\n--- stdout\n{stdout}\n--- stderr\n{stderr}"
+    );
+    assert!(
+        stdout.contains("errors 0\n"),
+        "log_metric raised\n--- stdout\n{stdout}\n--- stderr\n{stderr}"
+    );
+    let refused = fair_share_refusals(&scrape(&proxy.admin_url).await);
+    assert_eq!(refused, 0.0, "writes refused by the fair share");
+    let run = stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("run "))
+        .expect("the job's run");
+    for rank in 0..8 {
+        assert_eq!(
+            history(&stack.mlflow.url, run, &format!("loss/{rank}"))
+                .await
+                .len(),
+            STEPS,
+            "rank {rank}"
+        );
     }
 }
