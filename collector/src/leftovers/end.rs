@@ -61,8 +61,8 @@ struct Target {
     start_time: u64,
 }
 
-enum Sent {
-    Sent,
+enum Signalled {
+    Delivered,
     Gone,
     Refused(Errno),
 }
@@ -79,7 +79,7 @@ pub fn end(scope: &Scope, leftovers: &[Leftover], grace: Duration) -> Ending {
             start_time: leftover.start_time,
         };
         match send(scope, target, Signal::SIGTERM) {
-            Sent::Sent => {
+            Signalled::Delivered => {
                 let _ = send(scope, target, Signal::SIGCONT);
                 tracing::info!(
                     pid = leftover.pid,
@@ -88,8 +88,8 @@ pub fn end(scope: &Scope, leftovers: &[Leftover], grace: Duration) -> Ending {
                 );
                 terminated.push(target);
             }
-            Sent::Gone => ending.gone_before += 1,
-            Sent::Refused(error) => {
+            Signalled::Gone => ending.gone_before += 1,
+            Signalled::Refused(error) => {
                 tracing::warn!(pid = leftover.pid, command = %leftover.command, %error, "cannot signal a process the command left behind");
                 ending.survived.push(leftover.pid);
             }
@@ -115,7 +115,7 @@ pub fn end(scope: &Scope, leftovers: &[Leftover], grace: Duration) -> Ending {
     let mut killed = Vec::new();
     for target in remaining {
         match send(scope, target, Signal::SIGKILL) {
-            Sent::Sent => {
+            Signalled::Delivered => {
                 tracing::warn!(
                     pid = target.pid,
                     grace = %humantime::format_duration(grace),
@@ -123,9 +123,9 @@ pub fn end(scope: &Scope, leftovers: &[Leftover], grace: Duration) -> Ending {
                 );
                 killed.push(target);
             }
-            Sent::Gone if terminated.contains(&target) => ending.by_sigterm += 1,
-            Sent::Gone => {}
-            Sent::Refused(error) => {
+            Signalled::Gone if terminated.contains(&target) => ending.by_sigterm += 1,
+            Signalled::Gone => {}
+            Signalled::Refused(error) => {
                 tracing::warn!(pid = target.pid, %error, "cannot SIGKILL a leftover process");
                 ending.survived.push(target.pid);
             }
@@ -145,14 +145,14 @@ pub fn end(scope: &Scope, leftovers: &[Leftover], grace: Duration) -> Ending {
 }
 
 /// Signals `target` if it is still the process that was listed.
-fn send(scope: &Scope, target: Target, signal: Signal) -> Sent {
+fn send(scope: &Scope, target: Target, signal: Signal) -> Signalled {
     if is_gone(scope, target) {
-        return Sent::Gone;
+        return Signalled::Gone;
     }
     match kill(Pid::from_raw(target.pid), signal) {
-        Ok(()) => Sent::Sent,
-        Err(Errno::ESRCH) => Sent::Gone,
-        Err(error) => Sent::Refused(error),
+        Ok(()) => Signalled::Delivered,
+        Err(Errno::ESRCH) => Signalled::Gone,
+        Err(error) => Signalled::Refused(error),
     }
 }
 
