@@ -1,7 +1,8 @@
 //! The collector's life: sample on a fixed schedule on the main thread, hand samples to the
 //! sender thread through the bounded outbox, and on SIGTERM (sidecar) or the command's exit
 //! (wrapper) take one final sample, flush within the deadline and exit — with 0, or with the
-//! wrapped command's status; never with an error because of the network.
+//! wrapped command's status; never with an error because of the network. In wrapper mode,
+//! what the command left running is listed, tagged and ended before the collector exits.
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -14,6 +15,7 @@ use mlscope_scopes::Identity;
 use nix::sys::signal::Signal;
 
 use crate::config::Config;
+use crate::leftovers::{self, Leftover, Scope};
 use crate::outbox::{
     spawn_sender, Backoff, HttpSettings, MlflowTransport, Outbox, Payload, SenderStats,
 };
@@ -77,6 +79,10 @@ fn wrapped(config: &Config, signals: SignalMask) -> u8 {
         }
     };
     let oom_kills_before = agent.as_ref().and_then(Agent::oom_kills);
+    // Before the command starts, so that none of its processes can be orphaned to PID 1.
+    if let Err(error) = wrapper::become_subreaper() {
+        tracing::warn!(%error, "cannot become the child subreaper: processes the command leaves running are re-parented to PID 1 and not found");
+    }
     let child = match wrapper::spawn(&config.command, &node_id, already_set) {
         Ok(child) => child,
         Err(error) => {
@@ -141,13 +147,16 @@ fn wrapped(config: &Config, signals: SignalMask) -> u8 {
         }
     };
     drop(child);
-    let Some(agent) = agent else {
-        return ChildOutcome {
+    let Some(mut agent) = agent else {
+        let code = ChildOutcome {
             ended,
             oom_kills_before: None,
             oom_kills_after: None,
         }
         .exit_code();
+        let (scope, found) = find_leftovers(config);
+        end_leftovers(config, &scope, &found);
+        return code;
     };
     let outcome = ChildOutcome {
         ended,
@@ -155,11 +164,73 @@ fn wrapped(config: &Config, signals: SignalMask) -> u8 {
         oom_kills_after: agent.oom_kills_after(ended),
     };
     tracing::info!(outcome = outcome.outcome(), exit_code = outcome.exit_code(), oom_kills = ?outcome.new_oom_kills(), "the command ended");
-    agent.finish(
-        config.flush_timeout,
-        Some(outcome.tags(&config.node, config.rank)),
-    );
+    let (scope, found) = find_leftovers(config);
+    let mut tags = outcome.tags(&config.node, config.rank);
+    tags.extend(leftovers::listing_tags(config.rank, &found));
+    // Sent while the leftovers get their grace: a collector killed meanwhile has said how the
+    // rank ended and what it left.
+    agent.push_last(tags);
+    let mut after = end_leftovers(config, &scope, &found);
+    if let Some(gpus) = agent.sampler.gpu_memory() {
+        let left = leftovers::gpu_memory_left(gpus, leftovers::GPU_MEMORY_SETTLE);
+        for (gpu, bytes) in &left {
+            tracing::warn!(
+                gpu,
+                megabytes = *bytes as f64 / 1e6,
+                "GPU memory is still allocated after the command and what it left are gone"
+            );
+        }
+        after.extend(leftovers::gpu_memory_left_tags(config.rank, &left));
+    }
+    agent.close(config.flush_timeout, after);
     outcome.exit_code()
+}
+
+/// What the command left running, logged (reaping the collector's ended children first, so
+/// they are not counted).
+fn find_leftovers(config: &Config) -> (Scope, Vec<Leftover>) {
+    wrapper::reap_exited();
+    let scope = Scope::of_this_process(&config.leftovers.device_prefix);
+    let found = scope.find();
+    for leftover in &found {
+        tracing::warn!(
+            pid = leftover.pid,
+            command = %leftover.command,
+            rss_megabytes = leftover.rss_bytes.map(|b| (b as f64 / 1e6).round()),
+            gpu_devices = %leftover.devices.join(" "),
+            found_as = ?leftover.found_as,
+            "the command left this process running"
+        );
+    }
+    if !found.is_empty() {
+        tracing::warn!(
+            count = found.len(),
+            ending = !config.leftovers.leave,
+            "the command left processes running"
+        );
+    }
+    (scope, found)
+}
+
+/// Ends the leftovers unless `--leave-leftovers`; the `leftover_processes_ended` tag when there
+/// were any.
+fn end_leftovers(config: &Config, scope: &Scope, found: &[Leftover]) -> Vec<(String, String)> {
+    if found.is_empty() {
+        return Vec::new();
+    }
+    let ending =
+        (!config.leftovers.leave).then(|| leftovers::end(scope, found, config.leftovers.grace));
+    wrapper::reap_exited();
+    if let Some(ending) = &ending {
+        tracing::info!(
+            by_sigterm = ending.by_sigterm,
+            by_sigkill = ending.by_sigkill,
+            gone_before = ending.gone_before,
+            still_running = ending.survived.len(),
+            "ended the processes the command left running"
+        );
+    }
+    leftovers::ended_tags(config.rank, ending.as_ref())
 }
 
 // === impl Agent ===
@@ -326,9 +397,22 @@ impl Agent {
 
     /// One final sample, the tags, then whatever can be sent within `flush_timeout`.
     fn finish(mut self, flush_timeout: Duration, tags: Option<Vec<(String, String)>>) {
+        self.push_last(tags.unwrap_or_default());
+        self.close(flush_timeout, Vec::new());
+    }
+
+    /// The final sample, then `tags` (if any); the sender goes on sending.
+    fn push_last(&mut self, tags: Vec<(String, String)>) {
         // The final sample and the outcome never push each other (or the placement) out.
         self.push_sample_with(Outbox::push_final);
-        if let Some(tags) = tags {
+        if !tags.is_empty() {
+            self.outbox.push_final(Payload::Tags(tags));
+        }
+    }
+
+    /// Queues `tags` (if any) and sends whatever is queued within `flush_timeout`.
+    fn close(self, flush_timeout: Duration, tags: Vec<(String, String)>) {
+        if !tags.is_empty() {
             self.outbox.push_final(Payload::Tags(tags));
         }
         self.outbox.close(Instant::now() + flush_timeout);

@@ -7,9 +7,11 @@ use std::ffi::OsString;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use clap::{Parser, ValueEnum};
+use clap::builder::BoolishValueParser;
+use clap::{ArgAction, Parser, ValueEnum};
 use ureq::tls::Certificate;
 
+use crate::leftovers::LeftoverSettings;
 use crate::outbox::HttpSettings;
 
 const ENVIRONMENT_HELP: &str = "\
@@ -31,7 +33,12 @@ Wrapper mode: `mlscope-collector [OPTIONS] -- COMMAND [ARGS...]` runs COMMAND as
 forwards SIGTERM, SIGINT, SIGHUP, SIGUSR1 and SIGUSR2 to it, sets
 MLFLOW_SYSTEM_METRICS_NODE_ID=<node>/rank-<rank> for it unless already set, tags the run with how
 it ended and exits with its exit status (128 + signal when it was killed). Without
-MLFLOW_TRACKING_URI or MLFLOW_RUN_ID the command still runs, unmeasured.";
+MLFLOW_TRACKING_URI or MLFLOW_RUN_ID the command still runs, unmeasured. The collector is the
+child subreaper: processes the command leaves running are re-parented to it; when the command
+ends they are listed (with memory and the /dev/nvidia* files they hold open) in the tag
+mlscope/rank-<r>/leftover_processes, then ended: SIGTERM, --leftover-grace, SIGKILL
+(mlscope/rank-<r>/leftover_processes_ended), unless --leave-leftovers. GPU memory still
+allocated afterwards is tagged mlscope/rank-<r>/gpu_<i>_memory_left_megabytes.";
 
 #[derive(Debug, Parser)]
 #[command(
@@ -83,6 +90,22 @@ struct Args {
     /// `tracing` filter, e.g. `mlscope_collector=debug`.
     #[arg(long = "log-level", env = "MLSCOPE_LOG", default_value = "info")]
     log_level: String,
+    /// Wrapper mode: after the command ends, how long the processes it left running get between
+    /// SIGTERM and SIGKILL (`0s`: SIGKILL at once; at most 10m).
+    #[arg(long, env = "MLSCOPE_LEFTOVER_GRACE", default_value = "10s", value_parser = humantime::parse_duration)]
+    leftover_grace: Duration,
+    /// Wrapper mode: list and tag the processes the command left running, but do not end them.
+    #[arg(long, env = "MLSCOPE_LEAVE_LEFTOVERS", action = ArgAction::SetTrue, value_parser = BoolishValueParser::new())]
+    leave_leftovers: bool,
+    /// Open files whose path starts with this count as GPU device files (tests point it at a
+    /// file of their own).
+    #[arg(
+        long,
+        env = "MLSCOPE_GPU_DEVICE_PREFIX",
+        default_value = "/dev/nvidia",
+        hide = true
+    )]
+    gpu_device_prefix: PathBuf,
     /// Check the configuration (flags and environment) and exit: 0 when it is accepted, 64 with
     /// the reason when not. Nothing is measured, sent or run.
     #[arg(long)]
@@ -124,6 +147,8 @@ pub struct Config {
     pub log_level: String,
     /// Wrapper mode when not empty.
     pub command: Vec<OsString>,
+    /// Wrapper mode: what to do about processes the command leaves running.
+    pub leftovers: LeftoverSettings,
     /// `--check-config`: report the configuration and exit.
     pub check_only: bool,
 }
@@ -237,6 +262,12 @@ impl Config {
                 return Err(invalid(format!("{what} must be more than 0")));
             }
         }
+        let leftovers = LeftoverSettings {
+            grace: args.leftover_grace,
+            leave: args.leave_leftovers,
+            device_prefix: args.gpu_device_prefix,
+        };
+        leftovers.validate().map_err(invalid)?;
         let buffer_samples =
             usize::try_from(args.buffer.as_nanos().div_ceil(args.interval.as_nanos()))
                 .unwrap_or(usize::MAX)
@@ -257,6 +288,7 @@ impl Config {
             log_format: args.log_format,
             log_level: args.log_level,
             command: args.command,
+            leftovers,
             check_only: args.check_config,
         })
     }
@@ -495,6 +527,42 @@ mod tests {
             Some("Bearer secret-token")
         );
         assert!(!format!("{token:?}").contains("secret-token"));
+    }
+
+    #[test]
+    fn leftovers_are_ended_after_ten_seconds_unless_told_otherwise() {
+        let defaults = config(&[], &[]).unwrap().leftovers;
+        assert_eq!(defaults, LeftoverSettings::default());
+        assert_eq!(defaults.grace, Duration::from_secs(10));
+        let set = config(
+            &[
+                "--leftover-grace",
+                "1s",
+                "--leave-leftovers",
+                "--gpu-device-prefix",
+                "/tmp/fake/nvidia",
+            ],
+            &[],
+        )
+        .unwrap()
+        .leftovers;
+        assert_eq!(
+            (set.grace, set.leave, set.device_prefix),
+            (
+                Duration::from_secs(1),
+                true,
+                PathBuf::from("/tmp/fake/nvidia")
+            )
+        );
+        for refused in [
+            &["--leftover-grace", "1h"][..],
+            &["--gpu-device-prefix", "nvidia"][..],
+        ] {
+            assert!(
+                matches!(config(refused, &[]), Err(ConfigError::Invalid(_))),
+                "{refused:?}"
+            );
+        }
     }
 
     #[test]

@@ -10,11 +10,14 @@
 //! sample.rs    one timestamp and one step per sample; keys from the scope table
 //! outbox/      bounded buffer, sender thread with backoff, MLflow's runs/log-batch
 //! wrapper.rs   the wrapped command: spawn, wait, exit status, OOM verdict, run tags
+//! leftovers/   what the command left running: find (descendants, the container's cgroup),
+//!              describe (memory, GPU device files), end (SIGTERM, grace, SIGKILL), tags
 //! signals.rs   signalfd listener
 //! ```
 
 pub mod agent;
 pub mod config;
+pub mod leftovers;
 pub mod outbox;
 pub mod sample;
 pub mod signals;

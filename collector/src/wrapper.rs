@@ -9,7 +9,7 @@ use std::process::{Child, Command};
 
 use nix::errno::Errno;
 use nix::sys::signal::{self, Signal};
-use nix::sys::wait::{waitpid, WaitStatus};
+use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
 use nix::unistd::Pid;
 
 /// The variable MLflow's own monitor reads for its owner segment.
@@ -104,8 +104,17 @@ pub fn spawn_failure_code(error: &io::Error) -> u8 {
     }
 }
 
-/// Waits for `pid`, reaping every other child on the way (as PID 1 of a container the
-/// collector inherits orphans, which must not pile up as zombies).
+/// Makes the collector the child subreaper (`PR_SET_CHILD_SUBREAPER`): a process of the command
+/// whose parent ends is re-parented to the collector instead of to PID 1, so the collector can
+/// reap it and, when the command ends, find it ([`crate::leftovers`]). As a container's PID 1
+/// it gets them anyway.
+pub fn become_subreaper() -> nix::Result<()> {
+    nix::sys::prctl::set_child_subreaper(true)
+}
+
+/// Waits for `pid`, reaping every other child on the way (orphans re-parented to the
+/// subreaper, which must not pile up as zombies). Blocks in `waitpid(-1)`, so reaping costs
+/// nothing while the command runs; only `pid`'s own status is returned.
 pub fn wait(pid: u32) -> Ended {
     let pid = Pid::from_raw(pid as i32);
     loop {
@@ -117,6 +126,22 @@ pub fn wait(pid: u32) -> Ended {
             Err(error) => {
                 tracing::warn!(%error, "waiting for the command failed");
                 return Ended::Exited(255);
+            }
+        }
+    }
+}
+
+/// Reaps every child that has already ended, without waiting; returns how many.
+pub fn reap_exited() -> usize {
+    let mut reaped = 0;
+    loop {
+        match waitpid(None, Some(WaitPidFlag::WNOHANG)) {
+            Ok(WaitStatus::StillAlive) | Err(Errno::ECHILD) => return reaped,
+            Ok(_) => reaped += 1,
+            Err(Errno::EINTR) => continue,
+            Err(error) => {
+                tracing::debug!(%error, "reaping ended processes failed");
+                return reaped;
             }
         }
     }

@@ -52,6 +52,11 @@ fn help_documents_every_flag_and_mlflow_variable() {
         "MLSCOPE_CGROUP_PATH",
         "MLFLOW_SYSTEM_METRICS_NODE_ID",
         "Wrapper mode",
+        "--leftover-grace",
+        "MLSCOPE_LEFTOVER_GRACE",
+        "--leave-leftovers",
+        "MLSCOPE_LEAVE_LEFTOVERS",
+        "leftover_processes",
     ] {
         assert!(
             help.contains(word),
@@ -659,4 +664,269 @@ fn a_command_that_does_not_exist_exits_127() {
             .map(String::as_str),
         Some("not_started")
     );
+}
+
+// === what the wrapped command leaves behind ===
+
+/// A program that leaves a process behind: it forks a child that starts a session of its own
+/// and forks the process left behind, then exits; that one opens `argv[1]` (a fake GPU device
+/// file), ignores SIGTERM when `argv[3]` is `1`, writes its pid to `argv[2]`, tells the program
+/// through a pipe, and sleeps, at most 120 s. The program exits 0 once it was told. The process
+/// left behind reads and writes nothing else, so the collector's output pipes close when the
+/// collector exits.
+const LEAVING_PROGRAM: &str = r#"
+import os, signal, sys, time
+device, pid_file, ignore_term = sys.argv[1], sys.argv[2], sys.argv[3] == "1"
+r, w = os.pipe()
+if os.fork() == 0:
+    os.setsid()
+    if os.fork() == 0:
+        os.close(r)
+        null = os.open(os.devnull, os.O_RDWR)
+        for fd in (0, 1, 2):
+            os.dup2(null, fd)
+        if ignore_term:
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        held = open(device, "rb")
+        with open(pid_file + ".tmp", "w") as f:
+            f.write(str(os.getpid()))
+        os.rename(pid_file + ".tmp", pid_file)
+        os.write(w, b"x")
+        os.close(w)
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            time.sleep(0.05)
+    os._exit(0)
+os.close(w)
+os.read(r, 1)
+os.wait()
+"#;
+
+/// The process a test's command left behind; SIGKILLed on drop if still there, so a failing test
+/// leaves nothing running.
+struct LeftBehind {
+    pid: i32,
+    /// In its command line: tells it from a later process with the same pid.
+    marker: String,
+}
+
+impl LeftBehind {
+    fn read(pid_file: &std::path::Path, marker: &std::path::Path) -> LeftBehind {
+        LeftBehind {
+            pid: fs::read_to_string(pid_file)
+                .unwrap()
+                .trim()
+                .parse()
+                .unwrap(),
+            marker: marker.to_string_lossy().into_owned(),
+        }
+    }
+
+    /// Running (not a zombie) and still the process that was left behind.
+    fn running(&self) -> bool {
+        let cmdline = fs::read(format!("/proc/{}/cmdline", self.pid)).unwrap_or_default();
+        let state = fs::read_to_string(format!("/proc/{}/stat", self.pid)).unwrap_or_default();
+        let state = state.rsplit(')').next().unwrap_or_default().trim_start();
+        String::from_utf8_lossy(&cmdline).contains(&self.marker) && !state.starts_with('Z')
+    }
+}
+
+impl LeftBehind {
+    fn kill(&self) {
+        if self.running() {
+            let _ = std::process::Command::new("kill")
+                .args(["-KILL", &self.pid.to_string()])
+                .status();
+        }
+    }
+}
+
+impl Drop for LeftBehind {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// Runs the collector around [`LEAVING_PROGRAM`] with `args` before `--`; returns the exit
+/// status, stderr, how long the collector ran and the process left behind.
+fn run_leaving(
+    mlflow: &MockMlflow,
+    dir: &std::path::Path,
+    args: &[&str],
+    env: &[(&str, &str)],
+    ignore_term: bool,
+) -> (std::process::ExitStatus, String, Duration, LeftBehind) {
+    let device = dir.join("nvidia0");
+    fs::write(&device, b"").unwrap();
+    let pid_file = dir.join("left-behind.pid");
+    let python = venv_python();
+    let mut argv = vec!["--interval", "1h"];
+    argv.extend_from_slice(args);
+    argv.extend_from_slice(&[
+        "--",
+        python.to_str().unwrap(),
+        "-c",
+        LEAVING_PROGRAM,
+        device.to_str().unwrap(),
+        pid_file.to_str().unwrap(),
+        if ignore_term { "1" } else { "0" },
+    ]);
+    let mut command = collector(&mlflow.url, &argv);
+    command.env("RANK", "3");
+    for (name, value) in env {
+        command.env(name, value);
+    }
+    let started = std::time::Instant::now();
+    let child = spawn(&mut command);
+    let (status, _, stderr) = finish(child, Duration::from_secs(60));
+    let took = started.elapsed();
+    assert!(pid_file.exists(), "nothing was left behind: {stderr}");
+    (status, stderr, took, LeftBehind::read(&pid_file, &device))
+}
+
+#[test]
+fn a_process_the_command_leaves_behind_is_tagged_with_its_gpu_device_and_ended_by_sigterm() {
+    let mlflow = MockMlflow::ok();
+    let dir = tempfile::tempdir().unwrap();
+    let prefix = dir.path().join("nvidia");
+    let (status, stderr, took, left) = run_leaving(
+        &mlflow,
+        dir.path(),
+        &["--leftover-grace", "30s"],
+        &[("MLSCOPE_GPU_DEVICE_PREFIX", prefix.to_str().unwrap())],
+        false,
+    );
+    assert_eq!(status.code(), Some(0), "the command's own status: {stderr}");
+    assert!(!left.running(), "pid {} still runs: {stderr}", left.pid);
+    assert!(
+        took < Duration::from_secs(30),
+        "ended within the grace: {took:?}"
+    );
+    let tags = mlflow.tags();
+    let listing = tags
+        .get("mlscope/rank-3/leftover_processes")
+        .unwrap_or_else(|| panic!("{tags:?}\n{stderr}"));
+    let device = dir.path().join("nvidia0");
+    assert!(
+        listing.starts_with(&format!("1: {} ", left.pid))
+            && listing.ends_with(&format!(", {})", device.display())),
+        "{listing}"
+    );
+    assert_eq!(
+        tags.get("mlscope/rank-3/leftover_processes_ended")
+            .map(String::as_str),
+        Some("1 by SIGTERM, 0 by SIGKILL"),
+        "{tags:?}"
+    );
+    assert_eq!(
+        tags.get("mlscope/rank-3/outcome").map(String::as_str),
+        Some("exited")
+    );
+    // What was left is sent with the outcome, before the ending; what was ended after it.
+    let received = mlflow.accepted();
+    let last = &received[received.len() - 1].tags();
+    let before = &received[received.len() - 2].tags();
+    assert!(
+        before.contains_key("mlscope/rank-3/outcome")
+            && before.contains_key("mlscope/rank-3/leftover_processes")
+            && last.contains_key("mlscope/rank-3/leftover_processes_ended"),
+        "{received:?}"
+    );
+    assert_eq!(
+        stderr_lines_with(&stderr, "sent SIGTERM to a process the command left behind").len(),
+        1,
+        "{stderr}"
+    );
+}
+
+#[test]
+fn a_leftover_that_ignores_sigterm_is_sigkilled_after_the_grace() {
+    let mlflow = MockMlflow::ok();
+    let dir = tempfile::tempdir().unwrap();
+    let prefix = dir.path().join("nvidia");
+    let (status, stderr, took, left) = run_leaving(
+        &mlflow,
+        dir.path(),
+        &[
+            "--leftover-grace",
+            "1s",
+            "--gpu-device-prefix",
+            prefix.to_str().unwrap(),
+        ],
+        &[],
+        true,
+    );
+    assert_eq!(status.code(), Some(0), "{stderr}");
+    assert!(!left.running(), "pid {} still runs: {stderr}", left.pid);
+    assert!(
+        took >= Duration::from_secs(1),
+        "the grace was given: {took:?}"
+    );
+    let tags = mlflow.tags();
+    assert!(
+        tags["mlscope/rank-3/leftover_processes"].starts_with(&format!("1: {} ", left.pid)),
+        "{tags:?}"
+    );
+    assert_eq!(
+        tags.get("mlscope/rank-3/leftover_processes_ended")
+            .map(String::as_str),
+        Some("0 by SIGTERM, 1 by SIGKILL"),
+        "{tags:?}\n{stderr}"
+    );
+    assert_eq!(
+        stderr_lines_with(&stderr, "sent SIGKILL to a leftover process").len(),
+        1,
+        "{stderr}"
+    );
+}
+
+#[test]
+fn with_leave_leftovers_the_leftover_is_tagged_but_left_running() {
+    let mlflow = MockMlflow::ok();
+    let dir = tempfile::tempdir().unwrap();
+    let prefix = dir.path().join("nvidia");
+    let (status, stderr, _, left) = run_leaving(
+        &mlflow,
+        dir.path(),
+        &["--gpu-device-prefix", prefix.to_str().unwrap()],
+        &[("MLSCOPE_LEAVE_LEFTOVERS", "1")],
+        false,
+    );
+    assert_eq!(status.code(), Some(0), "{stderr}");
+    assert!(left.running(), "pid {} was ended: {stderr}", left.pid);
+    let tags = mlflow.tags();
+    let listing = &tags["mlscope/rank-3/leftover_processes"];
+    assert!(
+        listing.starts_with(&format!("1: {} ", left.pid))
+            && listing.contains(&format!("{}0", prefix.display())),
+        "{listing}"
+    );
+    assert_eq!(
+        tags.get("mlscope/rank-3/leftover_processes_ended")
+            .map(String::as_str),
+        Some("none (--leave-leftovers)")
+    );
+    left.kill();
+    wait_for("the process left behind to be killed", WAIT, || {
+        !left.running()
+    });
+}
+
+#[test]
+fn a_command_that_leaves_nothing_behind_is_tagged_with_none() {
+    let mlflow = MockMlflow::ok();
+    let child = spawn(&mut collector(
+        &mlflow.url,
+        &["--interval", "1h", "--", "sh", "-c", "sleep 0.1 & wait"],
+    ));
+    let (status, _, stderr) = finish(child, EXIT);
+    assert_eq!(status.code(), Some(0), "{stderr}");
+    let tags = mlflow.tags();
+    assert_eq!(
+        tags.get("mlscope/rank-0/leftover_processes")
+            .map(String::as_str),
+        Some("0"),
+        "{tags:?}"
+    );
+    assert!(!tags.contains_key("mlscope/rank-0/leftover_processes_ended"));
 }

@@ -13,7 +13,10 @@ use mlscope_collector::sources::cgroup::{
     container_metrics, discover, CgroupLayout, DiscoveryRoots,
 };
 use mlscope_tests::MemoryCgroup;
-use support::{collector, finish, spawn, venv_python, MockMlflow};
+use support::{
+    collector, collector_binary, finish, spawn, venv_python, wait_for, with_clean_environment,
+    MockMlflow,
+};
 
 const MIB: u64 = 1 << 20;
 
@@ -134,4 +137,65 @@ fn a_wrapped_command_that_exceeds_its_limit_is_reported_oom_killed() {
         last.metric("system/rank-1/container_memory_limit_megabytes"),
         Some((64 * MIB) as f64 / 1e6)
     );
+}
+
+#[test]
+fn a_process_in_the_container_cgroup_but_not_below_the_collector_is_a_leftover_too() {
+    // The collector is the cgroup's first process (its parent, this test, is outside), as a
+    // container's entrypoint is; a `sleep` this test puts into the cgroup stands for what
+    // `kubectl exec` starts: not below the collector, but the rank's.
+    let Some(cgroup) = MemoryCgroup::create("mlscope-leftovers", 256 * MIB) else {
+        skip("leftovers in the cgroup")
+    };
+    let procs = cgroup.dir.join("cgroup.procs");
+    let beside = cgroup.run_inside(&["sleep", "60"]);
+    let mut beside = Command::new(&beside[0])
+        .args(&beside[1..])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let pid = beside.id();
+    wait_for(
+        "the sleep to be in the cgroup",
+        Duration::from_secs(30),
+        || {
+            std::fs::read_to_string(&procs).is_ok_and(|p| p.lines().any(|l| l == pid.to_string()))
+                && std::fs::read_to_string(format!("/proc/{pid}/cmdline"))
+                    .is_ok_and(|c| c.starts_with("sleep"))
+        },
+    );
+    let mlflow = MockMlflow::ok();
+    let binary = collector_binary();
+    let argv = cgroup.run_inside(&[
+        binary.to_str().unwrap(),
+        "--interval",
+        "1h",
+        "--leftover-grace",
+        "20s",
+        "--",
+        "sh",
+        "-c",
+        "exit 0",
+    ]);
+    let mut command = Command::new(&argv[0]);
+    command.args(&argv[1..]);
+    with_clean_environment(&mut command, &mlflow.url);
+    let (status, _, stderr) = finish(spawn(&mut command), Duration::from_secs(60));
+    assert_eq!(status.code(), Some(0), "{stderr}");
+    let tags = mlflow.tags();
+    assert!(
+        tags.get("mlscope/rank-0/leftover_processes")
+            .is_some_and(|l| l.starts_with(&format!("1: {pid} sleep 60 ("))),
+        "{tags:?}\n{stderr}"
+    );
+    assert_eq!(
+        tags.get("mlscope/rank-0/leftover_processes_ended")
+            .map(String::as_str),
+        Some("1 by SIGTERM, 0 by SIGKILL")
+    );
+    assert!(stderr.contains("CgroupMember"), "{stderr}");
+    use std::os::unix::process::ExitStatusExt;
+    assert_eq!(beside.wait().unwrap().signal(), Some(15));
 }

@@ -165,6 +165,26 @@ impl GpuSource {
     }
 }
 
+/// Frame-buffer memory allocated on each GPU now, for the check after a rank's leftover
+/// processes are gone (`crate::leftovers`). A trait so that check is tested without a GPU.
+pub trait GpuMemory {
+    /// `(index, bytes)`: NVML's `used` (`nvmlDeviceGetMemoryInfo_v2`), which leaves out the
+    /// driver's reserve, so an idle GPU shows next to nothing. A device that cannot be read is
+    /// left out.
+    fn allocated_bytes(&self) -> Vec<(u32, u64)>;
+}
+
+impl GpuMemory for GpuSource {
+    fn allocated_bytes(&self) -> Vec<(u32, u64)> {
+        (0..self.devices)
+            .filter_map(|index| {
+                let memory = self.nvml.device_by_index(index).ok()?.memory_info().ok()?;
+                Some((index, memory.used))
+            })
+            .collect()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -86,6 +86,11 @@ impl Sampler {
         self.gpu.as_ref().map(GpuSource::inventory)
     }
 
+    /// The GPUs' memory, when NVML sees GPUs.
+    pub fn gpu_memory(&self) -> Option<&dyn gpu::GpuMemory> {
+        self.gpu.as_ref().map(|gpu| gpu as &dyn gpu::GpuMemory)
+    }
+
     /// One sample of everything, at the next step.
     pub fn sample(&mut self) -> Sample {
         let timestamp_ms = crate::sample::now_ms();

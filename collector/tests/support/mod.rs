@@ -249,7 +249,7 @@ pub fn collector_ignoring(signals: &str, url: &str, args: &[&str]) -> Command {
     command
 }
 
-fn with_clean_environment(command: &mut Command, url: &str) {
+pub fn with_clean_environment(command: &mut Command, url: &str) {
     command
         .env_clear()
         .env("PATH", std::env::var_os("PATH").unwrap_or_default())
