@@ -238,8 +238,9 @@ impl Authorizer {
         // A request in another workspace than the default one is asked too: MLflow refuses a
         // workspace it does not have (404) before any handler runs, with or without
         // authentication.
-        let other_workspace = crate::workspace::of_request(client)
-            .map_or(true, |named| named.is_some_and(|w| w != crate::workspace::DEFAULT));
+        let other_workspace = crate::workspace::of_request(client).map_or(true, |named| {
+            named.is_some_and(|w| w != crate::workspace::DEFAULT)
+        });
         // Logging to a run is asked too: MLflow's answer says whether the run exists at all, and
         // nothing (a reporter lease) is kept for a run MLflow does not have.
         if self.mode.get() == Mode::Open

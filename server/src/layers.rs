@@ -357,9 +357,7 @@ mod tests {
 
     #[test]
     fn a_path_is_routed_as_mlflow_decodes_it() {
-        let routed = |uri: &str| {
-            as_mlflow_routes(&uri.parse().unwrap()).map(|u| u.to_string())
-        };
+        let routed = |uri: &str| as_mlflow_routes(&uri.parse().unwrap()).map(|u| u.to_string());
         assert_eq!(routed("/api/2.0/mlflow/runs/log-batch"), None);
         assert_eq!(
             routed("/api/2.0/mlflow/runs/log%2Dbatch").as_deref(),
@@ -380,10 +378,7 @@ mod tests {
             routed("/api/2.0/mlflow-artifacts/artifacts/a%2Fb%2e%2E").as_deref(),
             Some("/api/2.0/mlflow-artifacts/artifacts/a/b..")
         );
-        assert_eq!(
-            routed("/x/%zz%e4").as_deref(),
-            Some("/x/%25zz%E4")
-        );
+        assert_eq!(routed("/x/%zz%e4").as_deref(), Some("/x/%25zz%E4"));
     }
 
     #[test]

@@ -154,7 +154,10 @@ fn python_object(body: &[u8]) -> Option<Vec<(String, Box<RawValue>)>> {
         fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
             f.write_str("a JSON object")
         }
-        fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        fn visit_map<A: serde::de::MapAccess<'de>>(
+            self,
+            mut map: A,
+        ) -> Result<Self::Value, A::Error> {
             let mut entries: Vec<(String, Box<RawValue>)> = Vec::new();
             while let Some((key, value)) = map.next_entry::<String, Box<RawValue>>()? {
                 match entries.iter_mut().find(|(k, _)| *k == key) {
@@ -610,7 +613,8 @@ mod tests {
     #[test]
     fn a_body_is_read_in_every_encoding_mlflow_decodes() {
         let json = r#"{"run_id": "r1", "metrics": [{"key": "loss", "value": 1, "timestamp": 1}]}"#;
-        let read = |body: &[u8]| as_mlflow_reads(body).map(|b| String::from_utf8(b.to_vec()).unwrap());
+        let read =
+            |body: &[u8]| as_mlflow_reads(body).map(|b| String::from_utf8(b.to_vec()).unwrap());
         assert_eq!(read(json.as_bytes()), None, "plain UTF-8 is read as it is");
         let mut bom = b"\xef\xbb\xbf".to_vec();
         bom.extend_from_slice(json.as_bytes());
@@ -622,7 +626,10 @@ mod tests {
         let mut utf16be = vec![0xfe, 0xff];
         utf16be.extend(json.encode_utf16().flat_map(u16::to_be_bytes));
         assert_eq!(read(&utf16be).as_deref(), Some(json));
-        let utf32le: Vec<u8> = json.chars().flat_map(|c| u32::from(c).to_le_bytes()).collect();
+        let utf32le: Vec<u8> = json
+            .chars()
+            .flat_map(|c| u32::from(c).to_le_bytes())
+            .collect();
         assert_eq!(read(&utf32le).as_deref(), Some(json));
         // A JSON string that is not JSON inside stays what it is.
         assert_eq!(read(br#""not json""#), None);
@@ -632,17 +639,38 @@ mod tests {
     fn every_spelling_of_the_run_is_read_as_mlflow_reads_it() {
         let run = |body: &str| run_of(body.as_bytes());
         // `runId` is `run_id` and wins over `run_uuid`: the run MLflow ends.
-        assert_eq!(run(r#"{"runId": "a1", "run_uuid": "b2", "status": "FINISHED"}"#).as_deref(), Some("a1"));
+        assert_eq!(
+            run(r#"{"runId": "a1", "run_uuid": "b2", "status": "FINISHED"}"#).as_deref(),
+            Some("a1")
+        );
         assert_eq!(run(r#"{"runUuid": "b2"}"#).as_deref(), Some("b2"));
         // Two spellings of one field: the later one in the object.
-        assert_eq!(run(r#"{"run_id": "a1", "runId": "b2"}"#).as_deref(), Some("b2"));
-        assert_eq!(run(r#"{"runId": "b2", "run_id": "a1"}"#).as_deref(), Some("a1"));
+        assert_eq!(
+            run(r#"{"run_id": "a1", "runId": "b2"}"#).as_deref(),
+            Some("b2")
+        );
+        assert_eq!(
+            run(r#"{"runId": "b2", "run_id": "a1"}"#).as_deref(),
+            Some("a1")
+        );
         // A key sent twice: its last value, at the place of its first.
-        assert_eq!(run(r#"{"run_id": "a1", "run_id": "b2"}"#).as_deref(), Some("b2"));
-        assert_eq!(run(r#"{"run_id": "a1", "runId": "c3", "run_id": "b2"}"#).as_deref(), Some("c3"));
+        assert_eq!(
+            run(r#"{"run_id": "a1", "run_id": "b2"}"#).as_deref(),
+            Some("b2")
+        );
+        assert_eq!(
+            run(r#"{"run_id": "a1", "runId": "c3", "run_id": "b2"}"#).as_deref(),
+            Some("c3")
+        );
         // `null` clears; a value of another type stops the reading where it stands.
-        assert_eq!(run(r#"{"run_id": "a1", "runId": null, "run_uuid": "b2"}"#).as_deref(), Some("b2"));
-        assert_eq!(run(r#"{"run_uuid": "b2", "run_id": 7, "runId": "a1"}"#).as_deref(), Some("b2"));
+        assert_eq!(
+            run(r#"{"run_id": "a1", "runId": null, "run_uuid": "b2"}"#).as_deref(),
+            Some("b2")
+        );
+        assert_eq!(
+            run(r#"{"run_uuid": "b2", "run_id": 7, "runId": "a1"}"#).as_deref(),
+            Some("b2")
+        );
     }
 
     #[test]

@@ -297,13 +297,19 @@ mod tests {
         forged.first_heard_ms = now - MIN;
         forged.last_heard_ms = now;
         let bill = bill(&[forged], &[], Clip::new(Some(1), None, now));
-        assert_eq!(bill.gpu_seconds, 64.0 * ((MAX_BACKFILL_MS + MIN) / 1000) as f64);
+        assert_eq!(
+            bill.gpu_seconds,
+            64.0 * ((MAX_BACKFILL_MS + MIN) / 1000) as f64
+        );
         // Samples from a sender's clock far ahead: billed to a little after the last heartbeat.
         let mut ahead = rank(0, 1, now - 10 * MIN, now + 1000 * 24 * 60 * MIN);
         ahead.first_heard_ms = now - 10 * MIN;
         ahead.last_heard_ms = now;
         let bill = super::bill(&[ahead], &[], Clip::default());
-        assert_eq!(bill.gpu_seconds, ((10 * MIN + MAX_CLOCK_AHEAD_MS) / 1000) as f64);
+        assert_eq!(
+            bill.gpu_seconds,
+            ((10 * MIN + MAX_CLOCK_AHEAD_MS) / 1000) as f64
+        );
     }
 
     fn idle_row(rank: i64, gpu: i64, samples: &[(i64, f64)]) -> GpuIdleRow {

@@ -1646,8 +1646,7 @@ pub async fn update_run(
     let response = forwarder
         .forward(Request::from_parts(parts, Body::from(body)), peer)
         .await;
-    let Some((asked_run, status, end_ms)) = ended.filter(|_| response.status().is_success())
-    else {
+    let Some((asked_run, status, end_ms)) = ended.filter(|_| response.status().is_success()) else {
         return response;
     };
     // The run MLflow updated is the one its answer describes: however the body spelled its run,

@@ -151,6 +151,29 @@ pub fn find_idle_timeout<'a>(err: &'a (dyn StdError + 'static)) -> Option<&'a Id
     None
 }
 
+/// The body, when it ends within `limit` bytes; otherwise `Err` with a body that yields what
+/// was read and then the rest, to be forwarded as it came (a handler that reads small bodies
+/// passes a long one on unread, so MLflow answers it).
+pub(crate) async fn read_up_to(
+    mut body: axum::body::Body,
+    limit: usize,
+) -> Result<Result<Bytes, axum::body::Body>, axum::Error> {
+    use http_body_util::BodyExt as _;
+    let mut read = bytes::BytesMut::new();
+    while let Some(frame) = body.frame().await {
+        let Ok(data) = frame?.into_data() else {
+            continue;
+        };
+        read.extend_from_slice(&data);
+        if read.len() > limit {
+            let head = futures_util::stream::once(async move { Ok(read.freeze()) });
+            let rest = futures_util::StreamExt::chain(head, body.into_data_stream());
+            return Ok(Err(axum::body::Body::from_stream(rest)));
+        }
+    }
+    Ok(Ok(read.freeze()))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -201,27 +224,4 @@ mod tests {
         assert_eq!(&bytes[..], b"abc");
         assert!(rx.recv().await.is_none(), "sender dropped with the guard");
     }
-}
-
-/// The body, when it ends within `limit` bytes; otherwise `Err` with a body that yields what
-/// was read and then the rest, to be forwarded as it came (a handler that reads small bodies
-/// passes a long one on unread, so MLflow answers it).
-pub(crate) async fn read_up_to(
-    mut body: axum::body::Body,
-    limit: usize,
-) -> Result<Result<Bytes, axum::body::Body>, axum::Error> {
-    use http_body_util::BodyExt as _;
-    let mut read = bytes::BytesMut::new();
-    while let Some(frame) = body.frame().await {
-        let Ok(data) = frame?.into_data() else {
-            continue;
-        };
-        read.extend_from_slice(&data);
-        if read.len() > limit {
-            let head = futures_util::stream::once(async move { Ok(read.freeze()) });
-            let rest = futures_util::StreamExt::chain(head, body.into_data_stream());
-            return Ok(Err(axum::body::Body::from_stream(rest)));
-        }
-    }
-    Ok(Ok(read.freeze()))
 }

@@ -955,7 +955,13 @@ async fn every_artifact_operation_in_a_workspace_is_allowed_and_denied_through_t
 
 /// Sends `op` on `path` (relative to the artifact root the workspace places it under; it may be
 /// empty) with `workspace` as the raw `X-MLFLOW-WORKSPACE` header; the status and body.
-async fn send_raw(base: &str, path: &str, op: Op, client: Client, workspace: &str) -> (u16, String) {
+async fn send_raw(
+    base: &str,
+    path: &str,
+    op: Op,
+    client: Client,
+    workspace: &str,
+) -> (u16, String) {
     let api = format!("{base}/api/2.0/mlflow-artifacts");
     let join = |rest: &str| {
         if path.is_empty() {
@@ -974,20 +980,40 @@ async fn send_raw(base: &str, path: &str, op: Op, client: Client, workspace: &st
         Op::Put => request(
             client,
             Method::PUT,
-            format!("{api}/artifacts/{}", join(&format!("uploads/{}.txt", client.name))),
+            format!(
+                "{api}/artifacts/{}",
+                join(&format!("uploads/{}.txt", client.name))
+            ),
         )
         .body("planted"),
-        Op::MpuCreate => request(client, Method::POST, format!("{api}/mpu/create/{}", join("uploads")))
-            .json(&json!({ "path": format!("{}.bin", client.name), "num_parts": 1 })),
-        Op::MpuAbort => request(client, Method::POST, format!("{api}/mpu/abort/{}", join("uploads")))
-            .json(&json!({ "path": format!("{}.bin", client.name), "upload_id": "bm90LWFuLXVwbG9hZA" })),
+        Op::MpuCreate => request(
+            client,
+            Method::POST,
+            format!("{api}/mpu/create/{}", join("uploads")),
+        )
+        .json(&json!({ "path": format!("{}.bin", client.name), "num_parts": 1 })),
+        Op::MpuAbort => request(
+            client,
+            Method::POST,
+            format!("{api}/mpu/abort/{}", join("uploads")),
+        )
+        .json(
+            &json!({ "path": format!("{}.bin", client.name), "upload_id": "bm90LWFuLXVwbG9hZA" }),
+        ),
         Op::Delete => request(
             client,
             Method::DELETE,
-            format!("{api}/artifacts/{}", join(&format!("victims/{}.txt", client.name))),
+            format!(
+                "{api}/artifacts/{}",
+                join(&format!("victims/{}.txt", client.name))
+            ),
         ),
     };
-    let response = builder.header("x-mlflow-workspace", workspace).send().await.unwrap();
+    let response = builder
+        .header("x-mlflow-workspace", workspace)
+        .send()
+        .await
+        .unwrap();
     (response.status().as_u16(), response.text().await.unwrap())
 }
 
@@ -1058,15 +1084,26 @@ async fn a_workspace_header_mlflow_refuses_reaches_no_workspace_s_artifacts_thro
             let mut get = request(
                 ADMIN,
                 Method::GET,
-                format!("{}/api/2.0/mlflow-artifacts/artifacts/{plain}/victims/{name}.txt", s.mlflow.url),
+                format!(
+                    "{}/api/2.0/mlflow-artifacts/artifacts/{plain}/victims/{name}.txt",
+                    s.mlflow.url
+                ),
             );
             if let Some(w) = workspace {
                 get = get.header("x-mlflow-workspace", w);
             }
-            assert_eq!(get.send().await.unwrap().status(), 200, "{workspace:?}: {name}'s victim file");
+            assert_eq!(
+                get.send().await.unwrap().status(),
+                200,
+                "{workspace:?}: {name}'s victim file"
+            );
         }
-        let mut list = request(ADMIN, Method::GET, format!("{}/api/2.0/mlflow-artifacts/artifacts", s.mlflow.url))
-            .query(&[("path", format!("{plain}/uploads"))]);
+        let mut list = request(
+            ADMIN,
+            Method::GET,
+            format!("{}/api/2.0/mlflow-artifacts/artifacts", s.mlflow.url),
+        )
+        .query(&[("path", format!("{plain}/uploads"))]);
         if let Some(w) = workspace {
             list = list.header("x-mlflow-workspace", w);
         }
@@ -1075,10 +1112,15 @@ async fn a_workspace_header_mlflow_refuses_reaches_no_workspace_s_artifacts_thro
             .as_array()
             .into_iter()
             .flatten()
-            .filter(|f| f["path"].as_str().is_some_and(|p| p.contains("anonymous") || p.contains("nobody")))
+            .filter(|f| {
+                f["path"]
+                    .as_str()
+                    .is_some_and(|p| p.contains("anonymous") || p.contains("nobody"))
+            })
             .collect();
         assert!(planted.is_empty(), "{workspace:?}: planted {planted:?}");
     }
+}
 
 /// Finding 3: a credential counted as MLflow's once MLflow answered anything but 401, `/health`
 /// included. One `GET /health` as `admin` with a wrong password, then writes the proxy answers

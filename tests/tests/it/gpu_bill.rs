@@ -585,7 +585,11 @@ async fn a_run_update_spelling_its_run_two_ways_bills_the_run_mlflow_ended_and_n
     )
     .await;
     assert_eq!(status, 200, "{answer}");
-    assert_eq!(answer["run_info"]["run_id"], ended.as_str(), "MLflow ended the runId run");
+    assert_eq!(
+        answer["run_info"]["run_id"],
+        ended.as_str(),
+        "MLflow ended the runId run"
+    );
 
     let tags = billed_tags(mlflow, &ended).await;
     within_2_percent(&tags, "mlscope.gpu_hours", 1.0);
@@ -598,7 +602,9 @@ async fn a_run_update_spelling_its_run_two_ways_bills_the_run_mlflow_ended_and_n
         (200, Some("live"), Some("running")),
         "{view}"
     );
-    assert!(!run_tags(mlflow, &victim).await.contains_key("mlscope.gpu_hours"));
+    assert!(!run_tags(mlflow, &victim)
+        .await
+        .contains_key("mlscope.gpu_hours"));
 }
 
 /// (h) a forged run: `start_time` 1 ms after the epoch, a sample there and one now, 64 GPUs.
@@ -614,12 +620,28 @@ async fn a_forged_start_and_sample_time_bills_no_more_than_the_proxy_saw() {
     let run = run_started_at(mlflow, "bill-forged", 1).await;
     let gpus = vec![0.0; 64];
     let now = now_ms();
-    send(&proxy, 0, "node-a", &publish(&run, 0, "node-a", 0, 1, &gpus)).await;
-    send(&proxy, 0, "node-a", &publish(&run, 0, "node-a", 1, now, &gpus)).await;
+    send(
+        &proxy,
+        0,
+        "node-a",
+        &publish(&run, 0, "node-a", 0, 1, &gpus),
+    )
+    .await;
+    send(
+        &proxy,
+        0,
+        "node-a",
+        &publish(&run, 0, "node-a", 1, now, &gpus),
+    )
+    .await;
     end_run(&proxy, &run, now).await;
     let tags = billed_tags(mlflow, &run).await;
     let hours = number(&tags, "mlscope.gpu_hours");
     assert!(hours <= 64.0 * 6.1, "{hours} GPU hours billed: {tags:?}");
-    let total = counter(&[&proxy], r#"mlscope_gpu_seconds_total{model="NVIDIA H200",state="busy"}"#).await;
+    let total = counter(
+        &[&proxy],
+        r#"mlscope_gpu_seconds_total{model="NVIDIA H200",state="busy"}"#,
+    )
+    .await;
     assert!(total <= 64.0 * 6.1 * 3600.0, "fleet counter {total} s");
 }

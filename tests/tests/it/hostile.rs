@@ -76,7 +76,15 @@ async fn an_overlong_upload_id_is_a_400_not_a_closed_connection() {
     };
     // Overlong, and with path separators (before: 502, which the client retried for minutes).
     let long_id = "A".repeat(70_000);
-    for made_up in [long_id.as_str(), "a/b", "../x", "a\\b", "bm90/LWFu\\LXVw", "..", "."] {
+    for made_up in [
+        long_id.as_str(),
+        "a/b",
+        "../x",
+        "a\\b",
+        "bm90/LWFu\\LXVw",
+        "..",
+        ".",
+    ] {
         for op in ["abort", "complete"] {
             let body = json!({ "path": "big.bin", "upload_id": made_up, "parts": [{ "part_number": 1, "etag": "x" }] });
             let (status, code) =
@@ -542,7 +550,10 @@ async fn made_up_run_ids_of_valid_form_get_mlflows_refusal_and_leave_no_lease() 
                 .unwrap();
             refusals.push(error_code(response).await);
         }
-        assert_eq!(refusals[1], refusals[0], "through the proxy, straight to MLflow");
+        assert_eq!(
+            refusals[1], refusals[0],
+            "through the proxy, straight to MLflow"
+        );
         assert!(refusals[0].0.is_client_error(), "{refusals:?}");
     }
     let (_, run) = create_experiment_and_run(&h.stack.mlflow.url, "made-up-valid-ids").await;
@@ -562,12 +573,19 @@ async fn made_up_run_ids_of_valid_form_get_mlflows_refusal_and_leave_no_lease() 
         if real_rows.0 > 0 {
             break;
         }
-        assert!(std::time::Instant::now() < deadline, "the real run's lease was never written");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the real run's lease was never written"
+        );
         tokio::time::sleep(Duration::from_millis(300)).await;
     }
     for run_id in &made_up {
         let (_, rows) = state_rows(&database, run_id);
-        assert_eq!(rows, (0, 0), "leases and rank rows for made-up run {run_id}");
+        assert_eq!(
+            rows,
+            (0, 0),
+            "leases and rank rows for made-up run {run_id}"
+        );
     }
 }
 
@@ -1038,8 +1056,12 @@ async fn encodings_mlflow_decodes_are_scoped_as_the_plain_request() {
     let h = hostile();
     let key = "system/gpu-node-1/rank-3/cpu_utilization_percentage";
     let scoped = "system/gpu-node-1/node_cpu_utilization_percentage";
-    let batch = |run: &str| json!({"run_id": run, "metrics": [{"key": key, "value": 5.0, "timestamp": now_ms(), "step": 0}]}).to_string();
-    let metric = |run: &str| json!({"run_id": run, "run_uuid": run, "key": key, "value": 5.0, "timestamp": now_ms(), "step": 0}).to_string();
+    let batch = |run: &str| {
+        json!({"run_id": run, "metrics": [{"key": key, "value": 5.0, "timestamp": now_ms(), "step": 0}]}).to_string()
+    };
+    let metric = |run: &str| {
+        json!({"run_id": run, "run_uuid": run, "key": key, "value": 5.0, "timestamp": now_ms(), "step": 0}).to_string()
+    };
     type Body = fn(String) -> Vec<u8>;
     let plain: Body = |json| json.into_bytes();
     let bom: Body = |json| [&b"\xef\xbb\xbf"[..], json.as_bytes()].concat();
@@ -1067,7 +1089,12 @@ async fn encodings_mlflow_decodes_are_scoped_as_the_plain_request() {
             .await
             .unwrap();
         let status = response.status();
-        assert_eq!(status, StatusCode::OK, "{name}: {}", response.text().await.unwrap());
+        assert_eq!(
+            status,
+            StatusCode::OK,
+            "{name}: {}",
+            response.text().await.unwrap()
+        );
         let keys = crate::mlflow::metric_keys(&h.stack.mlflow.url, &run).await;
         stored.push((name, keys.into_iter().collect::<Vec<_>>()));
     }
@@ -1083,24 +1110,38 @@ async fn encodings_mlflow_decodes_are_scoped_as_the_plain_request() {
 #[tokio::test]
 async fn the_artifact_api_spelled_with_encodings_is_guarded_as_the_plain_one() {
     let h = hostile();
-    let (experiment, run) = create_experiment_and_run(&h.stack.mlflow.url, "encoded-artifacts").await;
+    let (experiment, run) =
+        create_experiment_and_run(&h.stack.mlflow.url, "encoded-artifacts").await;
     let file = format!("{experiment}/{run}/artifacts/model.pkl");
     let put = http()
-        .put(format!("{}/api/2.0/mlflow-artifacts/artifacts/{file}", h.stack.mlflow.url))
+        .put(format!(
+            "{}/api/2.0/mlflow-artifacts/artifacts/{file}",
+            h.stack.mlflow.url
+        ))
         .body("weights")
         .send()
         .await
         .unwrap();
     assert!(put.status().is_success(), "{put:?}");
     let mut answers = Vec::new();
-    for api in ["mlflow-artifacts", "mlflow%2Dartifacts", "mlflow%2dartifacts"] {
+    for api in [
+        "mlflow-artifacts",
+        "mlflow%2Dartifacts",
+        "mlflow%2dartifacts",
+    ] {
         let delete = http()
-            .delete(format!("{}/api/2.0/{api}/artifacts/{experiment}", h.proxy.url))
+            .delete(format!(
+                "{}/api/2.0/{api}/artifacts/{experiment}",
+                h.proxy.url
+            ))
             .send()
             .await
             .unwrap();
         let outside = http()
-            .put(format!("{}/api/2.0/{api}/artifacts/{experiment}/planted.txt", h.proxy.url))
+            .put(format!(
+                "{}/api/2.0/{api}/artifacts/{experiment}/planted.txt",
+                h.proxy.url
+            ))
             .body("x")
             .send()
             .await
@@ -1108,15 +1149,24 @@ async fn the_artifact_api_spelled_with_encodings_is_guarded_as_the_plain_one() {
         answers.push((api, delete.status().as_u16(), outside.status().as_u16()));
     }
     assert!(
-        answers.iter().all(|(_, delete, outside)| *delete == 403 && *outside == 403),
+        answers
+            .iter()
+            .all(|(_, delete, outside)| *delete == 403 && *outside == 403),
         "{answers:?}"
     );
     let get = http()
-        .get(format!("{}/api/2.0/mlflow-artifacts/artifacts/{file}", h.stack.mlflow.url))
+        .get(format!(
+            "{}/api/2.0/mlflow-artifacts/artifacts/{file}",
+            h.stack.mlflow.url
+        ))
         .send()
         .await
         .unwrap();
-    assert_eq!(get.status(), StatusCode::OK, "the run's file is still there");
+    assert_eq!(
+        get.status(),
+        StatusCode::OK,
+        "the run's file is still there"
+    );
 }
 
 /// A `.` segment in an artifact path is the client's mistake: a 4xx it does not retry, for every
@@ -1129,8 +1179,15 @@ async fn a_dot_segment_in_an_artifact_path_is_a_client_error_not_a_retryable_5xx
     let host = h.proxy.url.trim_start_matches("http://");
     let mut answers = Vec::new();
     // Sent as written (an HTTP client library would remove the segment first).
-    for path in [format!("{root}/./model.pkl"), format!("{root}/%2E/model.pkl")] {
-        for (op, method, body) in [("get", "GET", ""), ("put", "PUT", "x"), ("delete", "DELETE", "")] {
+    for path in [
+        format!("{root}/./model.pkl"),
+        format!("{root}/%2E/model.pkl"),
+    ] {
+        for (op, method, body) in [
+            ("get", "GET", ""),
+            ("put", "PUT", "x"),
+            ("delete", "DELETE", ""),
+        ] {
             let head = format!(
                 "{method} /api/2.0/mlflow-artifacts/artifacts/{path} HTTP/1.1\r\nHost: {host}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
                 body.len()
@@ -1139,7 +1196,10 @@ async fn a_dot_segment_in_an_artifact_path_is_a_client_error_not_a_retryable_5xx
             answers.push((path.clone(), op, status));
         }
         let status = http()
-            .get(format!("{}/api/2.0/mlflow-artifacts/artifacts", h.proxy.url))
+            .get(format!(
+                "{}/api/2.0/mlflow-artifacts/artifacts",
+                h.proxy.url
+            ))
             .query(&[("path", path.as_str())])
             .send()
             .await
@@ -1148,7 +1208,9 @@ async fn a_dot_segment_in_an_artifact_path_is_a_client_error_not_a_retryable_5xx
         answers.push((path.clone(), "list", status.as_u16()));
     }
     assert!(
-        answers.iter().all(|(_, _, status)| (400..500).contains(status)),
+        answers
+            .iter()
+            .all(|(_, _, status)| (400..500).contains(status)),
         "{answers:?}"
     );
 }
@@ -1187,8 +1249,13 @@ async fn params_and_tags_in_bodies_longer_than_a_batch_are_stored_as_mlflow_stor
                 .any(|pair| pair["key"] == key && pair["value"] == "v");
             answers.push((status, stored));
         }
-        assert_eq!(answers[1], answers[0], "{endpoint} of {size} bytes: through the proxy, straight to MLflow");
+        assert_eq!(
+            answers[1], answers[0],
+            "{endpoint} of {size} bytes: through the proxy, straight to MLflow"
+        );
         assert_eq!(answers[0], (200, true), "{endpoint} of {size} bytes");
+    }
+}
 
 /// The job of finding 2: eight ranks, each logging one metric every 100 ms with MLflow's own
 /// client (`MlflowClient.log_metric`, retries and all), for `STEPS` steps; prints the run and every

@@ -199,8 +199,14 @@ async fn a_workspace_mlflow_refuses_or_does_not_have_gets_mlflow_s_answer_throug
         .unwrap();
     assert!(put.status().is_success(), "{put:?}");
     let cases: [(&str, String); 5] = [
-        ("team-a/1/0123456789abcdef0123456789abcdef/artifacts", String::new()),
-        ("default/1", "0123456789abcdef0123456789abcdef/artifacts".to_owned()),
+        (
+            "team-a/1/0123456789abcdef0123456789abcdef/artifacts",
+            String::new(),
+        ),
+        (
+            "default/1",
+            "0123456789abcdef0123456789abcdef/artifacts".to_owned(),
+        ),
         ("Team-A", run_root.to_owned()),
         ("team-a/..", format!("team-a/{run_root}")),
         ("no-such-team", run_root.to_owned()),
@@ -218,7 +224,12 @@ async fn a_workspace_mlflow_refuses_or_does_not_have_gets_mlflow_s_answer_throug
             for (op, request) in [
                 ("get", client.get(format!("{api}/artifacts/{file}"))),
                 ("head", client.head(format!("{api}/artifacts/{file}"))),
-                ("list", client.get(format!("{api}/artifacts")).query(&[("path", below)])),
+                (
+                    "list",
+                    client
+                        .get(format!("{api}/artifacts"))
+                        .query(&[("path", below)]),
+                ),
                 ("presigned", client.get(format!("{api}/presigned/{file}"))),
                 ("delete", client.delete(format!("{api}/artifacts/{file}"))),
             ] {
@@ -234,9 +245,14 @@ async fn a_workspace_mlflow_refuses_or_does_not_have_gets_mlflow_s_answer_throug
         }
         answers.push(answer);
     }
-    assert_eq!(answers[1], answers[0], "through the gateway, as MLflow answers");
+    assert_eq!(
+        answers[1], answers[0],
+        "through the gateway, as MLflow answers"
+    );
     assert!(
-        answers[0].iter().all(|(_, _, status, _)| (400..500).contains(status)),
+        answers[0]
+            .iter()
+            .all(|(_, _, status, _)| (400..500).contains(status)),
         "{:?}",
         answers[0]
     );
