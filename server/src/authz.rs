@@ -29,7 +29,6 @@
 //!
 //! Allowed answers are cached per credential for a short time; denials are never cached.
 
-use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
@@ -41,6 +40,7 @@ use bytes::Bytes;
 use http::{header, HeaderMap, HeaderValue, Method, StatusCode};
 use sha2::{Digest, Sha256};
 
+use crate::aged::AgedMap;
 use crate::error::Error;
 use crate::proxy::{AnsweredBy, Forwarder};
 
@@ -140,7 +140,10 @@ pub struct Authorizer {
     mode: AuthMode,
     /// Whether MLflow has workspaces on, learned with every authentication probe.
     workspaces: crate::workspace::Support,
-    cache: Arc<Mutex<HashMap<[u8; 32], (Instant, HeaderMap)>>>,
+    /// MLflow's "allowed" per (credential, action, path), with when it was given; at most
+    /// [`MAX_CACHED`] entries, the least recently used forgotten first, so no client can empty
+    /// it for the others.
+    cache: Arc<Mutex<AgedMap<[u8; 32], (Instant, HeaderMap)>>>,
     ttl: Duration,
     probe: Arc<str>,
 }
@@ -151,7 +154,7 @@ impl Authorizer {
             forwarder,
             mode: AuthMode::default(),
             workspaces: crate::workspace::Support::default(),
-            cache: Arc::default(),
+            cache: Arc::new(Mutex::new(AgedMap::new(MAX_CACHED))),
             ttl,
             probe: probe_name().into(),
         }
@@ -252,7 +255,7 @@ impl Authorizer {
         }
         let key = cache_key(action, raw, client);
         if !self.ttl.is_zero() {
-            if let Some((at, cors)) = self.cache.lock().expect("authz cache").get(&key) {
+            if let Some((at, cors)) = self.cache.lock().expect("authz cache").get_mut(&key) {
                 if at.elapsed() < self.ttl {
                     return Decision::Allowed(cors.clone());
                 }
@@ -333,14 +336,8 @@ impl Authorizer {
         let cors = cors_headers(answer.headers());
         if !self.ttl.is_zero() {
             let mut cache = self.cache.lock().expect("authz cache");
-            if cache.len() >= MAX_CACHED {
-                let ttl = self.ttl;
-                cache.retain(|_, (at, _)| at.elapsed() < ttl);
-                if cache.len() >= MAX_CACHED {
-                    cache.clear();
-                }
-            }
-            cache.insert(key, (Instant::now(), cors.clone()));
+            *cache.get_or_insert_with(&key, || (Instant::now(), HeaderMap::new())) =
+                (Instant::now(), cors.clone());
         }
         Decision::Allowed(cors)
     }
@@ -478,6 +475,30 @@ mod tests {
         let read = |h| cache_key(Action::Read, "1/r/artifacts/a", h);
         assert_ne!(read(&in_team_a), read(&in_team_b));
         assert_ne!(read(&in_team_a), read(&alice));
+    }
+
+    #[test]
+    fn the_cache_keeps_its_bound_and_the_recent_answers_when_one_client_fills_it() {
+        let authorizer = Authorizer::new(
+            Forwarder::new(
+                &crate::proxy::ForwarderSettings::default(),
+                crate::telemetry::Metrics::new(),
+            ),
+            Duration::from_secs(10),
+        );
+        let alice = headers(&[("authorization", "Basic YWxpY2U6eA==")]);
+        let hers = cache_key(Action::Read, "1/r/artifacts/a", &alice);
+        let mut cache = authorizer.cache.lock().unwrap();
+        cache.get_or_insert_with(&hers, || (Instant::now(), HeaderMap::new()));
+        // Another client asks about paths without end, alice keeps using hers.
+        for i in 0..3 * MAX_CACHED {
+            let key = cache_key(Action::Read, &format!("1/r/artifacts/{i}"), &HeaderMap::new());
+            cache.get_or_insert_with(&key, || (Instant::now(), HeaderMap::new()));
+            if i % 1000 == 0 {
+                assert!(cache.get_mut(&hers).is_some(), "alice's answer forgotten at {i}");
+            }
+            assert!(cache.len() <= MAX_CACHED);
+        }
     }
 
     #[tokio::test]

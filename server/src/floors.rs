@@ -6,6 +6,7 @@ use std::path::Path;
 
 /// Plumbing: imports only plumbing.
 const PLUMBING: &[&str] = &[
+    "aged",
     "client",
     "credential",
     "error",

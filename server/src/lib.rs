@@ -44,6 +44,7 @@
 //! items inside them from claiming more.
 
 pub(crate) mod admin;
+pub(crate) mod aged;
 pub(crate) mod app;
 pub mod artifacts;
 pub(crate) mod authz;

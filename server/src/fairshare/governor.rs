@@ -31,7 +31,7 @@ use std::collections::VecDeque;
 use std::hash::Hash;
 use std::time::{Duration, Instant};
 
-use super::aged::AgedMap;
+use crate::aged::AgedMap;
 
 /// How long one latency window lasts.
 const WINDOW: Duration = Duration::from_millis(250);

@@ -25,7 +25,6 @@
 //! authentication every credential is accepted, so a user name is only a claim there: a client can
 //! then spend another user's or team's share by naming it, and escape its own by inventing names.
 
-mod aged;
 mod bucket;
 mod governor;
 
@@ -53,7 +52,7 @@ use crate::error::Error;
 use crate::proxy::RouteClass;
 use crate::telemetry::Metrics;
 
-use aged::AgedMap;
+use crate::aged::AgedMap;
 use bucket::{Bucket, Rate};
 use governor::{Governor, Verdict};
 
