@@ -492,10 +492,17 @@ mod tests {
         cache.get_or_insert_with(&hers, || (Instant::now(), HeaderMap::new()));
         // Another client asks about paths without end, alice keeps using hers.
         for i in 0..3 * MAX_CACHED {
-            let key = cache_key(Action::Read, &format!("1/r/artifacts/{i}"), &HeaderMap::new());
+            let key = cache_key(
+                Action::Read,
+                &format!("1/r/artifacts/{i}"),
+                &HeaderMap::new(),
+            );
             cache.get_or_insert_with(&key, || (Instant::now(), HeaderMap::new()));
             if i % 1000 == 0 {
-                assert!(cache.get_mut(&hers).is_some(), "alice's answer forgotten at {i}");
+                assert!(
+                    cache.get_mut(&hers).is_some(),
+                    "alice's answer forgotten at {i}"
+                );
             }
             assert!(cache.len() <= MAX_CACHED);
         }

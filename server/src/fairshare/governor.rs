@@ -268,25 +268,36 @@ impl<K: Hash + Eq + Clone> Governor<K> {
     /// A write of `client` of `bytes` carrying `samples`, at MLflow since
     /// [`Governor::forwarded`], was answered by MLflow after `latency` (`None`: abandoned, or
     /// answered by someone else); a light write's latency is the limit's signal.
+    /// `credit` is the client the answer counts for from now on (itself, or the identity MLflow
+    /// authenticated with this answer).
     pub(crate) fn answered(
         &mut self,
         client: &K,
+        credit: &K,
         bytes: u64,
         latency: Option<Duration>,
         samples: usize,
         now: Instant,
     ) {
         self.at_mlflow = self.at_mlflow.saturating_sub(1);
-        if let Some(c) = self.clients.get_mut(client).filter(|c| c.holds > 0) {
-            c.advance(now);
-            c.holds -= 1;
-            c.held_bytes = c.held_bytes.saturating_sub(bytes);
-            // Only what MLflow answered weighs (a write the proxy answered itself, or abandoned,
-            // took none of MLflow's time after its end).
-            if latency.is_some() {
-                c.answered_bytes += bytes as f64;
-                c.wrote = Some(now);
+        let held = match self.clients.get_mut(client).filter(|c| c.holds > 0) {
+            Some(c) => {
+                c.advance(now);
+                c.holds -= 1;
+                c.held_bytes = c.held_bytes.saturating_sub(bytes);
+                true
             }
+            None => false,
+        };
+        // Only what MLflow answered weighs (a write the proxy answered itself, or abandoned,
+        // took none of MLflow's time after its end).
+        if held && latency.is_some() {
+            let c = self
+                .clients
+                .get_or_insert_with(credit, || ClientLoad::new(now));
+            c.advance(now);
+            c.answered_bytes += bytes as f64;
+            c.wrote = Some(now);
         }
         if now.saturating_duration_since(self.window.started) >= WINDOW {
             self.close_window(now);
@@ -354,12 +365,12 @@ mod tests {
                 g.forwarded(&"job", 100, *now);
             }
             for _ in 0..in_flight {
-                g.answered(&"job", 100, Some(latency), 1, *now + WINDOW - MS);
+                g.answered(&"job", &"job", 100, Some(latency), 1, *now + WINDOW - MS);
             }
             *now += WINDOW;
             // Only the window closes (an abandoned write).
             g.forwarded(&"job", 0, *now);
-            g.answered(&"job", 0, None, 1, *now);
+            g.answered(&"job", &"job", 0, None, 1, *now);
         }
     }
 
@@ -393,6 +404,21 @@ mod tests {
     }
 
     #[test]
+    fn a_jobs_first_write_under_its_address_is_credited_to_its_credential_and_no_other_writer() {
+        // The job's first write went out while its credential was charged to its address; MLflow
+        // authenticated the credential with its answer. Then the job's ranks burst past the limit:
+        // its address is no other writer beside it, so nothing is refused.
+        let start = Instant::now();
+        let mut g = Governor::new(4, start);
+        g.forwarded(&"address", 200, start);
+        g.answered(&"address", &"job", 200, Some(5 * MS), 1, start);
+        for _ in 0..16 {
+            assert_eq!(g.admit(&"job", start), Verdict::Admitted);
+            g.forwarded(&"job", 2000, start);
+        }
+    }
+
+    #[test]
     fn at_the_limit_the_heaviest_writer_over_its_share_is_refused_and_light_ones_are_not() {
         let start = Instant::now();
         let mut g = Governor::new(4, start);
@@ -405,7 +431,7 @@ mod tests {
         // A calm writer appears: the flood (10 at MLflow, its share 4 / 2) is refused, the calm
         // one is not.
         g.forwarded(&"calm", 150, start);
-        g.answered(&"calm", 150, Some(5 * MS), 1, start);
+        g.answered(&"calm", &"calm", 150, Some(5 * MS), 1, start);
         g.forwarded(&"calm", 150, start);
         assert_eq!(
             g.admit(&"flood", start),
@@ -418,7 +444,7 @@ mod tests {
         // The flood's writes are answered: with none at MLflow (below the limit) it is admitted.
         let later = start + Duration::from_millis(500);
         for _ in 0..10 {
-            g.answered(&"flood", 8000, Some(500 * MS), 100, later);
+            g.answered(&"flood", &"flood", 8000, Some(500 * MS), 100, later);
         }
         assert_eq!(g.admit(&"flood", later), Verdict::Admitted);
         // Readers are nobody to the governor: a lone writer at the limit is never refused.
@@ -437,7 +463,7 @@ mod tests {
         for i in 0..200u32 {
             let calm = format!("calm-{i}");
             g.forwarded(&calm, 150, start);
-            g.answered(&calm, 150, Some(5 * MS), 1, start);
+            g.answered(&calm, &calm, 150, Some(5 * MS), 1, start);
         }
         for _ in 0..8 {
             g.forwarded(&"flood".to_owned(), 8000, start);
@@ -465,7 +491,7 @@ mod tests {
             }
             for _ in 0..ranks {
                 let latency = MS * (8 + 6 * ranks as u32);
-                g.answered(&"job", 150, Some(latency), 1, now + latency);
+                g.answered(&"job", &"job", 150, Some(latency), 1, now + latency);
             }
         }
         assert!(g.limit() >= 8, "{}", g.limit());
@@ -484,7 +510,7 @@ mod tests {
             let now = start + 50 * MS * tick;
             while pending.front().is_some_and(|(at, _)| *at <= now) {
                 let (at, client) = pending.pop_front().unwrap();
-                g.answered(&client, 150, Some(300 * MS), 1, at);
+                g.answered(&client, &client, 150, Some(300 * MS), 1, at);
             }
             let client = clients[tick as usize % clients.len()];
             assert_eq!(
@@ -506,7 +532,7 @@ mod tests {
         for i in 0..(2 * MAX_CLIENTS) {
             let c = format!("client-{i}");
             g.forwarded(&c, 10, start);
-            g.answered(&c, 10, Some(MS), 1, start);
+            g.answered(&c, &c, 10, Some(MS), 1, start);
             // The flood keeps writing: it is the most recently active, never the one forgotten.
             if i % 1000 == 0 {
                 g.forwarded(&"flood".to_owned(), 8000, start);

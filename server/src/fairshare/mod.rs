@@ -390,10 +390,17 @@ impl FairShare {
 
     /// An admitted write of `bytes` was answered (`by_mlflow`: by MLflow itself; `None`:
     /// abandoned), weighing `samples`.
+    ///
+    /// `credit` is whom MLflow's answer counts for in saturation control: the client itself, or
+    /// the credential MLflow authenticated with this very answer (a job's first write, made
+    /// while its credential was still charged to its address, is the job's: its address must not
+    /// linger as another writer beside it).
+    #[allow(clippy::too_many_arguments)]
     fn answered(
         &self,
         write: &WriteState,
         client: &ClientKey,
+        credit: &ClientKey,
         team: Option<usize>,
         bytes: u64,
         samples: usize,
@@ -408,7 +415,7 @@ impl FairShare {
                     .filter(|by| *by)
                     .and(write.forwarded_at.get())
                     .map(|at| now.saturating_duration_since(*at));
-                governor.answered(client, bytes, latency, samples, now);
+                governor.answered(client, credit, bytes, latency, samples, now);
                 self.metrics
                     .fair_share_load(governor.limit(), governor.at_mlflow());
             }
@@ -500,8 +507,15 @@ struct Admitted {
 impl Drop for Admitted {
     fn drop(&mut self) {
         if !self.done {
-            self.share
-                .answered(&self.write, &self.client, self.team, self.bytes, 0, None);
+            self.share.answered(
+                &self.write,
+                &self.client,
+                &self.client,
+                self.team,
+                self.bytes,
+                0,
+                None,
+            );
         }
     }
 }
@@ -637,9 +651,18 @@ pub(crate) async fn admit(
             .get::<WriteWeight>()
             .map_or(1, |w| w.0.max(1));
         admitted.done = true;
+        // Learned before the answer is counted, so that it counts for the credential MLflow
+        // authenticated with it.
+        if let (Some(credential), Some(path)) = (credential.as_ref(), path.as_deref()) {
+            if answered_by_mlflow(&response) {
+                share.learn(credential, path, response.status());
+            }
+        }
+        let credit = share.key(credential.as_ref(), address).0;
         share.answered(
             &admitted.write,
             &admitted.client,
+            &credit,
             team,
             bytes,
             weight,
@@ -756,7 +779,7 @@ mod tests {
         // A write of 2,000 samples (twice the bucket) goes through, then its client waits two
         // seconds for its bucket to pay.
         let write = WriteState::default();
-        share.answered(&write, &calm, None, 100, 2000, Some(true));
+        share.answered(&write, &calm, &calm, None, 100, 2000, Some(true));
         let refused = share.admit(&calm, None, Instant::now()).unwrap_err();
         assert_eq!(refused.reason(), "client_samples");
         assert!(refused.wait() > Duration::from_millis(1900), "{refused:?}");
