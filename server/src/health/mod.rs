@@ -1616,31 +1616,9 @@ pub async fn update_run(
     if !health.inner.config.enabled {
         return forwarder.forward(request, peer).await;
     }
-    let (parts, body) = request.into_parts();
-    let declared = parts
-        .headers
-        .get(http::header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok());
-    if declared.is_some_and(|len| len > MAX_UPDATE_BYTES as u64) {
-        return forwarder
-            .forward(Request::from_parts(parts, body), peer)
-            .await;
-    }
-    let body = match crate::proxy::read_up_to(body, MAX_UPDATE_BYTES).await {
-        Ok(Ok(body)) => body,
-        // Longer than it said, or of no declared length: streamed on as it comes.
-        Ok(Err(unread)) => {
-            return forwarder
-                .forward(Request::from_parts(parts, unread), peer)
-                .await
-        }
-        Err(error) => {
-            return crate::error::Error::BadRequest(format!(
-                "the request body could not be read: {error}"
-            ))
-            .into_response()
-        }
+    let (parts, body) = match forwarder.read_small(request, MAX_UPDATE_BYTES, peer).await {
+        Ok(read) => read,
+        Err(answered) => return answered,
     };
     let ended = ended_by(&body);
     let response = forwarder

@@ -388,6 +388,36 @@ pub async fn forward(
 }
 
 impl Forwarder {
+    /// The body of a request a handler reads only when it is small: at most `limit` bytes, with
+    /// the request's head. A longer body (declared, or found while reading) is not the handler's:
+    /// the request goes on to MLflow as it comes, and `Err` holds MLflow's answer; a body that
+    /// cannot be read is the client's 400.
+    pub(crate) async fn read_small(
+        &self,
+        request: Request,
+        limit: usize,
+        peer: SocketAddr,
+    ) -> Result<(http::request::Parts, bytes::Bytes), Response> {
+        let (parts, body) = request.into_parts();
+        let declared = parts
+            .headers
+            .get(http::header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<u64>().ok());
+        if declared.is_some_and(|len| len > limit as u64) {
+            return Err(self.forward(Request::from_parts(parts, body), peer).await);
+        }
+        match read_up_to(body, limit).await {
+            Ok(Ok(body)) => Ok((parts, body)),
+            // Longer than it said, or of no declared length: streamed on as it comes.
+            Ok(Err(unread)) => Err(self.forward(Request::from_parts(parts, unread), peer).await),
+            Err(error) => Err(crate::error::Error::BadRequest(format!(
+                "the request body could not be read: {error}"
+            ))
+            .into_response()),
+        }
+    }
+
     /// Forwards one request and answers with MLflow's response, or with the proxy's own error
     /// when MLflow could not be reached. Interceptors call this after their own phase.
     pub async fn forward(&self, request: Request, peer: SocketAddr) -> Response {

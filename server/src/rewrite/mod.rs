@@ -878,20 +878,14 @@ pub async fn log_pair(
     ConnectInfo(peer): ConnectInfo<SocketAddr>,
     request: Request,
 ) -> Response {
-    let (parts, body) = request.into_parts();
     // A body longer than a batch cannot share one: it goes on unread, as it comes, and MLflow
     // answers it (MLflow stores tags and params of megabytes).
-    let body = match crate::proxy::read_up_to(body, crate::coalesce::MAX_BATCH_BYTES).await {
-        Ok(Ok(body)) => body,
-        Ok(Err(unread)) => {
-            return forwarder
-                .forward(Request::from_parts(parts, unread), peer)
-                .await
-        }
-        Err(error) => {
-            return Error::BadRequest(format!("the request body could not be read: {error}"))
-                .into_response()
-        }
+    let (parts, body) = match forwarder
+        .read_small(request, crate::coalesce::MAX_BATCH_BYTES, peer)
+        .await
+    {
+        Ok(read) => read,
+        Err(answered) => return answered,
     };
     let (body, parts) = normalized(body, parts);
     let run_id = crate::writes::run_of(&body);
