@@ -65,6 +65,16 @@ impl<K: Hash + Eq + Clone, V> AgedMap<K, V> {
         &mut self.entries.get_mut(key).expect("just inserted").1
     }
 
+    /// Puts `value` under `key` (the least recently used entry forgotten first when the map is
+    /// full), marked as used.
+    pub(crate) fn insert(&mut self, key: &K, value: V) {
+        let mut value = Some(value);
+        let slot = self.get_or_insert_with(key, || value.take().expect("taken once"));
+        if let Some(value) = value {
+            *slot = value;
+        }
+    }
+
     pub(crate) fn values(&self) -> impl Iterator<Item = &V> {
         self.entries.values().map(|(_, v)| v)
     }

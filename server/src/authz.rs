@@ -53,6 +53,10 @@ fn probe_name() -> String {
     )
 }
 
+/// MLflow's "allowed" answers by (credential, action, path): when given, and MLflow's CORS
+/// headers.
+type Decisions = AgedMap<[u8; 32], (Instant, HeaderMap)>;
+
 /// Entries kept in the decision cache at most.
 const MAX_CACHED: usize = 10_000;
 /// How often MLflow is asked whether it authenticates at all.
@@ -143,7 +147,7 @@ pub struct Authorizer {
     /// MLflow's "allowed" per (credential, action, path), with when it was given; at most
     /// [`MAX_CACHED`] entries, the least recently used forgotten first, so no client can empty
     /// it for the others.
-    cache: Arc<Mutex<AgedMap<[u8; 32], (Instant, HeaderMap)>>>,
+    cache: Arc<Mutex<Decisions>>,
     ttl: Duration,
     probe: Arc<str>,
 }
@@ -336,8 +340,7 @@ impl Authorizer {
         let cors = cors_headers(answer.headers());
         if !self.ttl.is_zero() {
             let mut cache = self.cache.lock().expect("authz cache");
-            *cache.get_or_insert_with(&key, || (Instant::now(), HeaderMap::new())) =
-                (Instant::now(), cors.clone());
+            cache.insert(&key, (Instant::now(), cors.clone()));
         }
         Decision::Allowed(cors)
     }
@@ -489,7 +492,7 @@ mod tests {
         let alice = headers(&[("authorization", "Basic YWxpY2U6eA==")]);
         let hers = cache_key(Action::Read, "1/r/artifacts/a", &alice);
         let mut cache = authorizer.cache.lock().unwrap();
-        cache.get_or_insert_with(&hers, || (Instant::now(), HeaderMap::new()));
+        cache.insert(&hers, (Instant::now(), HeaderMap::new()));
         // Another client asks about paths without end, alice keeps using hers.
         for i in 0..3 * MAX_CACHED {
             let key = cache_key(
@@ -497,7 +500,7 @@ mod tests {
                 &format!("1/r/artifacts/{i}"),
                 &HeaderMap::new(),
             );
-            cache.get_or_insert_with(&key, || (Instant::now(), HeaderMap::new()));
+            cache.insert(&key, (Instant::now(), HeaderMap::new()));
             if i % 1000 == 0 {
                 assert!(
                     cache.get_mut(&hers).is_some(),

@@ -60,13 +60,12 @@ pub(crate) fn is_valid_run_id(id: &str) -> bool {
 /// `run_uuid`. Every spelling is read here the same way, so the proxy never keeps state for one
 /// run while MLflow acts on another.
 pub(crate) fn run_of(body: &[u8]) -> Option<String> {
-    let entries = python_object(body)?;
     let (mut run_id, mut run_uuid): (Option<String>, Option<String>) = (None, None);
-    for (key, value) in entries {
-        let field = match key.as_str() {
-            "run_id" | "runId" => &mut run_id,
-            "run_uuid" | "runUuid" => &mut run_uuid,
-            _ => continue,
+    for (spelling, value) in run_spellings(body)? {
+        let field = if spelling < 2 {
+            &mut run_id
+        } else {
+            &mut run_uuid
         };
         match serde_json::from_str::<Option<String>>(value.get()) {
             Ok(read) => *field = read,
@@ -78,6 +77,57 @@ pub(crate) fn run_of(body: &[u8]) -> Option<String> {
     is_valid_run_id(&run).then_some(run)
 }
 
+/// How a write body may spell its run: `run_id`'s two names, then `run_uuid`'s.
+const RUN_SPELLINGS: [&str; 4] = ["run_id", "runId", "run_uuid", "runUuid"];
+
+/// The run spellings a JSON object carries (their index in [`RUN_SPELLINGS`]), as Python's
+/// `json.loads` keeps them: each once, in the order it first appeared, with the value it was
+/// given last; every other value is skipped unread, so a body of many keys costs one pass.
+/// `None` for anything but an object.
+fn run_spellings(body: &[u8]) -> Option<Vec<(usize, Box<RawValue>)>> {
+    struct Spellings;
+    impl<'de> serde::de::Visitor<'de> for Spellings {
+        type Value = Vec<(usize, Box<RawValue>)>;
+        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("a JSON object")
+        }
+        fn visit_map<A: serde::de::MapAccess<'de>>(
+            self,
+            mut map: A,
+        ) -> Result<Self::Value, A::Error> {
+            // (where it first appeared, its last value) per spelling.
+            let mut seen: [Option<(usize, Box<RawValue>)>; 4] = Default::default();
+            let mut position = 0;
+            while let Some(key) = map.next_key::<Cow<'de, str>>()? {
+                position += 1;
+                match RUN_SPELLINGS.iter().position(|s| *s == key) {
+                    Some(i) => {
+                        let value = map.next_value::<Box<RawValue>>()?;
+                        match &mut seen[i] {
+                            Some((_, last)) => *last = value,
+                            None => seen[i] = Some((position, value)),
+                        }
+                    }
+                    None => {
+                        map.next_value::<serde::de::IgnoredAny>()?;
+                    }
+                }
+            }
+            let mut found: Vec<(usize, usize, Box<RawValue>)> = seen
+                .into_iter()
+                .enumerate()
+                .filter_map(|(i, s)| s.map(|(at, value)| (at, i, value)))
+                .collect();
+            found.sort_by_key(|(at, ..)| *at);
+            Ok(found.into_iter().map(|(_, i, value)| (i, value)).collect())
+        }
+    }
+    let mut deserializer = serde_json::Deserializer::from_slice(body);
+    let spellings = serde::Deserializer::deserialize_map(&mut deserializer, Spellings).ok()?;
+    deserializer.end().ok()?;
+    Some(spellings)
+}
+
 /// A request body as the JSON text MLflow's server reads from it, when that differs from the
 /// bytes: Python's `json.loads` takes bytes in UTF-8 with a byte-order mark and in UTF-16 or
 /// UTF-32 (told by their byte-order marks or by where the zero bytes of the first characters
@@ -86,21 +136,17 @@ pub(crate) fn run_of(body: &[u8]) -> Option<String> {
 /// reads what MLflow will act on, so no encoding lets a write past scoping, dedup or caps.
 pub(crate) fn as_mlflow_reads(body: &[u8]) -> Option<Bytes> {
     let text = python_json_text(body);
-    let trimmed = match text.as_deref() {
-        Some(text) => text,
-        None => std::str::from_utf8(body).ok()?,
-    };
-    // A JSON string whose text is JSON: what MLflow acts on.
-    let inner = trimmed
-        .trim_start_matches([' ', '\t', '\n', '\r'])
-        .starts_with('"')
-        .then(|| serde_json::from_str::<String>(trimmed).ok())
+    let json = text.as_deref().map_or(body, str::as_bytes);
+    // A JSON string whose text is JSON: what MLflow acts on. Only a body that begins with a
+    // quote is decoded, so an ordinary body costs a look at its first bytes.
+    let quoted = json.iter().find(|b| !b" \t\n\r".contains(b)) == Some(&b'"');
+    let inner = quoted
+        .then(|| serde_json::from_slice::<String>(json).ok())
         .flatten()
         .filter(|inner| serde_json::from_str::<serde::de::IgnoredAny>(inner).is_ok());
     match (inner, text) {
         (Some(inner), _) => Some(Bytes::from(inner)),
-        (None, Some(text)) => Some(Bytes::from(text)),
-        (None, None) => None,
+        (None, text) => text.map(Bytes::from),
     }
 }
 
@@ -110,68 +156,46 @@ fn python_json_text(body: &[u8]) -> Option<String> {
     if let Some(rest) = body.strip_prefix(b"\xef\xbb\xbf") {
         return std::str::from_utf8(rest).ok().map(str::to_owned);
     }
-    let units = |width: usize, big: bool, skip: usize| -> Option<String> {
-        let body = body.get(skip..)?;
-        if body.len() % width != 0 {
-            return None;
-        }
-        let mut chars = Vec::with_capacity(body.len() / width);
-        for unit in body.chunks_exact(width) {
-            let value = match (width, big) {
-                (2, true) => u32::from(u16::from_be_bytes([unit[0], unit[1]])),
-                (2, false) => u32::from(u16::from_le_bytes([unit[0], unit[1]])),
-                (_, true) => u32::from_be_bytes([unit[0], unit[1], unit[2], unit[3]]),
-                (_, false) => u32::from_le_bytes([unit[0], unit[1], unit[2], unit[3]]),
-            };
-            chars.push(value);
-        }
-        if width == 2 {
-            let units: Vec<u16> = chars.into_iter().map(|c| c as u16).collect();
-            String::from_utf16(&units).ok()
-        } else {
-            chars.into_iter().map(char::from_u32).collect()
-        }
+    let utf16 = |big: bool, skip: usize| -> Option<String> {
+        let body = body.get(skip..).filter(|b| b.len() % 2 == 0)?;
+        let units: Vec<u16> = body
+            .chunks_exact(2)
+            .map(|u| [u[0], u[1]])
+            .map(|u| {
+                if big {
+                    u16::from_be_bytes(u)
+                } else {
+                    u16::from_le_bytes(u)
+                }
+            })
+            .collect();
+        String::from_utf16(&units).ok()
+    };
+    let utf32 = |big: bool, skip: usize| -> Option<String> {
+        let body = body.get(skip..).filter(|b| b.len() % 4 == 0)?;
+        body.chunks_exact(4)
+            .map(|u| [u[0], u[1], u[2], u[3]])
+            .map(|u| {
+                if big {
+                    u32::from_be_bytes(u)
+                } else {
+                    u32::from_le_bytes(u)
+                }
+            })
+            .map(char::from_u32)
+            .collect()
     };
     match body {
-        [0xff, 0xfe, 0, 0, ..] => units(4, false, 4),
-        [0, 0, 0xfe, 0xff, ..] => units(4, true, 4),
-        [0xff, 0xfe, ..] => units(2, false, 2),
-        [0xfe, 0xff, ..] => units(2, true, 2),
-        [0, 0, 0, _, ..] => units(4, true, 0),
-        [0, _, 0, _, ..] | [0, _, ..] => units(2, true, 0),
-        [_, 0, 0, 0, ..] => units(4, false, 0),
-        [_, 0, _, 0, ..] | [_, 0, ..] => units(2, false, 0),
+        [0xff, 0xfe, 0, 0, ..] => utf32(false, 4),
+        [0, 0, 0xfe, 0xff, ..] => utf32(true, 4),
+        [0xff, 0xfe, ..] => utf16(false, 2),
+        [0xfe, 0xff, ..] => utf16(true, 2),
+        [0, 0, 0, _, ..] => utf32(true, 0),
+        [0, _, ..] => utf16(true, 0),
+        [_, 0, 0, 0, ..] => utf32(false, 0),
+        [_, 0, ..] => utf16(false, 0),
         _ => None,
     }
-}
-
-/// A JSON object's entries as Python's `json.loads` keeps them: each key once, in the order it
-/// first appeared, with the value it was given last. `None` for anything but an object.
-fn python_object(body: &[u8]) -> Option<Vec<(String, Box<RawValue>)>> {
-    struct Entries;
-    impl<'de> serde::de::Visitor<'de> for Entries {
-        type Value = Vec<(String, Box<RawValue>)>;
-        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-            f.write_str("a JSON object")
-        }
-        fn visit_map<A: serde::de::MapAccess<'de>>(
-            self,
-            mut map: A,
-        ) -> Result<Self::Value, A::Error> {
-            let mut entries: Vec<(String, Box<RawValue>)> = Vec::new();
-            while let Some((key, value)) = map.next_entry::<String, Box<RawValue>>()? {
-                match entries.iter_mut().find(|(k, _)| *k == key) {
-                    Some(entry) => entry.1 = value,
-                    None => entries.push((key, value)),
-                }
-            }
-            Ok(entries)
-        }
-    }
-    let mut deserializer = serde_json::Deserializer::from_slice(body);
-    let entries = serde::Deserializer::deserialize_map(&mut deserializer, Entries).ok()?;
-    deserializer.end().ok()?;
-    Some(entries)
 }
 
 /// The endpoints whose writes the coalescer takes, by the path suffix MLflow serves them at.

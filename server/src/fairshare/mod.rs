@@ -614,6 +614,15 @@ pub(crate) async fn admit(
     let path = credential
         .is_some()
         .then(|| request.uri().path().to_owned());
+    // Only MLflow's own answer says whether it authenticated the credential (the proxy's
+    // refusals, before MLflow saw the request, say nothing about it).
+    let learn = |response: &Response| {
+        if let (Some(credential), Some(path)) = (credential.as_ref(), path.as_deref()) {
+            if answered_by_mlflow(response) {
+                share.learn(credential, path, response.status());
+            }
+        }
+    };
     let now = Instant::now();
     let response = if governs(&request) {
         let bytes = declared_bytes(&request);
@@ -653,11 +662,7 @@ pub(crate) async fn admit(
         admitted.done = true;
         // Learned before the answer is counted, so that it counts for the credential MLflow
         // authenticated with it.
-        if let (Some(credential), Some(path)) = (credential.as_ref(), path.as_deref()) {
-            if answered_by_mlflow(&response) {
-                share.learn(credential, path, response.status());
-            }
-        }
+        learn(&response);
         let credit = share.key(credential.as_ref(), address).0;
         share.answered(
             &admitted.write,
@@ -671,15 +676,10 @@ pub(crate) async fn admit(
         );
         response
     } else {
-        next.run(request).await
+        let response = next.run(request).await;
+        learn(&response);
+        response
     };
-    // Only MLflow's own answer says whether it authenticated the credential (the proxy's
-    // refusals, before MLflow saw the request, say nothing about it).
-    if let (Some(credential), Some(path)) = (credential.as_ref(), path) {
-        if answered_by_mlflow(&response) {
-            share.learn(credential, &path, response.status());
-        }
-    }
     response
 }
 
