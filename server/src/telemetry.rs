@@ -173,6 +173,7 @@ struct HealthMetrics {
     sweep_errors: Family<ReasonLabels, Counter>,
     gpu_seconds: Family<GpuLabels, Counter<f64, AtomicU64>>,
     runs_billed: Counter,
+    findings: Family<KindLabels, Counter>,
     /// GPU models that have a label; beyond [`MAX_GPU_MODELS`] they count as `other`.
     gpu_models: Arc<std::sync::Mutex<std::collections::HashSet<String>>>,
 }
@@ -193,6 +194,12 @@ pub struct GpuLabels {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RunLabels {
     pub run_id: String,
+}
+
+/// What a collector reported about what its run stood on (`health::findings`).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct KindLabels {
+    pub kind: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -435,8 +442,14 @@ impl Metrics {
             sweep_errors: Family::default(),
             gpu_seconds: Family::default(),
             runs_billed: Counter::default(),
+            findings: Family::default(),
             gpu_models: Default::default(),
         };
+        registry.register(
+            "run_findings",
+            "Reports of what runs stood on, by kind (data_changed: a declared data path changed under a run; leftover_processes: a rank left processes running; gpu_memory_left: GPU memory still held after them), counted once per report across retries",
+            health.findings.clone(),
+        );
         registry.register(
             "gpu_seconds",
             "GPU seconds of billed runs (counted when a run is billed, at its end), by GPU model and state (busy, idle: the collector's idle clock)",
@@ -663,6 +676,14 @@ impl Metrics {
 
     pub fn heartbeat_dropped(&self) {
         self.health.heartbeats_dropped.inc();
+    }
+
+    /// A report of `kind` heard for the first time (see `health::findings`).
+    pub fn finding(&self, kind: &'static str) {
+        self.health
+            .findings
+            .get_or_create(&KindLabels { kind })
+            .inc();
     }
 
     pub fn health_error(&self, reason: &'static str) {

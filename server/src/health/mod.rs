@@ -9,6 +9,7 @@
 //! runs, their idle GPUs and their bill so far.
 
 pub mod bill;
+pub mod findings;
 pub mod judge;
 
 use std::collections::HashMap;
@@ -32,7 +33,7 @@ use crate::credential::Secret;
 use crate::proxy::Forwarder;
 use crate::settings::parse_duration;
 use crate::store::{
-    unix_millis, BillRow, GpuIdleRow, RankRow, Store, VerdictRow, SUPERSEDE_AFTER_MS,
+    unix_millis, BillRow, FindingRow, GpuIdleRow, RankRow, Store, VerdictRow, SUPERSEDE_AFTER_MS,
 };
 use crate::telemetry::Metrics;
 use bill::{Clip, IdleWindow, RunBill};
@@ -220,6 +221,8 @@ pub struct Beat {
     pub ranks: Vec<RankBeat>,
     /// The MLflow workspace the request named (`X-MLFLOW-WORKSPACE`).
     pub workspace: Option<String>,
+    /// What its collectors' tags reported the run stood on (data changes, leftovers).
+    pub findings: Vec<findings::Finding>,
 }
 
 /// One (node, rank) of a [`Beat`]: `node` is `""` and `rank` `-1` where the sender named none.
@@ -328,6 +331,9 @@ impl Beat {
         key: &str,
         value: &str,
     ) {
+        if let Some(finding) = findings::of_tag(header_node, header_rank, key, value) {
+            self.findings.push(finding);
+        }
         let Some(rest) = key.strip_prefix("mlscope/rank-") else {
             return;
         };
@@ -385,6 +391,8 @@ struct Inner {
     pending: Mutex<HashMap<(String, String, i64), RankRow>>,
     /// Idle-clock windows per (run, node, rank, GPU) since the last flush.
     pending_idle: Mutex<HashMap<(String, String, i64, i64), IdleWindow>>,
+    /// Reports of what runs stood on since the last flush, as heard.
+    pending_findings: Mutex<Vec<FindingRow>>,
     /// Runs written to (any accepted metric write) since the last flush, with the latest time.
     writes: Mutex<HashMap<String, i64>>,
     /// Bills of runs ended by their clients being written to the store in the background.
@@ -410,6 +418,7 @@ impl Health {
                 replica_id,
                 pending: Mutex::new(HashMap::new()),
                 pending_idle: Mutex::new(HashMap::new()),
+                pending_findings: Mutex::new(Vec::new()),
                 writes: Mutex::new(HashMap::new()),
                 queueing: Arc::new(tokio::sync::Semaphore::new(MAX_QUEUEING_BILLS)),
             }),
@@ -424,6 +433,16 @@ impl Health {
     pub fn record(&self, beat: Beat, now_ms: i64) {
         // A sample stamped in the future (a wrong clock, or a forged one) counts as heard now.
         let at = |ms: i64| if ms > 0 { ms.min(now_ms) } else { now_ms };
+        if !beat.findings.is_empty() {
+            let mut pending = self.inner.pending_findings.lock().expect("health lock");
+            for finding in &beat.findings {
+                if pending.len() < MAX_PENDING_RANKS {
+                    pending.push(finding.clone().row(&beat.run_id, now_ms));
+                } else {
+                    self.inner.metrics.heartbeat_dropped();
+                }
+            }
+        }
         {
             let mut pending_idle = self.inner.pending_idle.lock().expect("health lock");
             for rank in &beat.ranks {
@@ -522,6 +541,31 @@ impl Health {
         self.flush_writes().await;
         self.flush_ranks().await;
         self.flush_idle().await;
+        self.flush_findings().await;
+    }
+
+    async fn flush_findings(&self) {
+        let rows: Vec<FindingRow> =
+            std::mem::take(&mut *self.inner.pending_findings.lock().expect("health lock"));
+        if rows.is_empty() {
+            return;
+        }
+        match self.inner.store.record_findings(&rows).await {
+            Ok(inserted) => {
+                for (row, new) in rows.iter().zip(inserted) {
+                    if let Some(kind) = findings::counted_kind(row).filter(|_| new) {
+                        self.inner.metrics.finding(kind);
+                    }
+                }
+            }
+            Err(error) => {
+                tracing::warn!(%error, reports = rows.len(), "recording data changes and leftovers failed; kept for the next flush");
+                self.inner.metrics.health_error("store");
+                let mut pending = self.inner.pending_findings.lock().expect("health lock");
+                let room = MAX_PENDING_RANKS.saturating_sub(pending.len());
+                pending.extend(rows.into_iter().take(room));
+            }
+        }
     }
 
     async fn flush_idle(&self) {
@@ -1396,6 +1440,12 @@ impl Health {
             .gpu_idle_of_run(run_id)
             .await
             .map_err(|e| e.to_string())?;
+        let finding_rows = self
+            .inner
+            .store
+            .findings_of_run(run_id)
+            .await
+            .map_err(|e| e.to_string())?;
         // Clipped as the bill is (MLflow's start and end of the run), so a rank's figures here
         // are those of its tags; without MLflow's answer, to the queued end only.
         let queued_end = billed.as_ref().and_then(|b| b.end_ms);
@@ -1462,6 +1512,7 @@ impl Health {
                     cpu_limit_cores: r.cpu_limit_cores,
                     gpu_model: r.gpu_model.clone(),
                     gpus,
+                    leftovers: findings::leftovers_of(&finding_rows, &r.node, r.rank),
                 }
             })
             .collect();
@@ -1491,6 +1542,7 @@ impl Health {
             gpu_hours: totals.gpu_hours(),
             gpu_idle_hours: totals.idle_hours(),
             gpu_idle_fraction: totals.idle_fraction(),
+            data_changes: findings::data_changes(&finding_rows),
             rank_count: ranks.len(),
             ranks: rank_views,
             next_page_token: (end < ranks.len()).then(|| end.to_string()),
@@ -1731,6 +1783,9 @@ pub struct RunHealth {
     pub gpu_hours: f64,
     pub gpu_idle_hours: f64,
     pub gpu_idle_fraction: f64,
+    /// Declared data that changed under the run, as its collectors reported it (the newest
+    /// reports, with the ranks' leftovers at most `findings::MAX_FINDINGS_PER_RUN`), oldest first.
+    pub data_changes: Vec<findings::DataChange>,
     /// Every rank of the run; `ranks` holds one page of them.
     pub rank_count: usize,
     pub ranks: Vec<RankHealth>,
@@ -1757,6 +1812,10 @@ pub struct RankHealth {
     /// This rank's share of the bill.
     pub gpu_hours: f64,
     pub gpu_idle_hours: f64,
+    /// What its command left running when it exited, how that was ended, and GPU memory still
+    /// held after (wrapper mode); absent when the rank reported none of it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub leftovers: Option<findings::Leftovers>,
 }
 
 #[derive(Debug, Serialize)]
@@ -1862,8 +1921,7 @@ mod tests {
     fn a_beat_reads_gpus_limits_and_the_wrappers_tags() {
         let mut beat = Beat {
             run_id: "r".into(),
-            ranks: Vec::new(),
-            workspace: None,
+            ..Beat::default()
         };
         beat.observe_metric("n", 3, "gpu_1_utilization_percentage", 0.0, Some(1));
         beat.observe_metric("n", 3, "gpu_1_idle_seconds", 120.0, Some(1));

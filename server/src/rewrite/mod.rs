@@ -699,6 +699,7 @@ fn beat_of(body: &MetricsBody<'_>, plans: &[KeyPlan], metric_plans: &[usize]) ->
             .filter(|id| crate::writes::is_valid_run_id(id))?,
         ranks: Vec::new(),
         workspace: None,
+        findings: Vec::new(),
     };
     // Per key plan: its first metric, and the span of its samples' timestamps (billing), in one
     // pass; the ranks are looked up once per plan, not once per sample.
@@ -773,10 +774,13 @@ fn beat_of(body: &MetricsBody<'_>, plans: &[KeyPlan], metric_plans: &[usize]) ->
     Some(beat)
 }
 
-/// Adds the collector's `mlscope/rank-<r>/...` tags (how a rank ended, where it ran) of a body
-/// to `beat`; the body is read again only when it holds such a tag.
+/// Adds the collector's `mlscope/rank-<r>/...` tags (how a rank ended, where it ran, what it
+/// left running) and `mlscope/data/...` tags (declared data that changed) of a body to `beat`;
+/// the body is read again only when it holds such a tag.
 fn observe_rank_tags(beat: &mut Beat, request: &Identity, bytes: &[u8]) {
-    if memchr::memmem::find(bytes, b"mlscope/rank-").is_none() {
+    if memchr::memmem::find(bytes, b"mlscope/rank-").is_none()
+        && memchr::memmem::find(bytes, b"mlscope/data/").is_none()
+    {
         return;
     }
     #[derive(serde::Deserialize)]

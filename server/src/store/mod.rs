@@ -14,10 +14,12 @@ macro_rules! on_backend {
 }
 
 mod failures;
+mod findings;
 mod health;
 mod leases;
 mod retention;
 
+pub use findings::{FindingRow, MAX_FINDINGS_PER_RUN};
 pub use health::{BillRow, GpuIdleRow, RankRow, VerdictRow, SUPERSEDE_AFTER_MS};
 pub use leases::NodeLease;
 pub use retention::Swept;

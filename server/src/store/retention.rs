@@ -19,6 +19,8 @@ pub struct Swept {
     pub gpu_idle: u64,
     pub bills: u64,
     pub idle_tags: u64,
+    /// What collectors reported about runs (data changes, leftover processes) heard that long ago.
+    pub findings: u64,
 }
 
 impl Store {
@@ -50,6 +52,7 @@ impl Store {
             )
             .await?,
             idle_tags: delete("DELETE FROM run_idle_tags WHERE written_ms < $1").await?,
+            findings: delete("DELETE FROM run_findings WHERE heard_ms < $1").await?,
         })
     }
 }
@@ -113,6 +116,20 @@ mod tests {
             .await
             .unwrap();
 
+        // A data change heard long ago goes; one heard now stays.
+        for (detail, heard_ms) in [("old", old), ("new", unix_millis(now))] {
+            store
+                .record_findings(&[crate::store::FindingRow {
+                    run_id: "heard-run".into(),
+                    kind: "data_changed".into(),
+                    detail: detail.into(),
+                    heard_ms,
+                    ..Default::default()
+                }])
+                .await
+                .unwrap();
+        }
+
         let swept = store.sweep(14 * day, now).await.unwrap();
         assert_eq!(
             swept,
@@ -123,6 +140,7 @@ mod tests {
                 run_ranks: 1,
                 verdicts: 0,
                 bills: 1,
+                findings: 1,
                 ..Swept::default()
             }
         );
@@ -141,6 +159,7 @@ mod tests {
                 run_ranks: 1,
                 verdicts: 0,
                 bills: 1,
+                findings: 1,
                 ..Swept::default()
             }
         );

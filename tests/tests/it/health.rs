@@ -714,3 +714,96 @@ async fn forged_ends_do_not_end_a_live_run_and_plain_writes_are_signs_of_life() 
         );
     }
 }
+
+/// What a run stood on, as its collectors report it in tags through the proxy: a declared data
+/// path that changed and what rank 0's command left running reach MLflow as sent, show in
+/// `/runs/{id}/health` (data changes for the run, leftovers on the rank that reported them),
+/// and count once in `/metrics` though the collector sent its batch twice (a retry). Another
+/// rank's identity cannot put leftovers on rank 0, and a rank that left nothing shows none.
+#[tokio::test(flavor = "multi_thread")]
+async fn data_changes_and_leftovers_show_in_the_runs_health_and_count_once() {
+    let stack = TestStack::shared();
+    let mlflow = stack.mlflow.url.as_str();
+    let dir = tempfile::tempdir().unwrap();
+    let proxy = health_proxy(dir.path(), mlflow, "10m", &[]);
+    let run_id = create_run(mlflow, "health-findings").await;
+    for rank in [0, 1] {
+        let key = format!("system/node-f/rank-{rank}/cpu_utilization_percentage");
+        assert_eq!(
+            log_batch(&proxy, Some(("node-f", rank)), sample(&run_id, &key, 0)).await,
+            200
+        );
+    }
+    let changed = "2026-12-02T14:03:11Z, step 41200, rank 0: 2 vanished, 0 appeared, 0 changed: val/a.tar, val/b.tar";
+    let left = "1: 4121 python w.py (812 MB, /dev/nvidia0 /dev/nvidiactl)";
+    let reports = json!({"run_id": run_id, "tags": [
+        {"key": "mlscope/data/val/changed", "value": changed},
+        {"key": "mlscope/rank-0/leftover_processes", "value": left},
+        {"key": "mlscope/rank-0/leftover_processes_ended", "value": "1 by SIGTERM"},
+        {"key": "mlscope/rank-0/gpu_0_memory_left_megabytes", "value": "812"},
+    ]});
+    for _ in 0..2 {
+        assert_eq!(
+            log_batch(&proxy, Some(("node-f", 0)), reports.clone()).await,
+            200
+        );
+    }
+    // Rank 1 cannot report rank 0's leftovers; its own "nothing left" shows as such.
+    let forged = json!({"run_id": run_id, "tags": [
+        {"key": "mlscope/rank-0/leftover_processes", "value": "9: forged"},
+        {"key": "mlscope/rank-1/leftover_processes", "value": "0"},
+    ]});
+    assert_eq!(log_batch(&proxy, Some(("node-f", 1)), forged).await, 200);
+
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let view = loop {
+        let (code, view) = health_view(&proxy, &run_id).await;
+        let counted = counter(&[&proxy], "mlscope_run_findings_total").await;
+        if code == 200 && view["ranks"][1]["leftovers"].is_object() && counted >= 3.0 {
+            break view;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "reports not in the health view and /metrics after 30 s: {view}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let changes = view["data_changes"].as_array().unwrap();
+    assert_eq!(changes.len(), 1, "{view}");
+    assert_eq!(
+        (
+            &changes[0]["name"],
+            &changes[0]["rank"],
+            &changes[0]["what"]
+        ),
+        (&json!("val"), &json!(0), &json!(changed))
+    );
+    assert_eq!(
+        view["ranks"][0]["leftovers"],
+        json!({"processes": left, "ended": "1 by SIGTERM",
+               "gpu_memory_left": [{"index": 0, "megabytes": 812.0}]}),
+        "{view}"
+    );
+    assert_eq!(
+        view["ranks"][1]["leftovers"],
+        json!({"processes": "0", "ended": null, "gpu_memory_left": []})
+    );
+    let tags = run_tags(mlflow, &run_id).await;
+    assert_eq!(
+        tags.get("mlscope/data/val/changed").map(String::as_str),
+        Some(changed)
+    );
+    assert_eq!(
+        tags.get("mlscope/rank-1/leftover_processes")
+            .map(String::as_str),
+        Some("0")
+    );
+    for (kind, count) in [
+        ("data_changed", 1.0),
+        ("leftover_processes", 1.0),
+        ("gpu_memory_left", 1.0),
+    ] {
+        let series = format!("mlscope_run_findings_total{{kind=\"{kind}\"}}");
+        assert_eq!(counter(&[&proxy], &series).await, count, "{series}");
+    }
+}
