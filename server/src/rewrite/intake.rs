@@ -61,7 +61,10 @@ impl Intake {
     }
 
     /// Reads `body` (at most `limit` bytes, within `deadline`) for `client`, charging the budget
-    /// as bytes arrive. The returned charge must be kept as long as the bytes are held.
+    /// as bytes arrive. The returned charge bounds the bytes while they are read and inspected;
+    /// the rewriter drops it when inspection ends, and what it hands on is bounded from there by
+    /// the coalescer's queue (`--coalesce-max-pending`) or, forwarded alone, by the in-flight cap
+    /// (`--max-in-flight`).
     pub async fn read(
         self: &Arc<Self>,
         body: Body,
