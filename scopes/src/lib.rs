@@ -461,6 +461,9 @@ impl KeyOutcome {
 pub struct ScopedKey {
     pub outcome: KeyOutcome,
     pub identity: Identity,
+    /// The metric's bare name (`gpu_0_idle_seconds`) when the key is a valid `system/` key, so
+    /// that nobody parses the key again for it.
+    pub name: Option<String>,
 }
 
 /// Applies the contract to one key. `request` is the identity from request headers; the key's
@@ -477,6 +480,7 @@ pub fn scoped_key(key: &str, request: &Identity, pattern: &OwnerPattern) -> Scop
         return ScopedKey {
             outcome: KeyOutcome::Untouched,
             identity: request.clone(),
+            name: None,
         };
     };
     let identity = request.clone().or(pattern.parse(parts.owner));
@@ -484,6 +488,7 @@ pub fn scoped_key(key: &str, request: &Identity, pattern: &OwnerPattern) -> Scop
         return ScopedKey {
             outcome: KeyOutcome::Untouched,
             identity,
+            name: Some(parts.name.to_owned()),
         };
     };
     let name = rule.scoped.unwrap_or(parts.name);
@@ -512,7 +517,11 @@ pub fn scoped_key(key: &str, request: &Identity, pattern: &OwnerPattern) -> Scop
             family,
         }
     };
-    ScopedKey { outcome, identity }
+    ScopedKey {
+        outcome,
+        identity,
+        name: Some(parts.name.to_owned()),
+    }
 }
 
 /// The key the collector emits for a bare metric name, for the identity it runs as.

@@ -20,8 +20,8 @@ use crate::authz::{AuthMode, Authorizer};
 use crate::config::Config;
 use crate::health;
 use crate::layers::{self, ConcurrencyLimit};
+use crate::metric_routes;
 use crate::proxy;
-use crate::rewrite;
 use crate::state::AppState;
 
 /// The MLflow-facing route table: the requests mlscope changes, each answered by its capability,
@@ -36,18 +36,21 @@ pub fn app(state: AppState, max_in_flight: usize) -> Router {
         writes = writes
             .route(
                 &format!("{prefix}/runs/log-batch"),
-                post(rewrite::log_batch),
+                post(metric_routes::log_batch),
             )
             .route(
                 &format!("{prefix}/runs/log-metric"),
-                post(rewrite::log_metric),
+                post(metric_routes::log_metric),
             )
             // Write coalescing: params and tags join their run's queue (and are signs of life).
             .route(
                 &format!("{prefix}/runs/log-parameter"),
-                post(rewrite::log_pair),
+                post(metric_routes::log_pair),
             )
-            .route(&format!("{prefix}/runs/set-tag"), post(rewrite::log_pair))
+            .route(
+                &format!("{prefix}/runs/set-tag"),
+                post(metric_routes::log_pair),
+            )
             // Run health: a run its client ended is billed.
             .route(&format!("{prefix}/runs/update"), post(health::update_run));
     }

@@ -31,14 +31,19 @@ const CAPABILITIES: &[&str] = &[
     "dedup",
     "fairshare",
     "health",
+    "metric_routes",
     "rewrite",
 ];
 
-/// The named seams between capabilities: (who, whom). The metric routes hand prepared writes to
-/// the coalescer, node samples to deduplication and beats to run health; whoever acts for a
-/// client asks MLflow through the authorizer; run health writes its tags through the coalescer.
+/// The named seams between capabilities: (who, whom). The metric routes have a body inspected by
+/// the scope contract, hand the writes to the coalescer and a stored write's beat to run health;
+/// the contract hands node samples to deduplication and builds the beat run health records;
+/// whoever acts for a client asks MLflow through the authorizer; run health writes its tags
+/// through the coalescer.
 pub(crate) const SEAMS: &[(&str, &str)] = &[
-    ("rewrite", "coalesce"),
+    ("metric_routes", "rewrite"),
+    ("metric_routes", "coalesce"),
+    ("metric_routes", "health"),
     ("rewrite", "dedup"),
     ("rewrite", "health"),
     ("rewrite", "authz"),
@@ -303,7 +308,8 @@ fn the_rule_refuses_what_it_should() {
     assert!(forbidden("telemetry", "health").is_some());
     assert!(forbidden("coalesce", "rewrite").is_some());
     assert!(forbidden("artifacts", "rewrite").is_some());
-    assert!(forbidden("rewrite", "coalesce").is_none());
+    assert!(forbidden("metric_routes", "coalesce").is_none());
+    assert!(forbidden("rewrite", "coalesce").is_some());
     assert!(forbidden("app", "rewrite").is_none());
     assert!(forbidden("newcomer", "proxy").is_some());
 }

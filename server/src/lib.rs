@@ -59,6 +59,7 @@ pub mod health;
 pub(crate) mod identity;
 pub(crate) mod layers;
 pub(crate) mod listen;
+pub(crate) mod metric_routes;
 pub mod proxy;
 pub mod relocate;
 pub mod rewrite;

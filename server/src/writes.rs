@@ -611,6 +611,24 @@ fn parse_batch(prefix: &str, body: &Bytes, text: &str) -> Result<Mergeable, Alon
     })
 }
 
+/// The body as the JSON MLflow reads from it (see [`as_mlflow_reads`]), with its length in the
+/// head.
+pub(crate) fn normalized(
+    body: bytes::Bytes,
+    mut parts: http::request::Parts,
+) -> (bytes::Bytes, http::request::Parts) {
+    match as_mlflow_reads(&body) {
+        Some(read) => {
+            parts.headers.insert(
+                http::header::CONTENT_LENGTH,
+                http::HeaderValue::from(read.len()),
+            );
+            (read, parts)
+        }
+        None => (body, parts),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -259,15 +259,31 @@ impl Coalescer {
         peer: SocketAddr,
     ) -> Response {
         let inner = &self.inner;
-        if inner.config.window.is_zero() || !mergeable_head(&request) {
+        if inner.config.window.is_zero() || !mergeable_head(request.method(), request.headers()) {
             return inner.forwarder.forward(request, peer).await;
         }
         let (parts, body) = request.into_parts();
-        // The rewriter left the body in memory with its length: collecting it copies nothing.
         let body = match read_body(body).await {
             Ok(body) => body,
             Err(answer) => return answer,
         };
+        self.submit_read(parts, body, prepared, peer).await
+    }
+
+    /// As [`Coalescer::submit`], for a request whose body was read already (the metric routes
+    /// read it to inspect it): it goes on as these bytes, never collected again.
+    pub async fn submit_read(
+        &self,
+        parts: http::request::Parts,
+        body: Bytes,
+        prepared: Option<Prepared>,
+        peer: SocketAddr,
+    ) -> Response {
+        let inner = &self.inner;
+        if inner.config.window.is_zero() || !mergeable_head(&parts.method, &parts.headers) {
+            let request = Request::from_parts(parts, Body::from(body));
+            return inner.forwarder.forward(request, peer).await;
+        }
         let parsed = match prepared.map_or_else(|| writes::parse(parts.uri.path(), &body), |p| p.0)
         {
             Ok(parsed) => parsed,
@@ -577,14 +593,13 @@ fn merge_fingerprint(headers: &HeaderMap) -> [u8; 32] {
 }
 
 /// Whether the head allows a merge: a JSON body of known length within MLflow's limit.
-fn mergeable_head(request: &Request) -> bool {
-    let headers = request.headers();
+fn mergeable_head(method: &Method, headers: &HeaderMap) -> bool {
     let json = is_json(headers);
     let length = headers
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<usize>().ok());
-    request.method() == Method::POST
+    method == Method::POST
         && json
         && length.is_some_and(|len| len <= MAX_BATCH_BYTES)
         && !headers.contains_key(header::CONTENT_ENCODING)

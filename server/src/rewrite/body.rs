@@ -278,6 +278,12 @@ impl<'a> Metric<'a> {
 }
 
 impl<'a> MetricsBody<'a> {
+    /// The batch's tags, decoded, read from the field as parsed (the body is not read again);
+    /// none when they are not MLflow's shape (MLflow refuses such a batch).
+    pub(crate) fn tags(&self) -> Vec<writes::Pair> {
+        writes::pairs(self.envelope.get(TAGS)).unwrap_or_default()
+    }
+
     pub fn parse(body: &'a [u8], endpoint: Endpoint) -> Result<Self, BodyError> {
         let text =
             std::str::from_utf8(body).map_err(|_| BodyError::Unreadable("not UTF-8".into()))?;

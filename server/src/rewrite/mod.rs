@@ -11,21 +11,19 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use axum::body::Body;
-use std::net::SocketAddr;
 
-use axum::extract::{ConnectInfo, Request, State};
+use axum::extract::Request;
 use axum::response::{IntoResponse, Response};
 use http::{header, HeaderValue};
 use mlscope_scopes::{scoped_key, Identity, KeyOutcome, OwnerPattern, ScopedKey};
 
 use crate::authz::{self, Authorizer};
-use crate::coalesce::Coalescer;
 use crate::dedup::{self, Decision, DedupConfig, DedupOptions, Deduplicator, Event};
 use crate::error::Error;
-use crate::health::{Beat, Health};
+use crate::health::Beat;
 use crate::proxy::X_REQUEST_ID;
 use crate::telemetry::Metrics;
-use crate::writes::{Prepared, WriteWeight};
+use crate::writes::Prepared;
 use body::{BodyError, Edit, Endpoint, MetricsBody};
 use intake::{Intake, IntakeError};
 pub use stats::RunStats;
@@ -265,7 +263,7 @@ impl MetricsRewriter {
     pub async fn prepare(&self, request: Request, endpoint: Endpoint) -> Result<Request, Response> {
         self.inspect(request, endpoint)
             .await
-            .map(|inspected| inspected.request)
+            .map(|inspected| inspected.outgoing.into_request())
     }
 
     /// As [`MetricsRewriter::prepare`], with what the rewriter found in the request, handed on
@@ -277,7 +275,7 @@ impl MetricsRewriter {
     ) -> Result<Inspected, Response> {
         if !is_json(request.headers()) {
             self.metrics.passed_through("content_type");
-            return Ok(Inspected::unread(request, 1));
+            return Ok(Inspected::unread(request));
         }
         let limit = self.config.max_inspect_bytes;
         let declared = request
@@ -301,7 +299,7 @@ impl MetricsRewriter {
         };
         // What MLflow reads out of a byte-order mark, UTF-16 or a double-encoded body is read
         // here too, and sent on as plain JSON.
-        let (bytes, parts) = normalized(bytes, parts);
+        let (bytes, parts) = crate::writes::normalized(bytes, parts);
         let parsed = match MetricsBody::parse(&bytes, endpoint) {
             Ok(parsed) => parsed,
             Err(BodyError::Conflict(message)) => {
@@ -311,19 +309,13 @@ impl MetricsRewriter {
             Err(BodyError::Unreadable(reason)) => {
                 tracing::debug!(reason, "metrics body passed through unread");
                 self.metrics.passed_through("unreadable");
-                return Ok(Inspected::unread(
-                    Request::from_parts(parts, Body::from(bytes)),
-                    1,
-                ));
+                return Ok(Inspected::uninspected(parts, bytes, 1));
             }
         };
         let weight = parsed.metrics.len() + parsed.other_items;
         if parsed.metrics.len() > MAX_METRICS || weight > MAX_ITEMS {
             self.metrics.passed_through("over_mlflow_limits");
-            return Ok(Inspected::unread(
-                Request::from_parts(parts, Body::from(bytes)),
-                weight,
-            ));
+            return Ok(Inspected::uninspected(parts, bytes, weight));
         }
 
         let identity = identity_from_headers(&parts.headers);
@@ -332,7 +324,7 @@ impl MetricsRewriter {
         let mut parts = parts;
         let beat = beat.map(|mut beat| {
             // With no ranks it still says that the run is written to (a sign of life).
-            observe_rank_tags(&mut beat, &identity, &bytes);
+            observe_rank_tags(&mut beat, &identity, &parsed, &bytes);
             beat.workspace = crate::workspace::of_request(&parts.headers)
                 .ok()
                 .flatten()
@@ -345,7 +337,7 @@ impl MetricsRewriter {
                 .writes(parts.uri.path(), &bytes, None, edits.first())
                 .map(Prepared);
             return Ok(Inspected {
-                request: Request::from_parts(parts, Body::from(bytes)),
+                outgoing: Outgoing::Read { parts, body: bytes },
                 weight,
                 beat,
                 writes,
@@ -376,7 +368,10 @@ impl MetricsRewriter {
             .headers
             .insert(header::CONTENT_LENGTH, HeaderValue::from(rendered.len()));
         Ok(Inspected {
-            request: Request::from_parts(parts, Body::from(rendered)),
+            outgoing: Outgoing::Read {
+                parts,
+                body: rendered,
+            },
             weight,
             beat,
             writes: prepared.map(Prepared),
@@ -722,8 +717,7 @@ fn beat_of(body: &MetricsBody<'_>, plans: &[KeyPlan], metric_plans: &[usize]) ->
         {
             continue;
         }
-        let key = &body.metrics[first[index]].key;
-        let Some(name) = mlscope_scopes::SystemKey::parse(key).map(|k| k.name) else {
+        let Some(name) = plan.scoped.name.as_deref() else {
             continue;
         };
         let identity = &plan.scoped.identity;
@@ -759,7 +753,7 @@ fn beat_of(body: &MetricsBody<'_>, plans: &[KeyPlan], metric_plans: &[usize]) ->
                 continue;
             }
             let plan = &plans[index];
-            let Some(name) = mlscope_scopes::SystemKey::parse(&metric.key).map(|k| k.name) else {
+            let Some(name) = plan.scoped.name.as_deref() else {
                 continue;
             };
             beat.observe_metric(
@@ -776,28 +770,15 @@ fn beat_of(body: &MetricsBody<'_>, plans: &[KeyPlan], metric_plans: &[usize]) ->
 
 /// Adds the collector's `mlscope/rank-<r>/...` tags (how a rank ended, where it ran, what it
 /// left running) and `mlscope/data/...` tags (declared data that changed) of a body to `beat`;
-/// the body is read again only when it holds such a tag.
-fn observe_rank_tags(beat: &mut Beat, request: &Identity, bytes: &[u8]) {
+/// its tags are decoded only when the body holds such a key.
+fn observe_rank_tags(beat: &mut Beat, request: &Identity, body: &MetricsBody<'_>, bytes: &[u8]) {
     if memchr::memmem::find(bytes, b"mlscope/rank-").is_none()
         && memchr::memmem::find(bytes, b"mlscope/data/").is_none()
     {
         return;
     }
-    #[derive(serde::Deserialize)]
-    struct Tags {
-        #[serde(default)]
-        tags: Vec<Tag>,
-    }
-    #[derive(serde::Deserialize)]
-    struct Tag {
-        key: String,
-        #[serde(default)]
-        value: String,
-    }
-    if let Ok(tags) = serde_json::from_slice::<Tags>(bytes) {
-        for tag in tags.tags.iter().take(MAX_ITEMS) {
-            beat.observe_tag(request.node.as_deref(), request.rank, &tag.key, &tag.value);
-        }
+    for tag in body.tags().iter().take(MAX_ITEMS) {
+        beat.observe_tag(request.node.as_deref(), request.rank, &tag.key, &tag.value);
     }
 }
 
@@ -807,129 +788,56 @@ pub const MAX_IDENTITIES_PER_REQUEST: usize = 16;
 /// Shared handle used by the proxy pipeline.
 pub type SharedRewriter = Arc<MetricsRewriter>;
 
-/// `POST runs/log-batch`: the contract and deduplication applied, then merged with other writes
-/// to the run or forwarded.
-pub async fn log_batch(
-    State(rewriter): State<SharedRewriter>,
-    State(coalescer): State<Coalescer>,
-    State(health): State<Health>,
-    ConnectInfo(peer): ConnectInfo<SocketAddr>,
-    request: Request,
-) -> Response {
-    match rewriter.inspect(request, Endpoint::LogBatch).await {
-        Ok(inspected) => submit(&coalescer, &health, inspected, peer).await,
-        Err(answer) => answer,
+/// What goes on to MLflow: the request with its body unread (not JSON, so not the rewriter's to
+/// read), or its head and the body as read (as it came, normalized, or rewritten).
+pub enum Outgoing {
+    Unread(Request),
+    Read {
+        parts: http::request::Parts,
+        body: bytes::Bytes,
+    },
+}
+
+impl Outgoing {
+    pub fn into_request(self) -> Request {
+        match self {
+            Outgoing::Unread(request) => request,
+            Outgoing::Read { parts, body } => Request::from_parts(parts, Body::from(body)),
+        }
     }
 }
 
-/// A metrics request as the rewriter hands it on: the request to send (rewritten or as it came)
-/// and what its one read of the body found.
+/// A metrics request as the rewriter hands it on: what to send and what its one read of the
+/// body found.
 pub struct Inspected {
-    pub request: Request,
+    pub outgoing: Outgoing,
     /// The metrics, params and tags it carries (1 when its body was not read).
     pub weight: usize,
     /// What it says about its run's ranks (with run health on), to record once MLflow accepted it.
     pub beat: Option<Beat>,
-    /// Its run and writes as sent, for the coalescer; `None` when the body was not read.
+    /// Its run and writes as sent, for the coalescer; `None` when the body was not parsed.
     pub writes: Option<Prepared>,
 }
 
 impl Inspected {
-    fn unread(request: Request, weight: usize) -> Inspected {
+    fn unread(request: Request) -> Inspected {
         Inspected {
-            request,
-            weight,
+            outgoing: Outgoing::Unread(request),
+            weight: 1,
             beat: None,
             writes: None,
         }
     }
-}
 
-/// Sends a prepared request on, records its heartbeats once MLflow stored them, and marks the
-/// answer with the request's weight for the client's share of samples.
-async fn submit(
-    coalescer: &Coalescer,
-    health: &Health,
-    inspected: Inspected,
-    peer: SocketAddr,
-) -> Response {
-    let Inspected {
-        request,
-        weight,
-        beat,
-        writes,
-    } = inspected;
-    let mut response = coalescer.submit(request, writes, peer).await;
-    response.extensions_mut().insert(WriteWeight(weight));
-    if let Some(beat) = beat.filter(|_| response.status().is_success()) {
-        let now = crate::store::unix_millis(SystemTime::now());
-        if beat.ranks.is_empty() {
-            health.touch(&beat.run_id, now);
-        } else {
-            health.record(beat, now);
+    /// A body read but not inspected (unreadable as MLflow's JSON, or over MLflow's limits):
+    /// it goes on as it came and MLflow answers it.
+    fn uninspected(parts: http::request::Parts, body: bytes::Bytes, weight: usize) -> Inspected {
+        Inspected {
+            outgoing: Outgoing::Read { parts, body },
+            weight,
+            beat: None,
+            writes: None,
         }
-    }
-    response
-}
-
-/// `POST runs/log-parameter` and `runs/set-tag`: through the coalescer; once MLflow accepted
-/// one, it is a sign of life for its run, as a metric write is (a run that logs only params and
-/// tags for a while is not lost).
-pub async fn log_pair(
-    State(coalescer): State<Coalescer>,
-    State(health): State<Health>,
-    State(forwarder): State<crate::proxy::Forwarder>,
-    ConnectInfo(peer): ConnectInfo<SocketAddr>,
-    request: Request,
-) -> Response {
-    // A body longer than a batch cannot share one: it goes on unread, as it comes, and MLflow
-    // answers it (MLflow stores tags and params of megabytes).
-    let (parts, body) = match forwarder
-        .read_small(request, crate::coalesce::MAX_BATCH_BYTES, peer)
-        .await
-    {
-        Ok(read) => read,
-        Err(answered) => return answered,
-    };
-    let (body, parts) = normalized(body, parts);
-    let run_id = crate::writes::run_of(&body);
-    let response = coalescer
-        .submit(Request::from_parts(parts, Body::from(body)), None, peer)
-        .await;
-    if let Some(run_id) = run_id.filter(|_| response.status().is_success()) {
-        health.touch(&run_id, crate::store::unix_millis(SystemTime::now()));
-    }
-    response
-}
-
-/// The body as the JSON MLflow reads from it (see [`crate::writes::as_mlflow_reads`]), with its
-/// length.
-fn normalized(
-    body: bytes::Bytes,
-    mut parts: http::request::Parts,
-) -> (bytes::Bytes, http::request::Parts) {
-    match crate::writes::as_mlflow_reads(&body) {
-        Some(read) => {
-            parts
-                .headers
-                .insert(header::CONTENT_LENGTH, HeaderValue::from(read.len()));
-            (read, parts)
-        }
-        None => (body, parts),
-    }
-}
-
-/// `POST runs/log-metric`: as [`log_batch`]; a renamed sample may go on as a log-batch.
-pub async fn log_metric(
-    State(rewriter): State<SharedRewriter>,
-    State(coalescer): State<Coalescer>,
-    State(health): State<Health>,
-    ConnectInfo(peer): ConnectInfo<SocketAddr>,
-    request: Request,
-) -> Response {
-    match rewriter.inspect(request, Endpoint::LogMetric).await {
-        Ok(inspected) => submit(&coalescer, &health, inspected, peer).await,
-        Err(answer) => answer,
     }
 }
 

@@ -754,12 +754,17 @@ async fn data_changes_and_leftovers_show_in_the_runs_health_and_count_once() {
         {"key": "mlscope/rank-1/leftover_processes", "value": "0"},
     ]});
     assert_eq!(log_batch(&proxy, Some(("node-f", 1)), forged).await, 200);
+    // A data change alone in its batch (no other tag of the rank, no sample) counts too.
+    let train = "2026-12-02T14:05:00Z, step 41300, rank 1: path gone";
+    let alone =
+        json!({"run_id": run_id, "tags": [{"key": "mlscope/data/train/changed", "value": train}]});
+    assert_eq!(log_batch(&proxy, Some(("node-f", 1)), alone).await, 200);
 
     let deadline = Instant::now() + Duration::from_secs(30);
     let view = loop {
         let (code, view) = health_view(&proxy, &run_id).await;
         let counted = counter(&[&proxy], "mlscope_run_findings_total").await;
-        if code == 200 && view["ranks"][1]["leftovers"].is_object() && counted >= 3.0 {
+        if code == 200 && view["ranks"][1]["leftovers"].is_object() && counted >= 4.0 {
             break view;
         }
         assert!(
@@ -768,15 +773,20 @@ async fn data_changes_and_leftovers_show_in_the_runs_health_and_count_once() {
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
-    let changes = view["data_changes"].as_array().unwrap();
-    assert_eq!(changes.len(), 1, "{view}");
+    let mut changes: Vec<(Value, Value, Value)> = view["data_changes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| (c["name"].clone(), c["rank"].clone(), c["what"].clone()))
+        .collect();
+    changes.sort_by_key(|c| c.0.to_string());
     assert_eq!(
-        (
-            &changes[0]["name"],
-            &changes[0]["rank"],
-            &changes[0]["what"]
-        ),
-        (&json!("val"), &json!(0), &json!(changed))
+        changes,
+        [
+            (json!("train"), json!(1), json!(train)),
+            (json!("val"), json!(0), json!(changed))
+        ],
+        "{view}"
     );
     assert_eq!(
         view["ranks"][0]["leftovers"],
@@ -799,7 +809,7 @@ async fn data_changes_and_leftovers_show_in_the_runs_health_and_count_once() {
         Some("0")
     );
     for (kind, count) in [
-        ("data_changed", 1.0),
+        ("data_changed", 2.0),
         ("leftover_processes", 1.0),
         ("gpu_memory_left", 1.0),
     ] {
