@@ -251,18 +251,7 @@ fn every_gpu_name_is_a_device_series_in_the_scope_table() {
     let mut out = Vec::new();
     source.sample(&mut out);
     let names: Vec<&str> = out.iter().map(|(n, _)| n.as_ref()).collect();
-    for suffix in [
-        "utilization_percentage",
-        "memory_usage_megabytes",
-        "memory_usage_percentage",
-        "power_usage_watts",
-        "power_usage_percentage",
-        "sm_active_percentage",
-        "sm_occupancy_percentage",
-        "tensor_active_percentage",
-        "dram_active_percentage",
-        "idle_seconds",
-    ] {
+    for suffix in mlscope_scopes::GPU_SUFFIXES {
         assert!(names.contains(&format!("gpu_12_{suffix}").as_str()), "{suffix}");
     }
     for name in names {
@@ -271,5 +260,7 @@ fn every_gpu_name_is_a_device_series_in_the_scope_table() {
             Some(mlscope_scopes::Scope::Device),
             "{name}"
         );
+        let suffix = name.split_once('_').unwrap().1.split_once('_').unwrap().1;
+        assert!(mlscope_scopes::GPU_SUFFIXES.contains(&suffix), "{name}");
     }
 }
