@@ -2034,6 +2034,7 @@ mod tests {
             last_sample_ms: Some(5_000),
             pod: Some("train-0".into()),
             gpus: 8,
+            gpu_idle_basis: Some("sm_active".into()),
             ..RankRow::default()
         };
         let mut newer = RankRow {
@@ -2052,6 +2053,7 @@ mod tests {
             (Some(900), Some(6_900))
         );
         assert_eq!((newer.pod.as_deref(), newer.gpus), (Some("train-0"), 8));
+        assert_eq!(newer.gpu_idle_basis.as_deref(), Some("sm_active"));
         assert_eq!(newer.outcome, None);
     }
 

@@ -640,6 +640,7 @@ mod tests {
         let mut older = beat("r", 0, 500, 4_000);
         older.pod = Some("train-0".into());
         older.gpus = 2;
+        older.gpu_idle_basis = Some("sm_active".into());
         store.record_ranks(&[older]).await.unwrap();
         // A newer one: the interval is the gap to the stored heartbeat.
         store
@@ -654,6 +655,13 @@ mod tests {
             (500, 6_000, Some(1_000))
         );
         assert_eq!((row.pod.as_deref(), row.gpus), (Some("train-0"), 2));
+        // A fact heard once stays until the rank says otherwise.
+        assert_eq!(row.gpu_idle_basis.as_deref(), Some("sm_active"));
+        let mut changed = beat("r", 0, 7_000, 7_000);
+        changed.gpu_idle_basis = Some("utilization".into());
+        store.record_ranks(&[changed]).await.unwrap();
+        let row = &store.ranks_of_run("r").await.unwrap()[0];
+        assert_eq!(row.gpu_idle_basis.as_deref(), Some("utilization"));
     }
 
     #[tokio::test]
