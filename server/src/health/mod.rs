@@ -806,8 +806,7 @@ impl Health {
         let holds_gpus = bill.ranks.iter().any(|r| r.gpus > 0);
         if holds_gpus {
             let tags = bill_tags(&bill, basis::of_run(&ranks));
-            if let Err((reason, error)) = self.write_tags(run_id, &headers, &tags).await
-            {
+            if let Err((reason, error)) = self.write_tags(run_id, &headers, &tags).await {
                 if reason == REJECTED {
                     return self.give_up_bill(run_id, &error).await;
                 }
@@ -909,7 +908,9 @@ impl Health {
             let done = match &value {
                 Some(value) => {
                     let mut tags = vec![(IDLE_TAG.to_owned(), value.clone())];
-                    tags.extend(basis::of_run(ranks).map(|b| (basis::BASIS_TAG.to_owned(), truncate(&b))));
+                    tags.extend(
+                        basis::of_run(ranks).map(|b| (basis::BASIS_TAG.to_owned(), truncate(&b))),
+                    );
                     match self.write_tags(run_id, &headers, &tags).await {
                         Ok(()) => self
                             .inner
@@ -1894,7 +1895,12 @@ mod tests {
         beat.observe_tag(Some("n"), Some(3), "mlscope/rank-3/outcome", "oom_killed");
         beat.observe_tag(Some("n"), Some(3), "mlscope/rank-3/exit_code", "137");
         beat.observe_tag(Some("n"), Some(3), "mlscope/rank-3/pod", "train-3");
-        beat.observe_tag(Some("n"), Some(3), "mlscope/rank-3/gpu_idle_basis", "sm_active");
+        beat.observe_tag(
+            Some("n"),
+            Some(3),
+            "mlscope/rank-3/gpu_idle_basis",
+            "sm_active",
+        );
         beat.observe_tag(Some("n"), Some(3), "mlflow.user", "x");
         beat.observe_tag(Some("n"), Some(3), "mlscope/rank-x/outcome", "killed");
         // Another rank's sender, or one that names no rank, cannot end rank 3 (nor add a rank).
@@ -1917,7 +1923,12 @@ mod tests {
         );
         assert_eq!(rank.gpu_idle_basis, Some("sm_active"));
         // Only the words the contract knows.
-        beat.observe_tag(Some("n"), Some(3), "mlscope/rank-3/gpu_idle_basis", "<b>idle</b>");
+        beat.observe_tag(
+            Some("n"),
+            Some(3),
+            "mlscope/rank-3/gpu_idle_basis",
+            "<b>idle</b>",
+        );
         assert_eq!(beat.ranks[0].gpu_idle_basis, None);
     }
 

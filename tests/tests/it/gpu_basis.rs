@@ -40,7 +40,11 @@ async fn a_gpu_at_full_utilization_and_one_percent_sm_activity_is_billed_idle_wi
         let mut body = publish(&run_id, 0, "node-g", step, at, &clocks);
         let metrics = body["metrics"].as_array_mut().unwrap();
         for metric in metrics.iter_mut() {
-            if metric["key"].as_str().unwrap().ends_with("_utilization_percentage") {
+            if metric["key"]
+                .as_str()
+                .unwrap()
+                .ends_with("_utilization_percentage")
+            {
                 metric["value"] = json!(100.0);
             }
         }

@@ -31,7 +31,14 @@ pub(crate) async fn run_started_at(mlflow: &str, prefix: &str, start_ms: i64) ->
 
 /// One publish of a rank's collector: every GPU's utilization and idle clock, all stamped `at`,
 /// with the placement tags on the first publish (`step` 0), as the collector sends them.
-pub(crate) fn publish(run_id: &str, rank: u32, node: &str, step: i64, at: i64, gpus: &[f64]) -> Value {
+pub(crate) fn publish(
+    run_id: &str,
+    rank: u32,
+    node: &str,
+    step: i64,
+    at: i64,
+    gpus: &[f64],
+) -> Value {
     let mut metrics = Vec::new();
     for (index, &idle) in gpus.iter().enumerate() {
         let utilization = if idle > 0.0 { 0.0 } else { 97.0 };

@@ -159,18 +159,39 @@ mod tests {
     fn a_gpu_at_full_utilization_and_one_percent_sm_activity_is_idle() {
         let start = Instant::now();
         let mut clock = IdleClock::default();
-        assert_eq!(clock.observe(0, &with_sm(100, 1.0), at(start, 0)), Some(0.0));
-        assert_eq!(clock.observe(0, &with_sm(100, 0.8), at(start, 10)), Some(10.0));
-        assert_eq!(clock.observe(0, &with_sm(100, 1.0), at(start, 70)), Some(70.0));
+        assert_eq!(
+            clock.observe(0, &with_sm(100, 1.0), at(start, 0)),
+            Some(0.0)
+        );
+        assert_eq!(
+            clock.observe(0, &with_sm(100, 0.8), at(start, 10)),
+            Some(10.0)
+        );
+        assert_eq!(
+            clock.observe(0, &with_sm(100, 1.0), at(start, 70)),
+            Some(70.0)
+        );
         // Real work: the SMs have it.
-        assert_eq!(clock.observe(0, &with_sm(100, 62.5), at(start, 80)), Some(0.0));
+        assert_eq!(
+            clock.observe(0, &with_sm(100, 62.5), at(start, 80)),
+            Some(0.0)
+        );
         // Under the threshold, not at it.
         let mut strict = IdleClock::new(5.0);
         assert_eq!(strict.observe(0, &with_sm(0, 5.0), at(start, 0)), Some(0.0));
-        assert_eq!(strict.observe(0, &with_sm(0, 5.0), at(start, 10)), Some(0.0));
+        assert_eq!(
+            strict.observe(0, &with_sm(0, 5.0), at(start, 10)),
+            Some(0.0)
+        );
         let mut lenient = IdleClock::new(20.0);
-        assert_eq!(lenient.observe(0, &with_sm(100, 15.0), at(start, 0)), Some(0.0));
-        assert_eq!(lenient.observe(0, &with_sm(100, 15.0), at(start, 10)), Some(10.0));
+        assert_eq!(
+            lenient.observe(0, &with_sm(100, 15.0), at(start, 0)),
+            Some(0.0)
+        );
+        assert_eq!(
+            lenient.observe(0, &with_sm(100, 15.0), at(start, 10)),
+            Some(10.0)
+        );
     }
 
     #[test]
@@ -178,7 +199,10 @@ mod tests {
         let start = Instant::now();
         for gpm in [Gpm::Unsupported, Gpm::Pending] {
             let mut clock = IdleClock::default();
-            let spin = GpuReading { gpm, ..rates(100, 0) };
+            let spin = GpuReading {
+                gpm,
+                ..rates(100, 0)
+            };
             assert_eq!(clock.observe(0, &spin, at(start, 0)), Some(0.0));
             assert_eq!(clock.observe(0, &spin, at(start, 10)), Some(0.0));
             let quiet = GpuReading { gpm, ..rates(0, 0) };

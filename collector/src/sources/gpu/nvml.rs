@@ -147,7 +147,12 @@ impl NvmlGpus {
 /// The metrics of one `nvmlGpmMetricsGet`, in [`GPM_METRICS`]' order; an error when SM
 /// activity itself is missing (the others may be, one by one).
 fn reading_of(results: &[Result<GpmMetricResult, NvmlError>]) -> Result<GpmReading, String> {
-    let value = |i: usize| results.get(i).and_then(|r| r.as_ref().ok()).map(|r| r.value);
+    let value = |i: usize| {
+        results
+            .get(i)
+            .and_then(|r| r.as_ref().ok())
+            .map(|r| r.value)
+    };
     let sm_active = match results.first() {
         Some(Ok(result)) => result.value,
         Some(Err(error)) => return Err(format!("SM activity: {error}")),

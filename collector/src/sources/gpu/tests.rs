@@ -252,7 +252,10 @@ fn every_gpu_name_is_a_device_series_in_the_scope_table() {
     source.sample(&mut out);
     let names: Vec<&str> = out.iter().map(|(n, _)| n.as_ref()).collect();
     for suffix in mlscope_scopes::GPU_SUFFIXES {
-        assert!(names.contains(&format!("gpu_12_{suffix}").as_str()), "{suffix}");
+        assert!(
+            names.contains(&format!("gpu_12_{suffix}").as_str()),
+            "{suffix}"
+        );
     }
     for name in names {
         assert_eq!(
