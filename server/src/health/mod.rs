@@ -5,7 +5,8 @@
 //! and tags (and by default ends) them. Every run that ends (its client's `runs/update` through
 //! the proxy, or the sweep's verdict) is billed once: GPU hours held and idle ([`bill`]), as run
 //! tags and fleet counters; a live run holding GPUs idle past `--gpu-idle-after` carries a tag
-//! naming them. `GET /runs/{run_id}/health` on the admin listener and Prometheus gauges show live
+//! naming them, and both say what idleness was judged on ([`basis`]: SM activity or utilisation,
+//! each rank's collector's word). `GET /runs/{run_id}/health` on the admin listener and Prometheus gauges show live
 //! runs, their idle GPUs and their bill so far.
 
 pub mod basis;
