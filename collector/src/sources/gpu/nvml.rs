@@ -5,9 +5,9 @@
 //! `nvmlGpmMetricsGet` over the pair): each tick takes one sample and compares it with the
 //! previous tick's, so a reading covers exactly one sampling interval and the first tick has
 //! none (`Gpm::Pending`). NVML wants more than 100 ms between the two samples, the shortest
-//! `--interval`. Support is asked once per device; a device whose GPM reads keep failing (a MIG
-//! slice, which needs `nvmlGpmMigSampleGet`; counters held by another profiler) is judged by
-//! utilisation from then on, after one warning.
+//! `--interval`. Support is asked once per device (a GPU in MIG mode counts as unsupported: its
+//! device counters are every slice's); a device whose GPM reads keep failing (counters held by
+//! another profiler) is judged by utilisation from then on, after one warning.
 
 use std::ffi::OsStr;
 
@@ -67,10 +67,8 @@ impl NvmlGpus {
                     let nvml: &'static Nvml = Box::leak(Box::new(nvml));
                     let gpm: Vec<DeviceGpm> = (0..devices)
                         .map(|index| {
-                            let supported = nvml
-                                .device_by_index(index)
-                                .and_then(|d| d.gpm_support())
-                                .unwrap_or(false);
+                            let supported =
+                                nvml.device_by_index(index).is_ok_and(|d| gpm_measures(&d));
                             if supported {
                                 DeviceGpm::Supported {
                                     previous: None,
@@ -142,6 +140,14 @@ impl NvmlGpus {
             }
         }
     }
+}
+
+/// Whether GPM measures the device as the container has it: supported, and not a GPU in MIG
+/// mode (its device-level counters would be the whole GPU's, every tenant's slice included; a
+/// slice's own need `nvmlGpmMigSampleGet` and its GPU instance).
+fn gpm_measures(device: &Device<'_>) -> bool {
+    let mig = device.mig_mode().is_ok_and(|mode| mode.current == 1);
+    !mig && device.gpm_support().unwrap_or(false)
 }
 
 /// The metrics of one `nvmlGpmMetricsGet`, in [`GPM_METRICS`]' order; an error when SM
