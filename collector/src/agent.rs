@@ -243,6 +243,30 @@ struct Agent {
     interval: Duration,
     /// Where this rank runs, sent as run tags with the first sample; `None` once sent.
     placement: Option<Placement>,
+    basis: BasisTag,
+}
+
+/// The rank tag `mlscope/rank-<r>/gpu_idle_basis`: what the idle clocks are judged on, sent once
+/// it is known (with GPM, from the second sample) and again whenever it changes.
+#[derive(Debug)]
+struct BasisTag {
+    rank: u32,
+    sent: Option<&'static str>,
+}
+
+impl BasisTag {
+    /// The tag to send after a sample whose basis was `basis`, if it says something new.
+    fn update(&mut self, basis: Option<&'static str>) -> Option<(String, String)> {
+        let basis = basis?;
+        if self.sent == Some(basis) {
+            return None;
+        }
+        self.sent = Some(basis);
+        Some((
+            format!("mlscope/rank-{}/gpu_idle_basis", self.rank),
+            basis.to_owned(),
+        ))
+    }
 }
 
 /// The rank's placement: `mlscope/rank-<r>/node`, `pod`, the container's limits and GPUs.
@@ -313,6 +337,7 @@ impl Agent {
             volumes,
             cgroup,
             gpus: true,
+            gpu_idle_below: config.gpu_idle_below,
         };
         let identity = Identity {
             node: Some(config.node.clone()),
@@ -333,6 +358,10 @@ impl Agent {
                 rank: config.rank,
                 pod: config.pod.clone(),
             }),
+            basis: BasisTag {
+                rank: config.rank,
+                sent: None,
+            },
         }
     }
 
@@ -372,6 +401,9 @@ impl Agent {
         }
         for batch in sample.into_batches() {
             push(&self.outbox, Payload::Sample(batch));
+        }
+        if let Some(tag) = self.basis.update(self.sampler.gpu_idle_basis()) {
+            push(&self.outbox, Payload::Tags(vec![tag]));
         }
     }
 
@@ -465,6 +497,28 @@ mod tests {
             "http://127.0.0.1:5001"
         );
         assert_eq!(without_userinfo("http://host/a@b"), "http://host/a@b");
+    }
+
+    #[test]
+    fn the_idle_basis_tag_is_sent_once_known_and_again_when_it_changes() {
+        let mut tag = BasisTag {
+            rank: 2,
+            sent: None,
+        };
+        assert_eq!(tag.update(None), None);
+        assert_eq!(
+            tag.update(Some("sm_active")),
+            Some((
+                "mlscope/rank-2/gpu_idle_basis".to_owned(),
+                "sm_active".to_owned()
+            ))
+        );
+        assert_eq!(tag.update(Some("sm_active")), None);
+        assert_eq!(tag.update(None), None);
+        assert_eq!(
+            tag.update(Some("utilization")).map(|(_, v)| v).as_deref(),
+            Some("utilization")
+        );
     }
 
     #[test]

@@ -97,6 +97,13 @@ struct Args {
     /// Wrapper mode: list and tag the processes the command left running, but do not end them.
     #[arg(long, env = "MLSCOPE_LEAVE_LEFTOVERS", action = ArgAction::SetTrue, value_parser = BoolishValueParser::new())]
     leave_leftovers: bool,
+    /// Where GPM measures SM activity (Hopper and newer): a GPU whose SMs are busy less than this
+    /// share of the interval, in percent, counts as idle, whatever its utilisation says (a
+    /// one-thread kernel shows 100 % utilisation at under 1 % SM activity). 5 % is about 7 of
+    /// an H100's 132 SMs: waiting, polling and stray kernels stay under it, training (even
+    /// data-starved) above. Without GPM, idle is utilisation and memory activity at or under 5 %.
+    #[arg(long, env = "MLSCOPE_GPU_IDLE_BELOW", value_name = "PERCENT", default_value_t = crate::sources::gpu::DEFAULT_SM_IDLE_BELOW)]
+    gpu_idle_below: f64,
     /// Open files whose path starts with this count as GPU device files (tests point it at a
     /// file of their own).
     #[arg(
@@ -149,6 +156,8 @@ pub struct Config {
     pub command: Vec<OsString>,
     /// Wrapper mode: what to do about processes the command leaves running.
     pub leftovers: LeftoverSettings,
+    /// GPM's SM activity under this (percent) counts as idle.
+    pub gpu_idle_below: f64,
     /// `--check-config`: report the configuration and exit.
     pub check_only: bool,
 }
@@ -262,6 +271,12 @@ impl Config {
                 return Err(invalid(format!("{what} must be more than 0")));
             }
         }
+        if !(args.gpu_idle_below > 0.0 && args.gpu_idle_below <= 100.0) {
+            return Err(invalid(format!(
+                "--gpu-idle-below must be a percentage above 0 and at most 100, not {}",
+                args.gpu_idle_below
+            )));
+        }
         let leftovers = LeftoverSettings {
             grace: args.leftover_grace,
             leave: args.leave_leftovers,
@@ -289,6 +304,7 @@ impl Config {
             log_level: args.log_level,
             command: args.command,
             leftovers,
+            gpu_idle_below: args.gpu_idle_below,
             check_only: args.check_config,
         })
     }
@@ -561,6 +577,23 @@ mod tests {
             assert!(
                 matches!(config(refused, &[]), Err(ConfigError::Invalid(_))),
                 "{refused:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn gpus_are_idle_under_five_percent_sm_activity_unless_told_otherwise() {
+        assert_eq!(config(&[], &[]).unwrap().gpu_idle_below, 5.0);
+        assert_eq!(
+            config(&["--gpu-idle-below", "12.5"], &[])
+                .unwrap()
+                .gpu_idle_below,
+            12.5
+        );
+        for refused in ["0", "-1", "101", "NaN", "five"] {
+            assert!(
+                config(&["--gpu-idle-below", refused], &[]).is_err(),
+                "{refused}"
             );
         }
     }

@@ -91,5 +91,5 @@ fn without_an_nvidia_driver_there_is_no_gpu_source_and_no_error() {
         eprintln!("skipped: this machine has an NVIDIA driver");
         return;
     }
-    assert!(GpuSource::load().is_none());
+    assert!(GpuSource::load(5.0).is_none());
 }

@@ -115,6 +115,23 @@ pub struct ScopeRule {
 pub const VOLUME_SUFFIXES: &[&str] =
     &["usage_megabytes", "usage_percentage", "available_megabytes"];
 
+/// The GPU series mlscope knows, after `gpu_<i>_`: MLflow's (its NVIDIA monitor), then the
+/// collector's idle clock and, where NVML's GPM measures them, SM activity, SM occupancy, tensor
+/// pipe activity and DRAM activity. All are device series of the one `gpu_<i>_*` row, which also
+/// keeps any other suffix (MLflow's ROCm monitor writes its own) as a device series.
+pub const GPU_SUFFIXES: &[&str] = &[
+    "utilization_percentage",
+    "memory_usage_megabytes",
+    "memory_usage_percentage",
+    "power_usage_watts",
+    "power_usage_percentage",
+    "idle_seconds",
+    "sm_active_percentage",
+    "sm_occupancy_percentage",
+    "tensor_active_percentage",
+    "dram_active_percentage",
+];
+
 /// The bare metric name of one of a watched volume's series (`volume_<volume>_<suffix>`), or
 /// `None` when the table would not recognise it (an empty volume name or an unknown suffix), so
 /// the collector cannot invent a name the proxy does not know.
@@ -682,6 +699,17 @@ mod tests {
                 rewrite(&format!("system/{name}"), &node),
                 expected,
                 "{name}"
+            );
+        }
+        for suffix in GPU_SUFFIXES {
+            assert_eq!(
+                rewrite(&format!("system/gpu_3_{suffix}"), &node),
+                format!("system/rank-7/gpu_3_{suffix}"),
+                "{suffix}"
+            );
+            assert_eq!(
+                rule_for(&format!("gpu_3_{suffix}")).map(|r| r.scope),
+                Some(Scope::Device)
             );
         }
         assert!(rule_for("gpu__x").is_none());

@@ -42,6 +42,8 @@ pub struct SourceSettings {
     pub cgroup: Option<CgroupLayout>,
     /// Try NVML.
     pub gpus: bool,
+    /// GPM's SM activity under this (percent) counts as idle (`--gpu-idle-below`).
+    pub gpu_idle_below: f64,
 }
 
 /// Reads every source once per tick and stamps the result with one timestamp and one step.
@@ -67,7 +69,7 @@ impl Sampler {
             network: NetworkSource::new(settings.proc_root),
             container: settings.cgroup.map(ContainerSource::new),
             gpu: if settings.gpus {
-                GpuSource::load()
+                GpuSource::load(settings.gpu_idle_below)
             } else {
                 None
             },
@@ -84,6 +86,12 @@ impl Sampler {
     /// GPU model and count, when NVML sees GPUs.
     pub fn gpu_inventory(&self) -> Option<(Option<String>, u32)> {
         self.gpu.as_ref().map(GpuSource::inventory)
+    }
+
+    /// What the last sample judged GPU idleness on (`sm_active`, `utilization`, `mixed`); `None`
+    /// without GPUs, before the first sample and while GPM waits for its first reading.
+    pub fn gpu_idle_basis(&self) -> Option<&'static str> {
+        self.gpu.as_ref().and_then(GpuSource::idle_basis)
     }
 
     /// The GPUs' memory, when NVML sees GPUs.

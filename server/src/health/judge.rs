@@ -201,6 +201,7 @@ mod tests {
             memory_limit_mb: None,
             cpu_limit_cores: None,
             gpu_model: None,
+            gpu_idle_basis: None,
             gpus: 0,
             gpu_idle: None,
             gpu_idle_ms: None,

@@ -5,9 +5,11 @@
 //! and tags (and by default ends) them. Every run that ends (its client's `runs/update` through
 //! the proxy, or the sweep's verdict) is billed once: GPU hours held and idle ([`bill`]), as run
 //! tags and fleet counters; a live run holding GPUs idle past `--gpu-idle-after` carries a tag
-//! naming them. `GET /runs/{run_id}/health` on the admin listener and Prometheus gauges show live
+//! naming them, and both say what idleness was judged on ([`basis`]: SM activity or utilisation,
+//! each rank's collector's word). `GET /runs/{run_id}/health` on the admin listener and Prometheus gauges show live
 //! runs, their idle GPUs and their bill so far.
 
+pub mod basis;
 pub mod bill;
 pub mod findings;
 pub mod judge;
@@ -241,6 +243,8 @@ pub struct RankBeat {
     pub exit_code: Option<i64>,
     pub pod: Option<String>,
     pub gpu_model: Option<String>,
+    /// What its collector judged GPU idleness on (`health::basis`).
+    pub gpu_idle_basis: Option<&'static str>,
     /// Whether the request carried system samples of this rank (not only its tags).
     pub sampled: bool,
     /// Timestamps (the sender's, unix ms) of the rank's system samples: earliest and latest.
@@ -355,6 +359,7 @@ impl Beat {
             "exit_code" => entry.exit_code = value.parse().ok(),
             "pod" => entry.pod = Some(value),
             "gpu_model" => entry.gpu_model = Some(value),
+            "gpu_idle_basis" => entry.gpu_idle_basis = basis::parse(&value),
             "gpu_count" => {
                 if let Ok(count) = value.parse::<i64>() {
                     entry.gpus = entry.gpus.max(count.clamp(0, MAX_GPUS_PER_RANK));
@@ -507,6 +512,9 @@ impl Health {
             entry.exit_code = rank.exit_code.or(entry.exit_code);
             entry.pod = rank.pod.or(entry.pod.take());
             entry.gpu_model = rank.gpu_model.or(entry.gpu_model.take());
+            if let Some(basis) = rank.gpu_idle_basis {
+                entry.gpu_idle_basis = Some(basis.to_owned());
+            }
             entry.memory_limit_mb = rank.memory_limit_mb.or(entry.memory_limit_mb);
             entry.cpu_limit_cores = rank.cpu_limit_cores.or(entry.cpu_limit_cores);
             entry.gpus = entry.gpus.max(rank.gpus);
@@ -842,8 +850,8 @@ impl Health {
         let bill = bill::bill(&ranks, &idle, clip);
         let holds_gpus = bill.ranks.iter().any(|r| r.gpus > 0);
         if holds_gpus {
-            if let Err((reason, error)) = self.write_tags(run_id, &headers, &bill_tags(&bill)).await
-            {
+            let tags = bill_tags(&bill, basis::of_run(&ranks));
+            if let Err((reason, error)) = self.write_tags(run_id, &headers, &tags).await {
                 if reason == REJECTED {
                     return self.give_up_bill(run_id, &error).await;
                 }
@@ -944,7 +952,10 @@ impl Health {
             let headers = self.run_headers(ranks);
             let done = match &value {
                 Some(value) => {
-                    let tags = [(IDLE_TAG.to_owned(), value.clone())];
+                    let mut tags = vec![(IDLE_TAG.to_owned(), value.clone())];
+                    tags.extend(
+                        basis::of_run(ranks).map(|b| (basis::BASIS_TAG.to_owned(), truncate(&b))),
+                    );
                     match self.write_tags(run_id, &headers, &tags).await {
                         Ok(()) => self
                             .inner
@@ -1511,6 +1522,7 @@ impl Health {
                     memory_limit_megabytes: r.memory_limit_mb,
                     cpu_limit_cores: r.cpu_limit_cores,
                     gpu_model: r.gpu_model.clone(),
+                    gpu_idle_basis: basis::of_rank(r).map(str::to_owned),
                     gpus,
                     leftovers: findings::leftovers_of(&finding_rows, &r.node, r.rank),
                 }
@@ -1533,6 +1545,7 @@ impl Health {
             gpus_allocated,
             gpus_idle,
             gpus_idle_tag: idle_gpus(&ranks, now_ms, idle_after),
+            gpu_idle_basis: basis::of_run(&ranks).map(|b| truncate(&b)),
             bill: match &billed {
                 Some(b) if b.done == 1 && b.failure.is_some() => "not_billed",
                 Some(b) if b.done == 1 => "billed",
@@ -1597,9 +1610,10 @@ fn refused_for_good(status: StatusCode, bytes: &[u8]) -> bool {
             ))
 }
 
-/// The tags of a billed run: totals under `mlscope.`, and per rank (the first
-/// [`MAX_RANK_TAGS`]) under `mlscope/rank-<r>/`, as the sweep's other tags.
-fn bill_tags(bill: &RunBill) -> Vec<(String, String)> {
+/// The tags of a billed run: totals under `mlscope.` with what idleness was judged on
+/// (`basis`, [`basis::BASIS_TAG`]), and per rank (the first [`MAX_RANK_TAGS`]) under
+/// `mlscope/rank-<r>/`, as the sweep's other tags.
+fn bill_tags(bill: &RunBill, basis: Option<String>) -> Vec<(String, String)> {
     let mut tags = vec![
         (
             "mlscope.gpu_hours".to_owned(),
@@ -1614,6 +1628,9 @@ fn bill_tags(bill: &RunBill) -> Vec<(String, String)> {
             format!("{:.4}", bill.idle_fraction()),
         ),
     ];
+    if let Some(basis) = basis {
+        tags.push((basis::BASIS_TAG.to_owned(), truncate(&basis)));
+    }
     for (rank, gpu_seconds, idle_seconds) in bill.per_rank().into_iter().take(MAX_RANK_TAGS) {
         tags.push((
             format!("mlscope/rank-{rank}/gpu_hours"),
@@ -1777,6 +1794,8 @@ pub struct RunHealth {
     pub gpus_idle: usize,
     /// What the run's `mlscope.gpus_idle` tag names (or would, once the sweep writes it).
     pub gpus_idle_tag: Option<String>,
+    /// What idleness is judged on: the run's `mlscope.gpu_idle_basis` tag; absent without GPUs.
+    pub gpu_idle_basis: Option<String>,
     /// The GPU bill: `running` (so far), `ended` (queued, not written yet), `billed` (the
     /// figures of the run's tags), `not_billed` (MLflow refused the run for good: deleted).
     pub bill: &'static str,
@@ -1808,6 +1827,9 @@ pub struct RankHealth {
     pub memory_limit_megabytes: Option<f64>,
     pub cpu_limit_cores: Option<f64>,
     pub gpu_model: Option<String>,
+    /// `sm_active`, `utilization` or `mixed` (the collector's `gpu_idle_basis` tag;
+    /// `utilization` when it sent none); absent without GPUs.
+    pub gpu_idle_basis: Option<String>,
     pub gpus: Vec<GpuHealth>,
     /// This rank's share of the bill.
     pub gpu_hours: f64,
@@ -1875,6 +1897,7 @@ fn merge_older(newer: &mut RankRow, older: RankRow) {
     newer.workspace = newer.workspace.take().or(older.workspace);
     newer.pod = newer.pod.take().or(older.pod);
     newer.gpu_model = newer.gpu_model.take().or(older.gpu_model);
+    newer.gpu_idle_basis = newer.gpu_idle_basis.take().or(older.gpu_idle_basis);
     newer.memory_limit_mb = newer.memory_limit_mb.or(older.memory_limit_mb);
     newer.cpu_limit_cores = newer.cpu_limit_cores.or(older.cpu_limit_cores);
     if newer.gpu_idle_ms.is_none() {
@@ -1931,6 +1954,12 @@ mod tests {
         beat.observe_tag(Some("n"), Some(3), "mlscope/rank-3/outcome", "oom_killed");
         beat.observe_tag(Some("n"), Some(3), "mlscope/rank-3/exit_code", "137");
         beat.observe_tag(Some("n"), Some(3), "mlscope/rank-3/pod", "train-3");
+        beat.observe_tag(
+            Some("n"),
+            Some(3),
+            "mlscope/rank-3/gpu_idle_basis",
+            "sm_active",
+        );
         beat.observe_tag(Some("n"), Some(3), "mlflow.user", "x");
         beat.observe_tag(Some("n"), Some(3), "mlscope/rank-x/outcome", "killed");
         // Another rank's sender, or one that names no rank, cannot end rank 3 (nor add a rank).
@@ -1951,6 +1980,15 @@ mod tests {
             (rank.exit_code, rank.pod.as_deref()),
             (Some(137), Some("train-3"))
         );
+        assert_eq!(rank.gpu_idle_basis, Some("sm_active"));
+        // Only the words the contract knows.
+        beat.observe_tag(
+            Some("n"),
+            Some(3),
+            "mlscope/rank-3/gpu_idle_basis",
+            "<b>idle</b>",
+        );
+        assert_eq!(beat.ranks[0].gpu_idle_basis, None);
     }
 
     #[test]
@@ -1983,18 +2021,27 @@ mod tests {
             Some("rank-0:gpu1, rank-1:gpu0")
         );
         assert_eq!(idle_gpus(&ranks, 10_000, 3600.0), None);
-        let tags = bill_tags(&RunBill {
+        let bill = RunBill {
             gpu_seconds: 7200.0,
             idle_seconds: 1800.0,
             ranks: Vec::new(),
-        });
+        };
+        let totals = [
+            ("mlscope.gpu_hours".to_owned(), "2.0000".to_owned()),
+            ("mlscope.gpu_idle_hours".to_owned(), "0.5000".to_owned()),
+            ("mlscope.gpu_idle_fraction".to_owned(), "0.2500".to_owned()),
+        ];
+        assert_eq!(bill_tags(&bill, None), totals);
         assert_eq!(
-            tags,
+            bill_tags(&bill, basis::of_run(&ranks)),
             [
-                ("mlscope.gpu_hours".to_owned(), "2.0000".to_owned()),
-                ("mlscope.gpu_idle_hours".to_owned(), "0.5000".to_owned()),
-                ("mlscope.gpu_idle_fraction".to_owned(), "0.2500".to_owned()),
+                totals.to_vec(),
+                vec![(
+                    "mlscope.gpu_idle_basis".to_owned(),
+                    "utilization".to_owned()
+                )]
             ]
+            .concat()
         );
     }
 
@@ -2057,6 +2104,7 @@ mod tests {
             last_sample_ms: Some(5_000),
             pod: Some("train-0".into()),
             gpus: 8,
+            gpu_idle_basis: Some("sm_active".into()),
             ..RankRow::default()
         };
         let mut newer = RankRow {
@@ -2075,6 +2123,7 @@ mod tests {
             (Some(900), Some(6_900))
         );
         assert_eq!((newer.pod.as_deref(), newer.gpus), (Some("train-0"), 8));
+        assert_eq!(newer.gpu_idle_basis.as_deref(), Some("sm_active"));
         assert_eq!(newer.outcome, None);
     }
 

@@ -21,6 +21,8 @@ pub struct RankRow {
     pub memory_limit_mb: Option<f64>,
     pub cpu_limit_cores: Option<f64>,
     pub gpu_model: Option<String>,
+    /// What the rank's collector judged GPU idleness on: `sm_active`, `utilization`, `mixed`.
+    pub gpu_idle_basis: Option<String>,
     pub gpus: i64,
     pub gpu_idle: Option<String>,
     pub gpu_idle_ms: Option<i64>,
@@ -89,7 +91,8 @@ pub const SUPERSEDE_AFTER_MS: i64 = 10_000;
 
 const RANK_COLUMNS: &str = "run_id, node, rank, first_heard_ms, last_heard_ms, interval_ms, \
      outcome, exit_code, ended_ms, pod, memory_limit_mb, cpu_limit_cores, gpu_model, gpus, \
-     gpu_idle, gpu_idle_ms, workspace, last_write_ms, last_sample_ms, bill_first_ms, bill_last_ms";
+     gpu_idle, gpu_idle_ms, workspace, last_write_ms, last_sample_ms, bill_first_ms, bill_last_ms, \
+     gpu_idle_basis";
 
 /// A `run_verdicts` row.
 #[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
@@ -117,7 +120,7 @@ impl Store {
         let sql = format!(
             "INSERT INTO run_ranks ({RANK_COLUMNS}) \
              VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, \
-               $18, $19, $20, $21) \
+               $18, $19, $20, $21, $22) \
              ON CONFLICT (run_id, node, rank) DO UPDATE SET \
                first_heard_ms = CASE WHEN excluded.first_heard_ms < run_ranks.first_heard_ms \
                  THEN excluded.first_heard_ms ELSE run_ranks.first_heard_ms END, \
@@ -153,6 +156,7 @@ impl Store {
                memory_limit_mb = COALESCE(excluded.memory_limit_mb, run_ranks.memory_limit_mb), \
                cpu_limit_cores = COALESCE(excluded.cpu_limit_cores, run_ranks.cpu_limit_cores), \
                gpu_model = COALESCE(excluded.gpu_model, run_ranks.gpu_model), \
+               gpu_idle_basis = COALESCE(excluded.gpu_idle_basis, run_ranks.gpu_idle_basis), \
                workspace = COALESCE(excluded.workspace, run_ranks.workspace), \
                gpus = CASE WHEN excluded.gpus > run_ranks.gpus \
                  THEN excluded.gpus ELSE run_ranks.gpus END, \
@@ -191,6 +195,7 @@ impl Store {
                     .bind(u.last_sample_ms)
                     .bind(u.bill_first_ms)
                     .bind(u.bill_last_ms)
+                    .bind(&u.gpu_idle_basis)
                     .execute(&mut *tx)
                     .await?;
             }
@@ -635,6 +640,7 @@ mod tests {
         let mut older = beat("r", 0, 500, 4_000);
         older.pod = Some("train-0".into());
         older.gpus = 2;
+        older.gpu_idle_basis = Some("sm_active".into());
         store.record_ranks(&[older]).await.unwrap();
         // A newer one: the interval is the gap to the stored heartbeat.
         store
@@ -649,6 +655,13 @@ mod tests {
             (500, 6_000, Some(1_000))
         );
         assert_eq!((row.pod.as_deref(), row.gpus), (Some("train-0"), 2));
+        // A fact heard once stays until the rank says otherwise.
+        assert_eq!(row.gpu_idle_basis.as_deref(), Some("sm_active"));
+        let mut changed = beat("r", 0, 7_000, 7_000);
+        changed.gpu_idle_basis = Some("utilization".into());
+        store.record_ranks(&[changed]).await.unwrap();
+        let row = &store.ranks_of_run("r").await.unwrap()[0];
+        assert_eq!(row.gpu_idle_basis.as_deref(), Some("utilization"));
     }
 
     #[tokio::test]

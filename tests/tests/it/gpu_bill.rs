@@ -14,10 +14,10 @@ use serde_json::{json, Value};
 use crate::health::{counter, health_proxy, health_view, wait_for_status};
 use crate::mlflow::{get_run, http, now_ms, post, run_tags};
 
-const MIN: i64 = 60_000;
+pub(crate) const MIN: i64 = 60_000;
 
 /// A run created directly in MLflow with `start_time` = `start_ms`.
-async fn run_started_at(mlflow: &str, prefix: &str, start_ms: i64) -> String {
+pub(crate) async fn run_started_at(mlflow: &str, prefix: &str, start_ms: i64) -> String {
     let name = format!("{prefix}-{}", uuid::Uuid::new_v4().simple());
     let experiment = post(mlflow, "experiments/create", json!({ "name": name })).await;
     let run = post(
@@ -31,7 +31,14 @@ async fn run_started_at(mlflow: &str, prefix: &str, start_ms: i64) -> String {
 
 /// One publish of a rank's collector: every GPU's utilization and idle clock, all stamped `at`,
 /// with the placement tags on the first publish (`step` 0), as the collector sends them.
-fn publish(run_id: &str, rank: u32, node: &str, step: i64, at: i64, gpus: &[f64]) -> Value {
+pub(crate) fn publish(
+    run_id: &str,
+    rank: u32,
+    node: &str,
+    step: i64,
+    at: i64,
+    gpus: &[f64],
+) -> Value {
     let mut metrics = Vec::new();
     for (index, &idle) in gpus.iter().enumerate() {
         let utilization = if idle > 0.0 { 0.0 } else { 97.0 };
@@ -53,7 +60,7 @@ fn publish(run_id: &str, rank: u32, node: &str, step: i64, at: i64, gpus: &[f64]
     json!({"run_id": run_id, "metrics": metrics, "tags": tags})
 }
 
-async fn send(proxy: &ProxyProcess, rank: u32, node: &str, body: &Value) {
+pub(crate) async fn send(proxy: &ProxyProcess, rank: u32, node: &str, body: &Value) {
     let response = http()
         .post(format!("{}/api/2.0/mlflow/runs/log-batch", proxy.url))
         .header("X-Mlscope-Node", node)
@@ -67,7 +74,7 @@ async fn send(proxy: &ProxyProcess, rank: u32, node: &str, body: &Value) {
 
 /// A rank's publishes every 10 minutes from `start` for `minutes`: GPU `i` idle throughout
 /// when `idle[i]` (its clock rising from 0 at the start), busy otherwise.
-fn publishes(start: i64, minutes: i64, idle: &[bool]) -> Vec<(i64, i64, Vec<f64>)> {
+pub(crate) fn publishes(start: i64, minutes: i64, idle: &[bool]) -> Vec<(i64, i64, Vec<f64>)> {
     (0..=minutes / 10)
         .map(|k| {
             let at = start + k * 10 * MIN;
@@ -80,7 +87,7 @@ fn publishes(start: i64, minutes: i64, idle: &[bool]) -> Vec<(i64, i64, Vec<f64>
         .collect()
 }
 
-async fn send_rank(
+pub(crate) async fn send_rank(
     proxy: &ProxyProcess,
     run_id: &str,
     rank: u32,
@@ -99,7 +106,7 @@ async fn send_rank(
 }
 
 /// Ends the run through `proxy` as MLflow's client does (`run_id` and `run_uuid`).
-async fn end_run(proxy: &ProxyProcess, run_id: &str, end_ms: i64) {
+pub(crate) async fn end_run(proxy: &ProxyProcess, run_id: &str, end_ms: i64) {
     post(
         &proxy.url,
         "runs/update",
@@ -109,7 +116,7 @@ async fn end_run(proxy: &ProxyProcess, run_id: &str, end_ms: i64) {
 }
 
 /// Polls the run's tags until `mlscope.gpu_hours` is there.
-async fn billed_tags(mlflow: &str, run_id: &str) -> BTreeMap<String, String> {
+pub(crate) async fn billed_tags(mlflow: &str, run_id: &str) -> BTreeMap<String, String> {
     let deadline = Instant::now() + Duration::from_secs(40);
     loop {
         let tags = run_tags(mlflow, run_id).await;
@@ -124,14 +131,14 @@ async fn billed_tags(mlflow: &str, run_id: &str) -> BTreeMap<String, String> {
     }
 }
 
-fn number(tags: &BTreeMap<String, String>, key: &str) -> f64 {
+pub(crate) fn number(tags: &BTreeMap<String, String>, key: &str) -> f64 {
     tags.get(key)
         .unwrap_or_else(|| panic!("no {key}: {tags:?}"))
         .parse()
         .unwrap_or_else(|_| panic!("{key} is not a number: {tags:?}"))
 }
 
-fn within_2_percent(tags: &BTreeMap<String, String>, key: &str, truth: f64) {
+pub(crate) fn within_2_percent(tags: &BTreeMap<String, String>, key: &str, truth: f64) {
     let value = number(tags, key);
     assert!(
         (value - truth).abs() <= 0.02 * truth,
@@ -214,6 +221,8 @@ async fn a_run_ended_by_its_client_is_billed_its_gpu_hours_and_a_silent_rank_to_
     end_run(&proxy, &silent, start + 120 * MIN).await;
 
     let tags = billed_tags(mlflow, &whole).await;
+    // Collectors without GPM judge idleness by utilisation, and the run says so.
+    assert_eq!(tags["mlscope.gpu_idle_basis"], "utilization", "{tags:?}");
     within_2_percent(&tags, "mlscope.gpu_hours", 8.0);
     within_2_percent(&tags, "mlscope.gpu_idle_hours", 2.0);
     within_2_percent(&tags, "mlscope.gpu_idle_fraction", 0.25);

@@ -14,6 +14,7 @@ mod compat;
 mod deploy;
 mod faults;
 mod forwarding;
+mod gpu_basis;
 mod gpu_bill;
 mod health;
 mod hostile;
