@@ -42,6 +42,7 @@ use sha2::{Digest, Sha256};
 
 use crate::aged::AgedMap;
 use crate::error::Error;
+use crate::mlflow::{MlflowClient, MlflowError};
 use crate::proxy::{AnsweredBy, Forwarder};
 
 /// The name the probes append to a path. Not a number (experiment id), not a tier folder, not 32
@@ -61,7 +62,7 @@ type Decisions = AgedMap<[u8; 32], (Instant, HeaderMap)>;
 const MAX_CACHED: usize = 10_000;
 /// How often MLflow is asked whether it authenticates at all.
 pub(crate) const DETECT_INTERVAL: Duration = Duration::from_secs(10);
-const API: &str = "/api/2.0/mlflow-artifacts/";
+const API: &str = crate::mlflow::ARTIFACTS_API;
 /// MLflow's refusal of a multipart create without `path` (`missing_value` in
 /// `mlflow/utils/validation.py`): the update probe's answer when the client may write.
 const MISSING_PATH: &str = "Missing value for required parameter 'path'";
@@ -141,6 +142,7 @@ impl AuthMode {
 #[derive(Clone)]
 pub struct Authorizer {
     forwarder: Forwarder,
+    mlflow: MlflowClient,
     mode: AuthMode,
     /// Whether MLflow has workspaces on, learned with every authentication probe.
     workspaces: crate::workspace::Support,
@@ -155,6 +157,7 @@ pub struct Authorizer {
 impl Authorizer {
     pub fn new(forwarder: Forwarder, ttl: Duration) -> Self {
         Self {
+            mlflow: MlflowClient::new(forwarder.clone()),
             forwarder,
             mode: AuthMode::default(),
             workspaces: crate::workspace::Support::default(),
@@ -196,21 +199,18 @@ impl Authorizer {
 
     /// Asks MLflow's `server-info` (answered without credentials) whether it has workspaces on.
     async fn learn_workspaces(&self) {
-        let path = "/api/3.0/mlflow/server-info";
-        match self
-            .forwarder
-            .call(Method::GET, path, &HeaderMap::new(), None)
-            .await
-        {
-            Ok((status, body)) => {
-                match crate::workspace::Support::from_server_info(status, &body) {
-                    Some(enabled) => self.workspaces.set(enabled),
-                    None => {
-                        tracing::debug!(status = status.as_u16(), "server-info probe inconclusive")
-                    }
+        let answer = self.mlflow.server_info().await;
+        match crate::workspace::Support::from_server_info(&answer) {
+            Some(enabled) => self.workspaces.set(enabled),
+            None => match answer {
+                Err(MlflowError::Unanswered(e)) => {
+                    tracing::debug!(error = %e, "server-info probe failed")
                 }
-            }
-            Err(e) => tracing::debug!(error = %e, "server-info probe failed"),
+                _ => tracing::debug!(
+                    status = answer.err().and_then(|e| e.status()).map(|s| s.as_u16()),
+                    "server-info probe inconclusive"
+                ),
+            },
         }
     }
 
@@ -377,7 +377,7 @@ impl Authorizer {
             ),
             Action::WriteRun => (
                 Method::POST,
-                "/api/2.0/mlflow/runs/log-batch".to_owned(),
+                crate::mlflow::LOG_BATCH.to_owned(),
                 Bytes::from(serde_json::json!({ "run_id": raw }).to_string()),
             ),
         }

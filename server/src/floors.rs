@@ -13,6 +13,7 @@ const PLUMBING: &[&str] = &[
     "identity",
     "layers",
     "listen",
+    "mlflow",
     "proxy",
     "route",
     "settings",
@@ -38,8 +39,8 @@ const CAPABILITIES: &[&str] = &[
 /// The named seams between capabilities: (who, whom). The metric routes have a body inspected by
 /// the scope contract, hand the writes to the coalescer and a stored write's beat to run health;
 /// the contract hands node samples to deduplication and builds the beat run health records;
-/// whoever acts for a client asks MLflow through the authorizer; run health writes its tags
-/// through the coalescer.
+/// whoever acts for a client asks MLflow through the authorizer; run health and the gateway write
+/// their tags through the coalescer.
 pub(crate) const SEAMS: &[(&str, &str)] = &[
     ("metric_routes", "rewrite"),
     ("metric_routes", "coalesce"),
@@ -48,8 +49,10 @@ pub(crate) const SEAMS: &[(&str, &str)] = &[
     ("rewrite", "health"),
     ("rewrite", "authz"),
     ("artifacts", "authz"),
-    // Run health's own tags (the GPU bill, idle GPUs) join their run's write queue.
+    // The proxy's own run tags join their run's write queue: run health's (verdicts, the GPU
+    // bill, idle GPUs) and the gateway's (upload failures).
     ("health", "coalesce"),
+    ("artifacts", "coalesce"),
 ];
 
 /// The shell: may import anything.

@@ -60,6 +60,7 @@ pub(crate) mod identity;
 pub(crate) mod layers;
 pub(crate) mod listen;
 pub(crate) mod metric_routes;
+pub(crate) mod mlflow;
 pub mod proxy;
 pub mod relocate;
 pub mod rewrite;

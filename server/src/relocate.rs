@@ -25,9 +25,8 @@ use std::time::{Duration, Instant};
 use crate::credential::ServiceCredential;
 use anyhow::{anyhow, Context};
 use futures_util::{StreamExt, TryStreamExt};
-use http::{HeaderMap, StatusCode};
+use http::StatusCode;
 use indicatif::{HumanBytes, ProgressBar, ProgressDrawTarget, ProgressStyle};
-use percent_encoding::NON_ALPHANUMERIC;
 use tokio::sync::Semaphore;
 
 use crate::artifacts::listing::is_marker;
@@ -35,6 +34,7 @@ use crate::artifacts::objects::{Bucket, Part, StoredObject};
 use crate::artifacts::s3::Destination;
 use crate::artifacts::upload::part_size_for;
 use crate::config::RelocateArgs;
+use crate::mlflow::{self, Caller, MlflowClient, MlflowError, Run};
 use crate::proxy::Forwarder;
 use crate::telemetry::Metrics;
 
@@ -283,8 +283,7 @@ struct RunInfo {
 }
 
 async fn lookup_run(config: &crate::Config, args: &RelocateArgs) -> anyhow::Result<RunInfo> {
-    let forwarder = Forwarder::new(&config.forwarder(), Metrics::new());
-    let mut headers = HeaderMap::new();
+    let mlflow = MlflowClient::new(Forwarder::new(&config.forwarder(), Metrics::new()));
     let credential = match (
         &args.mlflow_token,
         &args.mlflow_username,
@@ -297,66 +296,61 @@ async fn lookup_run(config: &crate::Config, args: &RelocateArgs) -> anyhow::Resu
         },
         _ => ServiceCredential::None,
     };
-    if !matches!(credential, ServiceCredential::None) {
-        let value = credential
-            .header()
-            .context("the MLflow credentials contain characters an HTTP header cannot carry")?;
-        headers.insert(http::header::AUTHORIZATION, value);
+    if !matches!(credential, ServiceCredential::None) && credential.header().is_none() {
+        anyhow::bail!("the MLflow credentials contain characters an HTTP header cannot carry");
     }
-    let path = format!(
-        "/api/2.0/mlflow/runs/get?run_id={}",
-        percent_encoding::utf8_percent_encode(&args.run_id, NON_ALPHANUMERIC)
-    );
-    let (status, body) = forwarder
-        .call(http::Method::GET, &path, &headers, None)
-        .await
-        .map_err(|e| anyhow!("{e}; set --upstream (before `relocate`) or MLSCOPE_UPSTREAM to the MLflow tracking server"))?;
-    parse_run_answer(status, &body, &args.run_id, &config.upstream.url())
-        .map_err(anyhow::Error::msg)
+    let answer = mlflow
+        .get_run(&Caller::service(&credential), &args.run_id)
+        .await;
+    if let Err(MlflowError::Unanswered(e)) = &answer {
+        anyhow::bail!("{e}; set --upstream (before `relocate`) or MLSCOPE_UPSTREAM to the MLflow tracking server");
+    }
+    run_info(answer, &args.run_id, &config.upstream.url()).map_err(anyhow::Error::msg)
 }
 
 /// MLflow's answer to `runs/get`, or why there is no run to copy into.
-fn parse_run_answer(
-    status: StatusCode,
-    body: &[u8],
+fn run_info(
+    answer: Result<Run, MlflowError>,
     run_id: &str,
     upstream: &str,
 ) -> Result<RunInfo, String> {
-    let json: serde_json::Value = serde_json::from_slice(body).unwrap_or_default();
-    let message = json["message"]
-        .as_str()
-        .map(str::to_owned)
-        .unwrap_or_else(|| {
-            let text = String::from_utf8_lossy(body);
-            text.chars().take(200).collect()
-        });
-    let code = json["error_code"].as_str().unwrap_or("");
-    if status == StatusCode::NOT_FOUND || code == "RESOURCE_DOES_NOT_EXIST" {
-        return Err(format!(
-            "MLflow at {upstream} has no run {run_id:?} ({message}); check --run-id and --upstream"
-        ));
-    }
-    if status == StatusCode::UNAUTHORIZED || status == StatusCode::FORBIDDEN {
-        return Err(format!(
-            "MLflow at {upstream} refused to show run {run_id:?} (HTTP {status}); set MLFLOW_TRACKING_TOKEN, or \
-             MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD"
-        ));
-    }
-    if !status.is_success() {
-        return Err(format!("MLflow at {upstream} answered HTTP {status} to the lookup of run {run_id:?}: {message}"));
-    }
-    let info = &json["run"]["info"];
-    let field = |name: &str| {
-        info[name]
-            .as_str()
-            .map(str::to_owned)
-            .ok_or_else(|| format!("MLflow's answer for run {run_id:?} has no run.info.{name}; is {upstream} an MLflow tracking server?"))
+    let info = match answer {
+        Ok(run) => run.info,
+        Err(MlflowError::Refused {
+            status,
+            error_code,
+            message,
+            shown,
+            ..
+        }) => {
+            let message = message.unwrap_or_else(|| shown.chars().take(200).collect());
+            if status == StatusCode::NOT_FOUND
+                || error_code.as_deref() == Some("RESOURCE_DOES_NOT_EXIST")
+            {
+                return Err(format!(
+                    "MLflow at {upstream} has no run {run_id:?} ({message}); check --run-id and --upstream"
+                ));
+            }
+            if status == StatusCode::UNAUTHORIZED || status == StatusCode::FORBIDDEN {
+                return Err(format!(
+                    "MLflow at {upstream} refused to show run {run_id:?} (HTTP {status}); set MLFLOW_TRACKING_TOKEN, or \
+                     MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD"
+                ));
+            }
+            return Err(format!("MLflow at {upstream} answered HTTP {status} to the lookup of run {run_id:?}: {message}"));
+        }
+        // A success that is no JSON object: no field of it is there.
+        Err(MlflowError::Unreadable { .. }) => mlflow::RunInfo::default(),
+        Err(MlflowError::Unanswered(e)) => return Err(e.to_string()),
+    };
+    let field = |value: Option<String>, name: &str| {
+        value.ok_or_else(|| format!("MLflow's answer for run {run_id:?} has no run.info.{name}; is {upstream} an MLflow tracking server?"))
     };
     Ok(RunInfo {
-        run_id: field("run_id").unwrap_or_else(|_| run_id.to_owned()),
-        experiment_id: field("experiment_id")?,
-        artifact_uri: field("artifact_uri")?,
-        lifecycle_stage: field("lifecycle_stage").unwrap_or_default(),
+        run_id: info.run_id.unwrap_or_else(|| run_id.to_owned()),
+        experiment_id: field(info.experiment_id, "experiment_id")?,
+        artifact_uri: field(info.artifact_uri, "artifact_uri")?,
+        lifecycle_stage: info.lifecycle_stage.unwrap_or_default(),
     })
 }
 
@@ -1085,6 +1079,13 @@ mod tests {
 
     #[test]
     fn mlflow_answers_become_run_infos_or_clear_errors() {
+        let parse_run_answer = |status: StatusCode, body: &[u8], run_id: &str, upstream: &str| {
+            run_info(
+                mlflow::run_answer(status, "/runs/get", body),
+                run_id,
+                upstream,
+            )
+        };
         let ok = br#"{"run": {"info": {"run_id": "abc", "experiment_id": "1", "artifact_uri": "mlflow-artifacts:/1/abc/artifacts", "lifecycle_stage": "active"}}}"#;
         let run = parse_run_answer(StatusCode::OK, ok, "abc", "http://m").unwrap();
         assert_eq!(run.experiment_id, "1");

@@ -19,7 +19,7 @@ pub enum RouteClass {
 
 /// Tracking API prefixes: the UI uses `/ajax-api`, newer endpoints also live under `/api/3.0`
 /// (and `/ajax-api/3.0`).
-const TRACKING_PREFIXES: [&str; 4] = [
+pub(crate) const TRACKING_PREFIXES: [&str; 4] = [
     "/api/2.0/mlflow/",
     "/ajax-api/2.0/mlflow/",
     "/api/3.0/mlflow/",

@@ -93,6 +93,7 @@ impl AppState {
                     forwarder.clone(),
                     store.clone(),
                     authz.clone(),
+                    coalescer.clone(),
                     metrics.clone(),
                     upstream_version.clone(),
                     config.trusted_proxies.clone(),

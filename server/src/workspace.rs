@@ -13,8 +13,10 @@ use std::sync::Arc;
 
 use http::{HeaderMap, StatusCode};
 
+use crate::mlflow::{MlflowError, ServerInfo};
+
 /// The header a client names its workspace in (HTTP header names are case-insensitive).
-pub(crate) const HEADER: &str = "x-mlflow-workspace";
+pub(crate) const HEADER: &str = crate::mlflow::WORKSPACE_HEADER;
 /// The workspace of a request without the header.
 pub(crate) const DEFAULT: &str = "default";
 /// Where a workspace's artifacts live under the artifacts destination.
@@ -92,16 +94,15 @@ impl Support {
         }
     }
 
-    /// What MLflow's `server-info` answer (`status`, `body`) says: MLflow from before the
-    /// route (404) has no workspaces; another answer says nothing (`None`).
-    pub fn from_server_info(status: StatusCode, body: &[u8]) -> Option<bool> {
-        match status {
-            StatusCode::OK => {
-                let info: serde_json::Value = serde_json::from_slice(body).unwrap_or_default();
-                Some(info.get("workspaces_enabled").and_then(|v| v.as_bool()) == Some(true))
-            }
-            StatusCode::NOT_FOUND => Some(false),
-            _ => None,
+    /// What MLflow's answer to `server-info` says: MLflow from before the route (404) has no
+    /// workspaces, nor has one whose answer is no JSON object; another answer says nothing
+    /// (`None`).
+    pub(crate) fn from_server_info(answer: &Result<ServerInfo, MlflowError>) -> Option<bool> {
+        match answer {
+            Ok(info) => Some(info.workspaces_enabled()),
+            Err(error) if error.status() == Some(StatusCode::NOT_FOUND) => Some(false),
+            Err(MlflowError::Unreadable { .. }) => Some(false),
+            Err(_) => None,
         }
     }
 
@@ -215,23 +216,17 @@ mod tests {
 
     #[test]
     fn server_info_says_whether_workspaces_are_on() {
-        let info = |body: &str| Support::from_server_info(StatusCode::OK, body.as_bytes());
+        let said = |status: StatusCode, body: &[u8]| {
+            Support::from_server_info(&crate::mlflow::answer(status, "/server-info", body))
+        };
+        let info = |body: &str| said(StatusCode::OK, body.as_bytes());
         assert_eq!(info(r#"{"workspaces_enabled": true}"#), Some(true));
         assert_eq!(info(r#"{"workspaces_enabled": false}"#), Some(false));
         assert_eq!(info(r#"{"store_type": "SqlStore"}"#), Some(false));
         // MLflow from before server-info has no workspaces; a 503 or a 401 says nothing.
-        assert_eq!(
-            Support::from_server_info(StatusCode::NOT_FOUND, b""),
-            Some(false)
-        );
-        assert_eq!(
-            Support::from_server_info(StatusCode::SERVICE_UNAVAILABLE, b""),
-            None
-        );
-        assert_eq!(
-            Support::from_server_info(StatusCode::UNAUTHORIZED, b""),
-            None
-        );
+        assert_eq!(said(StatusCode::NOT_FOUND, b""), Some(false));
+        assert_eq!(said(StatusCode::SERVICE_UNAVAILABLE, b""), None);
+        assert_eq!(said(StatusCode::UNAUTHORIZED, b""), None);
     }
 
     #[test]

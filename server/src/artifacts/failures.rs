@@ -1,10 +1,15 @@
 //! Failed uploads leave a trace on the run: a failure count, the last error and the last failed
 //! path, as run tags. An asynchronous client that never reads the response (MLflow's async
 //! artifact logging) still leaves the failure visible in the UI.
+//!
+//! The tags are written as the client that uploaded (MLflow's authorization applies), through the
+//! run's write queue like every tag the proxy writes: they keep their order with that client's own
+//! writes to the run.
 
-use http::{HeaderMap, Method};
+use http::HeaderMap;
 
-use crate::proxy::Forwarder;
+use crate::coalesce::Coalescer;
+use crate::mlflow::{Caller, RunTag};
 use crate::store::Store;
 
 pub const TAG_FAILURES: &str = "mlscope.artifacts.upload_failures";
@@ -15,28 +20,19 @@ const MAX_ERROR_CHARS: usize = 2000;
 
 #[derive(Clone)]
 pub struct FailureRecorder {
-    forwarder: Forwarder,
+    coalescer: Coalescer,
     store: Store,
 }
 
 impl FailureRecorder {
-    pub fn new(forwarder: Forwarder, store: Store) -> Self {
-        Self { forwarder, store }
+    pub fn new(coalescer: Coalescer, store: Store) -> Self {
+        Self { coalescer, store }
     }
 
-    /// The client's credentials, kept to tag the run as that client (MLflow's authorization).
+    /// The client's credentials and workspace, kept to tag the run as that client (MLflow's
+    /// authorization).
     pub fn credentials(headers: &HeaderMap) -> HeaderMap {
-        let mut kept = HeaderMap::new();
-        for name in [
-            http::header::AUTHORIZATION,
-            http::header::COOKIE,
-            http::HeaderName::from_static(crate::workspace::HEADER),
-        ] {
-            if let Some(v) = headers.get(&name) {
-                kept.insert(name, v.clone());
-            }
-        }
-        kept
+        Caller::client(headers).headers().clone()
     }
 
     /// Counts the failure in the shared store (so replicas agree on the count) and tags the run.
@@ -50,36 +46,28 @@ impl FailureRecorder {
                 return;
             }
         };
-        let body = serde_json::json!({
-            "run_id": run_id,
-            "tags": [
-                { "key": TAG_FAILURES, "value": count.to_string() },
-                { "key": TAG_LAST_ERROR, "value": error },
-                { "key": TAG_LAST_PATH, "value": path },
-            ],
-        });
-        match self
-            .forwarder
-            .call(
-                Method::POST,
-                "/api/2.0/mlflow/runs/log-batch",
-                credentials,
-                Some(body),
-            )
-            .await
-        {
-            Ok((status, _)) if status.is_success() => tracing::info!(
+        let tags = [
+            (TAG_FAILURES, count.to_string()),
+            (TAG_LAST_ERROR, error),
+            (TAG_LAST_PATH, path.to_owned()),
+        ]
+        .map(|(key, value)| RunTag::from((key.to_owned(), value)));
+        let caller = Caller::client(credentials);
+        match self.coalescer.set_tags(&caller, run_id, &tags).await {
+            Ok(()) => tracing::info!(
                 run_id,
                 path,
                 failures = count,
                 "upload failure recorded on the run"
             ),
-            Ok((status, body)) => {
-                tracing::warn!(run_id, status = status.as_u16(), body = %String::from_utf8_lossy(&body), "MLflow refused the upload-failure tags")
-            }
-            Err(e) => {
-                tracing::warn!(run_id, error = %e, "tagging the run with an upload failure failed")
-            }
+            Err(e) => match e.status() {
+                Some(status) => {
+                    tracing::warn!(run_id, status = status.as_u16(), error = %e, "MLflow refused the upload-failure tags")
+                }
+                None => {
+                    tracing::warn!(run_id, error = %e, "tagging the run with an upload failure failed")
+                }
+            },
         }
     }
 }

@@ -24,9 +24,10 @@ use super::upload::{self, UploadError, UploadLimits};
 use super::{ArtifactsConfig, WritePolicy};
 use crate::authz::{Authorizer, Decision};
 use crate::error::Error;
+use crate::mlflow::MlflowVersion;
 use crate::proxy::{AnsweredBy, Forwarder};
 use crate::telemetry::Metrics;
-use crate::upstream::{MlflowVersion, UpstreamVersion};
+use crate::upstream::UpstreamVersion;
 
 /// Longest object key S3 (and every S3-compatible store) accepts.
 const MAX_KEY_BYTES: usize = 1024;
@@ -141,6 +142,7 @@ impl Gateway {
         forwarder: Forwarder,
         store: crate::store::Store,
         authz: Authorizer,
+        coalescer: crate::coalesce::Coalescer,
         metrics: Metrics,
         upstream: UpstreamVersion,
         trusted_proxies: crate::client::TrustedProxies,
@@ -152,7 +154,7 @@ impl Gateway {
             forwarder: forwarder.clone(),
             owners: OwnerCheck::new(forwarder.clone(), config.owner_cache_ttl),
             authz,
-            failures: FailureRecorder::new(forwarder, store),
+            failures: FailureRecorder::new(coalescer, store),
             uploads: Arc::new(Semaphore::new(config.max_concurrent_uploads)),
             upload_shares: Arc::new(ClientShares {
                 per_client: (config.max_concurrent_uploads / 4).max(1),

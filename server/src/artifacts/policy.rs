@@ -6,9 +6,10 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use http::{HeaderMap, Method, StatusCode};
+use http::{HeaderMap, StatusCode};
 
 use super::path::Owner;
+use crate::mlflow::{Caller, MlflowClient, MlflowError};
 use crate::proxy::Forwarder;
 
 /// How long a "does not exist" answer is kept: short, so a run created a moment later is seen.
@@ -30,7 +31,7 @@ pub enum Verdict {
 
 #[derive(Clone)]
 pub struct OwnerCheck {
-    forwarder: Forwarder,
+    mlflow: MlflowClient,
     ttl: Duration,
     /// Keyed by the client's credential fingerprint as well: what MLflow showed one client is
     /// never an answer for another.
@@ -40,7 +41,7 @@ pub struct OwnerCheck {
 impl OwnerCheck {
     pub fn new(forwarder: Forwarder, ttl: Duration) -> Self {
         Self {
-            forwarder,
+            mlflow: MlflowClient::new(forwarder),
             ttl,
             cache: Arc::default(),
         }
@@ -75,51 +76,53 @@ impl OwnerCheck {
     }
 
     async fn lookup(&self, owner: &Owner, headers: &HeaderMap) -> Verdict {
-        let (path, pointer, what) = match owner {
+        let caller = Caller::client(headers);
+        let (experiment, what) = match owner {
             Owner::Run { run, .. } => (
-                format!("/api/2.0/mlflow/runs/get?run_id={}", encode(run)),
-                "/run/info/experiment_id",
+                self.mlflow
+                    .get_run(&caller, run)
+                    .await
+                    .map(|run| run.info.experiment_id),
                 "run",
             ),
             Owner::Model { model, .. } => (
-                format!("/api/2.0/mlflow/logged-models/{}", encode(model)),
-                "/model/info/experiment_id",
+                self.mlflow
+                    .get_logged_model(&caller, model)
+                    .await
+                    .map(|model| model.experiment_id().map(str::to_owned)),
                 "logged model",
             ),
             Owner::Trace { trace, .. } => (
-                format!("/api/3.0/mlflow/traces/{}", encode(trace)),
-                "/trace/trace_info/trace_location/mlflow_experiment/experiment_id",
+                self.mlflow
+                    .get_trace(&caller, trace)
+                    .await
+                    .map(|trace| trace.experiment_id().map(str::to_owned)),
                 "trace",
             ),
         };
-        let (status, body) = match self.forwarder.call(Method::GET, &path, headers, None).await {
-            Ok(answer) => answer,
-            Err(e) => return Verdict::Unverifiable(e.to_string()),
-        };
-        let json: serde_json::Value = serde_json::from_slice(&body).unwrap_or_default();
-        match status {
-            StatusCode::OK => match json.pointer(pointer).and_then(|v| v.as_str()) {
-                Some(experiment) if experiment == owner.experiment() => Verdict::Owned,
-                Some(experiment) => {
-                    Verdict::Missing(format!("that {what} belongs to experiment {experiment}"))
+        match experiment {
+            Ok(Some(experiment)) if experiment == owner.experiment() => Verdict::Owned,
+            Ok(Some(experiment)) => {
+                Verdict::Missing(format!("that {what} belongs to experiment {experiment}"))
+            }
+            Ok(None) | Err(MlflowError::Unreadable { .. }) => Verdict::Unverifiable(format!(
+                "MLflow's answer for the {what} has no experiment id"
+            )),
+            Err(MlflowError::Unanswered(e)) => Verdict::Unverifiable(e.to_string()),
+            Err(e) => match e.status() {
+                Some(StatusCode::NOT_FOUND | StatusCode::BAD_REQUEST) => {
+                    Verdict::Missing(format!("MLflow has no such {what}"))
                 }
-                None => Verdict::Unverifiable(format!(
-                    "MLflow's answer for the {what} has no experiment id"
+                Some(status @ (StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN)) => {
+                    Verdict::Missing(format!(
+                        "MLflow refused to show that {what} to this client (HTTP {status})"
+                    ))
+                }
+                status => Verdict::Unverifiable(format!(
+                    "MLflow answered HTTP {} to the {what} lookup",
+                    status.map_or_else(String::new, |s| s.to_string())
                 )),
             },
-            StatusCode::NOT_FOUND | StatusCode::BAD_REQUEST => {
-                Verdict::Missing(format!("MLflow has no such {what}"))
-            }
-            StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN => Verdict::Missing(format!(
-                "MLflow refused to show that {what} to this client (HTTP {status})"
-            )),
-            other => {
-                Verdict::Unverifiable(format!("MLflow answered HTTP {other} to the {what} lookup"))
-            }
         }
     }
-}
-
-fn encode(segment: &str) -> String {
-    percent_encoding::utf8_percent_encode(segment, percent_encoding::NON_ALPHANUMERIC).to_string()
 }

@@ -248,11 +248,17 @@ mod tests {
             ..Default::default()
         };
         let authz = crate::authz::Authorizer::new(forwarder.clone(), Duration::ZERO);
+        let coalescer = crate::coalesce::Coalescer::new(
+            crate::coalesce::CoalesceConfig::default(),
+            forwarder.clone(),
+            metrics.clone(),
+        );
         let gateway = Gateway::new(
             &config,
             forwarder,
             store,
             authz,
+            coalescer,
             metrics.clone(),
             crate::upstream::UpstreamVersion::default(),
             crate::client::TrustedProxies::default(),

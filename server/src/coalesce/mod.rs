@@ -57,10 +57,11 @@ use tracing::Instrument as _;
 use crate::credential::fingerprint as credential_fingerprint;
 use crate::error::Error;
 use crate::identity::{NODE_HEADER, RANK_HEADER};
+use crate::mlflow::{self, Caller, MlflowError, MlflowVersion, RunTag};
 use crate::proxy::is_json;
 use crate::proxy::{request_id, Forwarder};
 use crate::telemetry::Metrics;
-use crate::upstream::{MlflowVersion, UpstreamVersion};
+use crate::upstream::UpstreamVersion;
 
 pub use crate::writes::MAX_BATCH_METRICS;
 use crate::writes::{self, Alone, Prepared, Writes};
@@ -324,6 +325,28 @@ impl Coalescer {
             )
             .into_response()
         })
+    }
+}
+
+impl Coalescer {
+    /// Writes run tags as `caller`, through the run's write queue (at most
+    /// [`writes::MAX_BATCH_TAGS`] a `runs/log-batch`), so that they keep their order with the
+    /// client's writes to the run and never overlap them at MLflow: the one way the proxy writes
+    /// tags of its own (run health's verdicts, bills and idle GPUs, the gateway's upload
+    /// failures). Stops at the first batch MLflow did not take.
+    pub(crate) async fn set_tags(
+        &self,
+        caller: &Caller,
+        run_id: &str,
+        tags: &[RunTag],
+    ) -> Result<(), MlflowError> {
+        // The proxy's own request, from no client's address.
+        let peer = SocketAddr::from(([127, 0, 0, 1], 0));
+        for chunk in tags.chunks(writes::MAX_BATCH_TAGS) {
+            let request = mlflow::tags_request(caller, run_id, chunk);
+            mlflow::answer_of(self.submit(request, None, peer).await).await?;
+        }
+        Ok(())
     }
 }
 

@@ -582,14 +582,9 @@ fn declared_bytes(request: &Request) -> u64 {
 /// static files and `server-info` it answers to anyone) answered with a success or a client
 /// error other than 401, 403 and 407.
 fn authenticated(path: &str, status: StatusCode) -> bool {
-    let api = [
-        "/api/2.0/mlflow/",
-        "/ajax-api/2.0/mlflow/",
-        "/api/3.0/mlflow/",
-        "/ajax-api/3.0/mlflow/",
-    ]
-    .iter()
-    .any(|prefix| path.starts_with(prefix));
+    let api = crate::route::TRACKING_PREFIXES
+        .iter()
+        .any(|prefix| path.starts_with(prefix));
     let open = path.ends_with("/server-info") || path.contains("/static");
     let refused = matches!(
         status,

@@ -18,7 +18,6 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
-use http::{HeaderMap, Method, StatusCode};
 use serde::Serialize;
 use serde_json::{json, Value};
 
@@ -27,11 +26,11 @@ use std::net::SocketAddr;
 use axum::body::Body;
 use axum::extract::{ConnectInfo, Request, State};
 use axum::response::{IntoResponse, Response};
-use http_body_util::BodyExt;
 use tracing::Instrument as _;
 
 use crate::coalesce::Coalescer;
 use crate::credential::Secret;
+use crate::mlflow::{Caller, MlflowClient, MlflowError, Run, RunTag, UpdateRun};
 use crate::proxy::Forwarder;
 use crate::settings::parse_duration;
 use crate::store::{
@@ -48,8 +47,6 @@ const MAX_PENDING_RANKS: usize = 100_000;
 const MAX_SWEPT_RUNS: i64 = 5_000;
 /// Live runs that get per-run gauges; beyond it only the count is exported.
 pub const MAX_GAUGE_RUNS: usize = 1_000;
-/// Tags per `runs/log-batch` (MLflow's limit is 100).
-const TAGS_PER_BATCH: usize = 100;
 /// Ranks that get their own `mlscope/rank-<r>/last_heard` tag when a run is judged.
 const MAX_RANK_TAGS: usize = 64;
 /// MLflow's longest tag value is 8000 characters (5000 in older versions); stay under both.
@@ -65,8 +62,6 @@ const MAX_CLEAN_ENDS_PER_SWEEP: usize = 50;
 const MAX_BILLS_PER_SWEEP: i64 = 200;
 /// The tag naming a live run's GPUs idle past `--gpu-idle-after`.
 pub const IDLE_TAG: &str = "mlscope.gpus_idle";
-/// The longest answer of MLflow read back for the proxy's own writes.
-const MAX_ANSWER_BYTES: usize = 1 << 20;
 
 /// What the sweep does with a dead run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Deserialize)]
@@ -387,7 +382,7 @@ pub struct Health {
 struct Inner {
     config: HealthConfig,
     store: Store,
-    forwarder: Forwarder,
+    mlflow: MlflowClient,
     /// The proxy's own tag writes join their run's write queue, so they keep their order with
     /// the client's writes and never overlap them at MLflow.
     coalescer: Coalescer,
@@ -417,7 +412,7 @@ impl Health {
             inner: Arc::new(Inner {
                 config,
                 store,
-                forwarder,
+                mlflow: MlflowClient::new(forwarder),
                 coalescer,
                 metrics,
                 replica_id,
@@ -747,15 +742,8 @@ impl Health {
     /// A run whose ranks all exited 0 is its client's to end, and the sweep leaves it alone;
     /// once MLflow has it ended (straight, not through the proxy) its bill is queued here.
     async fn bill_clean_end(&self, run_id: &str, ranks: &[RankRow], now_ms: i64) {
-        let query = format!("/api/2.0/mlflow/runs/get?run_id={}", percent_encode(run_id));
-        let status = match self
-            .call(Method::GET, &query, &self.run_headers(ranks), None)
-            .await
-        {
-            Ok(run) => run["run"]["info"]["status"]
-                .as_str()
-                .unwrap_or_default()
-                .to_owned(),
+        let status = match self.get_run(&self.run_caller(ranks), run_id).await {
+            Ok(run) => run.info.status.unwrap_or_default(),
             Err((reason, error)) => {
                 tracing::warn!(run_id, error, "asking MLflow whether a run ended failed");
                 self.inner.metrics.health_error(reason);
@@ -835,9 +823,8 @@ impl Health {
                 return;
             }
         };
-        let headers = self.run_headers(&ranks);
-        let query = format!("/api/2.0/mlflow/runs/get?run_id={}", percent_encode(run_id));
-        let run = match self.call(Method::GET, &query, &headers, None).await {
+        let caller = self.run_caller(&ranks);
+        let run = match self.get_run(&caller, run_id).await {
             Ok(run) => run,
             Err((REJECTED, error)) => return self.give_up_bill(run_id, &error).await,
             Err((reason, error)) => {
@@ -851,7 +838,7 @@ impl Health {
         let holds_gpus = bill.ranks.iter().any(|r| r.gpus > 0);
         if holds_gpus {
             let tags = bill_tags(&bill, basis::of_run(&ranks));
-            if let Err((reason, error)) = self.write_tags(run_id, &headers, &tags).await {
+            if let Err((reason, error)) = self.write_tags(run_id, &caller, &tags).await {
                 if reason == REJECTED {
                     return self.give_up_bill(run_id, &error).await;
                 }
@@ -865,7 +852,7 @@ impl Health {
             }
         }
         // The run ended: its idle-GPU tag goes with it.
-        if let Err((reason, error)) = self.clear_idle_tag(run_id, &headers).await {
+        if let Err((reason, error)) = self.clear_idle_tag(run_id, &caller).await {
             tracing::warn!(
                 run_id,
                 error,
@@ -949,14 +936,14 @@ impl Health {
             if before.as_deref() == value.as_deref() {
                 continue;
             }
-            let headers = self.run_headers(ranks);
+            let caller = self.run_caller(ranks);
             let done = match &value {
                 Some(value) => {
                     let mut tags = vec![(IDLE_TAG.to_owned(), value.clone())];
                     tags.extend(
                         basis::of_run(ranks).map(|b| (basis::BASIS_TAG.to_owned(), truncate(&b))),
                     );
-                    match self.write_tags(run_id, &headers, &tags).await {
+                    match self.write_tags(run_id, &caller, &tags).await {
                         Ok(()) => self
                             .inner
                             .store
@@ -967,7 +954,7 @@ impl Health {
                         Err(e) => Err(e),
                     }
                 }
-                None => self.clear_idle_tag(run_id, &headers).await,
+                None => self.clear_idle_tag(run_id, &caller).await,
             };
             if let Err((reason, error)) = done {
                 tracing::warn!(
@@ -986,8 +973,9 @@ impl Health {
                 .ranks_of_run(&run_id)
                 .await
                 .unwrap_or_default();
-            let headers = self.run_headers(&ranks);
-            if let Err((reason, error)) = self.clear_idle_tag(&run_id, &headers).await {
+            if let Err((reason, error)) =
+                self.clear_idle_tag(&run_id, &self.run_caller(&ranks)).await
+            {
                 tracing::warn!(run_id, error, "removing an idle-GPU tag failed");
                 self.inner.metrics.health_error(reason);
             }
@@ -998,7 +986,7 @@ impl Health {
     async fn clear_idle_tag(
         &self,
         run_id: &str,
-        headers: &HeaderMap,
+        caller: &Caller,
     ) -> Result<(), (&'static str, String)> {
         let written = self
             .inner
@@ -1009,19 +997,13 @@ impl Health {
         if !written {
             return Ok(());
         }
-        match self
-            .call(
-                Method::POST,
-                "/api/2.0/mlflow/runs/delete-tag",
-                headers,
-                Some(json!({"run_id": run_id, "key": IDLE_TAG})),
-            )
-            .await
-        {
-            Ok(_) => {}
+        match self.inner.mlflow.delete_tag(caller, run_id, IDLE_TAG).await {
+            Ok(()) => {}
             // Already gone (deleted by someone, or never stored): nothing left to remove.
-            Err((_, error)) if error.contains("RESOURCE_DOES_NOT_EXIST") => {}
-            Err(e) => return Err(e),
+            Err(e)
+                if !e.refused_credential() && e.error_code() == Some("RESOURCE_DOES_NOT_EXIST") => {
+            }
+            Err(e) => return Err(failure(e)),
         }
         self.inner
             .store
@@ -1030,55 +1012,34 @@ impl Health {
             .map_err(|e| ("store", e.to_string()))
     }
 
-    /// Writes run tags through the run's write queue (`runs/log-batch`, at most
-    /// [`TAGS_PER_BATCH`] a request).
+    /// Writes run tags through the run's write queue.
     async fn write_tags(
         &self,
         run_id: &str,
-        headers: &HeaderMap,
+        caller: &Caller,
         tags: &[(String, String)],
     ) -> Result<(), (&'static str, String)> {
-        for chunk in tags.chunks(TAGS_PER_BATCH) {
-            let tags: Vec<Value> = chunk
-                .iter()
-                .map(|(key, value)| json!({"key": key, "value": value}))
-                .collect();
-            let body = json!({"run_id": run_id, "tags": tags}).to_string();
-            let mut request = Request::new(Body::from(body.clone()));
-            *request.method_mut() = Method::POST;
-            *request.uri_mut() = http::Uri::from_static("/api/2.0/mlflow/runs/log-batch");
-            *request.headers_mut() = headers.clone();
-            request.headers_mut().insert(
-                http::header::CONTENT_TYPE,
-                http::HeaderValue::from_static("application/json"),
-            );
-            request.headers_mut().insert(
-                http::header::CONTENT_LENGTH,
-                http::HeaderValue::from(body.len()),
-            );
-            let peer = SocketAddr::from(([127, 0, 0, 1], 0));
-            let response = self.inner.coalescer.submit(request, None, peer).await;
-            let status = response.status();
-            let bytes = http_body_util::Limited::new(response.into_body(), MAX_ANSWER_BYTES)
-                .collect()
-                .await
-                .map(|c| c.to_bytes())
-                .unwrap_or_default();
-            check_answer(status, "/api/2.0/mlflow/runs/log-batch", &bytes)?;
-        }
-        Ok(())
+        let tags: Vec<RunTag> = tags.iter().cloned().map(RunTag::from).collect();
+        self.inner
+            .coalescer
+            .set_tags(caller, run_id, &tags)
+            .await
+            .map_err(failure)
     }
 
     /// The service credential, and the workspace the run's ranks wrote in (MLflow finds the run
     /// only there).
-    fn run_headers(&self, ranks: &[RankRow]) -> HeaderMap {
-        let mut headers = self.service_headers();
-        if let Some(workspace) = ranks.iter().find_map(|r| r.workspace.as_deref()) {
-            if let Ok(value) = http::HeaderValue::from_str(workspace) {
-                headers.insert(crate::workspace::HEADER, value);
-            }
-        }
-        headers
+    fn run_caller(&self, ranks: &[RankRow]) -> Caller {
+        Caller::service(&self.inner.config.credential)
+            .in_workspace(ranks.iter().find_map(|r| r.workspace.as_deref()))
+    }
+
+    async fn get_run(&self, caller: &Caller, run_id: &str) -> Result<Run, (&'static str, String)> {
+        self.inner
+            .mlflow
+            .get_run(caller, run_id)
+            .await
+            .map_err(failure)
     }
 
     /// After MLflow accepted a `runs/update` that ends or resumes a run: the store hears of it in
@@ -1253,48 +1214,29 @@ impl Health {
         ranks: &[RankRow],
         judgement: &Judgement,
     ) -> Result<Acted, (&'static str, String)> {
-        let headers = self.run_headers(ranks);
-        let query = format!("/api/2.0/mlflow/runs/get?run_id={}", percent_encode(run_id));
-        let run = self.call(Method::GET, &query, &headers, None).await?;
-        let status = run["run"]["info"]["status"].as_str().unwrap_or_default();
+        let caller = self.run_caller(ranks);
+        let run = self.get_run(&caller, run_id).await?;
+        let status = run.info.status.as_deref().unwrap_or_default();
         if status != "RUNNING" {
             return Ok(Acted::EndedByClient(status.to_owned()));
         }
-        let note = run["run"]["data"]["tags"]
-            .as_array()
-            .and_then(|tags| {
-                tags.iter()
-                    .find(|t| t["key"] == "mlflow.note.content")
-                    .and_then(|t| t["value"].as_str())
-            })
-            .unwrap_or_default();
+        let note = run.tag("mlflow.note.content").unwrap_or_default();
         let tags = self.tags(ranks, judgement, note);
-        for chunk in tags.chunks(TAGS_PER_BATCH) {
-            let tags: Vec<Value> = chunk
-                .iter()
-                .map(|(key, value)| json!({"key": key, "value": value}))
-                .collect();
-            self.call(
-                Method::POST,
-                "/api/2.0/mlflow/runs/log-batch",
-                &headers,
-                Some(json!({"run_id": run_id, "tags": tags})),
-            )
-            .await?;
-        }
+        // The verdict's tags join the run's write queue, as every tag the proxy writes: a rank
+        // that comes back to life meanwhile has its writes stored in order with them.
+        self.write_tags(run_id, &caller, &tags).await?;
         if self.inner.config.action == StaleAction::End {
-            self.call(
-                Method::POST,
-                "/api/2.0/mlflow/runs/update",
-                &headers,
-                Some(json!({
-                    "run_id": run_id,
-                    "run_uuid": run_id,
-                    "status": "FAILED",
-                    "end_time": judgement.end_time_ms,
-                })),
-            )
-            .await?;
+            let update = UpdateRun {
+                run_id,
+                run_uuid: run_id,
+                status: "FAILED",
+                end_time: Some(judgement.end_time_ms),
+            };
+            self.inner
+                .mlflow
+                .update_run(&caller, &update)
+                .await
+                .map_err(failure)?;
         }
         Ok(Acted::Done)
     }
@@ -1367,31 +1309,6 @@ impl Health {
         tags
     }
 
-    async fn call(
-        &self,
-        method: Method,
-        path: &str,
-        headers: &HeaderMap,
-        body: Option<Value>,
-    ) -> Result<Value, (&'static str, String)> {
-        let (status, bytes) = self
-            .inner
-            .forwarder
-            .call(method, path, headers, body)
-            .await
-            .map_err(|e| ("mlflow", e.to_string()))?;
-        check_answer(status, path, &bytes)?;
-        Ok(serde_json::from_slice(&bytes).unwrap_or(Value::Null))
-    }
-
-    fn service_headers(&self) -> HeaderMap {
-        let mut headers = HeaderMap::new();
-        if let Some(value) = self.inner.config.credential.header() {
-            headers.insert(http::header::AUTHORIZATION, value);
-        }
-        headers
-    }
-
     /// The admin view of one run; `None` when no heartbeat of it is known.
     /// The run's health with the ranks of one page: `ranks[offset..offset + limit]` (the totals
     /// count every rank).
@@ -1460,11 +1377,7 @@ impl Health {
         // Clipped as the bill is (MLflow's start and end of the run), so a rank's figures here
         // are those of its tags; without MLflow's answer, to the queued end only.
         let queued_end = billed.as_ref().and_then(|b| b.end_ms);
-        let query = format!("/api/2.0/mlflow/runs/get?run_id={}", percent_encode(run_id));
-        let clip = match self
-            .call(Method::GET, &query, &self.run_headers(&ranks), None)
-            .await
-        {
+        let clip = match self.get_run(&self.run_caller(&ranks), run_id).await {
             Ok(run) => clip_of(&run, queued_end, now_ms),
             Err((_, error)) => {
                 tracing::debug!(run_id, error, "run health view without MLflow's start time");
@@ -1563,52 +1476,30 @@ impl Health {
     }
 }
 
-/// MLflow's answer to one of the proxy's own calls, as an error when it is not a success.
-fn check_answer(
-    status: StatusCode,
-    path: &str,
-    bytes: &[u8],
-) -> Result<(), (&'static str, String)> {
-    if status == StatusCode::UNAUTHORIZED || status == StatusCode::FORBIDDEN {
-        return Err((
-            "refused",
-            format!(
-                "MLflow answered {status} to {path}: give the proxy a service credential that may edit runs (--mlflow-service-token, or --mlflow-service-username and --mlflow-service-password)"
-            ),
-        ));
+/// A failed call to MLflow as the sweep counts it (`refused`: the service credential;
+/// [`REJECTED`]: for good; `mlflow`: anything else) and logs it.
+fn failure(error: MlflowError) -> (&'static str, String) {
+    if error.refused_credential() {
+        if let MlflowError::Refused { path, status, .. } = &error {
+            return (
+                "refused",
+                format!(
+                    "MLflow answered {status} to {path}: give the proxy a service credential that may edit runs (--mlflow-service-token, or --mlflow-service-username and --mlflow-service-password)"
+                ),
+            );
+        }
     }
-    if !status.is_success() {
-        let shown: String = String::from_utf8_lossy(bytes).chars().take(300).collect();
-        let reason = if refused_for_good(status, bytes) {
-            REJECTED
-        } else {
-            "mlflow"
-        };
-        return Err((
-            reason,
-            format!("MLflow answered {status} to {path}: {shown}"),
-        ));
-    }
-    Ok(())
+    let reason = if error.refused_for_good() {
+        REJECTED
+    } else {
+        "mlflow"
+    };
+    (reason, error.to_string())
 }
 
-/// The reason of an answer that asking again will not change (see [`refused_for_good`]).
+/// The reason of an answer that asking again will not change (see
+/// [`MlflowError::refused_for_good`]).
 const REJECTED: &str = "rejected";
-
-/// Whether MLflow refused a call for good: the run does not exist (any more) or the request is
-/// one it will never take, e.g. a write to a deleted run. A refused credential (401, 403), a
-/// conflict, throttling and 5xx may pass and are retried.
-fn refused_for_good(status: StatusCode, bytes: &[u8]) -> bool {
-    let code = serde_json::from_slice::<Value>(bytes)
-        .ok()
-        .and_then(|v| v["error_code"].as_str().map(str::to_owned));
-    status.is_client_error()
-        && (matches!(status, StatusCode::BAD_REQUEST | StatusCode::NOT_FOUND)
-            || matches!(
-                code.as_deref(),
-                Some("RESOURCE_DOES_NOT_EXIST" | "INVALID_PARAMETER_VALUE")
-            ))
-}
 
 /// The tags of a billed run: totals under `mlscope.` with what idleness was judged on
 /// (`basis`, [`basis::BASIS_TAG`]), and per rank (the first [`MAX_RANK_TAGS`]) under
@@ -1865,12 +1756,10 @@ fn gpu_idle_of(rank: &RankRow, now_ms: i64) -> Vec<Option<f64>> {
 /// The clip of a run's bill: MLflow's start and end of it (`runs/get`'s answer) and the end its
 /// bill was queued with, the earlier end winning. Each end is checked on its own: a wild one
 /// (the client's, stored by MLflow as sent) is ignored rather than winning the minimum.
-fn clip_of(run: &Value, queued_end: Option<i64>, now_ms: i64) -> Clip {
-    let int = |v: &Value| v.as_i64().or_else(|| v.as_str()?.parse().ok());
-    let info = &run["run"]["info"];
-    let start_ms = int(&info["start_time"]);
+fn clip_of(run: &Run, queued_end: Option<i64>, now_ms: i64) -> Clip {
+    let start_ms = run.info.start_time;
     let queued = Clip::new(start_ms, queued_end, now_ms).end_ms;
-    let mlflow_end = Clip::new(start_ms, int(&info["end_time"]), now_ms).end_ms;
+    let mlflow_end = Clip::new(start_ms, run.info.end_time, now_ms).end_ms;
     Clip {
         start_ms: Clip::new(start_ms, None, now_ms).start_ms,
         end_ms: match (queued, mlflow_end) {
@@ -1930,10 +1819,6 @@ fn by_run(rows: &[RankRow]) -> impl Iterator<Item = &[RankRow]> {
 
 fn truncate(text: &str) -> String {
     text.chars().take(MAX_TAG_VALUE).collect()
-}
-
-fn percent_encode(text: &str) -> String {
-    percent_encoding::utf8_percent_encode(text, percent_encoding::NON_ALPHANUMERIC).to_string()
 }
 
 #[cfg(test)]
@@ -2071,26 +1956,25 @@ mod tests {
 
     #[test]
     fn only_answers_that_asking_again_cannot_change_are_refusals_for_good() {
+        let reason = |status, body: &[u8]| {
+            failure(crate::mlflow::answer::<Value>(status, "/runs/get", body).unwrap_err()).0
+        };
         let gone = br#"{"error_code":"RESOURCE_DOES_NOT_EXIST","message":"Run 'x' not found"}"#;
-        assert_eq!(
-            check_answer(StatusCode::NOT_FOUND, "/runs/get", gone)
-                .unwrap_err()
-                .0,
-            REJECTED
-        );
+        assert_eq!(reason(http::StatusCode::NOT_FOUND, gone), REJECTED);
         let deleted = br#"{"error_code":"INVALID_PARAMETER_VALUE","message":"must be active"}"#;
-        assert!(refused_for_good(StatusCode::BAD_REQUEST, deleted));
-        assert!(refused_for_good(StatusCode::NOT_FOUND, b"not json"));
+        assert_eq!(reason(http::StatusCode::BAD_REQUEST, deleted), REJECTED);
+        assert_eq!(reason(http::StatusCode::NOT_FOUND, b"not json"), REJECTED);
         for (status, body) in [
-            (StatusCode::UNAUTHORIZED, &b""[..]),
-            (StatusCode::FORBIDDEN, gone),
-            (StatusCode::TOO_MANY_REQUESTS, b""),
-            (StatusCode::CONFLICT, b""),
-            (StatusCode::SERVICE_UNAVAILABLE, gone),
-            (StatusCode::INTERNAL_SERVER_ERROR, deleted),
+            (http::StatusCode::UNAUTHORIZED, &b""[..]),
+            (http::StatusCode::FORBIDDEN, gone),
+            (http::StatusCode::TOO_MANY_REQUESTS, b""),
+            (http::StatusCode::CONFLICT, b""),
+            (http::StatusCode::SERVICE_UNAVAILABLE, gone),
+            (http::StatusCode::INTERNAL_SERVER_ERROR, deleted),
         ] {
-            assert_ne!(check_answer(status, "/p", body).unwrap_err().0, REJECTED);
+            assert_ne!(reason(status, body), REJECTED);
         }
+        assert_eq!(reason(http::StatusCode::FORBIDDEN, gone), "refused");
     }
 
     #[test]
@@ -2125,11 +2009,5 @@ mod tests {
         assert_eq!((newer.pod.as_deref(), newer.gpus), (Some("train-0"), 8));
         assert_eq!(newer.gpu_idle_basis.as_deref(), Some("sm_active"));
         assert_eq!(newer.outcome, None);
-    }
-
-    #[test]
-    fn run_ids_are_percent_encoded_in_queries() {
-        assert_eq!(percent_encode("abc12"), "abc12");
-        assert_eq!(percent_encode("a b&c"), "a%20b%26c");
     }
 }

@@ -49,8 +49,8 @@ impl AnsweredBy {
     pub const ARTIFACT_STORE: Self = Self("artifact_store");
 }
 
-/// Why one of the proxy's own requests to MLflow ([`Forwarder::ask`], [`Forwarder::call`]) got
-/// no answer; the kind decides whether it is sent again.
+/// Why one of the proxy's own requests to MLflow ([`Forwarder::ask`]) got no answer; the kind
+/// decides whether it is sent again.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum AskError {
     #[error("the request to MLflow could not be built: {0}")]
@@ -155,49 +155,6 @@ impl Forwarder {
         parts.extensions.insert(AnsweredBy::UPSTREAM);
         let body = StreamingBody::new(body, self.timeouts.body_idle, Direction::Response);
         Ok(Response::from_parts(parts, Body::new(body)))
-    }
-
-    /// A request of the proxy's own to MLflow (write-policy lookups, failure tags), answered in
-    /// full. The client's credentials (`Authorization`, `Cookie`) are passed on so MLflow's own
-    /// authorization applies; `Host` is the upstream's.
-    pub async fn call(
-        &self,
-        method: http::Method,
-        path_and_query: &str,
-        client_headers: &http::HeaderMap,
-        json: Option<serde_json::Value>,
-    ) -> Result<(http::StatusCode, bytes::Bytes), AskError> {
-        let mut headers = http::HeaderMap::new();
-        headers.insert(
-            http::header::HOST,
-            HeaderValue::from_str(self.upstream.authority.as_str())
-                .map_err(|e| AskError::Request(e.to_string()))?,
-        );
-        // The client's credentials, and its workspace: MLflow looks a run up in the workspace
-        // the request names, and finds nothing of another one.
-        for name in [
-            http::header::AUTHORIZATION,
-            http::header::COOKIE,
-            http::HeaderName::from_static(crate::workspace::HEADER),
-        ] {
-            if let Some(value) = client_headers.get(&name) {
-                headers.insert(name, value.clone());
-            }
-        }
-        let body = match json {
-            Some(value) => {
-                headers.insert(
-                    http::header::CONTENT_TYPE,
-                    HeaderValue::from_static("application/json"),
-                );
-                bytes::Bytes::from(
-                    serde_json::to_vec(&value).map_err(|e| AskError::Request(e.to_string()))?,
-                )
-            }
-            None => bytes::Bytes::new(),
-        };
-        let response = self.ask(method, path_and_query, headers, body).await?;
-        Ok((response.status(), response.into_body()))
     }
 
     /// Sends a request of the proxy's own with exactly `headers` and a small body, and reads the
