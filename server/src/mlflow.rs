@@ -374,6 +374,23 @@ impl ServerInfo {
     }
 }
 
+/// `runs/update`'s answer: the run as MLflow updated it.
+#[derive(Debug, Clone, Default, Deserialize)]
+pub(crate) struct UpdatedRun {
+    #[serde(default, deserialize_with = "lenient_or_default")]
+    pub(crate) run_info: RunInfo,
+}
+
+/// What a client's `runs/update` asks, as MLflow reads it: the status by name or by its
+/// protobuf number, the end as an integer or a decimal string.
+#[derive(Debug, Clone, Default, Deserialize)]
+pub(crate) struct RunUpdate {
+    #[serde(default, deserialize_with = "run_status")]
+    pub(crate) status: Option<String>,
+    #[serde(default, deserialize_with = "millis")]
+    pub(crate) end_time: Option<i64>,
+}
+
 /// A `runs/update`: the run's new status, and its end.
 #[derive(Debug, Clone, Serialize)]
 pub(crate) struct UpdateRun<'a> {
@@ -624,6 +641,21 @@ fn millis<'de, D: Deserializer<'de>>(d: D) -> Result<Option<i64>, D::Error> {
     Ok(match serde_json::Value::deserialize(d)? {
         serde_json::Value::Number(n) => n.as_i64(),
         serde_json::Value::String(s) => s.parse().ok(),
+        _ => None,
+    })
+}
+
+/// A run status: its name, or its number in MLflow's protobuf (`RunStatus`).
+fn run_status<'de, D: Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {
+    Ok(match serde_json::Value::deserialize(d)? {
+        serde_json::Value::String(s) => Some(s),
+        serde_json::Value::Number(n) => match n.as_i64() {
+            Some(1) => Some("RUNNING".to_owned()),
+            Some(3) => Some("FINISHED".to_owned()),
+            Some(4) => Some("FAILED".to_owned()),
+            Some(5) => Some("KILLED".to_owned()),
+            _ => None,
+        },
         _ => None,
     })
 }

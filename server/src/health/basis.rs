@@ -4,7 +4,7 @@
 //! rank's GPUs differ. The run tag [`BASIS_TAG`] sums the ranks up beside `mlscope.gpus_idle` and
 //! the bill, so whoever reads "idle" knows which measure said it.
 
-use crate::store::RankRow;
+use super::store::RankRow;
 
 /// The run tag: `sm_active`, `utilization`, or `mixed (sm_active: ranks 0-3; utilization: rank
 /// 4)` when the ranks differ.

@@ -10,8 +10,8 @@
 use serde::Serialize;
 
 use super::judge;
-use crate::store::FindingRow;
-pub use crate::store::MAX_FINDINGS_PER_RUN;
+use super::store::FindingRow;
+pub use super::store::MAX_FINDINGS_PER_RUN;
 
 /// A report's text is kept up to this many characters (the collector's are shorter).
 const MAX_DETAIL_CHARS: usize = 500;

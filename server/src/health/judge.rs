@@ -3,7 +3,7 @@
 
 use std::time::{Duration, UNIX_EPOCH};
 
-use crate::store::{RankRow, SUPERSEDE_AFTER_MS};
+use super::store::{RankRow, SUPERSEDE_AFTER_MS};
 
 /// Shortest silence that counts as "gone" for the ranks beside one that failed.
 const MIN_SHORT_SILENCE_MS: i64 = 3_000;

@@ -1,5 +1,6 @@
 //! Node leases: the election state of node-series deduplication. Every change of reporter is a
 //! compare-and-set in one statement, correct when several proxy replicas share one PostgreSQL.
+//! Work leases: one holder at a time of work one replica does for all (the stale-run sweep).
 
 use super::{Store, StoreError};
 
@@ -98,5 +99,46 @@ impl Store {
             .await?
             .rows_affected());
         Ok(result == 1)
+    }
+
+    /// Takes or extends the named lease until `expires_ms`: true when `holder` holds it.
+    pub async fn hold_lease(
+        &self,
+        name: &str,
+        holder: &str,
+        now: i64,
+        expires_ms: i64,
+    ) -> Result<bool, StoreError> {
+        let sql = "INSERT INTO work_leases (name, holder, expires_ms) VALUES ($1, $2, $3) \
+                   ON CONFLICT (name) DO UPDATE SET holder = excluded.holder, \
+                     expires_ms = excluded.expires_ms \
+                   WHERE work_leases.holder = excluded.holder OR work_leases.expires_ms < $4 \
+                   RETURNING holder";
+        let held: Option<String> = on_backend!(self, |pool| sqlx::query_scalar(sql)
+            .bind(name)
+            .bind(holder)
+            .bind(expires_ms)
+            .bind(now)
+            .fetch_optional(pool)
+            .await?);
+        Ok(held.is_some())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn one_holder_at_a_time_until_the_lease_expires() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&format!("sqlite://{}/s.db", dir.path().display()))
+            .await
+            .unwrap();
+        assert!(store.hold_lease("sweep", "a", 0, 100).await.unwrap());
+        assert!(!store.hold_lease("sweep", "b", 50, 150).await.unwrap());
+        assert!(store.hold_lease("sweep", "a", 60, 160).await.unwrap());
+        assert!(store.hold_lease("sweep", "b", 161, 261).await.unwrap());
+        assert!(!store.hold_lease("sweep", "a", 200, 300).await.unwrap());
     }
 }

@@ -2,25 +2,26 @@
 //! replicas share state behind a gateway. Migrations live in the top-level `migrations/` folder
 //! and run at startup; they, and every statement here, are written in the SQL both dialects
 //! share (`$n` placeholders, `ON CONFLICT`, `RETURNING`, `CASE`), so there is one copy of each.
+//!
+//! Here: the connection, the replica rows, node and work leases, upload-failure counts and the
+//! retention sweep. A capability whose rows are its own keeps their statements beside it (run
+//! health: `health::store`), on this [`Store`] with [`on_backend!`].
 
 /// Runs one query on whichever backend the store has.
 macro_rules! on_backend {
     ($store:expr, |$pool:ident| $body:expr) => {
         match $store {
-            Store::Sqlite($pool) => $body,
-            Store::Postgres($pool) => $body,
+            $crate::store::Store::Sqlite($pool) => $body,
+            $crate::store::Store::Postgres($pool) => $body,
         }
     };
 }
+pub(crate) use on_backend;
 
 mod failures;
-mod findings;
-mod health;
 mod leases;
 mod retention;
 
-pub use findings::{FindingRow, MAX_FINDINGS_PER_RUN};
-pub use health::{BillRow, GpuIdleRow, RankRow, VerdictRow, SUPERSEDE_AFTER_MS};
 pub use leases::NodeLease;
 pub use retention::Swept;
 

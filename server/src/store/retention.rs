@@ -62,6 +62,8 @@ mod tests {
     use super::*;
     use crate::store::Replica;
 
+    /// The store's own rows here; run health's rows expire by the same sweep (its test is in
+    /// `health::store`).
     #[tokio::test]
     async fn rows_untouched_for_the_retention_period_are_swept_and_fresh_ones_kept() {
         let dir = tempfile::tempdir().unwrap();
@@ -91,44 +93,6 @@ mod tests {
             .await
             .unwrap();
         store.refresh_replica(&Replica::new()).await.unwrap();
-        store
-            .record_ranks(&[crate::store::RankRow {
-                run_id: "old-run".into(),
-                first_heard_ms: old,
-                last_heard_ms: old,
-                ..Default::default()
-            }])
-            .await
-            .unwrap();
-
-        // Two old bills: one of a run still heard from (kept with its rows), one of a run whose
-        // rows go in this sweep (goes too).
-        for run in ["old-run", "heard-run"] {
-            store.queue_bill(run, "FINISHED", None, old).await.unwrap();
-        }
-        store
-            .record_ranks(&[crate::store::RankRow {
-                run_id: "heard-run".into(),
-                first_heard_ms: old,
-                last_heard_ms: unix_millis(now),
-                ..Default::default()
-            }])
-            .await
-            .unwrap();
-
-        // A data change heard long ago goes; one heard now stays.
-        for (detail, heard_ms) in [("old", old), ("new", unix_millis(now))] {
-            store
-                .record_findings(&[crate::store::FindingRow {
-                    run_id: "heard-run".into(),
-                    kind: "data_changed".into(),
-                    detail: detail.into(),
-                    heard_ms,
-                    ..Default::default()
-                }])
-                .await
-                .unwrap();
-        }
 
         let swept = store.sweep(14 * day, now).await.unwrap();
         assert_eq!(
@@ -137,15 +101,9 @@ mod tests {
                 leases: 1,
                 upload_failures: 0,
                 replicas: 0,
-                run_ranks: 1,
-                verdicts: 0,
-                bills: 1,
-                findings: 1,
                 ..Swept::default()
             }
         );
-        assert!(store.bill_of("old-run").await.unwrap().is_none());
-        assert!(store.bill_of("heard-run").await.unwrap().is_some());
         assert!(store.lease("old-run", "n1").await.unwrap().is_none());
         assert!(store.lease("new-run", "n1").await.unwrap().is_some());
         // A month later everything has expired; sweeping again is harmless.
@@ -156,10 +114,6 @@ mod tests {
                 leases: 1,
                 upload_failures: 1,
                 replicas: 1,
-                run_ranks: 1,
-                verdicts: 0,
-                bills: 1,
-                findings: 1,
                 ..Swept::default()
             }
         );

@@ -1,7 +1,8 @@
 //! `run_findings`: what a run's collectors reported about what it stood on (see
-//! `health::findings`), bounded per run.
+//! [`crate::health::findings`]), bounded per run.
 
-use super::{Store, StoreError};
+use super::HealthStore;
+use crate::store::{on_backend, StoreError};
 
 /// The rows of one run the store keeps, the newest.
 pub const MAX_FINDINGS_PER_RUN: i64 = 64;
@@ -20,7 +21,7 @@ pub struct FindingRow {
 
 const FINDING_COLUMNS: &str = "run_id, node, rank, kind, subject, detail, heard_ms";
 
-impl Store {
+impl HealthStore {
     /// Stores reports as heard, in one transaction; a report already stored (a collector's
     /// retry, or another replica that heard it) is kept as first heard. Returns, per row,
     /// whether it was new. Each run touched keeps its newest [`MAX_FINDINGS_PER_RUN`] rows.
@@ -37,7 +38,7 @@ impl Store {
         runs.sort_unstable();
         runs.dedup();
         let mut inserted = Vec::with_capacity(rows.len());
-        on_backend!(self, |pool| {
+        on_backend!(&self.0, |pool| {
             let mut tx = pool.begin().await?;
             for row in rows {
                 let affected = sqlx::query(&insert)
@@ -71,7 +72,7 @@ impl Store {
             "SELECT {FINDING_COLUMNS} FROM run_findings WHERE run_id = $1 \
              ORDER BY heard_ms, kind, subject, detail, node, rank"
         );
-        Ok(on_backend!(self, |pool| sqlx::query_as(&sql)
+        Ok(on_backend!(&self.0, |pool| sqlx::query_as(&sql)
             .bind(run_id)
             .fetch_all(pool)
             .await?))
@@ -94,7 +95,7 @@ mod tests {
         }
     }
 
-    async fn a_report_heard_twice_is_one_row_and_a_run_keeps_its_newest(store: &Store) {
+    async fn a_report_heard_twice_is_one_row_and_a_run_keeps_its_newest(store: &HealthStore) {
         let first = store
             .record_findings(&[row("r", "a", 1), row("r", "a", 2), row("s", "a", 1)])
             .await
@@ -120,18 +121,16 @@ mod tests {
     #[tokio::test]
     async fn findings_on_sqlite() {
         let dir = tempfile::tempdir().unwrap();
-        let store = Store::open(&format!("sqlite://{}/s.db", dir.path().display()))
-            .await
-            .unwrap();
+        let store = crate::health::store::opened(&dir).await;
         a_report_heard_twice_is_one_row_and_a_run_keeps_its_newest(&store).await;
     }
 
     #[tokio::test]
     async fn findings_on_postgres() {
         let database = crate::store::TestDatabase::create().await;
-        let store = Store::open(&database.url).await.unwrap();
+        let store = HealthStore::new(crate::store::Store::open(&database.url).await.unwrap());
         a_report_heard_twice_is_one_row_and_a_run_keeps_its_newest(&store).await;
-        store.close().await;
+        store.0.close().await;
         database.drop().await;
     }
 }
