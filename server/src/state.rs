@@ -7,7 +7,7 @@ use std::sync::Arc;
 use anyhow::Context;
 use axum::extract::FromRef;
 
-use crate::artifacts::Gateway;
+use crate::artifacts::{Gateway, GatewayMetrics};
 use crate::authz::Authorizer;
 use crate::coalesce::Coalescer;
 use crate::config::Config;
@@ -86,6 +86,8 @@ impl AppState {
         );
         let rewriter = Arc::new(rewriter);
         let upstream_version = UpstreamVersion::default();
+        // The gateway's families are in `/metrics` whether or not it is on.
+        let gateway_metrics = GatewayMetrics::new(&metrics);
         let artifacts = match &authorizer {
             Some(authz) => {
                 Gateway::new(
@@ -94,7 +96,7 @@ impl AppState {
                     store.clone(),
                     authz.clone(),
                     coalescer.clone(),
-                    metrics.clone(),
+                    gateway_metrics,
                     upstream_version.clone(),
                     config.trusted_proxies.clone(),
                 )

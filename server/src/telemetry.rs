@@ -1,17 +1,18 @@
-//! Logging setup and the Prometheus registry.
+//! Logging setup, the Prometheus registry and the request metrics (each component registers the
+//! families of its own).
 //!
 //! Logs never carry request headers, so `Authorization` and cookies cannot leak into them.
 
 use std::io::IsTerminal;
-use std::sync::atomic::{AtomicI64, AtomicU64};
-use std::sync::Arc;
+use std::sync::atomic::AtomicI64;
+use std::sync::{Arc, Mutex};
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
-use prometheus_client::registry::Registry;
+use prometheus_client::registry::{Metric, Registry};
 use tracing_subscriber::EnvFilter;
 
 pub use crate::error::UpstreamErrorKind;
@@ -126,20 +127,17 @@ pub struct KeyLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct ArtifactLabels {
-    pub op: &'static str,
-    pub status: u16,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ReasonLabels {
     pub reason: &'static str,
 }
 
-/// The proxy's own metrics, one registry per running instance (tests run several per process).
+/// The proxy's own metrics, one registry per running instance (tests run several per process):
+/// the request metrics here, and every family a component registers into it when it is built
+/// ([`Metrics::register`]: the coalescer's, the fair share's, the gateway's, run health's), each
+/// component holding the handles of its own.
 #[derive(Clone)]
 pub struct Metrics {
-    registry: Arc<Registry>,
+    registry: Arc<Mutex<Registry>>,
     pub requests: Family<RequestLabels, Counter>,
     pub latency: Family<RouteLabels, Histogram, fn() -> Histogram>,
     pub upstream_errors: Family<ErrorLabels, Counter>,
@@ -147,108 +145,12 @@ pub struct Metrics {
     pub overload_refusals: Counter,
     pub in_flight: Gauge<i64, AtomicI64>,
     pub open_connections: Gauge<i64, AtomicI64>,
-    pub artifact_requests: Family<ArtifactLabels, Counter>,
-    pub artifact_bytes_uploaded: Counter,
-    pub artifact_policy_violations: Counter,
-    pub artifact_authz_denials: Counter,
     metric_keys: Family<KeyLabels, Counter>,
     node_samples: Family<ReasonLabels, Counter>,
     elections: Family<ReasonLabels, Counter>,
     bodies_passed_through: Family<ReasonLabels, Counter>,
     bodies_rejected: Family<ReasonLabels, Counter>,
-    fair_share: FairShareMetrics,
-    coalesce: CoalesceMetrics,
-    health: HealthMetrics,
     store_up: Gauge,
-}
-
-/// Run health: live runs, their GPUs, and what the stale-run sweep did.
-#[derive(Clone)]
-struct HealthMetrics {
-    gpus_allocated: Family<RunLabels, Gauge>,
-    gpus_idle: Family<RunLabels, Gauge>,
-    live_runs: Gauge,
-    judged: Family<JudgedLabels, Counter>,
-    heartbeats_dropped: Counter,
-    sweep_errors: Family<ReasonLabels, Counter>,
-    gpu_seconds: Family<GpuLabels, Counter<f64, AtomicU64>>,
-    runs_billed: Counter,
-    findings: Family<KindLabels, Counter>,
-    /// GPU models that have a label; beyond [`MAX_GPU_MODELS`] they count as `other`.
-    gpu_models: Arc<std::sync::Mutex<std::collections::HashSet<String>>>,
-}
-
-/// Distinct `model` labels of `mlscope_gpu_seconds_total` (the model comes from the collector's
-/// tag, so a client could invent any number of them).
-const MAX_GPU_MODELS: usize = 32;
-
-/// GPU seconds billed, by model and by whether the GPUs worked.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct GpuLabels {
-    pub model: String,
-    pub state: &'static str,
-}
-
-/// One live run. Only runs heard from within `--run-stale-after`, at most
-/// run health's `MAX_GAUGE_RUNS`, carry this label.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct RunLabels {
-    pub run_id: String,
-}
-
-/// What a collector reported about what its run stood on (`health::findings`).
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct KindLabels {
-    pub kind: &'static str,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct JudgedLabels {
-    pub outcome: &'static str,
-    pub action: &'static str,
-}
-
-/// Each client's share of MLflow's writes: what was admitted and refused (and why), per team
-/// named in the configuration, and the learned limit on writes at MLflow at once.
-#[derive(Clone)]
-struct FairShareMetrics {
-    writes: Family<ShareLabels, Counter>,
-    team_writes: Family<TeamLabels, Counter>,
-    write_limit: Gauge,
-    writes_at_mlflow: Gauge,
-}
-
-/// `reason` is `none` for admitted writes, else one of the fair share's fixed set of reasons.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct ShareLabels {
-    pub outcome: &'static str,
-    pub reason: &'static str,
-}
-
-/// `team` is a name from the configuration file: the label set is bounded by it.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct TeamLabels {
-    pub team: String,
-    pub outcome: &'static str,
-}
-
-/// Write coalescing: what was merged, how much, after how long, and what was turned away.
-#[derive(Clone)]
-struct CoalesceMetrics {
-    batches: Family<OutcomeLabels, Counter>,
-    requests_per_batch: Histogram,
-    samples_per_batch: Histogram,
-    wait: Histogram,
-    skipped: Family<ReasonLabels, Counter>,
-    rejected: Family<ReasonLabels, Counter>,
-    queued: Gauge,
-    runs: Gauge,
-    in_flight_limit: Gauge,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct OutcomeLabels {
-    pub outcome: &'static str,
 }
 
 fn latency_histogram() -> Histogram {
@@ -297,30 +199,6 @@ impl Metrics {
             "Client connections open on the MLflow-facing listener",
             open_connections.clone(),
         );
-        let artifact_requests = Family::<ArtifactLabels, Counter>::default();
-        registry.register(
-            "artifact_requests",
-            "Artifact API requests the gateway answered from the store, by operation and status",
-            artifact_requests.clone(),
-        );
-        let artifact_bytes_uploaded = Counter::default();
-        registry.register(
-            "artifact_uploaded_bytes",
-            "Bytes the gateway stored",
-            artifact_bytes_uploaded.clone(),
-        );
-        let artifact_policy_violations = Counter::default();
-        registry.register(
-            "artifact_policy_violations",
-            "Artifact writes outside the artifact root of an existing run, model or trace (refused under enforce, logged under warn)",
-            artifact_policy_violations.clone(),
-        );
-        let artifact_authz_denials = Counter::default();
-        registry.register(
-            "artifact_authz_denials",
-            "Artifact requests MLflow's authentication refused for the client (401/403 relayed by the gateway)",
-            artifact_authz_denials.clone(),
-        );
         let metric_keys = Family::<KeyLabels, Counter>::default();
         registry.register(
             "system_metric_keys",
@@ -351,145 +229,6 @@ impl Metrics {
             "Metrics requests the proxy refused, by reason",
             bodies_rejected.clone(),
         );
-        let fair_share = FairShareMetrics {
-            writes: Family::default(),
-            team_writes: Family::default(),
-            write_limit: Gauge::default(),
-            writes_at_mlflow: Gauge::default(),
-        };
-        registry.register(
-            "fair_share_writes",
-            "Writes to MLflow admitted or refused (429) by the per-client share, by outcome and reason (client_rate, client_samples, team_rate, team_samples, saturation)",
-            fair_share.writes.clone(),
-        );
-        registry.register(
-            "fair_share_team_writes",
-            "Writes of the members of each team of the configuration, admitted or refused",
-            fair_share.team_writes.clone(),
-        );
-        registry.register(
-            "fair_share_write_limit",
-            "Writes allowed at MLflow at once before the heaviest client is refused, learned from MLflow's latency",
-            fair_share.write_limit.clone(),
-        );
-        registry.register(
-            "fair_share_writes_at_mlflow",
-            "Writes admitted by the share and not yet answered",
-            fair_share.writes_at_mlflow.clone(),
-        );
-        let coalesce = CoalesceMetrics {
-            batches: Family::default(),
-            requests_per_batch: Histogram::new(exponential_buckets(1.0, 2.0, 12)),
-            samples_per_batch: Histogram::new(exponential_buckets(1.0, 2.0, 11)),
-            wait: Histogram::new(exponential_buckets(0.0005, 2.0, 16)),
-            skipped: Family::default(),
-            rejected: Family::default(),
-            queued: Gauge::default(),
-            runs: Gauge::default(),
-            in_flight_limit: Gauge::default(),
-        };
-        registry.register(
-            "coalesce_in_flight_per_run",
-            "Batches of metrics alone of one run at MLflow at once (1 once MLflow is known to deadlock on overlapping writes)",
-            coalesce.in_flight_limit.clone(),
-        );
-        registry.register(
-            "coalesce_queued_requests",
-            "Write requests waiting in the coalescer for their batch",
-            coalesce.queued.clone(),
-        );
-        registry.register(
-            "coalesce_runs",
-            "Runs the coalescer holds a queue for (writes waiting or a batch at MLflow)",
-            coalesce.runs.clone(),
-        );
-        registry.register(
-            "coalesce_batches",
-            "Metric batches sent to MLflow by the coalescer: merged (several requests, stored), single (one request, sent as it came), split (merged batch refused or failed, its requests sent one by one)",
-            coalesce.batches.clone(),
-        );
-        registry.register(
-            "coalesce_requests_per_batch",
-            "Client requests per batch sent",
-            coalesce.requests_per_batch.clone(),
-        );
-        registry.register(
-            "coalesce_samples_per_batch",
-            "Metric samples per batch sent",
-            coalesce.samples_per_batch.clone(),
-        );
-        registry.register(
-            "coalesce_wait_seconds",
-            "Time a request waited in the coalescer before its batch left",
-            coalesce.wait.clone(),
-        );
-        registry.register(
-            "coalesce_skipped",
-            "Write requests sent to MLflow alone, as they came, by reason: shape (not a write shape the coalescer knows), element (an element MLflow would not parse as written), limits (over a log-batch limit), repeated_param (one param key twice)",
-            coalesce.skipped.clone(),
-        );
-        registry.register(
-            "coalesce_rejected",
-            "Metric requests answered 429 because the coalescer's queue was full, by limit",
-            coalesce.rejected.clone(),
-        );
-        let health = HealthMetrics {
-            gpus_allocated: Family::default(),
-            gpus_idle: Family::default(),
-            live_runs: Gauge::default(),
-            judged: Family::default(),
-            heartbeats_dropped: Counter::default(),
-            sweep_errors: Family::default(),
-            gpu_seconds: Family::default(),
-            runs_billed: Counter::default(),
-            findings: Family::default(),
-            gpu_models: Default::default(),
-        };
-        registry.register(
-            "run_findings",
-            "Reports of what runs stood on, by kind (data_changed: a declared data path changed under a run; leftover_processes: a rank left processes running; gpu_memory_left: GPU memory still held after them), counted once per report across retries",
-            health.findings.clone(),
-        );
-        registry.register(
-            "gpu_seconds",
-            "GPU seconds of billed runs (counted when a run is billed, at its end), by GPU model and state (busy, idle: the collector's idle clock)",
-            health.gpu_seconds.clone(),
-        );
-        registry.register(
-            "runs_billed",
-            "Runs with GPUs whose bill this replica wrote (each run is billed by one replica, once)",
-            health.runs_billed.clone(),
-        );
-        registry.register(
-            "run_gpus_allocated",
-            "GPUs the ranks of a live run report (runs heard from within --run-stale-after)",
-            health.gpus_allocated.clone(),
-        );
-        registry.register(
-            "run_gpus_idle",
-            "GPUs of a live run idle for longer than --gpu-idle-after, as the collector measures them",
-            health.gpus_idle.clone(),
-        );
-        registry.register(
-            "runs_live",
-            "Runs with a heartbeat within --run-stale-after and no verdict",
-            health.live_runs.clone(),
-        );
-        registry.register(
-            "runs_judged",
-            "Runs the stale-run sweep judged, by outcome and by what it did (end, tag, none when the client had ended the run)",
-            health.judged.clone(),
-        );
-        registry.register(
-            "health_heartbeats_dropped",
-            "Heartbeats not recorded because this replica's buffer of unflushed ranks was full",
-            health.heartbeats_dropped.clone(),
-        );
-        registry.register(
-            "health_sweep_errors",
-            "Failures of the run-health work, by step (store, mlflow, refused; rejected: MLflow refused for good, e.g. a deleted run)",
-            health.sweep_errors.clone(),
-        );
         let store_up = Gauge::default();
         registry.register(
             "state_store_up",
@@ -497,16 +236,10 @@ impl Metrics {
             store_up.clone(),
         );
         Self {
-            registry: Arc::new(registry),
-            coalesce,
-            health,
+            registry: Arc::new(Mutex::new(registry)),
             store_up,
             requests,
             latency,
-            artifact_requests,
-            artifact_bytes_uploaded,
-            artifact_policy_violations,
-            artifact_authz_denials,
             upstream_errors,
             overload_refusals,
             in_flight,
@@ -516,8 +249,16 @@ impl Metrics {
             elections,
             bodies_passed_through,
             bodies_rejected,
-            fair_share,
         }
+    }
+
+    /// Registers a family a component keeps the handle of (its name under the `mlscope_`
+    /// prefix, as every family here). Each component registers its own once, when it is built.
+    pub fn register(&self, name: &str, help: &str, metric: impl Metric) {
+        self.registry
+            .lock()
+            .expect("metrics registry")
+            .register(name, help, metric);
     }
 
     pub fn keys(&self, family: &'static str, outcome: &'static str, samples: u64) {
@@ -542,161 +283,21 @@ impl Metrics {
             .inc();
     }
 
-    /// A write admitted (`reason` `none`) or refused by the share; `team` when its client is a
-    /// member of one.
-    pub fn fair_share(&self, outcome: &'static str, reason: &'static str, team: Option<&str>) {
-        self.fair_share
-            .writes
-            .get_or_create(&ShareLabels { outcome, reason })
-            .inc();
-        if let Some(team) = team {
-            self.fair_share
-                .team_writes
-                .get_or_create(&TeamLabels {
-                    team: team.to_owned(),
-                    outcome,
-                })
-                .inc();
-        }
-    }
-
-    /// The learned write limit and the writes at MLflow now.
-    pub fn fair_share_load(&self, limit: usize, at_mlflow: usize) {
-        self.fair_share.write_limit.set(limit as i64);
-        self.fair_share.writes_at_mlflow.set(at_mlflow as i64);
-    }
-
     pub fn rejected(&self, reason: &'static str) {
         self.bodies_rejected
             .get_or_create(&ReasonLabels { reason })
             .inc();
     }
 
-    pub fn coalesce_outcome(&self, outcome: &'static str) {
-        self.coalesce
-            .batches
-            .get_or_create(&OutcomeLabels { outcome })
-            .inc();
-    }
-
-    pub fn coalesce_batch(&self, requests: usize, samples: usize) {
-        self.coalesce.requests_per_batch.observe(requests as f64);
-        self.coalesce.samples_per_batch.observe(samples as f64);
-    }
-
-    pub fn coalesce_waited(&self, waited: std::time::Duration) {
-        self.coalesce.wait.observe(waited.as_secs_f64());
-    }
-
-    pub fn coalesce_skipped(&self, reason: &'static str) {
-        self.coalesce
-            .skipped
-            .get_or_create(&ReasonLabels { reason })
-            .inc();
-    }
-
-    pub fn coalesce_in_flight_limit(&self, limit: i64) {
-        self.coalesce.in_flight_limit.set(limit);
-    }
-
-    /// Requests entered (`delta` > 0) or left (`delta` < 0) the coalescer's queues.
-    pub fn coalesce_queued(&self, delta: i64) {
-        self.coalesce.queued.inc_by(delta);
-    }
-
-    /// A run's queue was created (`delta` 1) or removed (`delta` -1).
-    pub fn coalesce_runs(&self, delta: i64) {
-        self.coalesce.runs.inc_by(delta);
-    }
-
-    pub fn coalesce_rejected(&self, reason: &'static str) {
-        self.coalesce
-            .rejected
-            .get_or_create(&ReasonLabels { reason })
-            .inc();
-    }
-
-    /// Replaces the per-run GPU gauges and the live-run count with `runs`: (run id, GPUs
-    /// allocated, GPUs idle).
-    pub fn set_live_runs(&self, runs: &[(String, i64, i64)]) {
-        self.health.gpus_allocated.clear();
-        self.health.gpus_idle.clear();
-        for (run_id, allocated, idle) in runs {
-            let labels = RunLabels {
-                run_id: run_id.clone(),
-            };
-            self.health
-                .gpus_allocated
-                .get_or_create(&labels)
-                .set(*allocated);
-            self.health.gpus_idle.get_or_create(&labels).set(*idle);
-        }
-        self.health.live_runs.set(runs.len() as i64);
-    }
-
-    pub fn run_judged(&self, outcome: &'static str, action: &'static str) {
-        self.health
-            .judged
-            .get_or_create(&JudgedLabels { outcome, action })
-            .inc();
-    }
-
-    /// Adds one billed run's busy and idle GPU seconds of one GPU model.
-    pub fn gpu_seconds(&self, model: &str, busy: f64, idle: f64) {
-        let model: String = model.chars().take(64).collect();
-        let model = {
-            let mut models = self.health.gpu_models.lock().expect("gpu models");
-            if models.contains(&model) || models.len() < MAX_GPU_MODELS {
-                models.insert(model.clone());
-                model
-            } else {
-                "other".to_owned()
-            }
-        };
-        for (state, seconds) in [("busy", busy), ("idle", idle)] {
-            if seconds.is_finite() && seconds > 0.0 {
-                self.health
-                    .gpu_seconds
-                    .get_or_create(&GpuLabels {
-                        model: model.clone(),
-                        state,
-                    })
-                    .inc_by(seconds);
-            }
-        }
-    }
-
-    pub fn run_billed(&self) {
-        self.health.runs_billed.inc();
-    }
-
     pub fn store_reachable(&self, up: bool) {
         self.store_up.set(i64::from(up));
-    }
-
-    pub fn heartbeat_dropped(&self) {
-        self.health.heartbeats_dropped.inc();
-    }
-
-    /// A report of `kind` heard for the first time (see `health::findings`).
-    pub fn finding(&self, kind: &'static str) {
-        self.health
-            .findings
-            .get_or_create(&KindLabels { kind })
-            .inc();
-    }
-
-    pub fn health_error(&self, reason: &'static str) {
-        self.health
-            .sweep_errors
-            .get_or_create(&ReasonLabels { reason })
-            .inc();
     }
 
     /// The Prometheus text exposition of every family.
     pub fn render(&self) -> String {
         let mut out = String::new();
-        prometheus_client::encoding::text::encode(&mut out, &self.registry)
+        let registry = self.registry.lock().expect("metrics registry");
+        prometheus_client::encoding::text::encode(&mut out, &registry)
             .expect("writing to a String cannot fail");
         out
     }

@@ -16,6 +16,7 @@ use tokio::sync::Semaphore;
 
 use super::failures::FailureRecorder;
 use super::listing;
+use super::metrics::GatewayMetrics;
 use super::objects::{Bucket, ContentHeaders, Part, PresignError, StoreError};
 use super::path::{self, Owner};
 use super::policy::{OwnerCheck, Verdict};
@@ -26,7 +27,6 @@ use crate::authz::{Authorizer, Decision};
 use crate::error::Error;
 use crate::mlflow::MlflowVersion;
 use crate::proxy::{AnsweredBy, Forwarder};
-use crate::telemetry::Metrics;
 use crate::upstream::UpstreamVersion;
 
 /// Longest object key S3 (and every S3-compatible store) accepts.
@@ -48,7 +48,7 @@ pub struct Gateway {
     authz: Authorizer,
     failures: FailureRecorder,
     uploads: Arc<Semaphore>,
-    metrics: Metrics,
+    metrics: GatewayMetrics,
     /// Whether MLflow has workspaces on (learned by the authorizer's probe).
     workspaces: crate::workspace::Support,
     /// The version of the MLflow behind the gateway: the gateway answers as it does.
@@ -143,7 +143,7 @@ impl Gateway {
         store: crate::store::Store,
         authz: Authorizer,
         coalescer: crate::coalesce::Coalescer,
-        metrics: Metrics,
+        metrics: GatewayMetrics,
         upstream: UpstreamVersion,
         trusted_proxies: crate::client::TrustedProxies,
     ) -> Option<Gateway> {
@@ -225,8 +225,8 @@ impl Gateway {
         // MLflow's CORS answer for the client's origin, as MLflow would have sent it.
         response.headers_mut().extend(cors);
         self.metrics
-            .artifact_requests
-            .get_or_create(&crate::telemetry::ArtifactLabels {
+            .requests
+            .get_or_create(&super::metrics::ArtifactLabels {
                 op: op.name(),
                 status: response.status().as_u16(),
             })
@@ -314,7 +314,7 @@ impl Gateway {
         match self.authz.check(op.action(), raw, headers, peer, &id).await {
             Decision::Allowed(cors) => Ok(cors),
             Decision::Denied(answer) => {
-                self.metrics.artifact_authz_denials.inc();
+                self.metrics.authz_denials.inc();
                 tracing::info!(
                     op = op.name(),
                     status = answer.status().as_u16(),
@@ -530,7 +530,7 @@ impl Gateway {
                 owner.as_ref().map(ToString::to_string).unwrap_or_default()
             ),
         };
-        self.metrics.artifact_policy_violations.inc();
+        self.metrics.policy_violations.inc();
         if self.config.write_policy == WritePolicy::Warn {
             tracing::warn!(path, reason = %refusal, "write outside MLflow's artifact roots allowed (write policy: warn)");
             return Ok(owner);
@@ -586,7 +586,7 @@ impl Gateway {
         };
         match upload::upload(&self.bucket, &key, path::content_type(&path), request.into_body(), length, limits).await {
             Ok(bytes) => {
-                self.metrics.artifact_bytes_uploaded.inc_by(bytes);
+                self.metrics.bytes_uploaded.inc_by(bytes);
                 tracing::info!(path, bytes, "artifact stored");
                 Ok(upload_answer(self.upstream.get()))
             }
@@ -628,7 +628,7 @@ impl Gateway {
             let refusal = format!(
                 "Deleting '{path}' would remove more than one run's, model's or trace's artifacts. Delete inside one artifact root instead: <experiment_id>/<run_id>/artifacts/..., <experiment_id>/models/<model_id>/artifacts/... or <experiment_id>/traces/<trace_id>/artifacts/...."
             );
-            self.metrics.artifact_policy_violations.inc();
+            self.metrics.policy_violations.inc();
             if self.config.write_policy == WritePolicy::Enforce {
                 tracing::info!(
                     path,

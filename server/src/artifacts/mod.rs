@@ -19,6 +19,7 @@ pub mod failures;
 mod handlers;
 pub mod legacy_listing;
 pub mod listing;
+mod metrics;
 pub mod objects;
 pub mod path;
 pub mod policy;
@@ -34,6 +35,7 @@ use serde::Deserialize;
 use crate::settings::{parse_duration, parse_size};
 
 pub use handlers::Gateway;
+pub use metrics::GatewayMetrics;
 pub use objects::{Bucket, StoreError};
 pub use quirks::Quirks;
 pub use routes::router;

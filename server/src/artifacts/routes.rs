@@ -205,8 +205,9 @@ mod tests {
     use axum::body::Body;
     use tower::ServiceExt;
 
+    use super::super::metrics::ArtifactLabels;
     use crate::proxy::{Forwarder, ForwarderSettings, Upstream};
-    use crate::telemetry::{ArtifactLabels, Metrics};
+    use crate::telemetry::Metrics;
 
     const OPS: [Op; 9] = [
         Op::List,
@@ -253,13 +254,14 @@ mod tests {
             forwarder.clone(),
             metrics.clone(),
         );
+        let gateway_metrics = super::super::GatewayMetrics::new(&metrics);
         let gateway = Gateway::new(
             &config,
             forwarder,
             store,
             authz,
             coalescer,
-            metrics.clone(),
+            gateway_metrics.clone(),
             crate::upstream::UpstreamVersion::default(),
             crate::client::TrustedProxies::default(),
         )
@@ -269,8 +271,8 @@ mod tests {
         let counted = |status: u16| -> Vec<u64> {
             OPS.iter()
                 .map(|op| {
-                    metrics
-                        .artifact_requests
+                    gateway_metrics
+                        .requests
                         .get_or_create(&ArtifactLabels {
                             op: op.name(),
                             status,

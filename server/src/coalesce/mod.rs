@@ -38,6 +38,7 @@
 //!   and values are never re-encoded.
 
 mod batch;
+mod metrics;
 
 use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
@@ -62,6 +63,7 @@ use crate::proxy::is_json;
 use crate::proxy::{request_id, Forwarder};
 use crate::telemetry::Metrics;
 use crate::upstream::UpstreamVersion;
+use metrics::CoalesceMetrics;
 
 pub use crate::writes::MAX_BATCH_METRICS;
 use crate::writes::{self, Alone, Prepared, Writes};
@@ -167,7 +169,7 @@ pub struct Coalescer {
 struct Inner {
     config: CoalesceConfig,
     forwarder: Forwarder,
-    metrics: Metrics,
+    metrics: CoalesceMetrics,
     /// Queued body bytes, in KiB.
     budget: Arc<Semaphore>,
     runs: Mutex<HashMap<Arc<str>, RunQueue>>,
@@ -226,7 +228,8 @@ impl Original {
 impl Coalescer {
     pub fn new(config: CoalesceConfig, forwarder: Forwarder, metrics: Metrics) -> Self {
         let permits = (config.max_pending_bytes >> 10).clamp(1, Semaphore::MAX_PERMITS);
-        metrics.coalesce_in_flight_limit(config.in_flight_per_run as i64);
+        let metrics = CoalesceMetrics::new(&metrics);
+        metrics.in_flight_limit(config.in_flight_per_run as i64);
         Self {
             inner: Arc::new(Inner {
                 config,
@@ -370,11 +373,11 @@ impl Inner {
                 "MLflow deadlocks on overlapping writes to one run; sending one batch per run at a time"
             );
         }
-        self.metrics.coalesce_in_flight_limit(1);
+        self.metrics.in_flight_limit(1);
     }
 
     fn reject(&self, reason: &'static str, what: &str) -> Response {
-        self.metrics.coalesce_rejected(reason);
+        self.metrics.rejected(reason);
         Error::Overloaded(format!(
             "mlscope-proxy is holding {what} while MLflow catches up; retry with backoff"
         ))
@@ -389,7 +392,7 @@ impl Inner {
         body: Bytes,
         peer: SocketAddr,
     ) -> Response {
-        self.metrics.coalesce_skipped(why.reason());
+        self.metrics.skipped(why.reason());
         self.forwarder
             .forward(Request::from_parts(parts, Body::from(body)), peer)
             .await
@@ -399,7 +402,7 @@ impl Inner {
         {
             let mut runs = this.runs.lock().expect("coalescer lock");
             let run = runs.entry(run_id.clone()).or_insert_with(|| {
-                this.metrics.coalesce_runs(1);
+                this.metrics.runs(1);
                 RunQueue::default()
             });
             let items = member.writes.items();
@@ -408,7 +411,7 @@ impl Inner {
             }
             run.items += items;
             run.queue.push_back(member);
-            this.metrics.coalesce_queued(1);
+            this.metrics.queued(1);
         }
         Inner::pump(this, &run_id);
         Ok(())
@@ -424,7 +427,7 @@ impl Inner {
             let Some(oldest) = run.queue.front().map(|m| m.enqueued) else {
                 if run.in_flight == 0 && !run.timer {
                     runs.remove(run_id);
-                    this.metrics.coalesce_runs(-1);
+                    this.metrics.runs(-1);
                 }
                 return;
             };
@@ -469,7 +472,7 @@ impl Inner {
             }
             let batch: Vec<Member> = run.queue.drain(..members).collect();
             run.items -= batch.iter().map(|m| m.writes.items()).sum::<usize>();
-            this.metrics.coalesce_queued(-(batch.len() as i64));
+            this.metrics.queued(-(batch.len() as i64));
             run.in_flight += 1;
             run.ordered_in_flight = ordered;
             drop(runs);
@@ -496,14 +499,13 @@ impl Inner {
     async fn send(&self, run_id: &str, batch: Vec<Member>) {
         let now = Instant::now();
         for member in &batch {
-            self.metrics
-                .coalesce_waited(now.duration_since(member.enqueued));
+            self.metrics.waited(now.duration_since(member.enqueued));
         }
         let samples: usize = batch.iter().map(|m| m.writes.metrics.len()).sum();
-        self.metrics.coalesce_batch(batch.len(), samples);
+        self.metrics.batch(batch.len(), samples);
         if batch.len() == 1 {
             // Alone: the request goes as it came, and its answer comes back as MLflow sent it.
-            self.metrics.coalesce_outcome("single");
+            self.metrics.outcome("single");
             let member = batch.into_iter().next().expect("one member");
             let response = self
                 .forwarder
@@ -546,7 +548,7 @@ impl Inner {
                 .split(batch, &format!("MLflow answered {}: {shown}", parts.status))
                 .await;
         }
-        self.metrics.coalesce_outcome("merged");
+        self.metrics.outcome("merged");
         for member in batch {
             let mut response = Response::new(Body::from(body.clone()));
             *response.status_mut() = parts.status;
@@ -564,7 +566,7 @@ impl Inner {
             reason,
             "merged batch not stored; sending its requests one by one"
         );
-        self.metrics.coalesce_outcome("split");
+        self.metrics.outcome("split");
         for member in batch {
             let response = self
                 .forwarder

@@ -27,6 +27,7 @@
 
 mod bucket;
 mod governor;
+mod metrics;
 
 use std::collections::{HashMap, HashSet};
 use std::net::IpAddr;
@@ -55,6 +56,7 @@ use crate::telemetry::Metrics;
 use crate::aged::AgedMap;
 use bucket::{Bucket, Rate};
 use governor::{Governor, Verdict};
+use metrics::FairShareMetrics;
 
 /// Clients remembered at once; beyond, the least recently seen is forgotten (full buckets again).
 const MAX_CLIENTS: usize = 50_000;
@@ -247,7 +249,7 @@ pub struct FairShare {
     trusted: TrustedProxies,
     shares: Mutex<Shares>,
     governor: Option<Mutex<Governor<ClientKey>>>,
-    metrics: Metrics,
+    metrics: FairShareMetrics,
 }
 
 impl FairShare {
@@ -257,6 +259,8 @@ impl FairShare {
         trusted: TrustedProxies,
         metrics: Metrics,
     ) -> Option<Arc<FairShare>> {
+        // Registered on or off, so `/metrics` names the same families either way.
+        let metrics = FairShareMetrics::new(&metrics);
         let now = Instant::now();
         let team_rate = |per_second: f64, min_burst: f64| {
             Rate::new(per_second, BURST_SECONDS, min_burst).map(|r| (r, Bucket::full(r, now)))
@@ -383,8 +387,7 @@ impl FairShare {
         {
             let _ = write.forwarded_at.set(now);
             governor.forwarded(client, bytes, now);
-            self.metrics
-                .fair_share_load(governor.limit(), governor.at_mlflow());
+            self.metrics.load(governor.limit(), governor.at_mlflow());
         }
     }
 
@@ -416,8 +419,7 @@ impl FairShare {
                     .and(write.forwarded_at.get())
                     .map(|at| now.saturating_duration_since(*at));
                 governor.answered(client, credit, bytes, latency, samples, now);
-                self.metrics
-                    .fair_share_load(governor.limit(), governor.at_mlflow());
+                self.metrics.load(governor.limit(), governor.at_mlflow());
             }
         }
         let mut shares = self.shares.lock().expect("fair share lock");
@@ -443,7 +445,7 @@ impl FairShare {
 
     fn refuse(&self, refusal: Refusal, team: Option<usize>) -> Response {
         self.metrics
-            .fair_share("refused", refusal.reason(), self.team_name(team));
+            .write("refused", refusal.reason(), self.team_name(team));
         let wait = refusal.wait().as_secs_f64();
         let team_name = self.team_name(team).unwrap_or_default();
         let message = match refusal {
@@ -627,7 +629,7 @@ pub(crate) async fn admit(
         }
         share
             .metrics
-            .fair_share("admitted", "none", share.team_name(team));
+            .write("admitted", "none", share.team_name(team));
         let write = Arc::new(WriteState::default());
         if request.body().is_end_stream() {
             share.forwarded(&write, &client, bytes, now);

@@ -12,7 +12,8 @@
 //! The rooms: [`settings`]; [`beat`] (what a request says of its ranks) and [`buffer`] (kept in
 //! memory, flushed to the store); [`sweep`], which judges ([`judge`], [`verdict`]), bills
 //! ([`bill`]) and tags idle GPUs ([`idle`]); [`view`], the admin view; [`update`], the
-//! `runs/update` route; [`calls`], what it asks of MLflow; [`store`], its rows and SQL.
+//! `runs/update` route; [`calls`], what it asks of MLflow; [`store`], its rows and SQL;
+//! [`metrics`], its families in `/metrics`.
 
 pub mod basis;
 pub mod bill;
@@ -24,6 +25,7 @@ mod beat;
 mod buffer;
 mod calls;
 mod idle;
+mod metrics;
 mod settings;
 mod sweep;
 mod update;
@@ -40,6 +42,7 @@ use crate::proxy::Forwarder;
 use crate::store::{unix_millis, Store};
 use crate::telemetry::Metrics;
 use bill::IdleWindow;
+use metrics::HealthMetrics;
 use store::{FindingRow, HealthStore, RankRow};
 
 pub use beat::{Beat, RankBeat};
@@ -73,7 +76,7 @@ struct Inner {
     /// The proxy's own tag writes join their run's write queue, so they keep their order with
     /// the client's writes and never overlap them at MLflow.
     coalescer: Coalescer,
-    metrics: Metrics,
+    metrics: HealthMetrics,
     replica_id: String,
     pending: Mutex<HashMap<(String, String, i64), RankRow>>,
     /// Idle-clock windows per (run, node, rank, GPU) since the last flush.
@@ -101,7 +104,7 @@ impl Health {
                 store: HealthStore::new(store),
                 mlflow: MlflowClient::new(forwarder),
                 coalescer,
-                metrics,
+                metrics: HealthMetrics::new(&metrics),
                 replica_id,
                 pending: Mutex::new(HashMap::new()),
                 pending_idle: Mutex::new(HashMap::new()),
