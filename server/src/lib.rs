@@ -3,9 +3,12 @@
 //! **Plumbing** knows no capability and no configuration:
 //! - [`proxy`] forwards every MLflow route, streaming, with pooled upstream connections (and owns
 //!   its settings: the upstream, the `Host` policy, the timeouts);
+//! - [`mlflow`] is the typed MLflow client every call of the proxy's own goes through (as nobody,
+//!   the service credential or a client's own credentials, in a workspace), with one error type;
 //! - [`route`] classifies requests (route classes for metrics and logs, reads and writes);
 //! - [`store`] keeps the proxy's own state in SQLite or PostgreSQL;
-//! - [`telemetry`] sets up logging and holds the Prometheus registry; [`error`] is the one error
+//! - [`telemetry`] sets up logging and holds the Prometheus registry (the request metrics; each
+//!   component registers its own families into it when it is built); [`error`] is the one error
 //!   type, `Error`, whose kind decides the status and MLflow's error JSON of every answer the proxy
 //!   gives itself;
 //! - [`credential`] holds secrets, service credentials and client fingerprints; [`client`] says
@@ -22,11 +25,12 @@
 //! - the metric routes: [`rewrite`] (the scope contract), [`dedup`] (one reporter per node) and
 //!   [`coalesce`] (merged writes per run);
 //! - [`artifacts`], the gateway on an S3-compatible store; [`health`], heartbeats and the
-//!   stale-run sweep, the GPU bill; [`fairshare`], each client's share of MLflow's writes;
+//!   stale-run sweep, the GPU bill (a house of its own: its rows and SQL in `health::store`, its
+//!   metrics beside it); [`fairshare`], each client's share of MLflow's writes;
 //! - [`authz`], the seam every capability that acts for a client uses: it asks MLflow, with the
 //!   client's credentials, whether what the proxy does itself is allowed;
-//! - run health writes its own run tags (the GPU bill, idle GPUs) through [`coalesce`], so they
-//!   join the run's write queue.
+//! - every run tag the proxy writes (run health's verdicts, GPU bill and idle GPUs, the gateway's
+//!   upload failures) goes through [`coalesce`], so it joins the run's write queue.
 //!
 //! Every component owns its settings: one `*Options` struct in its module (a flag, its
 //! environment variable and a key of the config file per field), turned into its settings with

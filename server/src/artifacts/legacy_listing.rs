@@ -29,7 +29,6 @@ use axum::response::Response;
 use futures_util::StreamExt;
 use http::{header, HeaderValue, Method, StatusCode, Uri};
 use http_body_util::BodyExt;
-use percent_encoding::{utf8_percent_encode, NON_ALPHANUMERIC};
 use serde::{Deserialize, Serialize};
 
 use super::{listing, path};
@@ -148,7 +147,7 @@ fn listed_path(uri: &Uri) -> Option<String> {
     let Query(params) = Query::<Vec<(String, String)>>::try_from_uri(uri).ok()?;
     let (_, raw) = params.into_iter().find(|(name, _)| name == "path")?;
     // `validate` decodes once more than the query parser already did; re-encode to match.
-    path::validate(&utf8_percent_encode(&raw, NON_ALPHANUMERIC).to_string()).ok()
+    path::validate(&crate::mlflow::percent_encode(&raw)).ok()
 }
 
 // === the body ===
