@@ -151,7 +151,14 @@ async fn mlflow_seaweedfs_and_postgres_killed_mid_traffic_lose_no_metric_and_no_
         .expect("restarting MLflow");
     outages.push(("MLflow", down.elapsed()));
     let resumed = until_step(&mut lines, 20).await;
-    assert!(!resumed.is_empty());
+    if resumed.is_empty() {
+        let output = client.wait_with_output().await.unwrap();
+        panic!(
+            "the client stopped in the MLflow outage ({}):\n{}",
+            output.status,
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
     assert!(
         http()
             .get(&search)
