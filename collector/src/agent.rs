@@ -3,6 +3,7 @@
 //! (wrapper) take one final sample, flush within the deadline and exit — with 0, or with the
 //! wrapped command's status; never with an error because of the network. In wrapper mode,
 //! what the command left running is listed, tagged and ended before the collector exits.
+//! Data paths are checked before the command starts and watched on their own thread.
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -15,13 +16,15 @@ use mlscope_scopes::Identity;
 use nix::sys::signal::Signal;
 
 use crate::config::Config;
+use crate::data::{self, DataWatch, PreflightMode, Watcher};
 use crate::leftovers::{self, Leftover, Scope};
 use crate::outbox::{
-    spawn_sender, Backoff, HttpSettings, MlflowTransport, Outbox, Payload, SenderStats,
+    spawn_sender, Backoff, HttpSettings, MlflowTransport, Outbox, Payload, RunClient, SenderStats,
 };
 use crate::signals::{self, Received, SignalMask};
 use crate::sources::cgroup::{discover, DiscoveryRoots};
 use crate::sources::disk::WatchedVolume;
+use crate::sources::gauges::Gauges;
 use crate::sources::{Sampler, SourceSettings};
 use crate::wrapper::{self, ChildOutcome, Ended};
 
@@ -63,7 +66,15 @@ fn sidecar(config: &Config, signals: SignalMask) -> u8 {
         tracing::warn!(%error, "cannot listen for signals; stop the collector with SIGKILL");
     }
     let mut agent = Agent::start(config, http);
+    let run = RunClient::new(http);
+    let checks = data::preflight(&config.data, config.rank, Some((&run, &http.run_id)));
+    if config.data.preflight == PreflightMode::Enforce && !checks.failures.is_empty() {
+        tracing::warn!("--preflight enforce keeps a wrapped command from starting; in sidecar mode failed checks are tagged and logged only");
+    }
+    agent.start_tags.extend(checks.tags);
+    let watch = agent.watch(config, http);
     agent.sample_until_event(&received);
+    drop(watch.and_then(DataWatch::stop));
     agent.finish(config.flush_timeout, None);
     0
 }
@@ -77,6 +88,26 @@ fn wrapped(config: &Config, signals: SignalMask) -> u8 {
             tracing::warn!("MLFLOW_TRACKING_URI or MLFLOW_RUN_ID is not set: running the command without measuring it");
             None
         }
+    };
+    let run = config
+        .http
+        .as_ref()
+        .map(|http| (RunClient::new(http), http));
+    let checks = data::preflight(
+        &config.data,
+        config.rank,
+        run.as_ref()
+            .map(|(client, http)| (client, http.run_id.as_str())),
+    );
+    if let Some(agent) = &mut agent {
+        agent.start_tags.extend(checks.tags.clone());
+    }
+    if config.data.preflight == PreflightMode::Enforce && !checks.failures.is_empty() {
+        return refuse_to_start(config, agent, &checks);
+    }
+    let watch = match (&agent, &config.http) {
+        (Some(agent), Some(http)) => agent.watch(config, http),
+        _ => None,
     };
     let oom_kills_before = agent.as_ref().and_then(Agent::oom_kills);
     // Before the command starts, so that none of its processes can be orphaned to PID 1.
@@ -147,6 +178,7 @@ fn wrapped(config: &Config, signals: SignalMask) -> u8 {
         }
     };
     drop(child);
+    let watcher = watch.and_then(DataWatch::stop);
     let Some(mut agent) = agent else {
         let code = ChildOutcome {
             ended,
@@ -166,6 +198,16 @@ fn wrapped(config: &Config, signals: SignalMask) -> u8 {
     tracing::info!(outcome = outcome.outcome(), exit_code = outcome.exit_code(), oom_kills = ?outcome.new_oom_kills(), "the command ended");
     let (scope, found) = find_leftovers(config);
     let mut tags = outcome.tags(&config.node, config.rank);
+    if let Some(mut watcher) = watcher.filter(|_| outcome.exit_code() != 0) {
+        // A path that went away since the last round is the likeliest cause: look once more.
+        watcher.quick_check();
+        if let Some(changed) = watcher.changed_before_exit() {
+            tags.push((
+                data::rank_tag(config.rank, "data_changed_before_exit"),
+                changed,
+            ));
+        }
+    }
     tags.extend(leftovers::listing_tags(config.rank, &found));
     // Sent while the leftovers get their grace: a collector killed meanwhile has said how the
     // rank ended and what it left.
@@ -184,6 +226,39 @@ fn wrapped(config: &Config, signals: SignalMask) -> u8 {
     }
     agent.close(config.flush_timeout, after);
     outcome.exit_code()
+}
+
+/// `--preflight enforce` with a failed check: the command never starts. One line per failed
+/// check on stderr; with MLflow, the outcome `preflight_failed` and a `RUNNING` run ended
+/// `FAILED`.
+fn refuse_to_start(config: &Config, agent: Option<Agent>, checks: &data::Preflight) -> u8 {
+    for failure in &checks.failures {
+        eprintln!("mlscope-collector: pre-flight failed: {failure}");
+    }
+    tracing::error!(
+        failed = checks.failures.len(),
+        "--preflight enforce: not starting the command"
+    );
+    let code = data::EXIT_PREFLIGHT;
+    if let (Some(agent), Some(http)) = (agent, &config.http) {
+        let tags = vec![
+            (
+                data::rank_tag(config.rank, "outcome"),
+                data::OUTCOME_PREFLIGHT_FAILED.to_owned(),
+            ),
+            (data::rank_tag(config.rank, "exit_code"), code.to_string()),
+        ];
+        agent.finish(config.flush_timeout, Some(tags));
+        if checks.run_running {
+            match RunClient::new(http).end("FAILED") {
+                Ok(()) => {
+                    tracing::info!(run_id = %http.run_id, "ended the run FAILED: its pre-flight failed")
+                }
+                Err(error) => tracing::warn!(%error, "cannot end the run FAILED"),
+            }
+        }
+    }
+    code
 }
 
 /// What the command left running, logged (reaping the collector's ended children first, so
@@ -243,6 +318,10 @@ struct Agent {
     interval: Duration,
     /// Where this rank runs, sent as run tags with the first sample; `None` once sent.
     placement: Option<Placement>,
+    /// The data watch's `data_<name>_files`, sampled with everything else.
+    gauges: Arc<Gauges>,
+    /// More tags to send with the placement (the pre-flight's).
+    start_tags: Vec<(String, String)>,
 }
 
 /// The rank's placement: `mlscope/rank-<r>/node`, `pod`, the container's limits and GPUs.
@@ -307,12 +386,14 @@ impl Agent {
             .iter()
             .filter_map(|(name, path)| WatchedVolume::new(name, path.clone()))
             .collect();
+        let gauges = Arc::new(Gauges::new(data::watch::gauge_names(&config.data)));
         let settings = SourceSettings {
             proc_root: PathBuf::from("/proc"),
             rootfs: PathBuf::from("/"),
             volumes,
             cgroup,
             gpus: true,
+            gauges: Some(gauges.clone()),
         };
         let identity = Identity {
             node: Some(config.node.clone()),
@@ -333,6 +414,32 @@ impl Agent {
                 rank: config.rank,
                 pod: config.pod.clone(),
             }),
+            gauges,
+            start_tags: Vec::new(),
+        }
+    }
+
+    /// Starts the data watch when there are data paths.
+    fn watch(&self, config: &Config, http: &HttpSettings) -> Option<DataWatch> {
+        if config.data.paths.is_empty() {
+            return None;
+        }
+        let watcher = Watcher::new(
+            &config.data,
+            config.rank,
+            self.outbox.clone(),
+            Some(RunClient::new(http)),
+            self.gauges.clone(),
+        );
+        match DataWatch::spawn(watcher, config.data.interval) {
+            Ok(watch) => {
+                tracing::info!(paths = config.data.paths.len(), interval = ?config.data.interval, "watching the data paths");
+                Some(watch)
+            }
+            Err(error) => {
+                tracing::warn!(%error, "cannot start the data watch; data paths are not watched");
+                None
+            }
         }
     }
 
@@ -367,7 +474,8 @@ impl Agent {
     fn push_sample_with(&mut self, push: fn(&Outbox, Payload)) {
         let sample = self.sampler.sample();
         if let Some(placement) = self.placement.take() {
-            let tags = placement.tags(&sample, self.sampler.gpu_inventory());
+            let mut tags = placement.tags(&sample, self.sampler.gpu_inventory());
+            tags.append(&mut self.start_tags);
             push(&self.outbox, Payload::Tags(tags));
         }
         for batch in sample.into_batches() {

@@ -12,11 +12,14 @@
 //! wrapper.rs   the wrapped command: spawn, wait, exit status, OOM verdict, run tags
 //! leftovers/   what the command left running: find (descendants, the container's cgroup),
 //!              describe (memory, GPU device files), end (SIGTERM, grace, SIGKILL), tags
+//! data/        data paths: pre-flight (mountinfo, statvfs, the run), fingerprint scan,
+//!              the watch thread and its tags
 //! signals.rs   signalfd listener
 //! ```
 
 pub mod agent;
 pub mod config;
+pub mod data;
 pub mod leftovers;
 pub mod outbox;
 pub mod sample;

@@ -6,18 +6,21 @@
 pub mod cgroup;
 pub mod disk;
 pub mod files;
+pub mod gauges;
 pub mod gpu;
 pub mod network;
 pub mod node;
 
 use std::borrow::Cow;
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use mlscope_scopes::Identity;
 
 use crate::sample::{KeyBook, Sample};
 use cgroup::{CgroupLayout, ContainerSource};
 use disk::{DiskSource, WatchedVolume};
+use gauges::Gauges;
 use gpu::GpuSource;
 use network::NetworkSource;
 use node::NodeSource;
@@ -42,6 +45,8 @@ pub struct SourceSettings {
     pub cgroup: Option<CgroupLayout>,
     /// Try NVML.
     pub gpus: bool,
+    /// Values other threads measure (the data watch's file counts).
+    pub gauges: Option<Arc<Gauges>>,
 }
 
 /// Reads every source once per tick and stamps the result with one timestamp and one step.
@@ -52,6 +57,7 @@ pub struct Sampler {
     network: NetworkSource,
     container: Option<ContainerSource>,
     gpu: Option<GpuSource>,
+    gauges: Option<Arc<Gauges>>,
     keys: KeyBook,
     step: i64,
     scratch: Vec<Named>,
@@ -71,6 +77,7 @@ impl Sampler {
             } else {
                 None
             },
+            gauges: settings.gauges,
             keys: KeyBook::new(identity),
             step: 0,
             scratch: Vec::with_capacity(64),
@@ -103,6 +110,9 @@ impl Sampler {
         self.network.sample(&mut self.scratch);
         if let Some(gpu) = &mut self.gpu {
             gpu.sample(&mut self.scratch);
+        }
+        if let Some(gauges) = &self.gauges {
+            gauges.sample(&mut self.scratch);
         }
         let metrics = self
             .scratch
