@@ -71,7 +71,7 @@ fn sidecar(config: &Config, signals: SignalMask) -> u8 {
     if config.data.preflight == PreflightMode::Enforce && !checks.failures.is_empty() {
         tracing::warn!("--preflight enforce keeps a wrapped command from starting; in sidecar mode failed checks are tagged and logged only");
     }
-    agent.start_tags.extend(checks.tags);
+    agent.push_tags(checks.tags);
     let watch = agent.watch(config, http);
     agent.sample_until_event(&received);
     drop(watch.and_then(DataWatch::stop));
@@ -99,8 +99,9 @@ fn wrapped(config: &Config, signals: SignalMask) -> u8 {
         run.as_ref()
             .map(|(client, http)| (client, http.run_id.as_str())),
     );
-    if let Some(agent) = &mut agent {
-        agent.start_tags.extend(checks.tags.clone());
+    if let Some(agent) = &agent {
+        // At once, before the command starts: a finding is on the run before the first write.
+        agent.push_tags(checks.tags.clone());
     }
     if config.data.preflight == PreflightMode::Enforce && !checks.failures.is_empty() {
         return refuse_to_start(config, agent, &checks);
@@ -320,8 +321,6 @@ struct Agent {
     placement: Option<Placement>,
     /// The data watch's `data_<name>_files`, sampled with everything else.
     gauges: Arc<Gauges>,
-    /// More tags to send with the placement (the pre-flight's).
-    start_tags: Vec<(String, String)>,
 }
 
 /// The rank's placement: `mlscope/rank-<r>/node`, `pod`, the container's limits and GPUs.
@@ -415,7 +414,13 @@ impl Agent {
                 pod: config.pod.clone(),
             }),
             gauges,
-            start_tags: Vec::new(),
+        }
+    }
+
+    /// Queues run tags (the pre-flight's), never dropped.
+    fn push_tags(&self, tags: Vec<(String, String)>) {
+        if !tags.is_empty() {
+            self.outbox.push(Payload::Tags(tags));
         }
     }
 
@@ -474,8 +479,7 @@ impl Agent {
     fn push_sample_with(&mut self, push: fn(&Outbox, Payload)) {
         let sample = self.sampler.sample();
         if let Some(placement) = self.placement.take() {
-            let mut tags = placement.tags(&sample, self.sampler.gpu_inventory());
-            tags.append(&mut self.start_tags);
+            let tags = placement.tags(&sample, self.sampler.gpu_inventory());
             push(&self.outbox, Payload::Tags(tags));
         }
         for batch in sample.into_batches() {

@@ -85,7 +85,8 @@ impl RunClient {
             .unwrap_or_default();
         match status {
             200..=299 => match serde_json::from_str::<Value>(&text) {
-                Ok(body) => RunLookup::Found(run_info(&body)),
+                Ok(body) if body["run"]["info"].is_object() => RunLookup::Found(run_info(&body)),
+                Ok(_) => RunLookup::Unavailable("runs/get answered without a run".to_owned()),
                 Err(error) => RunLookup::Unavailable(format!("runs/get answered no JSON: {error}")),
             },
             404 => RunLookup::NotFound,
