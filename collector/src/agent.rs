@@ -21,6 +21,7 @@ use crate::leftovers::{self, Leftover, Scope};
 use crate::outbox::{
     spawn_sender, Backoff, HttpSettings, MlflowTransport, Outbox, Payload, RunClient, SenderStats,
 };
+use crate::placement::Placement;
 use crate::signals::{self, Received, SignalMask};
 use crate::sources::cgroup::{discover, DiscoveryRoots};
 use crate::sources::disk::WatchedVolume;
@@ -323,51 +324,6 @@ struct Agent {
     gauges: Arc<Gauges>,
 }
 
-/// The rank's placement: `mlscope/rank-<r>/node`, `pod`, the container's limits and GPUs.
-#[derive(Debug, Clone)]
-struct Placement {
-    node: String,
-    rank: u32,
-    pod: String,
-}
-
-impl Placement {
-    /// The tags, with the container limits read from the first sample's values.
-    fn tags(
-        &self,
-        sample: &crate::sample::Sample,
-        gpus: Option<(Option<String>, u32)>,
-    ) -> Vec<(String, String)> {
-        let key = |fact: &str| format!("mlscope/rank-{}/{fact}", self.rank);
-        let mut tags = vec![(key("node"), self.node.clone())];
-        if !self.pod.is_empty() {
-            tags.push((key("pod"), self.pod.clone()));
-        }
-        for (name, fact) in [
-            ("container_memory_limit_megabytes", "memory_limit_megabytes"),
-            ("container_cpu_limit_cores", "cpu_limit_cores"),
-        ] {
-            let limit = sample
-                .metrics
-                .iter()
-                .find(|(key, _)| key.rsplit('/').next() == Some(name))
-                .map(|(_, value)| *value);
-            // No limit set: the cgroup's "max", which the collector reports as no series.
-            tags.push((
-                key(fact),
-                limit.map_or_else(|| "unlimited".to_owned(), |v| v.to_string()),
-            ));
-        }
-        if let Some((model, count)) = gpus {
-            tags.push((key("gpu_count"), count.to_string()));
-            if let Some(model) = model {
-                tags.push((key("gpu_model"), model));
-            }
-        }
-        tags
-    }
-}
-
 impl Agent {
     fn start(config: &Config, http: &HttpSettings) -> Agent {
         let cgroup = match discover(&DiscoveryRoots::default(), config.cgroup_path.as_deref()) {
@@ -577,44 +533,5 @@ mod tests {
             "http://127.0.0.1:5001"
         );
         assert_eq!(without_userinfo("http://host/a@b"), "http://host/a@b");
-    }
-
-    #[test]
-    fn placement_tags_name_node_pod_limits_and_gpus_of_the_rank() {
-        let placement = Placement {
-            node: "gpu-node-1".into(),
-            rank: 3,
-            pod: "train-worker-3".into(),
-        };
-        let sample = crate::sample::Sample {
-            timestamp_ms: 0,
-            step: 0,
-            metrics: vec![
-                (
-                    "system/rank-3/container_memory_limit_megabytes".into(),
-                    65536.0,
-                ),
-                (
-                    "system/gpu-node-1/node_cpu_utilization_percentage".into(),
-                    10.0,
-                ),
-            ],
-        };
-        let tags = placement.tags(&sample, Some((Some("NVIDIA H200".into()), 8)));
-        let get = |k: &str| {
-            tags.iter()
-                .find(|(key, _)| key == &format!("mlscope/rank-3/{k}"))
-                .map(|(_, v)| v.as_str())
-        };
-        assert_eq!(get("node"), Some("gpu-node-1"));
-        assert_eq!(get("pod"), Some("train-worker-3"));
-        assert_eq!(get("memory_limit_megabytes"), Some("65536"));
-        assert_eq!(get("cpu_limit_cores"), Some("unlimited"));
-        assert_eq!(get("gpu_count"), Some("8"));
-        assert_eq!(get("gpu_model"), Some("NVIDIA H200"));
-        assert!(placement
-            .tags(&sample, None)
-            .iter()
-            .all(|(k, _)| !k.contains("gpu")));
     }
 }

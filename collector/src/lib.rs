@@ -6,6 +6,7 @@
 //! main.rs      thin binary: signals blocked first, config (exit 64), logging, run
 //! config.rs    flags and the environment a training pod already has
 //! agent.rs     the sampling schedule, sidecar and wrapper modes, final flush
+//! placement.rs where the rank runs (node, pod, limits, GPUs), tagged with the first sample
 //! sources/     one module per scope: cgroup/ (v1, v2, discovery), node, disk, network, gpu
 //! sample.rs    one timestamp and one step per sample; keys from the scope table
 //! outbox/      bounded buffer, sender thread with backoff, MLflow's runs/log-batch
@@ -22,6 +23,7 @@ pub mod config;
 pub mod data;
 pub mod leftovers;
 pub mod outbox;
+mod placement;
 pub mod sample;
 pub mod signals;
 pub mod sources;

@@ -66,6 +66,16 @@ fn help_documents_every_flag_and_mlflow_variable() {
         "--leave-leftovers",
         "MLSCOPE_LEAVE_LEFTOVERS",
         "leftover_processes",
+        "--data",
+        "MLSCOPE_DATA",
+        "--data-interval",
+        "MLSCOPE_DATA_INTERVAL",
+        "--data-max-files",
+        "--data-max-scan-time",
+        "--preflight",
+        "MLSCOPE_PREFLIGHT",
+        "data_<name>_preflight",
+        "mlscope/data/<name>/changed",
     ] {
         assert!(
             help.contains(word),
@@ -79,6 +89,8 @@ fn invalid_settings_exit_64_with_one_line() {
     for (args, env_uri) in [
         (&["--interval", "0"][..], true),
         (&["--volume", "no-equals-sign"][..], true),
+        (&["--data", "val=relative/path"][..], true),
+        (&["--preflight", "strict"][..], true),
         (&[][..], false),
     ] {
         let mut command = collector("http://127.0.0.1:1", args);

@@ -57,9 +57,6 @@ pub enum Command {
     /// The system-metric rewrite engine alone, in process on one thread, next to a plain
     /// serde_json round trip and a byte copy.
     Rewrite(RewriteArgs),
-    /// The collector's data watch on a generated tree of many files, in process on one thread:
-    /// files/s, CPU time per scan (cold and warm) and per comparison, memory of the file list.
-    DataScan(DataScanArgs),
     /// Rows MLflow stores for simulated system-metrics monitors of many ranks, with and without
     /// node-series deduplication.
     DedupRows(DedupRowsArgs),
@@ -555,42 +552,6 @@ pub struct RewriteArgs {
 }
 
 #[derive(Debug, Args)]
-pub struct DataScanArgs {
-    /// Files in the generated tree.
-    #[arg(long, default_value_t = 1_000_000)]
-    pub files: u64,
-    /// Files per directory.
-    #[arg(long, default_value_t = 1000)]
-    pub per_dir: u64,
-    /// Scans after the first (warm: the tree's directories and inodes in the kernel's caches).
-    #[arg(long, default_value_t = 3)]
-    pub scans: u32,
-    /// Drop the page, dentry and inode caches before the first scan (needs root; drops the
-    /// whole machine's clean caches), so that the first scan is cold.
-    #[arg(long)]
-    pub drop_caches: bool,
-    /// Where to build the tree (a directory of its own is made in it and removed after)
-    /// [default: the temporary directory].
-    #[arg(long)]
-    pub dir: Option<std::path::PathBuf>,
-}
-
-impl DataScanArgs {
-    fn validate(&self) -> Result<(), String> {
-        if !(1..=10_000_000).contains(&self.files) {
-            return Err("--files must be within 1..=10000000".into());
-        }
-        if !(1..=1_000_000).contains(&self.per_dir) {
-            return Err("--per-dir must be within 1..=1000000".into());
-        }
-        if !(1..=20).contains(&self.scans) {
-            return Err("--scans must be within 1..=20".into());
-        }
-        Ok(())
-    }
-}
-
-#[derive(Debug, Args)]
 pub struct DedupRowsArgs {
     /// Simulated ranks (training processes, one system-metrics monitor each) per node.
     #[arg(long, default_value_t = 8)]
@@ -642,7 +603,6 @@ impl Cli {
             Command::Artifact(args) => args.validate(),
             Command::Gateway(args) => args.validate(),
             Command::Rewrite(args) => args.validate(),
-            Command::DataScan(args) => args.validate(),
             Command::DedupRows(args) => args.validate(),
             Command::Slowloris(args) => args.validate(),
             Command::Fleet(args) => args.validate(),

@@ -1,8 +1,7 @@
 //! Benchmarks for mlscope: what mlscope-proxy adds to MLflow requests (next to nginx, the usual
 //! alternative), how it streams large artifacts (forwarded to MLflow, or served by its artifact
 //! gateway next to MLflow's own proxy and boto3 straight to the store), what its system-metric
-//! rewrite engine costs per sample, how many rows its node-series deduplication saves MLflow, and
-//! what the collector's data watch costs per scan.
+//! rewrite engine costs per sample, and how many rows its node-series deduplication saves MLflow.
 //!
 //! Every benchmark that talks to MLflow starts its own stack through the `mlscope-tests` harness —
 //! loopback only, free ports, one temporary directory — and bounds every request loop in count
@@ -10,7 +9,6 @@
 
 mod artifact;
 mod cli;
-mod data_scan;
 mod dedup_rows;
 mod fairshare;
 mod fleet;
@@ -30,9 +28,9 @@ mod units;
 mod workload;
 
 pub use cli::{
-    ArtifactArgs, Cli, ClientFleetArgs, Command, DataScanArgs, DedupRowsArgs, Endpoint,
-    FairShareArgs, FleetArgs, FleetTarget, GatewayArgs, K6LogBatchArgs, PassthroughArgs,
-    RewriteArgs, SlowlorisArgs, StackArgs,
+    ArtifactArgs, Cli, ClientFleetArgs, Command, DedupRowsArgs, Endpoint, FairShareArgs, FleetArgs,
+    FleetTarget, GatewayArgs, K6LogBatchArgs, PassthroughArgs, RewriteArgs, SlowlorisArgs,
+    StackArgs,
 };
 pub use markdown::shell_words;
 pub use units::ByteSize;
@@ -53,7 +51,6 @@ pub fn run(cli: &Cli, command_line: &str) -> anyhow::Result<Report> {
     let (stack_args, plan) = match &cli.command {
         // In process, on a runtime of its own: nothing to start.
         Command::Rewrite(args) => return rewrite::run(args, command_line),
-        Command::DataScan(args) => return data_scan::run(args, command_line),
         Command::Passthrough(args) => (
             &args.stack,
             StackPlan {

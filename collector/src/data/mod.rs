@@ -14,6 +14,7 @@
 //!   mount flags changed, is tagged at once, and the wrapped command's outcome says when it
 //!   failed after such a change.
 
+mod list;
 pub mod mount;
 pub mod preflight;
 pub mod scan;
