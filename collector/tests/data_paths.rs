@@ -217,6 +217,91 @@ fn the_dataset_inputs_digest_changes_when_a_file_changes_and_not_otherwise() {
 }
 
 #[test]
+fn a_path_gone_when_the_command_fails_between_two_scans_is_named_in_the_outcome() {
+    let mlflow = mlflow_with_a_running_run();
+    let dir = tempfile::tempdir().unwrap();
+    let val = tree(dir.path(), "val");
+    let marker = dir.path().join("end");
+    // An hour between scans: only the last look when the command fails can see the move.
+    let child = run_collector(
+        &mlflow,
+        &[
+            "--data".into(),
+            format!("val={}", val.display()),
+            "--data-interval".into(),
+            "1h".into(),
+        ],
+        &wait_for_marker(&marker, 2),
+    );
+    wait_for("the first fingerprint", WAIT, || {
+        mlflow.tags().contains_key("mlscope/data/val/fingerprint")
+    });
+    fs::remove_dir_all(&val).unwrap();
+    fs::write(&marker, b"").unwrap();
+    let (status, _, stderr) = finish(child, EXIT);
+    assert_eq!(status.code(), Some(2), "{stderr}");
+    let tags = mlflow.tags();
+    let changed = tag(&tags, "mlscope/data/val/changed");
+    assert!(
+        changed.ends_with(
+            "rank 0: path gone: 3 vanished, 0 appeared, 0 changed: a.tar, b.tar, sub/c.tar"
+        ),
+        "{changed}"
+    );
+    assert_eq!(
+        tag(&tags, "mlscope/rank-0/data_changed_before_exit"),
+        format!("val: {changed}")
+    );
+}
+
+#[test]
+fn in_sidecar_mode_data_paths_are_checked_and_watched_until_sigterm() {
+    let mlflow = mlflow_with_a_running_run();
+    let dir = tempfile::tempdir().unwrap();
+    let val = tree(dir.path(), "val");
+    let child = spawn(&mut collector(
+        &mlflow.url,
+        &[
+            "--interval",
+            "200ms",
+            "--data",
+            &format!("val={}", val.display()),
+            "--data-interval",
+            "200ms",
+            "--preflight",
+            "enforce",
+        ],
+    ));
+    wait_for("the first fingerprint", WAIT, || {
+        mlflow.tags().contains_key("mlscope/data/val/fingerprint")
+    });
+    fs::write(val.join("d.tar"), b"new").unwrap();
+    wait_for("the change", WAIT, || {
+        mlflow.tags().contains_key("mlscope/data/val/changed")
+    });
+    support::sigterm(&child);
+    let (status, _, stderr) = finish(child, EXIT);
+    assert!(status.success(), "{stderr}");
+    let tags = mlflow.tags();
+    // A temporary directory is writable: a finding, which sidecar mode tags and logs only.
+    assert!(tag(&tags, "mlscope/rank-0/data_val_preflight")
+        .starts_with("expected read-only, found writable"));
+    assert!(
+        stderr.contains("in sidecar mode failed checks are tagged and logged only"),
+        "{stderr}"
+    );
+    assert!(
+        tags["mlscope/data/val/changed"].ends_with("0 vanished, 1 appeared, 0 changed: d.tar"),
+        "{tags:?}"
+    );
+    assert_eq!(tags["mlscope/data/val/files"], "4");
+    assert!(mlflow
+        .samples()
+        .iter()
+        .any(|s| s.metric("system/rank-0/data_val_files") == Some(4.0)));
+}
+
+#[test]
 fn preflight_enforce_refuses_a_missing_path_with_its_reason_and_ends_the_run_failed() {
     let mlflow = mlflow_with_a_running_run();
     let dir = tempfile::tempdir().unwrap();

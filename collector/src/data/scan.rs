@@ -65,6 +65,27 @@ impl Scan {
             .collect();
         format!("sha256:{hex}")
     }
+
+    /// `sha256:<16 hex>`, with what a partial scan covers and what could not be read.
+    pub fn fingerprint_tag(&self, budget: ScanBudget) -> String {
+        let mut value = self.fingerprint();
+        match self.stopped {
+            Some(Stopped::Files) => value.push_str(&format!(
+                " (partial: the first {} files, --data-max-files)",
+                budget.max_files
+            )),
+            Some(Stopped::Time) => value.push_str(&format!(
+                " (partial: {} files in {}, --data-max-scan-time)",
+                self.files,
+                humantime::format_duration(budget.max_time)
+            )),
+            Some(Stopped::Cancelled) | None => {}
+        }
+        if self.unreadable > 0 {
+            value.push_str(&format!(" ({} directories not readable)", self.unreadable));
+        }
+        value
+    }
 }
 
 /// Walks `root` within `budget`, logging progress every `progress` (`name` names the path in
@@ -272,5 +293,34 @@ mod tests {
             "t"
         )
         .is_err());
+    }
+
+    #[test]
+    fn a_partial_fingerprint_says_what_it_covers() {
+        let budget = ScanBudget {
+            max_files: 2,
+            max_time: Duration::from_secs(60),
+        };
+        let scan = |stopped, unreadable| Scan {
+            files: 2,
+            bytes: 10,
+            digest: [0xab; 32],
+            stopped,
+            unreadable,
+            list: FileList::default(),
+            took: Duration::ZERO,
+        };
+        assert_eq!(
+            scan(None, 0).fingerprint_tag(budget),
+            "sha256:abababababababab"
+        );
+        assert_eq!(
+            scan(Some(Stopped::Files), 0).fingerprint_tag(budget),
+            "sha256:abababababababab (partial: the first 2 files, --data-max-files)"
+        );
+        assert_eq!(
+            scan(Some(Stopped::Time), 3).fingerprint_tag(budget),
+            "sha256:abababababababab (partial: 2 files in 1m, --data-max-scan-time) (3 directories not readable)"
+        );
     }
 }

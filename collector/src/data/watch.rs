@@ -258,7 +258,7 @@ impl Watcher {
         let name = &watched.data.name;
         tags.push((
             run_tag(name, "fingerprint"),
-            fingerprint_value(scan, self.budget),
+            scan.fingerprint_tag(self.budget),
         ));
         tags.push((run_tag(name, "files"), scan.files.to_string()));
         tags.push((run_tag(name, "bytes"), scan.bytes.to_string()));
@@ -281,27 +281,6 @@ impl Watcher {
         }
         tracing::info!(data = %name, fingerprint = %scan.fingerprint(), files = scan.files, bytes = scan.bytes, seconds = scan.took.as_secs_f64(), "data path fingerprint");
     }
-}
-
-/// `sha256:<16 hex>`, with what a partial scan covers and what could not be read.
-pub fn fingerprint_value(scan: &Scan, budget: ScanBudget) -> String {
-    let mut value = scan.fingerprint();
-    match scan.stopped {
-        Some(Stopped::Files) => value.push_str(&format!(
-            " (partial: the first {} files, --data-max-files)",
-            budget.max_files
-        )),
-        Some(Stopped::Time) => value.push_str(&format!(
-            " (partial: {} files in {}, --data-max-scan-time)",
-            scan.files,
-            humantime::format_duration(budget.max_time)
-        )),
-        Some(Stopped::Cancelled) | None => {}
-    }
-    if scan.unreadable > 0 {
-        value.push_str(&format!(" ({} directories not readable)", scan.unreadable));
-    }
-    value
 }
 
 /// What changed between two views of a path's mount, if anything.
@@ -386,5 +365,47 @@ fn lower_priority() {
         unsafe { nix::libc::setpriority(nix::libc::PRIO_PROCESS, tid as nix::libc::id_t, 10) };
     if result != 0 {
         tracing::debug!(error = %io::Error::last_os_error(), "cannot lower the data watch's priority");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::data::mount::Mount;
+    use std::path::PathBuf;
+
+    fn view(mount_ro: bool, statvfs_ro: bool) -> MountView {
+        MountView {
+            resolved: PathBuf::from("/data"),
+            mount: Mount {
+                id: 1,
+                parent: 0,
+                point: PathBuf::from("/data"),
+                mount_ro,
+                fstype: "nfs4".into(),
+                source: "10.0.0.1:/share".into(),
+                super_ro: false,
+            },
+            statvfs_ro: Some(statvfs_ro),
+            below: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn a_mount_change_says_which_way_the_flags_went() {
+        assert_eq!(
+            mount_change(Some(&view(false, false)), Some(&view(false, false))),
+            None
+        );
+        assert_eq!(
+            mount_change(Some(&view(false, false)), Some(&view(true, true))).as_deref(),
+            Some("mount flags changed: rw → ro (now mount ro, superblock rw, statvfs ro)")
+        );
+        let mut moved = view(false, false);
+        moved.mount.source = "10.0.0.2:/share".into();
+        assert!(mount_change(Some(&view(false, false)), Some(&moved))
+            .unwrap()
+            .starts_with("mount changed: now writable: "));
+        assert_eq!(mount_change(None, Some(&moved)), None);
     }
 }
