@@ -85,7 +85,7 @@ fn main() -> std::process::ExitCode {
 /// A markdown table with the numeric columns right-aligned.
 fn table(header: &[&str], rows: &[Vec<String>]) -> String {
     let mut out = format!(
-        "| {} |\n|---|{}|\n",
+        "| {} |\n|---|{}\n",
         header.join(" | "),
         "---:|".repeat(header.len() - 1)
     );
@@ -147,7 +147,7 @@ fn measure(label: String, root: &Path, budget: ScanBudget) -> Result<Measured> {
         Duration::from_secs(10),
         "bench",
     )
-    .context("scanning the tree")?;
+    .map_err(|e| format!("scanning the tree: {e}"))?;
     Ok(Measured {
         label,
         wall: started.elapsed(),
@@ -249,5 +249,5 @@ fn run(args: &Args, command_line: &str) -> Result<(String, Vec<String>)> {
     );
     eprintln!("data-scan: removing the tree");
     drop(tree);
-    Ok(Report { markdown, problems })
+    Ok((markdown, problems))
 }

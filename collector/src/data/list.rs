@@ -65,6 +65,11 @@ impl FileList {
         self.len == 0
     }
 
+    /// Frees what the list grew beyond its contents (once, when its scan is done).
+    pub(super) fn shrink(&mut self) {
+        self.bytes.shrink_to_fit();
+    }
+
     /// Bytes held, for the benchmark's memory figure.
     pub fn heap_bytes(&self) -> usize {
         self.bytes.capacity() + self.last.capacity()

@@ -71,9 +71,9 @@ pub struct DataSettings {
 }
 
 /// Five minutes: a scan of a typical data set (thousands of shards) costs milliseconds, one of
-/// a million local files about a second of CPU (BENCHMARKS.md), so this costs well under 1 % of
-/// a core on such a tree; a path moved mid-run is on the run page minutes after, long before the
-/// validation pass that would read it. NFS costs more per file: see the README.
+/// a million local files about 2.5 s of CPU warm (BENCHMARKS.md), under 1 % of a core at this
+/// interval; a path moved mid-run is on the run page minutes after, usually long before the
+/// validation pass that would read it. NFS costs a round trip per file: see the README.
 pub const DEFAULT_INTERVAL: Duration = Duration::from_secs(300);
 
 impl Default for DataSettings {

@@ -195,7 +195,8 @@ impl Walk {
         self.bytes += size;
     }
 
-    fn finish(self, stopped: Option<Stopped>, started: Instant) -> Scan {
+    fn finish(mut self, stopped: Option<Stopped>, started: Instant) -> Scan {
+        self.list.shrink();
         Scan {
             files: self.files,
             bytes: self.bytes,

@@ -180,7 +180,13 @@ impl Watcher {
                 parts.push(format!("{why}: {}", diff.describe()));
             }
             (State::Missing(_), State::Present(scan)) => {
-                parts.push(format!("path back: {} files", scan.files));
+                // Back if a scan ever saw it, else there for the first time.
+                let word = if watched.digest_sent.is_some() {
+                    "back"
+                } else {
+                    "appeared"
+                };
+                parts.push(format!("path {word}: {} files", scan.files));
                 pin = true;
             }
             (State::Present(old), State::Present(scan)) => {
