@@ -172,6 +172,7 @@ pub fn cut(text: &str, max: usize) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::path::Path;
 
     #[test]
     fn data_paths_are_names_and_absolute_paths_read_only_unless_marked_rw() {
@@ -184,7 +185,7 @@ mod tests {
             })
         );
         let rw = parse_data_path("cache=/mnt/cache:rw").unwrap();
-        assert!(rw.writable && rw.path == PathBuf::from("/mnt/cache"));
+        assert!(rw.writable && rw.path == Path::new("/mnt/cache"));
         assert!(!parse_data_path("x=/a:b:ro").unwrap().writable);
         assert_eq!(
             parse_data_path("x=/a:b").unwrap().path,

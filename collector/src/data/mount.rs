@@ -89,7 +89,7 @@ pub struct MountTable {
     mounts: Vec<Mount>,
 }
 
-/// `a` is `b` or below it, compared by components (`/data` does not cover `/database`).
+/// `path` is `point` or below it, compared by components (`/data` does not cover `/database`).
 fn covers(point: &Path, path: &Path) -> bool {
     path.starts_with(point)
 }
@@ -117,15 +117,12 @@ impl MountTable {
         let mut current = self
             .mounts
             .iter()
-            .filter(|m| !ids.contains(&m.parent) && covers(&m.point, path))
-            .last()?;
+            .rfind(|m| !ids.contains(&m.parent) && covers(&m.point, path))?;
         loop {
             let next = self
                 .mounts
                 .iter()
-                .filter(|m| m.parent == current.id && m.id != current.id)
-                .filter(|m| covers(&m.point, path))
-                .last();
+                .rfind(|m| m.parent == current.id && m.id != current.id && covers(&m.point, path));
             match next {
                 Some(child) => current = child,
                 None => return Some(current),
@@ -266,16 +263,19 @@ impl MountView {
         text
     }
 
-    /// The parts a watch compares: the flags, the file system and what is mounted below.
-    pub fn signature(&self) -> (bool, bool, Option<bool>, &str, &str, &[(PathBuf, bool)]) {
+    /// Whether a watch sees no change: the same flags, file system, source and mounts below.
+    pub fn same_as(&self, other: &MountView) -> bool {
         (
             self.mount.mount_ro,
             self.mount.super_ro,
             self.statvfs_ro,
-            &self.mount.fstype,
-            &self.mount.source,
             &self.below,
-        )
+        ) == (
+            other.mount.mount_ro,
+            other.mount.super_ro,
+            other.statvfs_ro,
+            &other.below,
+        ) && (&self.mount.fstype, &self.mount.source) == (&other.mount.fstype, &other.mount.source)
     }
 }
 

@@ -292,7 +292,7 @@ impl Watcher {
 /// What changed between two views of a path's mount, if anything.
 fn mount_change(old: Option<&MountView>, new: Option<&MountView>) -> Option<String> {
     let (old, new) = (old?, new?);
-    if old.signature() == new.signature() {
+    if old.same_as(new) {
         return None;
     }
     let word = |ro: bool| if ro { "ro" } else { "rw" };
