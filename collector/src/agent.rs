@@ -21,7 +21,7 @@ use crate::leftovers::{self, Leftover, Scope};
 use crate::outbox::{
     spawn_sender, Backoff, HttpSettings, MlflowTransport, Outbox, Payload, RunClient, SenderStats,
 };
-use crate::placement::Placement;
+use crate::placement::{BasisTag, Placement};
 use crate::signals::{self, Received, SignalMask};
 use crate::sources::cgroup::{discover, DiscoveryRoots};
 use crate::sources::disk::WatchedVolume;
@@ -325,29 +325,6 @@ struct Agent {
     gauges: Arc<Gauges>,
 }
 
-/// The rank tag `mlscope/rank-<r>/gpu_idle_basis`: what the idle clocks are judged on, sent once
-/// it is known (with GPM, from the second sample) and again whenever it changes.
-#[derive(Debug)]
-struct BasisTag {
-    rank: u32,
-    sent: Option<&'static str>,
-}
-
-impl BasisTag {
-    /// The tag to send after a sample whose basis was `basis`, if it says something new.
-    fn update(&mut self, basis: Option<&'static str>) -> Option<(String, String)> {
-        let basis = basis?;
-        if self.sent == Some(basis) {
-            return None;
-        }
-        self.sent = Some(basis);
-        Some((
-            format!("mlscope/rank-{}/gpu_idle_basis", self.rank),
-            basis.to_owned(),
-        ))
-    }
-}
-
 impl Agent {
     fn start(config: &Config, http: &HttpSettings) -> Agent {
         let cgroup = match discover(&DiscoveryRoots::default(), config.cgroup_path.as_deref()) {
@@ -565,27 +542,5 @@ mod tests {
             "http://127.0.0.1:5001"
         );
         assert_eq!(without_userinfo("http://host/a@b"), "http://host/a@b");
-    }
-
-    #[test]
-    fn the_idle_basis_tag_is_sent_once_known_and_again_when_it_changes() {
-        let mut tag = BasisTag {
-            rank: 2,
-            sent: None,
-        };
-        assert_eq!(tag.update(None), None);
-        assert_eq!(
-            tag.update(Some("sm_active")),
-            Some((
-                "mlscope/rank-2/gpu_idle_basis".to_owned(),
-                "sm_active".to_owned()
-            ))
-        );
-        assert_eq!(tag.update(Some("sm_active")), None);
-        assert_eq!(tag.update(None), None);
-        assert_eq!(
-            tag.update(Some("utilization")).map(|(_, v)| v).as_deref(),
-            Some("utilization")
-        );
     }
 }

@@ -46,6 +46,29 @@ impl Placement {
     }
 }
 
+/// The rank tag `mlscope/rank-<r>/gpu_idle_basis`: what the idle clocks are judged on, sent once
+/// it is known (with GPM, from the second sample) and again whenever it changes.
+#[derive(Debug)]
+pub(crate) struct BasisTag {
+    pub(crate) rank: u32,
+    pub(crate) sent: Option<&'static str>,
+}
+
+impl BasisTag {
+    /// The tag to send after a sample whose basis was `basis`, if it says something new.
+    pub(crate) fn update(&mut self, basis: Option<&'static str>) -> Option<(String, String)> {
+        let basis = basis?;
+        if self.sent == Some(basis) {
+            return None;
+        }
+        self.sent = Some(basis);
+        Some((
+            format!("mlscope/rank-{}/gpu_idle_basis", self.rank),
+            basis.to_owned(),
+        ))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -87,5 +110,27 @@ mod tests {
             .tags(&sample, None)
             .iter()
             .all(|(k, _)| !k.contains("gpu")));
+    }
+
+    #[test]
+    fn the_idle_basis_tag_is_sent_once_known_and_again_when_it_changes() {
+        let mut tag = BasisTag {
+            rank: 2,
+            sent: None,
+        };
+        assert_eq!(tag.update(None), None);
+        assert_eq!(
+            tag.update(Some("sm_active")),
+            Some((
+                "mlscope/rank-2/gpu_idle_basis".to_owned(),
+                "sm_active".to_owned()
+            ))
+        );
+        assert_eq!(tag.update(Some("sm_active")), None);
+        assert_eq!(tag.update(None), None);
+        assert_eq!(
+            tag.update(Some("utilization")).map(|(_, v)| v).as_deref(),
+            Some("utilization")
+        );
     }
 }
