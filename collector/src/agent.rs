@@ -3,6 +3,7 @@
 //! (wrapper) take one final sample, flush within the deadline and exit — with 0, or with the
 //! wrapped command's status; never with an error because of the network. In wrapper mode,
 //! what the command left running is listed, tagged and ended before the collector exits.
+//! Data paths are checked before the command starts and watched on their own thread.
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -15,13 +16,16 @@ use mlscope_scopes::Identity;
 use nix::sys::signal::Signal;
 
 use crate::config::Config;
+use crate::data::{self, DataWatch, PreflightMode, Watcher};
 use crate::leftovers::{self, Leftover, Scope};
 use crate::outbox::{
-    spawn_sender, Backoff, HttpSettings, MlflowTransport, Outbox, Payload, SenderStats,
+    spawn_sender, Backoff, HttpSettings, MlflowTransport, Outbox, Payload, RunClient, SenderStats,
 };
+use crate::placement::{BasisTag, Placement};
 use crate::signals::{self, Received, SignalMask};
 use crate::sources::cgroup::{discover, DiscoveryRoots};
 use crate::sources::disk::WatchedVolume;
+use crate::sources::gauges::Gauges;
 use crate::sources::{Sampler, SourceSettings};
 use crate::wrapper::{self, ChildOutcome, Ended};
 
@@ -63,7 +67,15 @@ fn sidecar(config: &Config, signals: SignalMask) -> u8 {
         tracing::warn!(%error, "cannot listen for signals; stop the collector with SIGKILL");
     }
     let mut agent = Agent::start(config, http);
+    let run = RunClient::new(http);
+    let checks = data::preflight(&config.data, config.rank, Some((&run, &http.run_id)));
+    if config.data.preflight == PreflightMode::Enforce && !checks.failures.is_empty() {
+        tracing::warn!("--preflight enforce keeps a wrapped command from starting; in sidecar mode failed checks are tagged and logged only");
+    }
+    agent.push_tags(checks.tags);
+    let watch = agent.watch(config, http);
     agent.sample_until_event(&received);
+    drop(watch.and_then(DataWatch::stop));
     agent.finish(config.flush_timeout, None);
     0
 }
@@ -77,6 +89,27 @@ fn wrapped(config: &Config, signals: SignalMask) -> u8 {
             tracing::warn!("MLFLOW_TRACKING_URI or MLFLOW_RUN_ID is not set: running the command without measuring it");
             None
         }
+    };
+    let run = config
+        .http
+        .as_ref()
+        .map(|http| (RunClient::new(http), http));
+    let checks = data::preflight(
+        &config.data,
+        config.rank,
+        run.as_ref()
+            .map(|(client, http)| (client, http.run_id.as_str())),
+    );
+    if let Some(agent) = &agent {
+        // At once, before the command starts: a finding is on the run before the first write.
+        agent.push_tags(checks.tags.clone());
+    }
+    if config.data.preflight == PreflightMode::Enforce && !checks.failures.is_empty() {
+        return refuse_to_start(config, agent, &checks);
+    }
+    let watch = match (&agent, &config.http) {
+        (Some(agent), Some(http)) => agent.watch(config, http),
+        _ => None,
     };
     let oom_kills_before = agent.as_ref().and_then(Agent::oom_kills);
     // Before the command starts, so that none of its processes can be orphaned to PID 1.
@@ -147,6 +180,7 @@ fn wrapped(config: &Config, signals: SignalMask) -> u8 {
         }
     };
     drop(child);
+    let watcher = watch.and_then(DataWatch::stop);
     let Some(mut agent) = agent else {
         let code = ChildOutcome {
             ended,
@@ -166,6 +200,16 @@ fn wrapped(config: &Config, signals: SignalMask) -> u8 {
     tracing::info!(outcome = outcome.outcome(), exit_code = outcome.exit_code(), oom_kills = ?outcome.new_oom_kills(), "the command ended");
     let (scope, found) = find_leftovers(config);
     let mut tags = outcome.tags(&config.node, config.rank);
+    if let Some(mut watcher) = watcher.filter(|_| outcome.exit_code() != 0) {
+        // A path that went away since the last round is the likeliest cause: look once more.
+        watcher.quick_check();
+        if let Some(changed) = watcher.changed_before_exit() {
+            tags.push((
+                data::rank_tag(config.rank, "data_changed_before_exit"),
+                changed,
+            ));
+        }
+    }
     tags.extend(leftovers::listing_tags(config.rank, &found));
     // Sent while the leftovers get their grace: a collector killed meanwhile has said how the
     // rank ended and what it left.
@@ -184,6 +228,39 @@ fn wrapped(config: &Config, signals: SignalMask) -> u8 {
     }
     agent.close(config.flush_timeout, after);
     outcome.exit_code()
+}
+
+/// `--preflight enforce` with a failed check: the command never starts. One line per failed
+/// check on stderr; with MLflow, the outcome `preflight_failed` and a `RUNNING` run ended
+/// `FAILED`.
+fn refuse_to_start(config: &Config, agent: Option<Agent>, checks: &data::Preflight) -> u8 {
+    for failure in &checks.failures {
+        eprintln!("mlscope-collector: pre-flight failed: {failure}");
+    }
+    tracing::error!(
+        failed = checks.failures.len(),
+        "--preflight enforce: not starting the command"
+    );
+    let code = data::EXIT_PREFLIGHT;
+    if let (Some(agent), Some(http)) = (agent, &config.http) {
+        let tags = vec![
+            (
+                data::rank_tag(config.rank, "outcome"),
+                data::OUTCOME_PREFLIGHT_FAILED.to_owned(),
+            ),
+            (data::rank_tag(config.rank, "exit_code"), code.to_string()),
+        ];
+        agent.finish(config.flush_timeout, Some(tags));
+        if checks.run_running {
+            match RunClient::new(http).end("FAILED") {
+                Ok(()) => {
+                    tracing::info!(run_id = %http.run_id, "ended the run FAILED: its pre-flight failed")
+                }
+                Err(error) => tracing::warn!(%error, "cannot end the run FAILED"),
+            }
+        }
+    }
+    code
 }
 
 /// What the command left running, logged (reaping the collector's ended children first, so
@@ -244,74 +321,8 @@ struct Agent {
     /// Where this rank runs, sent as run tags with the first sample; `None` once sent.
     placement: Option<Placement>,
     basis: BasisTag,
-}
-
-/// The rank tag `mlscope/rank-<r>/gpu_idle_basis`: what the idle clocks are judged on, sent once
-/// it is known (with GPM, from the second sample) and again whenever it changes.
-#[derive(Debug)]
-struct BasisTag {
-    rank: u32,
-    sent: Option<&'static str>,
-}
-
-impl BasisTag {
-    /// The tag to send after a sample whose basis was `basis`, if it says something new.
-    fn update(&mut self, basis: Option<&'static str>) -> Option<(String, String)> {
-        let basis = basis?;
-        if self.sent == Some(basis) {
-            return None;
-        }
-        self.sent = Some(basis);
-        Some((
-            format!("mlscope/rank-{}/gpu_idle_basis", self.rank),
-            basis.to_owned(),
-        ))
-    }
-}
-
-/// The rank's placement: `mlscope/rank-<r>/node`, `pod`, the container's limits and GPUs.
-#[derive(Debug, Clone)]
-struct Placement {
-    node: String,
-    rank: u32,
-    pod: String,
-}
-
-impl Placement {
-    /// The tags, with the container limits read from the first sample's values.
-    fn tags(
-        &self,
-        sample: &crate::sample::Sample,
-        gpus: Option<(Option<String>, u32)>,
-    ) -> Vec<(String, String)> {
-        let key = |fact: &str| format!("mlscope/rank-{}/{fact}", self.rank);
-        let mut tags = vec![(key("node"), self.node.clone())];
-        if !self.pod.is_empty() {
-            tags.push((key("pod"), self.pod.clone()));
-        }
-        for (name, fact) in [
-            ("container_memory_limit_megabytes", "memory_limit_megabytes"),
-            ("container_cpu_limit_cores", "cpu_limit_cores"),
-        ] {
-            let limit = sample
-                .metrics
-                .iter()
-                .find(|(key, _)| key.rsplit('/').next() == Some(name))
-                .map(|(_, value)| *value);
-            // No limit set: the cgroup's "max", which the collector reports as no series.
-            tags.push((
-                key(fact),
-                limit.map_or_else(|| "unlimited".to_owned(), |v| v.to_string()),
-            ));
-        }
-        if let Some((model, count)) = gpus {
-            tags.push((key("gpu_count"), count.to_string()));
-            if let Some(model) = model {
-                tags.push((key("gpu_model"), model));
-            }
-        }
-        tags
-    }
+    /// The data watch's `data_<name>_files`, sampled with everything else.
+    gauges: Arc<Gauges>,
 }
 
 impl Agent {
@@ -331,6 +342,7 @@ impl Agent {
             .iter()
             .filter_map(|(name, path)| WatchedVolume::new(name, path.clone()))
             .collect();
+        let gauges = Arc::new(Gauges::new(data::watch::gauge_names(&config.data)));
         let settings = SourceSettings {
             proc_root: PathBuf::from("/proc"),
             rootfs: PathBuf::from("/"),
@@ -338,6 +350,7 @@ impl Agent {
             cgroup,
             gpus: true,
             gpu_idle_below: config.gpu_idle_below,
+            gauges: Some(gauges.clone()),
         };
         let identity = Identity {
             node: Some(config.node.clone()),
@@ -362,6 +375,38 @@ impl Agent {
                 rank: config.rank,
                 sent: None,
             },
+            gauges,
+        }
+    }
+
+    /// Queues run tags (the pre-flight's), never dropped.
+    fn push_tags(&self, tags: Vec<(String, String)>) {
+        if !tags.is_empty() {
+            self.outbox.push(Payload::Tags(tags));
+        }
+    }
+
+    /// Starts the data watch when there are data paths.
+    fn watch(&self, config: &Config, http: &HttpSettings) -> Option<DataWatch> {
+        if config.data.paths.is_empty() {
+            return None;
+        }
+        let watcher = Watcher::new(
+            &config.data,
+            config.rank,
+            self.outbox.clone(),
+            Some(RunClient::new(http)),
+            self.gauges.clone(),
+        );
+        match DataWatch::spawn(watcher, config.data.interval) {
+            Ok(watch) => {
+                tracing::info!(paths = config.data.paths.len(), interval = ?config.data.interval, "watching the data paths");
+                Some(watch)
+            }
+            Err(error) => {
+                tracing::warn!(%error, "cannot start the data watch; data paths are not watched");
+                None
+            }
         }
     }
 
@@ -497,66 +542,5 @@ mod tests {
             "http://127.0.0.1:5001"
         );
         assert_eq!(without_userinfo("http://host/a@b"), "http://host/a@b");
-    }
-
-    #[test]
-    fn the_idle_basis_tag_is_sent_once_known_and_again_when_it_changes() {
-        let mut tag = BasisTag {
-            rank: 2,
-            sent: None,
-        };
-        assert_eq!(tag.update(None), None);
-        assert_eq!(
-            tag.update(Some("sm_active")),
-            Some((
-                "mlscope/rank-2/gpu_idle_basis".to_owned(),
-                "sm_active".to_owned()
-            ))
-        );
-        assert_eq!(tag.update(Some("sm_active")), None);
-        assert_eq!(tag.update(None), None);
-        assert_eq!(
-            tag.update(Some("utilization")).map(|(_, v)| v).as_deref(),
-            Some("utilization")
-        );
-    }
-
-    #[test]
-    fn placement_tags_name_node_pod_limits_and_gpus_of_the_rank() {
-        let placement = Placement {
-            node: "gpu-node-1".into(),
-            rank: 3,
-            pod: "train-worker-3".into(),
-        };
-        let sample = crate::sample::Sample {
-            timestamp_ms: 0,
-            step: 0,
-            metrics: vec![
-                (
-                    "system/rank-3/container_memory_limit_megabytes".into(),
-                    65536.0,
-                ),
-                (
-                    "system/gpu-node-1/node_cpu_utilization_percentage".into(),
-                    10.0,
-                ),
-            ],
-        };
-        let tags = placement.tags(&sample, Some((Some("NVIDIA H200".into()), 8)));
-        let get = |k: &str| {
-            tags.iter()
-                .find(|(key, _)| key == &format!("mlscope/rank-3/{k}"))
-                .map(|(_, v)| v.as_str())
-        };
-        assert_eq!(get("node"), Some("gpu-node-1"));
-        assert_eq!(get("pod"), Some("train-worker-3"));
-        assert_eq!(get("memory_limit_megabytes"), Some("65536"));
-        assert_eq!(get("cpu_limit_cores"), Some("unlimited"));
-        assert_eq!(get("gpu_count"), Some("8"));
-        assert_eq!(get("gpu_model"), Some("NVIDIA H200"));
-        assert!(placement
-            .tags(&sample, None)
-            .iter()
-            .all(|(k, _)| !k.contains("gpu")));
     }
 }

@@ -11,6 +11,7 @@ use clap::builder::BoolishValueParser;
 use clap::{ArgAction, Parser, ValueEnum};
 use ureq::tls::Certificate;
 
+use crate::data::{parse_data_path, DataPath, DataSettings, PreflightMode, ScanBudget};
 use crate::leftovers::LeftoverSettings;
 use crate::outbox::HttpSettings;
 
@@ -38,7 +39,17 @@ child subreaper: processes the command leaves running are re-parented to it; whe
 ends they are listed (with memory and the /dev/nvidia* files they hold open) in the tag
 mlscope/rank-<r>/leftover_processes, then ended: SIGTERM, --leftover-grace, SIGKILL
 (mlscope/rank-<r>/leftover_processes_ended), unless --leave-leftovers. GPU memory still
-allocated afterwards is tagged mlscope/rank-<r>/gpu_<i>_memory_left_megabytes.";
+allocated afterwards is tagged mlscope/rank-<r>/gpu_<i>_memory_left_megabytes.
+
+Data paths (--data NAME=PATH, MLSCOPE_DATA): before the command starts, each is checked (exists,
+readable, not empty; mounted read-only unless marked :rw, per mount, per superblock and by
+statvfs, mounts below it included) and so is the run (exists, RUNNING, artifacts through the
+proxy); each answer is a tag, mlscope/rank-<r>/data_<name>_preflight and others. Nothing is
+written into a data path. Then every --data-interval the tree is scanned: a fingerprint over each
+file's path, size and mtime (tag mlscope/data/<name>/fingerprint and the run's dataset input),
+and what vanished, appeared or changed since the last scan (tag mlscope/data/<name>/changed);
+series data_<name>_files. --preflight enforce: a failed check keeps the command from starting,
+ends the run FAILED (outcome preflight_failed) and exits 78.";
 
 #[derive(Debug, Parser)]
 #[command(
@@ -67,6 +78,24 @@ struct Args {
     /// commas in the variable.
     #[arg(long = "volume", env = "MLSCOPE_VOLUMES", value_name = "NAME=PATH", value_delimiter = ',', value_parser = parse_volume)]
     volumes: Vec<(String, PathBuf)>,
+    /// A data path to check before the command starts and watch while it runs, as NAME=PATH
+    /// (expected read-only) or NAME=PATH:rw (meant to be writable); repeat the flag, or
+    /// separate with commas in the variable.
+    #[arg(long = "data", env = "MLSCOPE_DATA", value_name = "NAME=PATH[:rw]", value_delimiter = ',', value_parser = parse_data_path)]
+    data: Vec<DataPath>,
+    /// How often the data paths are scanned again: whole seconds or a duration (`5m`).
+    #[arg(long, env = "MLSCOPE_DATA_INTERVAL", default_value = "5m", value_parser = parse_duration_or_seconds)]
+    data_interval: Duration,
+    /// A scan stops after this many files (in name order); the fingerprint then covers those.
+    #[arg(long, env = "MLSCOPE_DATA_MAX_FILES", default_value = "1000000")]
+    data_max_files: u64,
+    /// A scan stops after this long; the fingerprint then covers the files scanned.
+    #[arg(long, env = "MLSCOPE_DATA_MAX_SCAN_TIME", default_value = "60s", value_parser = humantime::parse_duration)]
+    data_max_scan_time: Duration,
+    /// What a failed pre-flight check does: `warn` tags and logs it; `enforce` (wrapper mode)
+    /// also keeps the command from starting, ends the run FAILED and exits 78.
+    #[arg(long, env = "MLSCOPE_PREFLIGHT", value_enum, default_value_t = Preflight::Warn)]
+    preflight: Preflight,
     /// The cgroup to measure instead of the collector's own: a directory under a cgroup mount
     /// (`/sys/fs/cgroup/...`) or a path as `/proc/<pid>/cgroup` shows it.
     #[arg(long, env = "MLSCOPE_CGROUP_PATH")]
@@ -123,6 +152,12 @@ struct Args {
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum Preflight {
+    Warn,
+    Enforce,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum LogFormat {
     Pretty,
     Json,
@@ -145,6 +180,8 @@ pub struct Config {
     pub rank_source: String,
     pub interval: Duration,
     pub volumes: Vec<(String, PathBuf)>,
+    /// Data paths: the pre-flight and the watch.
+    pub data: DataSettings,
     pub cgroup_path: Option<PathBuf>,
     /// Samples kept while MLflow is unreachable.
     pub buffer_samples: usize,
@@ -283,6 +320,19 @@ impl Config {
             device_prefix: args.gpu_device_prefix,
         };
         leftovers.validate().map_err(invalid)?;
+        let data = DataSettings {
+            paths: args.data,
+            interval: args.data_interval,
+            budget: ScanBudget {
+                max_files: args.data_max_files,
+                max_time: args.data_max_scan_time,
+            },
+            preflight: match args.preflight {
+                Preflight::Warn => PreflightMode::Warn,
+                Preflight::Enforce => PreflightMode::Enforce,
+            },
+        };
+        data.validate().map_err(invalid)?;
         let buffer_samples =
             usize::try_from(args.buffer.as_nanos().div_ceil(args.interval.as_nanos()))
                 .unwrap_or(usize::MAX)
@@ -296,6 +346,7 @@ impl Config {
             rank_source,
             interval: args.interval,
             volumes: args.volumes,
+            data,
             cgroup_path: args.cgroup_path,
             buffer_samples,
             flush_timeout: args.flush_timeout,
@@ -410,6 +461,16 @@ pub fn parse_interval(text: &str) -> Result<Duration, String> {
     Ok(interval)
 }
 
+/// Whole seconds (`300`) or a duration (`5m`); the range is the setting's own to check.
+pub fn parse_duration_or_seconds(text: &str) -> Result<Duration, String> {
+    let text = text.trim();
+    match text.parse::<u64>() {
+        Ok(seconds) => Ok(Duration::from_secs(seconds)),
+        Err(_) => humantime::parse_duration(text)
+            .map_err(|e| format!("{text:?} is neither whole seconds nor a duration like 5m: {e}")),
+    }
+}
+
 /// `NAME=PATH`, with a name the scope table accepts in `volume_<name>_*`.
 pub fn parse_volume(text: &str) -> Result<(String, PathBuf), String> {
     let (name, path) = text
@@ -487,6 +548,45 @@ mod tests {
             config(&["--volume", "a=/x", "--volume", "a=/y"], &[]),
             Err(ConfigError::Invalid(_))
         ));
+    }
+
+    #[test]
+    fn data_paths_default_to_a_five_minute_watch_that_only_warns() {
+        let defaults = config(&[], &[]).unwrap().data;
+        assert_eq!(defaults, DataSettings::default());
+        assert_eq!(defaults.interval, Duration::from_secs(300));
+        let set = config(
+            &[
+                "--data",
+                "val=/data/val",
+                "--data",
+                "cache=/cache:rw",
+                "--data-interval",
+                "2",
+                "--data-max-files",
+                "10",
+                "--data-max-scan-time",
+                "1s",
+                "--preflight",
+                "enforce",
+            ],
+            &[],
+        )
+        .unwrap()
+        .data;
+        assert_eq!(set.paths.len(), 2);
+        assert!(set.paths[1].writable);
+        assert_eq!(set.interval, Duration::from_secs(2));
+        assert_eq!(set.budget.max_files, 10);
+        assert_eq!(set.preflight, PreflightMode::Enforce);
+        for refused in [
+            &["--data", "a=/x", "--data", "a=/y"][..],
+            &["--data-interval", "0"][..],
+            &["--data-max-files", "0"][..],
+            &["--preflight", "strict"][..],
+        ] {
+            assert!(config(refused, &[]).is_err(), "{refused:?}");
+        }
     }
 
     #[test]

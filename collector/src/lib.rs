@@ -6,19 +6,24 @@
 //! main.rs      thin binary: signals blocked first, config (exit 64), logging, run
 //! config.rs    flags and the environment a training pod already has
 //! agent.rs     the sampling schedule, sidecar and wrapper modes, final flush
+//! placement.rs where the rank runs (node, pod, limits, GPUs), tagged with the first sample
 //! sources/     one module per scope: cgroup/ (v1, v2, discovery), node, disk, network, gpu
 //! sample.rs    one timestamp and one step per sample; keys from the scope table
 //! outbox/      bounded buffer, sender thread with backoff, MLflow's runs/log-batch
 //! wrapper.rs   the wrapped command: spawn, wait, exit status, OOM verdict, run tags
 //! leftovers/   what the command left running: find (descendants, the container's cgroup),
 //!              describe (memory, GPU device files), end (SIGTERM, grace, SIGKILL), tags
+//! data/        data paths: pre-flight (mountinfo, statvfs, the run), fingerprint scan,
+//!              the watch thread and its tags
 //! signals.rs   signalfd listener
 //! ```
 
 pub mod agent;
 pub mod config;
+pub mod data;
 pub mod leftovers;
 pub mod outbox;
+mod placement;
 pub mod sample;
 pub mod signals;
 pub mod sources;

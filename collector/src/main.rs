@@ -42,8 +42,19 @@ fn main() -> ExitCode {
         }
     };
     if config.check_only {
+        let data = match config.data.paths.len() {
+            0 => String::new(),
+            n => format!(
+                ", {n} data path{}, pre-flight {}",
+                if n == 1 { "" } else { "s" },
+                match config.data.preflight {
+                    mlscope_collector::data::PreflightMode::Warn => "warn",
+                    mlscope_collector::data::PreflightMode::Enforce => "enforce",
+                }
+            ),
+        };
         println!(
-            "mlscope-collector: configuration ok (node {}, rank {}, pod {}, {}{})",
+            "mlscope-collector: configuration ok (node {}, rank {}, pod {}, {}{data}{})",
             config.node,
             config.rank,
             config.pod,

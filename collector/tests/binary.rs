@@ -18,6 +18,15 @@ fn stderr_lines_with<'a>(stderr: &'a str, needle: &str) -> Vec<&'a str> {
     stderr.lines().filter(|l| l.contains(needle)).collect()
 }
 
+/// Accepted `runs/log-batch` requests (not the pre-flight's `runs/get`), in order.
+fn log_batches(mlflow: &MockMlflow) -> Vec<support::Received> {
+    mlflow
+        .accepted()
+        .into_iter()
+        .filter(|r| r.path == "/api/2.0/mlflow/runs/log-batch")
+        .collect()
+}
+
 #[test]
 fn help_documents_every_flag_and_mlflow_variable() {
     let output = collector("http://127.0.0.1:1", &["--help"])
@@ -57,6 +66,16 @@ fn help_documents_every_flag_and_mlflow_variable() {
         "--leave-leftovers",
         "MLSCOPE_LEAVE_LEFTOVERS",
         "leftover_processes",
+        "--data",
+        "MLSCOPE_DATA",
+        "--data-interval",
+        "MLSCOPE_DATA_INTERVAL",
+        "--data-max-files",
+        "--data-max-scan-time",
+        "--preflight",
+        "MLSCOPE_PREFLIGHT",
+        "data_<name>_preflight",
+        "mlscope/data/<name>/changed",
     ] {
         assert!(
             help.contains(word),
@@ -70,6 +89,8 @@ fn invalid_settings_exit_64_with_one_line() {
     for (args, env_uri) in [
         (&["--interval", "0"][..], true),
         (&["--volume", "no-equals-sign"][..], true),
+        (&["--data", "val=relative/path"][..], true),
+        (&["--preflight", "strict"][..], true),
         (&[][..], false),
     ] {
         let mut command = collector("http://127.0.0.1:1", args);
@@ -363,14 +384,17 @@ fn wrapper_mode_passes_the_exit_status_through_sets_the_node_id_and_tags_the_run
         tags.get("mlscope/rank-2/oom_kills").map(String::as_str),
         Some("0")
     );
-    // Nothing the rank said last was dropped: the placement tags, then the final sample, then
-    // the outcome tags, in that order.
-    let received = mlflow.accepted();
+    // Nothing the rank said last was dropped: the pre-flight's tags (before the command
+    // started), the placement tags, then the final sample, then the outcome tags, in that order.
+    let received = log_batches(&mlflow);
     assert!(
-        received.len() == 3
-            && !received[0].tags().is_empty()
-            && received[1].step() == Some(0)
-            && !received[2].tags().is_empty(),
+        received.len() == 4
+            && received[0]
+                .tags()
+                .contains_key("mlscope/rank-2/preflight_run")
+            && received[1].tags().contains_key("mlscope/rank-2/node")
+            && received[2].step() == Some(0)
+            && !received[3].tags().is_empty(),
         "{received:?}"
     );
 }
@@ -379,7 +403,8 @@ fn wrapper_mode_passes_the_exit_status_through_sets_the_node_id_and_tags_the_run
 fn with_an_hour_interval_and_mlflow_refusing_at_first_the_last_sample_and_outcome_still_arrive() {
     // The buffer holds two payloads (`--buffer 1s` / `--interval 1h`, at least 2) and MLflow
     // answers 503 to the first five attempts, so all three payloads of a rank that ends at once
-    // (placement tags, final sample, outcome tags) wait in the buffer together.
+    // (pre-flight tags, placement tags, final sample, outcome tags) wait in the buffer together;
+    // the pre-flight's runs/get gets one of the 503s and is not retried.
     let mlflow = MockMlflow::start(|i| match i {
         0..=4 => (
             503,
@@ -407,17 +432,20 @@ fn with_an_hour_interval_and_mlflow_refusing_at_first_the_last_sample_and_outcom
     );
     let (status, _, stderr) = finish(child, EXIT);
     assert_eq!(status.code(), Some(0), "{stderr}");
-    let received = mlflow.accepted();
+    let received = log_batches(&mlflow);
     assert!(
-        received.len() == 3
-            && received[0].tags().contains_key("mlscope/rank-1/node")
-            && received[1].step() == Some(0)
-            && received[2]
+        received.len() == 4
+            && received[0]
+                .tags()
+                .contains_key("mlscope/rank-1/preflight_run")
+            && received[1].tags().contains_key("mlscope/rank-1/node")
+            && received[2].step() == Some(0)
+            && received[3]
                 .tags()
                 .get("mlscope/rank-1/outcome")
                 .map(String::as_str)
                 == Some("exited"),
-        "placement, final sample, outcome, in that order: {received:?}\n{stderr}"
+        "pre-flight, placement, final sample, outcome, in that order: {received:?}\n{stderr}"
     );
     assert!(
         stderr_lines_with(&stderr, "dropping").is_empty(),

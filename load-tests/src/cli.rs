@@ -582,6 +582,24 @@ pub struct StackArgs {
     /// jitter.
     #[arg(long)]
     pub stub_upstream: bool,
+    /// MLflow's worker processes (`mlflow server --workers N`); default: MLflow's own (4), as a
+    /// platform runs it.
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=64))]
+    pub mlflow_workers: Option<u32>,
+    /// Start MLflow without its job runner (`MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false`); it is
+    /// on by default, as MLflow defaults it.
+    #[arg(long)]
+    pub mlflow_no_jobs: bool,
+}
+
+impl StackArgs {
+    /// How MLflow serves in this benchmark.
+    pub fn serving(&self) -> mlscope_tests::MlflowServing {
+        mlscope_tests::MlflowServing {
+            workers: self.mlflow_workers,
+            job_execution: !self.mlflow_no_jobs,
+        }
+    }
 }
 
 /// The MLflow REST calls the pass-through benchmark sends.

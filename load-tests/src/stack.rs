@@ -94,6 +94,8 @@ pub(crate) struct BenchStack {
     upstream_url: String,
     /// MLflow as started again by [`BenchStack::restart_mlflow`], in place of the stack's own.
     restarted_mlflow: std::sync::Mutex<Option<MlflowServer>>,
+    /// How MLflow serves (and serves again after a restart).
+    serving: mlscope_tests::MlflowServing,
     stack: TestStack,
 }
 
@@ -182,10 +184,12 @@ impl BenchStack {
     /// before the async runtime starts. `args.proxy_args` go to every mlscope-proxy, before an
     /// extra proxy's own flags.
     pub(crate) fn start(args: &StackArgs, plan: &StackPlan) -> anyhow::Result<BenchStack> {
+        crate::mlflow::set_serving(args.serving());
         let stack = TestStack::start(StackOptions {
             proxy: !args.stub_upstream && !plan.artifact_gateway,
             proxy_args: args.proxy_args.clone(),
             mlflow_backend: args.mlflow_backend.clone(),
+            mlflow_serving: args.serving(),
             ..StackOptions::default()
         })
         .context("starting the benchmark stack (S3 store, MLflow, mlscope-proxy)")?;
@@ -258,6 +262,7 @@ impl BenchStack {
             own_proxy,
             upstream_url,
             restarted_mlflow: std::sync::Mutex::new(None),
+            serving: args.serving(),
             stack,
         })
     }
@@ -328,11 +333,12 @@ impl BenchStack {
             .next()
             .and_then(|p| p.trim_end_matches('/').parse().ok())
             .context("MLflow's URL has no port")?;
-        let server = MlflowServer::start_on(
+        let server = MlflowServer::start_serving(
             self.stack.dir.path(),
             &self.stack.s3,
             Some(&self.stack.mlflow.backend_store_uri),
             port,
+            self.serving,
         )
         .context("starting MLflow again")?;
         *restarted = Some(server);

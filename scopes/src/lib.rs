@@ -26,6 +26,8 @@ pub enum Scope {
     Container,
     /// A volume the collector was told to watch.
     Volume,
+    /// A data path the collector was told to watch (`--data NAME=PATH`).
+    Data,
 }
 
 impl Scope {
@@ -37,6 +39,7 @@ impl Scope {
             Scope::Device => "device",
             Scope::Container => "container",
             Scope::Volume => "volume",
+            Scope::Data => "data",
         }
     }
 
@@ -139,6 +142,18 @@ pub fn volume_metric_name(volume: &str, suffix: &str) -> Option<String> {
     let name = format!("volume_{volume}_{suffix}");
     rule_for(&name)
         .filter(|rule| rule.scope == Scope::Volume)
+        .map(|_| name)
+}
+
+/// The metric names a watched data path gets, after `data_<name>_`.
+pub const DATA_SUFFIXES: &[&str] = &["files"];
+
+/// The bare metric name of one of a watched data path's series (`data_<name>_<suffix>`), or
+/// `None` when the table would not recognise it, as for [`volume_metric_name`].
+pub fn data_metric_name(data: &str, suffix: &str) -> Option<String> {
+    let name = format!("data_{data}_{suffix}");
+    rule_for(&name)
+        .filter(|rule| rule.scope == Scope::Data)
         .map(|_| name)
 }
 
@@ -286,6 +301,15 @@ pub const RULES: &[ScopeRule] = &[
         },
         None,
         Scope::Volume,
+    ),
+    rule(
+        "data",
+        NameMatch::Named {
+            prefix: "data_",
+            suffixes: DATA_SUFFIXES,
+        },
+        None,
+        Scope::Data,
     ),
 ];
 
@@ -732,6 +756,28 @@ mod tests {
         );
         assert_eq!(volume_metric_name("", "usage_percentage"), None);
         assert_eq!(volume_metric_name("data", "inodes"), None);
+    }
+
+    #[test]
+    fn data_path_names_come_from_the_table_under_the_ranks_owner() {
+        assert_eq!(
+            data_metric_name("val", "files").as_deref(),
+            Some("data_val_files")
+        );
+        assert_eq!(
+            collector_key(
+                &data_metric_name("train-2", "files").unwrap(),
+                &id(Some("n1"), Some(4))
+            ),
+            "system/rank-4/data_train-2_files"
+        );
+        assert_eq!(
+            rewrite("system/data_val_files", &id(Some("n1"), Some(2))),
+            "system/rank-2/data_val_files"
+        );
+        assert_eq!(data_metric_name("", "files"), None);
+        assert_eq!(data_metric_name("val", "bytes"), None);
+        assert!(rule_for("data_files").is_none());
     }
 
     #[test]

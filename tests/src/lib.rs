@@ -9,6 +9,8 @@ mod cgroup;
 pub mod compat;
 pub mod s3shim;
 mod stack;
+pub mod wait;
 
 pub use cgroup::MemoryCgroup;
 pub use stack::*;
+pub use wait::{consistently, consistently_blocking, eventually, eventually_blocking, scaled};

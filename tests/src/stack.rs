@@ -580,6 +580,46 @@ pub struct MlflowServer {
     pub process: Process,
 }
 
+/// How `mlflow server` serves: its worker processes and its job runner.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MlflowServing {
+    /// `--workers N`; `None`: MLflow's default (4).
+    pub workers: Option<u32>,
+    /// MLflow's job runner (`MLFLOW_SERVER_ENABLE_JOB_EXECUTION`, on by default): extra worker
+    /// processes for GenAI jobs.
+    pub job_execution: bool,
+}
+
+impl MlflowServing {
+    /// What the tests run: one worker and no job runner, which start faster and leave a 2-core
+    /// machine's CPU to what is tested.
+    pub const TESTS: MlflowServing = MlflowServing {
+        workers: Some(1),
+        job_execution: false,
+    };
+
+    /// `mlflow server` as a platform starts it, with no flag: 4 workers and the job runner.
+    pub const DEFAULTS: MlflowServing = MlflowServing {
+        workers: None,
+        job_execution: true,
+    };
+
+    /// For reports: "`mlflow server` defaults (4 workers, job runner on)", "`--workers 8`, job
+    /// runner on", ...
+    pub fn describe(&self) -> String {
+        let jobs = if self.job_execution {
+            "job runner on"
+        } else {
+            "job runner off"
+        };
+        match self.workers {
+            None if self.job_execution => format!("`mlflow server` defaults (4 workers, {jobs})"),
+            None => format!("4 workers (MLflow's default), {jobs}"),
+            Some(n) => format!("`--workers {n}`, {jobs}"),
+        }
+    }
+}
+
 impl MlflowServer {
     /// Starts MLflow on a free port with artifacts under `s3://<bucket>/artifacts` and the given
     /// backend store (default: an SQLite file in `dir`), and waits until `/health` answers.
@@ -598,7 +638,27 @@ impl MlflowServer {
         backend_store_uri: Option<&str>,
         port: u16,
     ) -> Result<MlflowServer> {
-        let mut server = Self::spawn(&venv(), dir, s3, backend_store_uri, port, None, &[])?;
+        Self::start_serving(dir, s3, backend_store_uri, port, MlflowServing::TESTS)
+    }
+
+    /// As [`MlflowServer::start_on`], serving as `serving` says.
+    pub fn start_serving(
+        dir: &Path,
+        s3: &S3Store,
+        backend_store_uri: Option<&str>,
+        port: u16,
+        serving: MlflowServing,
+    ) -> Result<MlflowServer> {
+        let mut server = Self::spawn(
+            &venv(),
+            dir,
+            s3,
+            backend_store_uri,
+            port,
+            None,
+            &[],
+            serving,
+        )?;
         server.wait_ready()?;
         Ok(server)
     }
@@ -638,12 +698,22 @@ impl MlflowServer {
             ),
         )
         .context("writing the basic-auth config")?;
-        let mut server = Self::spawn(mlflow_venv, dir, s3, None, port, Some(&ini), extra_args)?;
+        let mut server = Self::spawn(
+            mlflow_venv,
+            dir,
+            s3,
+            None,
+            port,
+            Some(&ini),
+            extra_args,
+            MlflowServing::TESTS,
+        )?;
         server.wait_ready()?;
         Ok(server)
     }
 
     /// Spawns `bin/mlflow` of the virtual environment `venv`.
+    #[allow(clippy::too_many_arguments)]
     fn spawn(
         venv: &Path,
         dir: &Path,
@@ -652,6 +722,7 @@ impl MlflowServer {
         port: u16,
         basic_auth: Option<&Path>,
         extra_args: &[String],
+        serving: MlflowServing,
     ) -> Result<MlflowServer> {
         let backend_store_uri = match backend_store_uri {
             Some(uri) => uri.to_owned(),
@@ -664,14 +735,7 @@ impl MlflowServer {
         fs::create_dir_all(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
         let mut command = Command::new(venv.join("bin/mlflow"));
         command
-            .args([
-                "server",
-                "--host",
-                "127.0.0.1",
-                "--workers",
-                "1",
-                "--serve-artifacts",
-            ])
+            .args(["server", "--host", "127.0.0.1", "--serve-artifacts"])
             .args(["--port", &port.to_string()])
             .args(["--backend-store-uri", &backend_store_uri])
             .args(["--artifacts-destination", &s3.destination()])
@@ -680,13 +744,21 @@ impl MlflowServer {
             .env("AWS_ACCESS_KEY_ID", "mlscope")
             .env("AWS_SECRET_ACCESS_KEY", "mlscope")
             .env("AWS_DEFAULT_REGION", "us-east-1")
-            // The job runner starts three extra worker processes for GenAI jobs that nothing
-            // here uses; on a 2-core machine they only take CPU from the server under test.
-            .env("MLFLOW_SERVER_ENABLE_JOB_EXECUTION", "false")
+            .env(
+                "MLFLOW_SERVER_ENABLE_JOB_EXECUTION",
+                if serving.job_execution {
+                    "true"
+                } else {
+                    "false"
+                },
+            )
             // What MLflow puts in the temporary directory goes away with the stack's directory,
             // also when MLflow is killed before it can clean up.
             .env("TMPDIR", &tmp)
             .current_dir(dir);
+        if let Some(workers) = serving.workers {
+            command.args(["--workers", &workers.to_string()]);
+        }
         if let Some(ini) = basic_auth {
             command
                 .args(["--app-name", "basic-auth"])
@@ -805,6 +877,8 @@ pub struct StackOptions {
     /// The virtual environment whose MLflow serves (e.g. one of the compatibility matrix's);
     /// default: [`venv`]. SeaweedFS always comes from [`venv`].
     pub mlflow_venv: Option<PathBuf>,
+    /// MLflow's workers and job runner; default: [`MlflowServing::TESTS`].
+    pub mlflow_serving: MlflowServing,
 }
 
 impl Default for StackOptions {
@@ -815,6 +889,7 @@ impl Default for StackOptions {
             mlflow_backend: None,
             mlflow_args: Vec::new(),
             mlflow_venv: None,
+            mlflow_serving: MlflowServing::TESTS,
         }
     }
 }
@@ -926,6 +1001,7 @@ impl TestStack {
             ports.mlflow,
             None,
             &opts.mlflow_args,
+            opts.mlflow_serving,
         )?;
         s3.wait_ready_or_restart()?;
         mlflow.wait_ready()?;

@@ -8,7 +8,7 @@ use serde_json::{json, Value};
 use ureq::tls::{Certificate, RootCerts, TlsConfig};
 
 use super::Auth;
-use super::{Payload, SendError, Transport};
+use super::{DatasetInput, Payload, SendError, Transport};
 
 /// How to reach MLflow.
 #[derive(Clone, Debug)]
@@ -35,6 +35,7 @@ const MAX_ERROR_BODY: u64 = 64 * 1024;
 pub struct MlflowTransport {
     agent: ureq::Agent,
     endpoint: String,
+    inputs_endpoint: String,
     run_id: String,
     headers: Vec<(&'static str, String)>,
 }
@@ -47,55 +48,75 @@ impl std::fmt::Debug for MlflowTransport {
     }
 }
 
+/// A blocking HTTP(S) client with MLflow's TLS settings and per-phase limits.
+pub(super) fn http_agent(settings: &HttpSettings) -> ureq::Agent {
+    let mut tls = TlsConfig::builder().disable_verification(settings.insecure_tls);
+    if let Some(certs) = &settings.ca_certificates {
+        tls = tls.root_certs(RootCerts::Specific(Arc::new(certs.clone())));
+    }
+    // Limits per phase, not `timeout_global`: with a global limit ureq resolves the host on
+    // a new thread for every request. Resolving on the sender thread blocks nothing else.
+    let limit = Some(settings.request_timeout);
+    ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .max_redirects(0)
+        .timeout_connect(Some(settings.request_timeout.min(Duration::from_secs(5))))
+        .timeout_send_request(limit)
+        .timeout_send_body(limit)
+        .timeout_recv_response(limit)
+        .timeout_recv_body(limit)
+        .user_agent(concat!("mlscope-collector/", env!("CARGO_PKG_VERSION")))
+        .tls_config(tls.build())
+        .build()
+        .into()
+}
+
+/// The identity headers the proxy deduplicates by, and MLflow's authentication and workspace.
+pub(super) fn request_headers(settings: &HttpSettings) -> Vec<(&'static str, String)> {
+    let mut headers = vec![
+        ("X-Mlscope-Node", settings.node.clone()),
+        ("X-Mlscope-Rank", settings.rank.to_string()),
+    ];
+    if let Some(value) = settings.auth.header_value() {
+        headers.push(("Authorization", value));
+    }
+    if let Some(workspace) = &settings.workspace {
+        headers.push(("X-MLFLOW-WORKSPACE", workspace.clone()));
+    }
+    headers
+}
+
+/// `<tracking uri>/api/2.0/mlflow/<call>`.
+pub(super) fn endpoint(settings: &HttpSettings, call: &str) -> String {
+    format!(
+        "{}/api/2.0/mlflow/{call}",
+        settings.tracking_uri.trim_end_matches('/')
+    )
+}
+
 impl MlflowTransport {
     pub fn new(settings: &HttpSettings) -> Self {
-        let mut tls = TlsConfig::builder().disable_verification(settings.insecure_tls);
-        if let Some(certs) = &settings.ca_certificates {
-            tls = tls.root_certs(RootCerts::Specific(Arc::new(certs.clone())));
-        }
-        // Limits per phase, not `timeout_global`: with a global limit ureq resolves the host on
-        // a new thread for every request. Resolving on the sender thread blocks nothing else.
-        let limit = Some(settings.request_timeout);
-        let agent: ureq::Agent = ureq::Agent::config_builder()
-            .http_status_as_error(false)
-            .max_redirects(0)
-            .timeout_connect(Some(settings.request_timeout.min(Duration::from_secs(5))))
-            .timeout_send_request(limit)
-            .timeout_send_body(limit)
-            .timeout_recv_response(limit)
-            .timeout_recv_body(limit)
-            .user_agent(concat!("mlscope-collector/", env!("CARGO_PKG_VERSION")))
-            .tls_config(tls.build())
-            .build()
-            .into();
-        let mut headers = vec![
-            ("X-Mlscope-Node", settings.node.clone()),
-            ("X-Mlscope-Rank", settings.rank.to_string()),
-        ];
-        if let Some(value) = settings.auth.header_value() {
-            headers.push(("Authorization", value));
-        }
-        if let Some(workspace) = &settings.workspace {
-            headers.push(("X-MLFLOW-WORKSPACE", workspace.clone()));
-        }
         MlflowTransport {
-            agent,
-            endpoint: format!(
-                "{}/api/2.0/mlflow/runs/log-batch",
-                settings.tracking_uri.trim_end_matches('/')
-            ),
+            agent: http_agent(settings),
+            endpoint: endpoint(settings, "runs/log-batch"),
+            inputs_endpoint: endpoint(settings, "runs/log-inputs"),
             run_id: settings.run_id.clone(),
-            headers,
+            headers: request_headers(settings),
         }
     }
 }
 
 impl Transport for MlflowTransport {
     fn send(&mut self, payload: &Payload) -> Result<(), SendError> {
-        let body = log_batch_body(&self.run_id, payload);
+        let (endpoint, body) = match payload {
+            Payload::Dataset(input) => {
+                (&self.inputs_endpoint, log_inputs_body(&self.run_id, input))
+            }
+            _ => (&self.endpoint, log_batch_body(&self.run_id, payload)),
+        };
         let mut request = self
             .agent
-            .post(&self.endpoint)
+            .post(endpoint)
             .header("Content-Type", "application/json");
         for (name, value) in &self.headers {
             request = request.header(*name, value);
@@ -125,7 +146,28 @@ impl Transport for MlflowTransport {
     }
 }
 
-/// `runs/log-batch` JSON for a payload.
+/// `runs/log-inputs` JSON for one dataset.
+pub fn log_inputs_body(run_id: &str, input: &DatasetInput) -> Vec<u8> {
+    let mut dataset = json!({
+        "name": input.name,
+        "digest": input.digest,
+        "source_type": input.source_type,
+        "source": input.source,
+    });
+    if let Some(profile) = &input.profile {
+        dataset["profile"] = json!(profile);
+    }
+    let body = json!({
+        "run_id": run_id,
+        "datasets": [{
+            "dataset": dataset,
+            "tags": [{"key": "mlflow.data.context", "value": input.context}],
+        }],
+    });
+    serde_json::to_vec(&body).expect("JSON values always serialize")
+}
+
+/// `runs/log-batch` JSON for a payload (a dataset's body is `runs/log-inputs`').
 pub fn log_batch_body(run_id: &str, payload: &Payload) -> Vec<u8> {
     let body = match payload {
         Payload::Sample(sample) => {
@@ -136,6 +178,7 @@ pub fn log_batch_body(run_id: &str, payload: &Payload) -> Vec<u8> {
                 .collect();
             json!({"run_id": run_id, "metrics": metrics})
         }
+        Payload::Dataset(input) => return log_inputs_body(run_id, input),
         Payload::Tags(tags) => {
             let tags: Vec<Value> = tags
                 .iter()
@@ -148,7 +191,7 @@ pub fn log_batch_body(run_id: &str, payload: &Payload) -> Vec<u8> {
 }
 
 /// MLflow's `error_code: message`, or the start of a body that is not MLflow's error JSON.
-fn error_message(body: &str) -> String {
+pub(super) fn error_message(body: &str) -> String {
     match serde_json::from_str::<Value>(body) {
         Ok(error) if error.get("message").is_some() => {
             let code = error["error_code"].as_str().unwrap_or("ERROR");
@@ -190,6 +233,27 @@ mod tests {
         assert_eq!(
             tags,
             json!({"run_id": "r1", "tags": [{"key": "k", "value": "v"}]})
+        );
+    }
+
+    #[test]
+    fn a_dataset_is_one_log_inputs_body_with_its_context_tag() {
+        let input = DatasetInput {
+            name: "val".into(),
+            digest: "sha256:0123456789abcdef".into(),
+            source_type: "local".into(),
+            source: r#"{"uri": "/data/val"}"#.into(),
+            profile: Some(r#"{"files": 2}"#.into()),
+            context: "val".into(),
+        };
+        let body: Value = serde_json::from_slice(&log_inputs_body("r1", &input)).unwrap();
+        assert_eq!(
+            body,
+            json!({"run_id": "r1", "datasets": [{
+                "dataset": {"name": "val", "digest": "sha256:0123456789abcdef", "source_type": "local",
+                            "source": "{\"uri\": \"/data/val\"}", "profile": "{\"files\": 2}"},
+                "tags": [{"key": "mlflow.data.context", "value": "val"}],
+            }]})
         );
     }
 

@@ -5,6 +5,7 @@
 mod auth;
 mod backoff;
 mod mlflow;
+mod runs;
 mod sender;
 
 use std::collections::VecDeque;
@@ -13,7 +14,8 @@ use std::time::{Duration, Instant};
 
 pub use auth::Auth;
 pub use backoff::Backoff;
-pub use mlflow::{log_batch_body, HttpSettings, MlflowTransport};
+pub use mlflow::{log_batch_body, log_inputs_body, HttpSettings, MlflowTransport};
+pub use runs::{RunClient, RunInfo, RunLookup};
 pub use sender::{spawn_sender, SendError, SenderStats, Transport};
 
 use crate::sample::Sample;
@@ -24,11 +26,25 @@ pub enum Payload {
     Sample(Sample),
     /// Run tags (wrapper mode: how the rank ended).
     Tags(Vec<(String, String)>),
+    /// A dataset input of the run (`runs/log-inputs`): a watched data path's fingerprint.
+    Dataset(DatasetInput),
+}
+
+/// One dataset of MLflow's `runs/log-inputs`, with the `mlflow.data.context` input tag.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DatasetInput {
+    pub name: String,
+    /// At most 36 characters (MLflow's limit).
+    pub digest: String,
+    pub source_type: String,
+    pub source: String,
+    pub profile: Option<String>,
+    pub context: String,
 }
 
 /// The queue. Holds at most `capacity` payloads, the one being sent included; when full, the
-/// oldest sample is dropped and counted. Tags and a stopping agent's last payloads are never
-/// dropped, so the bound is `capacity` plus those few.
+/// oldest sample is dropped and counted. Tags, datasets and a stopping agent's last payloads
+/// are never dropped, so the bound is `capacity` plus those few.
 #[derive(Debug)]
 pub struct Outbox {
     state: Mutex<State>,
@@ -176,7 +192,7 @@ mod tests {
     fn step(payload: &Payload) -> i64 {
         match payload {
             Payload::Sample(s) => s.step,
-            Payload::Tags(_) => -1,
+            Payload::Tags(_) | Payload::Dataset(_) => -1,
         }
     }
 

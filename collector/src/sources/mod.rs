@@ -6,18 +6,21 @@
 pub mod cgroup;
 pub mod disk;
 pub mod files;
+pub mod gauges;
 pub mod gpu;
 pub mod network;
 pub mod node;
 
 use std::borrow::Cow;
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use mlscope_scopes::Identity;
 
 use crate::sample::{KeyBook, Sample};
 use cgroup::{CgroupLayout, ContainerSource};
 use disk::{DiskSource, WatchedVolume};
+use gauges::Gauges;
 use gpu::GpuSource;
 use network::NetworkSource;
 use node::NodeSource;
@@ -44,6 +47,8 @@ pub struct SourceSettings {
     pub gpus: bool,
     /// GPM's SM activity under this (percent) counts as idle (`--gpu-idle-below`).
     pub gpu_idle_below: f64,
+    /// Values other threads measure (the data watch's file counts).
+    pub gauges: Option<Arc<Gauges>>,
 }
 
 /// Reads every source once per tick and stamps the result with one timestamp and one step.
@@ -54,6 +59,7 @@ pub struct Sampler {
     network: NetworkSource,
     container: Option<ContainerSource>,
     gpu: Option<GpuSource>,
+    gauges: Option<Arc<Gauges>>,
     keys: KeyBook,
     step: i64,
     scratch: Vec<Named>,
@@ -73,6 +79,7 @@ impl Sampler {
             } else {
                 None
             },
+            gauges: settings.gauges,
             keys: KeyBook::new(identity),
             step: 0,
             scratch: Vec::with_capacity(64),
@@ -111,6 +118,9 @@ impl Sampler {
         self.network.sample(&mut self.scratch);
         if let Some(gpu) = &mut self.gpu {
             gpu.sample(&mut self.scratch);
+        }
+        if let Some(gauges) = &self.gauges {
+            gauges.sample(&mut self.scratch);
         }
         let metrics = self
             .scratch

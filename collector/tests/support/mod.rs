@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Output, Stdio};
+use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::{self, JoinHandle};
@@ -282,29 +282,40 @@ pub fn sigterm(child: &Child) {
     assert!(status.success());
 }
 
-/// Waits for the child, at most `timeout`; kills it and fails after that.
+/// Reads a pipe to its end on a thread of its own.
+fn drain(pipe: Option<impl Read + Send + 'static>) -> JoinHandle<String> {
+    thread::spawn(move || {
+        let mut bytes = Vec::new();
+        if let Some(mut pipe) = pipe {
+            let _ = pipe.read_to_end(&mut bytes);
+        }
+        String::from_utf8_lossy(&bytes).into_owned()
+    })
+}
+
+/// Waits for the child, at most `timeout`; kills it and fails after that. Its stdout and stderr
+/// are read meanwhile, so that a verbose child never blocks on a full pipe.
 pub fn finish(mut child: Child, timeout: Duration) -> (ExitStatus, String, String) {
+    let (stdout, stderr) = (drain(child.stdout.take()), drain(child.stderr.take()));
     let deadline = Instant::now() + timeout;
-    while child.try_wait().unwrap().is_none() {
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
         if Instant::now() > deadline {
             let _ = child.kill();
-            let output = child.wait_with_output().unwrap();
+            let _ = child.wait();
             panic!(
                 "the collector did not exit within {timeout:?}; stderr:\n{}",
-                String::from_utf8_lossy(&output.stderr)
+                stderr.join().unwrap_or_default()
             );
         }
         thread::sleep(Duration::from_millis(20));
-    }
-    let Output {
-        status,
-        stdout,
-        stderr,
-    } = child.wait_with_output().unwrap();
+    };
     (
         status,
-        String::from_utf8_lossy(&stdout).into_owned(),
-        String::from_utf8_lossy(&stderr).into_owned(),
+        stdout.join().unwrap_or_default(),
+        stderr.join().unwrap_or_default(),
     )
 }
 

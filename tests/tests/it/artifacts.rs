@@ -6,7 +6,7 @@ use std::sync::OnceLock;
 use std::time::Duration;
 
 use futures_util::StreamExt;
-use mlscope_tests::{repo_root, spawn_proxy, ProxyProcess, StackOptions, TestStack};
+use mlscope_tests::{eventually, repo_root, spawn_proxy, ProxyProcess, StackOptions, TestStack};
 use reqwest::StatusCode;
 use serde_json::{json, Value};
 use tokio::io::AsyncWriteExt;
@@ -552,25 +552,31 @@ async fn a_client_that_disconnects_mid_upload_leaves_no_object_and_no_multipart_
     for _ in 0..30 {
         socket.write_all(&chunk).await.unwrap();
     }
-    // 30 MiB in: several parts are in the store by now. Then the client goes away.
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    assert!(
-        !pending_uploads(&g.stack.s3, &format!("artifacts/{path}"))
-            .await
-            .is_empty(),
-        "the upload was under way as a multipart upload"
-    );
+    // 30 MiB in: parts go to the store. Then the client goes away.
+    eventually(
+        Duration::from_secs(30),
+        "the upload under way as a multipart upload",
+        async || {
+            let pending = pending_uploads(&g.stack.s3, &format!("artifacts/{path}")).await;
+            if pending.is_empty() {
+                Err("no multipart upload".to_owned())
+            } else {
+                Ok(())
+            }
+        },
+    )
+    .await;
     drop(socket);
 
-    let mut left = Vec::new();
-    for _ in 0..50 {
-        tokio::time::sleep(Duration::from_millis(200)).await;
-        left = pending_uploads(&g.stack.s3, &format!("artifacts/{path}")).await;
-        if left.is_empty() {
-            break;
-        }
-    }
-    assert!(left.is_empty(), "multipart uploads left behind: {left:?}");
+    eventually(
+        Duration::from_secs(30),
+        "no multipart upload left behind",
+        async || match pending_uploads(&g.stack.s3, &format!("artifacts/{path}")).await {
+            left if left.is_empty() => Ok(()),
+            left => Err(format!("{left:?}")),
+        },
+    )
+    .await;
     assert!(
         store_keys(&g.stack.s3, &format!("artifacts/{path}"))
             .await
@@ -829,15 +835,15 @@ async fn slow_uploads_that_keep_moving_are_stored_and_stalled_ones_are_cut() {
     assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
     assert!(answer.contains("stalled for more than 2s"), "{answer}");
     drop(socket);
-    let mut left = vec![String::new()];
-    for _ in 0..25 {
-        left = pending_uploads(&g.stack.s3, &format!("artifacts/{path}")).await;
-        if left.is_empty() {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    assert!(left.is_empty(), "multipart uploads left behind: {left:?}");
+    eventually(
+        Duration::from_secs(30),
+        "no multipart upload left behind",
+        async || match pending_uploads(&g.stack.s3, &format!("artifacts/{path}")).await {
+            left if left.is_empty() => Ok(()),
+            left => Err(format!("{left:?}")),
+        },
+    )
+    .await;
     assert!(store_keys(&g.stack.s3, &format!("artifacts/{path}"))
         .await
         .is_empty());
@@ -944,9 +950,7 @@ print("ok", flush=True)
     );
     // The proxy's JSON request log: both kinds of write were answered 200 from the store. The
     // trace is uploaded as the client exits, and its line may be written just after: the log is
-    // read again until both lines are there, for at most 30 s.
-    let read_log = || std::fs::read_to_string(&g.proxy.log_path).unwrap();
-    let mut log = read_log();
+    // read again until both lines are there.
     let stored = |log: &str, root: &str| {
         log.lines()
             .filter_map(|l| serde_json::from_str::<Value>(l).ok())
@@ -959,19 +963,18 @@ print("ok", flush=True)
                         .is_some_and(|p| p.contains(root))
             })
     };
-    for _ in 0..60 {
-        if stored(&log, "/models/m-") && stored(&log, "/traces/tr-") {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(500)).await;
-        log = read_log();
-    }
-    assert!(
-        stored(&log, "/models/m-"),
-        "no logged-model file was stored through the gateway\n{stderr}"
-    );
-    assert!(
-        stored(&log, "/traces/tr-"),
-        "no trace file was stored through the gateway\n{stderr}"
-    );
+    eventually(
+        Duration::from_secs(30),
+        "a logged-model file and a trace file stored through the gateway",
+        async || {
+            let log = std::fs::read_to_string(&g.proxy.log_path).unwrap();
+            match (stored(&log, "/models/m-"), stored(&log, "/traces/tr-")) {
+                (true, true) => Ok(()),
+                (model, trace) => Err(format!(
+                    "logged-model file stored: {model}, trace file stored: {trace}\n{stderr}"
+                )),
+            }
+        },
+    )
+    .await;
 }

@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 
 use futures_util::future::join_all;
-use mlscope_tests::{spawn_proxy, ProxyProcess, TestStack};
+use mlscope_tests::{eventually, spawn_proxy, ProxyProcess, TestStack};
 use serde_json::{json, Value};
 
 use crate::mlflow::{create_run, http, response_json, scrape};
@@ -133,9 +133,23 @@ async fn open_with_a_full_batch(proxy: &str, run_id: &str) -> (u16, String) {
     (response.status().as_u16(), response.text().await.unwrap())
 }
 
-/// Sleeps long enough for the opener to be at MLflow.
-pub(crate) async fn after_the_opener() {
-    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+/// Waits until the opener is at MLflow: the proxy's coalescer holds a queue for its run (the
+/// proxy's only run).
+pub(crate) async fn after_the_opener(proxy: &ProxyProcess) {
+    until_the_coalescer_holds(proxy, "mlscope_coalesce_runs ", "the opener's run").await;
+}
+
+/// Waits until the coalescer gauge `series` of the proxy's `/metrics` is at least 1.
+async fn until_the_coalescer_holds(proxy: &ProxyProcess, series: &str, what: &str) {
+    eventually(
+        std::time::Duration::from_secs(30),
+        format_args!("the coalescer holds {what} ({series}>= 1)"),
+        async || match counter(&scrape(&proxy.admin_url).await, series) {
+            n if n >= 1.0 => Ok(()),
+            n => Err(format!("{series}{n}")),
+        },
+    )
+    .await;
 }
 
 pub(crate) fn counter(metrics: &str, line_start: &str) -> f64 {
@@ -207,17 +221,18 @@ async fn an_invalid_metric_fails_only_its_sender_with_mlflows_own_answer() {
     let direct = (direct.status().as_u16(), direct.text().await.unwrap());
     assert_eq!(direct.0, 400, "{}", direct.1);
 
+    let proxy = &proxy;
     let good = (0..8).map(|c| {
         let body = json!({"run_id": run_id, "metrics": [{"key": format!("client{c}"), "value": c, "timestamp": 10 + c, "step": 0}]});
         let url = format!("{}/api/2.0/mlflow/runs/log-batch", proxy.url);
         async move {
-            after_the_opener().await;
+            after_the_opener(proxy).await;
             let response = http().post(url).json(&body).send().await.unwrap();
             (response.status().as_u16(), response.text().await.unwrap())
         }
     });
     let bad_send = async {
-        after_the_opener().await;
+        after_the_opener(proxy).await;
         let response = http()
             .post(format!("{}/api/2.0/mlflow/runs/log-batch", proxy.url))
             .json(&bad)
@@ -260,8 +275,9 @@ async fn a_client_that_goes_away_loses_nothing_of_the_others() {
     let body = |c: i64| json!({"run_id": run_id, "metrics": [{"key": format!("client{c}"), "value": c, "timestamp": 10 + c, "step": 0}]});
     // The leaver's request gathers behind the opener with the others, and its connection closes
     // before their batch leaves.
+    let proxy = &proxy;
     let leaver = async {
-        after_the_opener().await;
+        after_the_opener(proxy).await;
         http()
             .post(url.clone())
             .json(&body(99))
@@ -272,7 +288,7 @@ async fn a_client_that_goes_away_loses_nothing_of_the_others() {
     let stayers = (0..6).map(|c| {
         let request = http().post(url.clone()).json(&body(c));
         async move {
-            after_the_opener().await;
+            after_the_opener(proxy).await;
             let response = request.send().await.unwrap();
             (response.status().as_u16(), response.text().await.unwrap())
         }
@@ -319,10 +335,11 @@ async fn a_full_queue_answers_429_with_retry_after_and_keeps_what_it_queued() {
             .collect();
         json!({"run_id": run_id, "metrics": metrics})
     };
+    let proxy = &proxy;
     let send = |body: Value| {
         let url = format!("{}/api/2.0/mlflow/runs/log-batch", proxy.url);
         async move {
-            after_the_opener().await;
+            after_the_opener(proxy).await;
             http().post(url).json(&body).send().await.unwrap()
         }
     };
@@ -331,7 +348,13 @@ async fn a_full_queue_answers_429_with_retry_after_and_keeps_what_it_queued() {
         open_with_a_full_batch(&proxy.url, &run_id),
         send(batch("queued")),
         async {
-            tokio::time::sleep(std::time::Duration::from_millis(30)).await;
+            // Once the first is queued behind the opener.
+            until_the_coalescer_holds(
+                proxy,
+                "mlscope_coalesce_queued_requests ",
+                "a request in its queue",
+            )
+            .await;
             send(batch("refused")).await
         }
     );

@@ -4,10 +4,11 @@
 
 use std::path::Path;
 use std::process::{Command, ExitStatus};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use mlscope_tests::{
-    collector_binary, free_port, spawn_proxy, spawn_proxy_on, Process, ProxyProcess, TestStack,
+    collector_binary, consistently, eventually, eventually_blocking, free_port, spawn_proxy,
+    spawn_proxy_on, Process, ProxyProcess, TestStack,
 };
 use serde_json::Value;
 
@@ -24,18 +25,15 @@ async fn steps(mlflow: &str, run_id: &str, key: &str) -> Vec<i64> {
 
 /// Polls `steps` of `key` until it has at least `count` points.
 async fn wait_for_points(mlflow: &str, run_id: &str, key: &str, count: usize, timeout: Duration) {
-    let deadline = Instant::now() + timeout;
-    loop {
-        let have = steps(mlflow, run_id, key).await.len();
-        if have >= count {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{key}: {have} of {count} points after {timeout:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
+    eventually(
+        timeout,
+        format_args!("{count} points of {key}"),
+        async || match steps(mlflow, run_id, key).await.len() {
+            have if have >= count => Ok(()),
+            have => Err(format!("{have} points")),
+        },
+    )
+    .await;
 }
 
 // === the collector ===
@@ -87,14 +85,14 @@ pub(crate) fn start_collector_with(
 /// Waits (up to a minute, off the async runtime) for a wrapper to exit; its exit code.
 pub(crate) async fn wait_exit(mut collector: Process) -> Option<i32> {
     tokio::task::spawn_blocking(move || {
-        let deadline = Instant::now() + Duration::from_secs(60);
-        loop {
-            if let Some(status) = collector.try_status() {
-                return status.code();
-            }
-            assert!(Instant::now() < deadline, "the wrapper did not exit");
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        eventually_blocking(
+            Duration::from_secs(60),
+            "the wrapper's exit",
+            || match collector.try_status() {
+                Some(status) => Ok(status.code()),
+                None => Err("still running".to_owned()),
+            },
+        )
     })
     .await
     .unwrap()
@@ -271,12 +269,15 @@ async fn with_the_proxy_down_for_a_minute_no_sample_is_lost() {
     .unwrap();
     let down_at = steps(mlflow, &run_id, rank_key).await.len();
     // The outage: a minute of samples go nowhere but the collector's buffer.
-    tokio::time::sleep(Duration::from_secs(60)).await;
-    assert_eq!(
-        steps(mlflow, &run_id, rank_key).await.len(),
-        down_at,
-        "nothing reaches MLflow while the proxy is down"
-    );
+    consistently(
+        Duration::from_secs(60),
+        "nothing reaches MLflow while the proxy is down",
+        async || match steps(mlflow, &run_id, rank_key).await.len() {
+            have if have == down_at => Ok(()),
+            have => Err(format!("{have} points of {rank_key}, {down_at} before")),
+        },
+    )
+    .await;
     drop(proxy);
     let _proxy = spawn_proxy_on(mlflow, &[], dir.path(), port, admin_port).unwrap();
     // The backlog (60 samples) arrives, then a few more live ones.
@@ -298,8 +299,9 @@ async fn with_the_proxy_down_for_a_minute_no_sample_is_lost() {
     );
 
     // Every sample the collector took is stored exactly once, in order: steps 0, 1, 2, ...
-    // (`sent` counts requests: the samples and the placement tags sent with the first one).
-    let sent = summary["sent"].as_u64().unwrap() as i64 - 1;
+    // (`sent` counts requests: the samples, the placement tags sent with the first one, and the
+    // pre-flight's tags sent at the start).
+    let sent = summary["sent"].as_u64().unwrap() as i64 - 2;
     assert!(sent >= 66, "{summary}");
     for key in [
         rank_key.to_owned(),

@@ -5,12 +5,15 @@
 
 use std::time::Duration;
 
-use mlscope_tests::{free_port, repo_root, spawn_proxy, MlflowServer, PrivatePostgres, S3Store};
+use mlscope_tests::{
+    eventually, free_port, repo_root, spawn_proxy, MlflowServer, PrivatePostgres, ProxyProcess,
+    S3Store,
+};
 use serde_json::{json, Value};
 use tokio::io::{AsyncBufReadExt, BufReader, Lines};
 use tokio::process::ChildStdout;
 
-use crate::mlflow::{create_run, history, http, now_ms};
+use crate::mlflow::{create_run, history, http, now_ms, scrape};
 use crate::python_client::python;
 
 const STEPS: i64 = 60;
@@ -56,6 +59,44 @@ async fn assert_retryable_json_error(response: reqwest::Response, what: &str) {
     );
 }
 
+/// How many `method` requests of `route` the proxy answered with a 5xx, from its `/metrics`.
+async fn server_errors(proxy: &ProxyProcess, route: &str, method: &str) -> f64 {
+    let series =
+        format!(r#"mlscope_http_requests_total{{route="{route}",method="{method}",status="5"#);
+    scrape(&proxy.admin_url)
+        .await
+        .lines()
+        .filter(|l| l.starts_with(&series))
+        .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
+        .sum()
+}
+
+/// Waits until the proxy has answered more than `before` of the client's `method` requests of
+/// `route` with a 5xx: the client met the outage (and retries), which can end now.
+async fn until_the_client_met_the_outage(
+    proxy: &ProxyProcess,
+    outage: &str,
+    route: &str,
+    method: &str,
+    before: f64,
+) {
+    eventually(
+        Duration::from_secs(60),
+        format_args!(
+            "a {method} {route} request of the client answered 5xx while {outage} is down"
+        ),
+        async || {
+            let now = server_errors(proxy, route, method).await;
+            if now > before {
+                Ok(())
+            } else {
+                Err(format!("{now} answered 5xx, {before} before the outage"))
+            }
+        },
+    )
+    .await;
+}
+
 #[tokio::test]
 async fn mlflow_seaweedfs_and_postgres_killed_mid_traffic_lose_no_metric_and_no_object() {
     let dir = tempfile::Builder::new()
@@ -95,8 +136,9 @@ async fn mlflow_seaweedfs_and_postgres_killed_mid_traffic_lose_no_metric_and_no_
     let run_id = run["run_id"].as_str().unwrap().to_owned();
     until_step(&mut lines, 5).await;
 
-    // MLflow, killed: the proxy answers 502 while it is gone.
+    // MLflow, killed: the proxy answers 502 while it is gone, to the client too.
     let mut outages = Vec::new();
+    let before = server_errors(&proxy, "log_batch", "POST").await;
     let down = std::time::Instant::now();
     mlflow.process.kill();
     let search = format!(
@@ -104,12 +146,19 @@ async fn mlflow_seaweedfs_and_postgres_killed_mid_traffic_lose_no_metric_and_no_
         proxy.url
     );
     assert_retryable_json_error(http().get(&search).send().await.unwrap(), "MLflow down").await;
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    until_the_client_met_the_outage(&proxy, "MLflow", "log_batch", "POST", before).await;
     mlflow = MlflowServer::start_on(dir.path(), &s3, Some(&backend), mlflow_port)
         .expect("restarting MLflow");
     outages.push(("MLflow", down.elapsed()));
     let resumed = until_step(&mut lines, 20).await;
-    assert!(!resumed.is_empty());
+    if resumed.is_empty() {
+        let output = client.wait_with_output().await.unwrap();
+        panic!(
+            "the client stopped in the MLflow outage ({}):\n{}",
+            output.status,
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
     assert!(
         http()
             .get(&search)
@@ -121,7 +170,8 @@ async fn mlflow_seaweedfs_and_postgres_killed_mid_traffic_lose_no_metric_and_no_
         "recovered without a proxy restart"
     );
 
-    // SeaweedFS, killed: the gateway answers 503.
+    // SeaweedFS, killed: the gateway answers 503, to the client's next checkpoint too.
+    let before = server_errors(&proxy, "artifacts", "PUT").await;
     let down = std::time::Instant::now();
     s3.process.kill();
     let listing = format!(
@@ -130,7 +180,7 @@ async fn mlflow_seaweedfs_and_postgres_killed_mid_traffic_lose_no_metric_and_no_
         run["experiment_id"].as_str().unwrap()
     );
     assert_retryable_json_error(http().get(&listing).send().await.unwrap(), "SeaweedFS down").await;
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    until_the_client_met_the_outage(&proxy, "SeaweedFS", "artifacts", "PUT", before).await;
     let _s3_again = S3Store::start_on(dir.path(), s3_port).expect("restarting SeaweedFS");
     outages.push(("SeaweedFS", down.elapsed()));
     until_step(&mut lines, 35).await;
@@ -145,7 +195,8 @@ async fn mlflow_seaweedfs_and_postgres_killed_mid_traffic_lose_no_metric_and_no_
         "the gateway recovered"
     );
 
-    // PostgreSQL (the proxy's shared state), killed: node-wide samples get 503.
+    // PostgreSQL (the proxy's shared state), killed: node-wide samples get 503, the client's too.
+    let before = server_errors(&proxy, "log_batch", "POST").await;
     let down = std::time::Instant::now();
     postgres.kill();
     let probe_run = create_run(&mlflow.url, "faults-probe").await;
@@ -156,7 +207,8 @@ async fn mlflow_seaweedfs_and_postgres_killed_mid_traffic_lose_no_metric_and_no_
         "PostgreSQL down",
     )
     .await;
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    // The test's own sample above is one of them.
+    until_the_client_met_the_outage(&proxy, "PostgreSQL", "log_batch", "POST", before + 1.0).await;
     postgres.restart().expect("restarting PostgreSQL");
     outages.push(("PostgreSQL", down.elapsed()));
     until_step(&mut lines, STEPS).await;

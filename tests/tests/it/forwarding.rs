@@ -16,6 +16,7 @@ use axum::routing::{any, get};
 use axum::Router;
 use futures_util::StreamExt;
 use mlscope_proxy::Config;
+use mlscope_tests::eventually;
 use serde_json::{json, Value};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -168,17 +169,18 @@ async fn start_proxy(upstream: &str, tweak: impl FnOnce(&mut Config)) -> Proxy {
     }));
     // `run` opens the store before serving; wait for the admin port to answer.
     let client = reqwest::Client::new();
-    for _ in 0..100 {
-        if client
-            .get(format!("{admin_url}/healthz"))
-            .send()
-            .await
-            .is_ok()
-        {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    eventually(
+        Duration::from_secs(30),
+        "the in-process proxy's admin /healthz answers",
+        async || {
+            assert!(!done.is_finished(), "the in-process proxy stopped");
+            match client.get(format!("{admin_url}/healthz")).send().await {
+                Ok(_) => Ok(()),
+                Err(e) => Err(e.to_string()),
+            }
+        },
+    )
+    .await;
     Proxy {
         url: format!("http://{addr}"),
         admin_url,
@@ -543,15 +545,15 @@ async fn shutdown_lets_in_flight_requests_finish_and_stops_accepting() {
 
     proxy.shutdown.take().unwrap().send(()).unwrap();
     // New connections are refused once the listener is closed.
-    let mut refused = false;
-    for _ in 0..100 {
-        if TcpStream::connect(proxy.addr).await.is_err() {
-            refused = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    assert!(refused, "listener still accepting after shutdown");
+    eventually(
+        Duration::from_secs(10),
+        "new connections refused after shutdown",
+        async || match TcpStream::connect(proxy.addr).await {
+            Ok(_) => Err("the listener still accepts".to_owned()),
+            Err(_) => Ok(()),
+        },
+    )
+    .await;
 
     script.release.notify_one();
     assert_eq!(held.await.unwrap().unwrap(), 200);

@@ -6,9 +6,9 @@
 //! the README defines; a live run's idle GPUs are named in a tag that goes once they work.
 
 use std::collections::BTreeMap;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use mlscope_tests::{PostgresDatabase, ProxyProcess, TestStack};
+use mlscope_tests::{consistently, eventually, PostgresDatabase, ProxyProcess, TestStack};
 use serde_json::{json, Value};
 
 use crate::health::{counter, health_proxy, health_view, wait_for_status};
@@ -117,18 +117,19 @@ pub(crate) async fn end_run(proxy: &ProxyProcess, run_id: &str, end_ms: i64) {
 
 /// Polls the run's tags until `mlscope.gpu_hours` is there.
 pub(crate) async fn billed_tags(mlflow: &str, run_id: &str) -> BTreeMap<String, String> {
-    let deadline = Instant::now() + Duration::from_secs(40);
-    loop {
-        let tags = run_tags(mlflow, run_id).await;
-        if tags.contains_key("mlscope.gpu_hours") {
-            return tags;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "run {run_id} not billed: {tags:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(300)).await;
-    }
+    eventually(
+        Duration::from_secs(40),
+        format_args!("run {run_id} billed"),
+        async || {
+            let tags = run_tags(mlflow, run_id).await;
+            if tags.contains_key("mlscope.gpu_hours") {
+                Ok(tags)
+            } else {
+                Err(format!("{tags:?}"))
+            }
+        },
+    )
+    .await
 }
 
 pub(crate) fn number(tags: &BTreeMap<String, String>, key: &str) -> f64 {
@@ -194,23 +195,24 @@ async fn a_run_ended_by_its_client_is_billed_its_gpu_hours_and_a_silent_rank_to_
 
     // Live: the bill so far is in the run's health (once every sample is flushed), and the idle
     // GPU is named.
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let view = loop {
-        let (code, view) = health_view(&proxy, &whole).await;
-        assert_eq!(
-            (code, view["bill"].as_str()),
-            (200, Some("running")),
-            "{view}"
-        );
-        if (view["gpu_hours"].as_f64().unwrap_or_default() - 8.0).abs() < 0.16 {
-            break view;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "bill so far not 8 GPU hours: {view}"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    };
+    let view = eventually(
+        Duration::from_secs(20),
+        "a bill so far of 8 GPU hours",
+        async || {
+            let (code, view) = health_view(&proxy, &whole).await;
+            assert_eq!(
+                (code, view["bill"].as_str()),
+                (200, Some("running")),
+                "{view}"
+            );
+            if (view["gpu_hours"].as_f64().unwrap_or_default() - 8.0).abs() < 0.16 {
+                Ok(view)
+            } else {
+                Err(view.to_string())
+            }
+        },
+    )
+    .await;
     assert!(
         (view["gpu_idle_hours"].as_f64().unwrap() - 2.0).abs() < 0.04,
         "{view}"
@@ -332,10 +334,14 @@ async fn two_replicas_sharing_postgresql_bill_a_run_once() {
     let tags = billed_tags(mlflow, &run_id).await;
     within_2_percent(&tags, "mlscope.gpu_hours", 8.0);
     within_2_percent(&tags, "mlscope.gpu_idle_hours", 2.0);
-    // Several sweeps of both replicas later: billed by one of them, once.
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    // Through several sweeps of both replicas: billed by one of them, once.
     let both = [&replicas[0], &replicas[1]];
-    assert_eq!(counter(&both, "mlscope_runs_billed_total").await, 1.0);
+    let billed = async || match counter(&both, "mlscope_runs_billed_total").await {
+        1.0 => Ok(()),
+        n => Err(format!("billed {n} times")),
+    };
+    eventually(Duration::from_secs(10), "the run counted billed", billed).await;
+    consistently(Duration::from_secs(3), "the run billed once", billed).await;
     let seconds = counter(&both, "mlscope_gpu_seconds_total").await;
     assert!(
         (seconds / 3600.0 - 8.0).abs() < 0.16,
@@ -374,18 +380,19 @@ async fn idle_gpus_of_a_live_run_are_named_in_a_tag_that_goes_when_they_work_aga
     let tag = |wanted: Option<&'static str>| {
         let run_id = run_id.clone();
         async move {
-            let deadline = Instant::now() + Duration::from_secs(30);
-            loop {
-                let tags = run_tags(mlflow, &run_id).await;
-                if tags.get("mlscope.gpus_idle").map(String::as_str) == wanted {
-                    return;
-                }
-                assert!(
-                    Instant::now() < deadline,
-                    "mlscope.gpus_idle is not {wanted:?}: {tags:?}"
-                );
-                tokio::time::sleep(Duration::from_millis(300)).await;
-            }
+            eventually(
+                Duration::from_secs(30),
+                format_args!("mlscope.gpus_idle {wanted:?}"),
+                async || {
+                    let tags = run_tags(mlflow, &run_id).await;
+                    if tags.get("mlscope.gpus_idle").map(String::as_str) == wanted {
+                        Ok(())
+                    } else {
+                        Err(format!("{tags:?}"))
+                    }
+                },
+            )
+            .await;
         }
     };
     tag(Some("rank-1:gpu0")).await;
@@ -517,16 +524,16 @@ async fn refused_run_updates_pass_through_with_mlflows_own_answer() {
         }
     }
     // The run MLflow kept running is not billed: its health shows the bill so far.
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let (code, view) = health_view(&proxy, &run_id).await;
-        if code == 200 {
-            assert_eq!(view["bill"], "running", "{view}");
-            break;
-        }
-        assert!(Instant::now() < deadline, "{view}");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    let view = eventually(
+        Duration::from_secs(20),
+        "the run's health view",
+        async || match health_view(&proxy, &run_id).await {
+            (200, view) => Ok(view),
+            (code, view) => Err(format!("{code} {view}")),
+        },
+    )
+    .await;
+    assert_eq!(view["bill"], "running", "{view}");
     assert_eq!(
         counter(&[&proxy], "mlscope_health_sweep_errors_total").await,
         0.0

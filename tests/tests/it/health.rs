@@ -7,7 +7,9 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use mlscope_tests::{spawn_proxy, MemoryCgroup, PostgresDatabase, ProxyProcess, TestStack};
+use mlscope_tests::{
+    consistently, eventually, spawn_proxy, MemoryCgroup, PostgresDatabase, ProxyProcess, TestStack,
+};
 use serde_json::{json, Value};
 
 use crate::collector::{start_collector, start_collector_with, wait_exit};
@@ -46,18 +48,15 @@ pub(crate) async fn wait_for_status(
     wanted: &str,
     timeout: Duration,
 ) -> Value {
-    let deadline = Instant::now() + timeout;
-    loop {
+    eventually(timeout, format_args!("run {run_id} {wanted}"), async || {
         let run = get_run(mlflow, run_id).await;
         if status(&run) == wanted {
-            return run;
+            Ok(run)
+        } else {
+            Err(run.to_string())
         }
-        assert!(
-            Instant::now() < deadline,
-            "run {run_id} not {wanted} after {timeout:?}: {run}"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    })
+    .await
 }
 
 pub(crate) async fn health_view(proxy: &ProxyProcess, run_id: &str) -> (u16, Value) {
@@ -111,10 +110,26 @@ async fn a_killed_rank_fails_the_run_once_its_other_rank_exited_without_waiting_
         &["sh", "-c", &script],
     );
 
-    // Samples of both ranks arrive; the run is alive.
-    tokio::time::sleep(Duration::from_millis(2500)).await;
+    // Samples of both ranks arrive (with rank 1's limits); the run is alive.
+    let (code, view) = eventually(
+        Duration::from_secs(30),
+        "samples of both ranks in the health view and rank 1's limits on the run",
+        async || {
+            let (code, view) = health_view(&proxy, &run_id).await;
+            let tags = run_tags(mlflow, &run_id).await;
+            let arrived = view["ranks"].as_array().is_some_and(|r| r.len() == 2)
+                && tags.contains_key("mlscope/rank-1/memory_limit_megabytes")
+                && tags.contains_key("mlscope/rank-1/cpu_limit_cores")
+                && std::fs::read_to_string(&pid_file).is_ok_and(|pid| pid.ends_with('\n'));
+            if arrived {
+                Ok((code, view))
+            } else {
+                Err(format!("{code} {view}; tags {tags:?}"))
+            }
+        },
+    )
+    .await;
     assert_eq!(status(&get_run(mlflow, &run_id).await), "RUNNING");
-    let (code, view) = health_view(&proxy, &run_id).await;
     assert_eq!(
         (code, view["state"].as_str()),
         (200, Some("live")),
@@ -302,7 +317,18 @@ async fn a_vanished_pod_is_lost_after_the_timeout_and_two_replicas_judge_it_once
         0,
         &["sleep", "300"],
     );
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    // Each run has its rank's heartbeat in the shared store.
+    for (replica, run) in [(0, &lost), (1, &live), (0, &finished)] {
+        eventually(
+            Duration::from_secs(30),
+            format_args!("a heartbeat of run {run} in replica {replica}'s health view"),
+            async || match health_view(&replicas[replica], run).await {
+                (200, view) if view["ranks"].as_array().is_some_and(|r| r.len() == 1) => Ok(()),
+                (code, view) => Err(format!("{code} {view}")),
+            },
+        )
+        .await;
+    }
     // The pod vanishes: collector and training process killed at once, no word from either.
     let killed_at = now_ms();
     vanishing.kill();
@@ -338,18 +364,30 @@ async fn a_vanished_pod_is_lost_after_the_timeout_and_two_replicas_judge_it_once
         "end_time {end_time}, killed at {killed_at}"
     );
 
-    // Several sweeps later: the live run and the finished run are as their clients left them.
-    tokio::time::sleep(Duration::from_secs(6)).await;
-    let live_run = get_run(mlflow, &live).await;
-    assert_eq!(status(&live_run), "RUNNING", "{live_run}");
-    assert!(!run_tags(mlflow, &live)
-        .await
-        .contains_key("mlscope.outcome"));
-    let finished_run = get_run(mlflow, &finished).await;
-    assert_eq!(status(&finished_run), "FINISHED", "{finished_run}");
-    assert!(!run_tags(mlflow, &finished)
-        .await
-        .contains_key("mlscope.outcome"));
+    // For several sweeps, beyond the stale timeout: the live run and the finished run stay as
+    // their clients left them.
+    consistently(
+        Duration::from_secs(6),
+        "the live run RUNNING and the finished run FINISHED, neither with an outcome",
+        async || {
+            let live_run = get_run(mlflow, &live).await;
+            let live_tags = run_tags(mlflow, &live).await;
+            let finished_run = get_run(mlflow, &finished).await;
+            let finished_tags = run_tags(mlflow, &finished).await;
+            if status(&live_run) == "RUNNING"
+                && !live_tags.contains_key("mlscope.outcome")
+                && status(&finished_run) == "FINISHED"
+                && !finished_tags.contains_key("mlscope.outcome")
+            {
+                Ok(())
+            } else {
+                Err(format!(
+                    "live: {live_run}, tags {live_tags:?}; finished: {finished_run}, tags {finished_tags:?}"
+                ))
+            }
+        },
+    )
+    .await;
     let (_, view) = health_view(&replicas[1], &finished).await;
     assert_eq!(
         (
@@ -411,22 +449,23 @@ async fn idle_gpus_of_a_live_run_are_gauged_per_run_and_shown_in_its_health() {
         .unwrap();
     assert_eq!(response.status(), 200);
 
-    let deadline = Instant::now() + Duration::from_secs(20);
     let (allocated, idle) = (
         format!(r#"mlscope_run_gpus_allocated{{run_id="{run_id}"}} 2"#),
         format!(r#"mlscope_run_gpus_idle{{run_id="{run_id}"}} 1"#),
     );
-    loop {
-        let metrics = scrape(&proxy.admin_url).await;
-        if metrics.contains(&allocated) && metrics.contains(&idle) {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "no GPU gauges for {run_id}:\n{metrics}"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    eventually(
+        Duration::from_secs(20),
+        format_args!("GPU gauges for {run_id}"),
+        async || {
+            let metrics = scrape(&proxy.admin_url).await;
+            if metrics.contains(&allocated) && metrics.contains(&idle) {
+                Ok(())
+            } else {
+                Err(metrics)
+            }
+        },
+    )
+    .await;
     let (code, view) = health_view(&proxy, &run_id).await;
     assert_eq!(code, 200);
     assert_eq!(
@@ -530,35 +569,42 @@ async fn with_mlflow_authentication_the_sweep_acts_only_with_its_service_credent
         .unwrap();
     assert_eq!(forged_end.status(), 401);
 
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let run = status_of(ended.clone()).await;
-        if status(&run) == "FAILED" {
-            let tags = run["run"]["data"]["tags"].to_string();
-            assert!(
-                tags.contains("mlscope.outcome") && tags.contains("lost"),
-                "{run}"
-            );
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "not ended with the service credential: {run}"
-        );
-        tokio::time::sleep(Duration::from_millis(300)).await;
-    }
-    // Several sweeps later: the proxy without a credential was refused and changed nothing.
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while counter(
-        &[&without],
-        r#"mlscope_health_sweep_errors_total{reason="refused"}"#,
+    let run = eventually(
+        Duration::from_secs(30),
+        "the run ended with the service credential",
+        async || {
+            let run = status_of(ended.clone()).await;
+            if status(&run) == "FAILED" {
+                Ok(run)
+            } else {
+                Err(run.to_string())
+            }
+        },
     )
-    .await
-        < 1.0
-    {
-        assert!(Instant::now() < deadline, "no refusal counted");
-        tokio::time::sleep(Duration::from_millis(300)).await;
-    }
+    .await;
+    let tags = run["run"]["data"]["tags"].to_string();
+    assert!(
+        tags.contains("mlscope.outcome") && tags.contains("lost"),
+        "{run}"
+    );
+    // Several sweeps later: the proxy without a credential was refused and changed nothing.
+    eventually(
+        Duration::from_secs(30),
+        "a refusal counted by the proxy without a credential",
+        async || {
+            let refused = counter(
+                &[&without],
+                r#"mlscope_health_sweep_errors_total{reason="refused"}"#,
+            )
+            .await;
+            if refused >= 1.0 {
+                Ok(())
+            } else {
+                Err(format!("{refused} refusals"))
+            }
+        },
+    )
+    .await;
     let run = status_of(refused.clone()).await;
     assert_eq!(status(&run), "RUNNING", "{run}");
     assert!(!run.to_string().contains("mlscope.outcome"), "{run}");
@@ -760,19 +806,20 @@ async fn data_changes_and_leftovers_show_in_the_runs_health_and_count_once() {
         json!({"run_id": run_id, "tags": [{"key": "mlscope/data/train/changed", "value": train}]});
     assert_eq!(log_batch(&proxy, Some(("node-f", 1)), alone).await, 200);
 
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let view = loop {
-        let (code, view) = health_view(&proxy, &run_id).await;
-        let counted = counter(&[&proxy], "mlscope_run_findings_total").await;
-        if code == 200 && view["ranks"][1]["leftovers"].is_object() && counted >= 4.0 {
-            break view;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "reports not in the health view and /metrics after 30 s: {view}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
+    let view = eventually(
+        Duration::from_secs(30),
+        "the reports in the health view and /metrics",
+        async || {
+            let (code, view) = health_view(&proxy, &run_id).await;
+            let counted = counter(&[&proxy], "mlscope_run_findings_total").await;
+            if code == 200 && view["ranks"][1]["leftovers"].is_object() && counted >= 4.0 {
+                Ok(view)
+            } else {
+                Err(format!("{code} {view}; {counted} findings counted"))
+            }
+        },
+    )
+    .await;
     let mut changes: Vec<(Value, Value, Value)> = view["data_changes"]
         .as_array()
         .unwrap()

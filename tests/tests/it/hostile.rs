@@ -6,7 +6,7 @@
 use std::sync::OnceLock;
 use std::time::Duration;
 
-use mlscope_tests::{spawn_proxy, ProxyProcess, TestStack};
+use mlscope_tests::{eventually, spawn_proxy, ProxyProcess, TestStack};
 use reqwest::StatusCode;
 use serde_json::{json, Value};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -334,6 +334,7 @@ async fn a_made_up_method_does_not_grow_the_metric_labels() {
 
 #[tokio::test]
 async fn connections_that_never_finish_their_headers_are_closed_and_do_not_block_others() {
+    use futures_util::FutureExt as _;
     let h = hostile();
     let address = h.proxy.url.trim_start_matches("http://").to_owned();
     let mut slow = Vec::new();
@@ -353,30 +354,51 @@ async fn connections_that_never_finish_their_headers_are_closed_and_do_not_block
         .unwrap();
     assert_eq!(response.status(), StatusCode::OK);
     // Keep trickling a byte at a time: the header deadline (2 s here) closes them anyway.
-    let mut closed = 0;
     for socket in &mut slow {
         let _ = socket.write_all(b"s").await;
     }
-    tokio::time::sleep(Duration::from_secs(4)).await;
-    for socket in &mut slow {
-        let mut buf = [0u8; 512];
-        match tokio::time::timeout(Duration::from_millis(200), socket.read(&mut buf)).await {
-            Ok(Ok(_)) | Ok(Err(_)) => closed += 1,
-            Err(_) => {}
-        }
-    }
-    assert_eq!(
-        closed,
-        slow.len(),
-        "every connection still sending its headers after the deadline was closed"
+    let trickled = std::time::Instant::now();
+    // A connection is closed once a read returns: the end, an error or an answer.
+    let mut closed = vec![false; slow.len()];
+    eventually(
+        Duration::from_secs(30),
+        "every connection still sending its headers closed",
+        async || {
+            for (socket, closed) in slow.iter_mut().zip(&mut closed) {
+                let mut buf = [0u8; 512];
+                *closed = *closed || socket.read(&mut buf).now_or_never().is_some();
+            }
+            match closed.iter().filter(|c| !**c).count() {
+                0 => Ok(()),
+                open => Err(format!("{open} of {} still open", closed.len())),
+            }
+        },
+    )
+    .await;
+    // By the 2 s deadline: the default (15 s) would take longer.
+    assert!(
+        trickled.elapsed() < Duration::from_secs(10),
+        "the connections were closed only after {:?}",
+        trickled.elapsed()
     );
-    let metrics = scrape(&h.proxy.admin_url).await;
-    let open: i64 = metrics
-        .lines()
-        .find_map(|l| l.strip_prefix("mlscope_client_connections "))
-        .and_then(|v| v.trim().parse().ok())
-        .expect("mlscope_client_connections is exported");
-    assert!(open < 10, "{open} client connections still open");
+    eventually(
+        Duration::from_secs(10),
+        "fewer than 10 client connections open at the proxy",
+        async || {
+            let metrics = scrape(&h.proxy.admin_url).await;
+            let open: i64 = metrics
+                .lines()
+                .find_map(|l| l.strip_prefix("mlscope_client_connections "))
+                .and_then(|v| v.trim().parse().ok())
+                .expect("mlscope_client_connections is exported");
+            if open < 10 {
+                Ok(())
+            } else {
+                Err(format!("{open} client connections still open"))
+            }
+        },
+    )
+    .await;
 }
 
 #[tokio::test]
@@ -507,14 +529,15 @@ async fn a_made_up_run_id_gets_mlflows_refusal_and_no_state_in_the_proxy() {
     assert_eq!(response.status(), StatusCode::OK);
     let port = h.proxy.url.rsplit(':').next().unwrap();
     let database = h.stack.dir.path().join(format!("mlscope-{port}.db"));
-    let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    let (made_up_rows, real_rows) = loop {
-        let rows = state_rows(&database, &run);
-        if rows.1 .1 > 0 || std::time::Instant::now() > deadline {
-            break rows;
-        }
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    };
+    let (made_up_rows, real_rows) = eventually(
+        Duration::from_secs(30),
+        "the real run's rank row in the proxy's store",
+        async || match state_rows(&database, &run) {
+            rows if rows.1 .1 > 0 => Ok(rows),
+            rows => Err(format!("(made-up, real) (leases, rank rows): {rows:?}")),
+        },
+    )
+    .await;
     assert_eq!(real_rows, (1, 1), "the real run's lease and rank row");
     assert_eq!(made_up_rows, (0, 0), "rows for the made-up run id");
 }
@@ -567,18 +590,15 @@ async fn made_up_run_ids_of_valid_form_get_mlflows_refusal_and_leave_no_lease() 
     assert_eq!(response.status(), StatusCode::OK);
     let port = h.proxy.url.rsplit(':').next().unwrap();
     let database = h.stack.dir.path().join(format!("mlscope-{port}.db"));
-    let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    loop {
-        let (_, real_rows) = state_rows(&database, &run);
-        if real_rows.0 > 0 {
-            break;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the real run's lease was never written"
-        );
-        tokio::time::sleep(Duration::from_millis(300)).await;
-    }
+    eventually(
+        Duration::from_secs(30),
+        "the real run's lease in the proxy's store",
+        async || match state_rows(&database, &run) {
+            (_, real_rows) if real_rows.0 > 0 => Ok(()),
+            rows => Err(format!("(made-up, real) (leases, rank rows): {rows:?}")),
+        },
+    )
+    .await;
     for run_id in &made_up {
         let (_, rows) = state_rows(&database, run_id);
         assert_eq!(
@@ -675,15 +695,19 @@ async fn identities_per_request_and_nodes_per_run_are_capped_with_a_clear_refusa
     assert!(late.is_empty(), "{late:?}");
 
     // The health view: 1,024 ranks, listed 100 at a time.
-    let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    let view = loop {
-        let view = health_page(&h.proxy.admin_url, &run, "max_results=100").await;
-        if view["rank_count"] == 1024 || std::time::Instant::now() > deadline {
-            break view;
-        }
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    };
-    assert_eq!(view["rank_count"], 1024, "{view:.300}");
+    let view = eventually(
+        Duration::from_secs(30),
+        "1024 ranks in the health view",
+        async || {
+            let view = health_page(&h.proxy.admin_url, &run, "max_results=100").await;
+            if view["rank_count"] == 1024 {
+                Ok(view)
+            } else {
+                Err(format!("{view:.300}"))
+            }
+        },
+    )
+    .await;
     assert_eq!(view["ranks"].as_array().map(Vec::len), Some(100));
     assert_eq!(view["next_page_token"], "100");
     let last = health_page(&h.proxy.admin_url, &run, "max_results=100&page_token=1000").await;
@@ -718,7 +742,23 @@ async fn trickling_bodies_do_not_starve_other_clients_and_time_out() {
         socket.write_all(b"{").await.unwrap();
         slow.push(socket);
     }
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // Once the proxy reads every slow body.
+    eventually(
+        Duration::from_secs(30),
+        "the 16 slow bodies in flight at the proxy",
+        async || {
+            let metrics = scrape(&proxy.admin_url).await;
+            match metrics
+                .lines()
+                .find_map(|l| l.strip_prefix("mlscope_http_requests_in_flight "))
+                .and_then(|v| v.trim().parse::<i64>().ok())
+            {
+                Some(n) if n >= 16 => Ok(()),
+                n => Err(format!("mlscope_http_requests_in_flight {n:?}")),
+            }
+        },
+    )
+    .await;
     // A well-behaved client meanwhile: stored.
     let body = json!({"run_id": run, "metrics": [{"key": "loss", "value": 0.5, "timestamp": now_ms(), "step": 1}]});
     let response = http()
@@ -940,9 +980,17 @@ async fn under_a_flood_of_heavy_batches_the_heaviest_client_gives_way_and_nothin
         async move {
             let client = http();
             let (mut ok, mut refused, mut other) = (0i64, Vec::new(), Vec::new());
-            while !calm_started.load(Relaxed) {
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
+            eventually(
+                Duration::from_secs(60),
+                "the calm client and the reader active",
+                async || {
+                    calm_started
+                        .load(Relaxed)
+                        .then_some(())
+                        .ok_or_else(|| "not yet".to_owned())
+                },
+            )
+            .await;
             while !calm_done.load(Relaxed) {
                 let metrics: Vec<Value> = (0..METRICS)
                     .map(|j| json!({"key": "flood", "value": j, "timestamp": now_ms(), "step": ok * METRICS + j}))
@@ -1395,9 +1443,15 @@ async fn a_training_job_beside_readers_tricklers_and_invented_credentials_is_nev
     }));
     let job = async {
         // Every reader has read before the job starts.
-        while reads.load(Relaxed) < 30 {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        eventually(
+            Duration::from_secs(60),
+            "every reader's first read",
+            async || match reads.load(Relaxed) {
+                n if n >= 30 => Ok(()),
+                n => Err(format!("{n} reads")),
+            },
+        )
+        .await;
         let child = crate::python_client::python(&proxy.url, &[("STEPS", &STEPS.to_string())])
             .args(["-c", TRAINING_JOB])
             .spawn()

@@ -11,6 +11,7 @@ mod binary;
 mod coalesce;
 mod collector;
 mod compat;
+mod data_paths;
 mod deploy;
 mod faults;
 mod forwarding;

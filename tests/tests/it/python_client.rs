@@ -4,12 +4,14 @@
 use std::process::Stdio;
 use std::time::Duration;
 
-use mlscope_tests::{free_port, repo_root, spawn_proxy, venv, TestStack};
+use mlscope_tests::{eventually, free_port, repo_root, spawn_proxy, venv, TestStack};
 use serde_json::Value;
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::process::{Child, Command};
-use tokio::time::{sleep, timeout};
+use tokio::time::timeout;
+
+use crate::mlflow::scrape;
 
 /// Asks for experiments once the client is imported, and prints how long the call took.
 const SEARCH_WITH_RETRIES: &str = r#"
@@ -94,7 +96,28 @@ async fn the_python_client_retries_through_the_proxy_until_a_late_upstream_answe
         "the snippet did not get to its request: {started:?}"
     );
 
-    sleep(Duration::from_secs(3)).await;
+    // The upstream comes up once the client was refused twice: urllib3 retries the first refusal
+    // at once, so the attempt that gets through is a retry that waited (2 s or more).
+    eventually(
+        Duration::from_secs(60),
+        "two of the client's attempts answered 5xx by the proxy",
+        async || {
+            let metrics = scrape(&proxy.admin_url).await;
+            let refused: f64 = metrics
+                .lines()
+                .filter(|l| {
+                    l.starts_with("mlscope_http_requests_total{") && l.contains(r#"status="5"#)
+                })
+                .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
+                .sum();
+            if refused >= 2.0 {
+                Ok(())
+            } else {
+                Err(format!("{refused} answered 5xx:\n{metrics}"))
+            }
+        },
+    )
+    .await;
     let relay = tokio::spawn(relay(late_port, stack.mlflow.url.clone()));
 
     let outcome = timeout(Duration::from_secs(90), stdout.next_line()).await;

@@ -2,9 +2,9 @@
 
 use std::fs;
 use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use mlscope_tests::{Process, StackOptions, TestStack};
+use mlscope_tests::{eventually_blocking, Process, StackOptions, TestStack};
 
 #[tokio::test]
 async fn a_stack_stores_mlflow_artifacts_in_its_bucket_and_leaves_nothing_behind() {
@@ -62,32 +62,59 @@ fn a_dropped_process_takes_its_whole_process_group_with_it() {
     command.args(["-c", "sleep 300 & sleep 300"]);
     let process = Process::spawn("sleepers", &command, &dir.path().join("sleepers.log")).unwrap();
     let group = process.pid();
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while group_members(group).len() < 2 && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    assert!(
-        group_members(group).len() >= 2,
-        "expected the shell and its background sleep"
+    eventually_blocking(
+        Duration::from_secs(10),
+        "the shell's two sleeps in its process group",
+        || {
+            let sleeps = group_members(group)
+                .into_iter()
+                .filter(|pid| {
+                    fs::read_to_string(format!("/proc/{pid}/comm"))
+                        .is_ok_and(|comm| comm.trim() == "sleep")
+                })
+                .count();
+            if sleeps == 2 {
+                Ok(())
+            } else {
+                Err(format!(
+                    "{sleeps} sleeps; members {:?}",
+                    group_members(group)
+                ))
+            }
+        },
     );
 
     drop(process);
 
     // SIGKILL is delivered asynchronously to the members that are not our children.
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !group_members(group).is_empty() && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    assert_eq!(group_members(group), Vec::<u32>::new());
+    eventually_blocking(
+        Duration::from_secs(10),
+        format_args!("no process left in group {group}"),
+        || match group_members(group) {
+            members if members.is_empty() => Ok(()),
+            members => Err(format!("{members:?}")),
+        },
+    );
 }
 
 #[test]
 fn a_terminated_process_reports_its_own_exit_status() {
     let dir = tempfile::tempdir().unwrap();
     let mut command = Command::new("sh");
-    command.args(["-c", "trap 'exit 3' TERM; while :; do sleep 0.1; done"]);
-    let mut process = Process::spawn("trapper", &command, &dir.path().join("trapper.log")).unwrap();
-    std::thread::sleep(Duration::from_millis(300));
+    command.args([
+        "-c",
+        "trap 'exit 3' TERM; echo trapping; while :; do sleep 0.1; done",
+    ]);
+    let log = dir.path().join("trapper.log");
+    let mut process = Process::spawn("trapper", &command, &log).unwrap();
+    eventually_blocking(
+        Duration::from_secs(10),
+        "the shell's trap set",
+        || match fs::read_to_string(&log) {
+            Ok(text) if text.contains("trapping") => Ok(()),
+            other => Err(format!("{other:?}")),
+        },
+    );
 
     assert_eq!(process.terminate().code(), Some(3));
 }
@@ -128,18 +155,17 @@ fn start_quick_stack(data_dir: &std::path::Path, log: &std::path::Path) -> (Proc
     command.args(["--demo-interval", "1"]);
     let _ = fs::remove_file(log);
     let mut process = Process::spawn("mlscope-stack", &command, log).unwrap();
-    let deadline = Instant::now() + Duration::from_secs(180);
-    loop {
+    let text = eventually_blocking(Duration::from_secs(180), "mlscope-stack up", || {
         let text = fs::read_to_string(log).unwrap_or_default();
         if text.contains("press Ctrl-C to stop") {
-            return (process, text);
+            return Ok(text);
         }
-        assert!(
-            process.try_status().is_none() && Instant::now() < deadline,
-            "mlscope-stack did not come up:\n{text}"
-        );
-        std::thread::sleep(Duration::from_millis(250));
-    }
+        if let Some(status) = process.try_status() {
+            panic!("mlscope-stack exited ({status}) before it came up:\n{text}");
+        }
+        Err(text)
+    });
+    (process, text)
 }
 
 /// The value printed after `label` on the line that starts with it.
@@ -164,8 +190,31 @@ fn the_quick_start_stack_keeps_its_runs_and_artifacts_across_a_restart() {
     let demo = printed(&text, "demo run (mlscope-demo):");
     let first_run = demo.rsplit('/').next().unwrap().to_owned();
     let proxy = printed(&text, "MLflow UI and API (through mlscope):").to_owned();
-    // A few of the collector's samples reach MLflow before the stop.
-    std::thread::sleep(Duration::from_secs(3));
+    // The collector's samples reach MLflow before the stop.
+    eventually_blocking(
+        Duration::from_secs(60),
+        "a sample of the demo run's collector in MLflow",
+        || {
+            let run: serde_json::Value = client
+                .get(format!("{proxy}/api/2.0/mlflow/runs/get"))
+                .query(&[("run_id", &first_run)])
+                .send()
+                .and_then(|r| r.json())
+                .map_err(|e| e.to_string())?;
+            let sampled = run["run"]["data"]["metrics"].as_array().is_some_and(|m| {
+                m.iter().any(|m| {
+                    m["key"]
+                        .as_str()
+                        .is_some_and(|k| k.starts_with("system/rank-0/"))
+                })
+            });
+            if sampled {
+                Ok(())
+            } else {
+                Err(run.to_string())
+            }
+        },
+    );
     assert_eq!(first.terminate().code(), Some(0), "{}", first.log_tail());
 
     let (mut second, text) = start_quick_stack(data.path(), &log);
@@ -222,7 +271,6 @@ fn the_quick_start_stack_keeps_its_runs_and_artifacts_across_a_restart() {
         .unwrap();
     assert_eq!(checkpoint.status().as_u16(), 200, "the earlier checkpoint");
     assert_eq!(checkpoint.text().unwrap(), "demo checkpoint\n");
-    let _ = proxy;
     assert_eq!(second.terminate().code(), Some(0), "{}", second.log_tail());
     assert!(
         !data.path().join("stack.pid").exists(),

@@ -9,9 +9,11 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use mlscope_tests::{repo_root, spawn_proxy, venv, PostgresDatabase, ProxyProcess, TestStack};
+use mlscope_tests::{
+    eventually, repo_root, spawn_proxy, venv, PostgresDatabase, ProxyProcess, TestStack,
+};
 use serde_json::{json, Value};
 
 use crate::mlflow::{create_run, history, http, metric_keys, now_ms, NODE_WIDE_NAMES};
@@ -211,33 +213,34 @@ async fn when_the_reporter_stops_another_rank_takes_over_within_the_failover_tim
     let run_id = create_run(&stack.mlflow.url, "system-metrics").await;
 
     let mut first = spawn_monitor_rank(&proxy, &run_id, "node-f", 0, 60);
-    let deadline = Instant::now() + Duration::from_secs(90);
-    while reporter_of(&proxy, &run_id, "node-f").await != Some(0) {
-        assert!(
-            Instant::now() < deadline,
-            "rank 0 never became the reporter"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    eventually(
+        Duration::from_secs(90),
+        "rank 0 the reporter of node-f",
+        async || match reporter_of(&proxy, &run_id, "node-f").await {
+            Some(0) => Ok(()),
+            other => Err(format!("reporter {other:?}")),
+        },
+    )
+    .await;
     let second = spawn_monitor_rank(&proxy, &run_id, "node-f", 1, 25);
     // Let both ranks publish side by side for a while, then the reporter dies.
-    let deadline = Instant::now() + Duration::from_secs(90);
-    loop {
-        let view = run_view(&proxy, &run_id).await;
-        let dropped = view["identities"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .any(|i| i["rank"] == 1 && i["node_samples_dropped"].as_u64().unwrap_or(0) >= 12);
-        if dropped {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "rank 1 never published as standby: {view}"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    eventually(
+        Duration::from_secs(90),
+        "rank 1 publishing as standby (12 node samples dropped)",
+        async || {
+            let view = run_view(&proxy, &run_id).await;
+            let dropped =
+                view["identities"].as_array().unwrap().iter().any(|i| {
+                    i["rank"] == 1 && i["node_samples_dropped"].as_u64().unwrap_or(0) >= 12
+                });
+            if dropped {
+                Ok(())
+            } else {
+                Err(view.to_string())
+            }
+        },
+    )
+    .await;
     first.kill().unwrap();
     first.wait().unwrap();
     tokio::task::spawn_blocking(move || finish_rank(second))

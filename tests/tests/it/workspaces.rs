@@ -5,7 +5,9 @@
 use std::sync::OnceLock;
 use std::time::Duration;
 
-use mlscope_tests::{repo_root, spawn_proxy, ProxyProcess, S3Store, StackOptions, TestStack};
+use mlscope_tests::{
+    eventually, repo_root, spawn_proxy, ProxyProcess, S3Store, StackOptions, TestStack,
+};
 use serde_json::{json, Value};
 
 use crate::python_client::{finish, python};
@@ -352,32 +354,72 @@ async fn a_dead_run_in_a_workspace_is_ended_failed_and_its_node_series_kept_once
             mlscope_tests::Process::spawn("mlscope-collector", &command, &log).unwrap()
         })
         .collect();
-    tokio::time::sleep(Duration::from_secs(4)).await;
+    // Both ranks publish side by side for a few samples: the node series has three steps.
+    eventually(
+        Duration::from_secs(60),
+        format_args!("samples of both ranks and three of the node series in {workspace}"),
+        async || {
+            let run = in_workspace(
+                mlflow,
+                workspace,
+                "GET",
+                "runs/get",
+                json!({ "run_id": run_id }),
+            )
+            .await;
+            let keys: Vec<&str> = run["run"]["data"]["metrics"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|m| m["key"].as_str())
+                .collect();
+            let node_key = keys.iter().find(|k| k.starts_with("system/node-w/node_"));
+            let both = ["system/rank-0/", "system/rank-1/"]
+                .iter()
+                .all(|rank| keys.iter().any(|k| k.starts_with(rank)));
+            let (Some(node_key), true) = (node_key, both) else {
+                return Err(format!("keys {keys:?}"));
+            };
+            let history = in_workspace(
+                mlflow,
+                workspace,
+                "GET",
+                "metrics/get-history",
+                json!({ "run_id": run_id, "metric_key": node_key }),
+            )
+            .await;
+            match history["metrics"].as_array().map_or(0, Vec::len) {
+                n if n >= 3 => Ok(()),
+                n => Err(format!("{n} points of {node_key}")),
+            }
+        },
+    )
+    .await;
     // The pod vanishes: no word from either rank again.
     for mut rank in ranks {
         rank.kill();
     }
 
-    let deadline = std::time::Instant::now() + Duration::from_secs(60);
-    let run = loop {
-        let run = in_workspace(
-            mlflow,
-            workspace,
-            "GET",
-            "runs/get",
-            json!({ "run_id": run_id }),
-        )
-        .await;
-        if run["run"]["info"]["status"] == "FAILED" {
-            break run;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the dead run in {workspace} was not ended: {run}\n{}",
-            proxy.process.log_tail()
-        );
-        tokio::time::sleep(Duration::from_millis(300)).await;
-    };
+    let run = eventually(
+        Duration::from_secs(60),
+        format_args!("the dead run in {workspace} ended FAILED"),
+        async || {
+            let run = in_workspace(
+                mlflow,
+                workspace,
+                "GET",
+                "runs/get",
+                json!({ "run_id": run_id }),
+            )
+            .await;
+            if run["run"]["info"]["status"] == "FAILED" {
+                Ok(run)
+            } else {
+                Err(format!("{run}\n{}", proxy.process.log_tail()))
+            }
+        },
+    )
+    .await;
     let keys: Vec<&str> = run["run"]["data"]["metrics"]
         .as_array()
         .unwrap()

@@ -108,11 +108,11 @@ async fn a_malformed_neighbour_costs_no_other_request_its_samples() {
     let (filled, attacked, hit) = tokio::join!(
         join_all(fillers.iter().map(|w| send(&proxy.url, w, &through))),
         async {
-            after_the_opener().await;
+            after_the_opener(&proxy).await;
             send(&proxy.url, &attacker, &through).await
         },
         join_all(victims.iter().map(|w| async {
-            after_the_opener().await;
+            after_the_opener(&proxy).await;
             tokio::time::sleep(Duration::from_millis(5)).await;
             send(&proxy.url, w, &through).await
         }))
@@ -343,7 +343,7 @@ async fn a_changed_param_in_a_merged_batch_fails_only_its_sender() {
 
     let opener = filler("opener");
     let (opened, got) = tokio::join!(send(&proxy.url, &opener, &through), async {
-        after_the_opener().await;
+        after_the_opener(&proxy).await;
         // Arrival order matters here: one after the other, all queued behind the opener.
         let mut answers = Vec::new();
         for w in &queued {
