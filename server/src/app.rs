@@ -222,18 +222,23 @@ async fn sweep(state: AppState, retention: Duration) {
     let mut tick = tokio::time::interval(Duration::from_secs(3600));
     loop {
         tick.tick().await;
-        match state
-            .store
-            .sweep(retention, std::time::SystemTime::now())
-            .await
-        {
-            Ok(swept) if swept != crate::store::Swept::default() => {
+        let now = std::time::SystemTime::now();
+        let swept = async {
+            let store = state.store.sweep(retention, now).await?;
+            let health = state.health.sweep_expired(retention, now).await?;
+            Ok::<_, crate::store::StoreError>((store, health))
+        };
+        match swept.await {
+            Ok((store, health))
+                if store != crate::store::Swept::default()
+                    || health != crate::health::store::HealthSwept::default() =>
+            {
                 tracing::info!(
-                    leases = swept.leases,
-                    upload_failures = swept.upload_failures,
-                    replicas = swept.replicas,
-                    run_ranks = swept.run_ranks,
-                    verdicts = swept.verdicts,
+                    leases = store.leases,
+                    upload_failures = store.upload_failures,
+                    replicas = store.replicas,
+                    run_ranks = health.run_ranks,
+                    verdicts = health.verdicts,
                     "expired state swept"
                 );
             }

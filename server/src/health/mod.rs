@@ -119,6 +119,16 @@ impl Health {
         &self.inner.config
     }
 
+    /// Deletes run health's rows untouched for `retention`, as the store's retention sweep does
+    /// its own (whether or not run health is on: the rows outlive a restart without it).
+    pub async fn sweep_expired(
+        &self,
+        retention: std::time::Duration,
+        now: SystemTime,
+    ) -> Result<store::HealthSwept, crate::store::StoreError> {
+        self.inner.store.sweep_expired(retention, now).await
+    }
+
     /// Flushes every `flush_interval` and sweeps every `sweep_interval`, until aborted.
     pub fn spawn(&self) -> tokio::task::JoinHandle<()> {
         let health = self.clone();

@@ -23,6 +23,7 @@ mod leases;
 mod retention;
 
 pub use leases::NodeLease;
+pub(crate) use retention::cutoff;
 pub use retention::Swept;
 
 use std::str::FromStr;

@@ -16,7 +16,9 @@ pub use gpu_idle::GpuIdleRow;
 pub use ranks::{RankRow, SUPERSEDE_AFTER_MS};
 pub use verdicts::VerdictRow;
 
-use crate::store::Store;
+use std::time::{Duration, SystemTime};
+
+use crate::store::{cutoff, Store, StoreError};
 
 /// Run health's rows in the proxy's store; cheap to clone.
 #[derive(Debug, Clone)]
@@ -31,6 +33,46 @@ impl HealthStore {
     pub fn shared(&self) -> &Store {
         &self.0
     }
+
+    /// Deletes run health's rows untouched for `retention` (measured from `now`), as the store
+    /// deletes its own (`Store::sweep`): heartbeats of runs not heard from, verdicts, idle
+    /// clocks, bills, idle-tag records and findings that old.
+    pub async fn sweep_expired(
+        &self,
+        retention: Duration,
+        now: SystemTime,
+    ) -> Result<HealthSwept, StoreError> {
+        let cutoff = cutoff(retention, now);
+        let delete = |sql: &'static str| self.0.delete_older(sql, cutoff);
+        Ok(HealthSwept {
+            run_ranks: delete("DELETE FROM run_ranks WHERE last_heard_ms < $1").await?,
+            verdicts: delete("DELETE FROM run_verdicts WHERE claimed_ms < $1").await?,
+            gpu_idle: delete("DELETE FROM rank_gpu_idle WHERE last_ms < $1").await?,
+            // A bill outlives the run's heartbeat rows (deleted above): while they are kept the
+            // run would be judged and billed again without it.
+            bills: delete(
+                "DELETE FROM run_bills WHERE due_ms < $1 AND NOT EXISTS \
+                 (SELECT 1 FROM run_ranks r WHERE r.run_id = run_bills.run_id)",
+            )
+            .await?,
+            idle_tags: delete("DELETE FROM run_idle_tags WHERE written_ms < $1").await?,
+            findings: delete("DELETE FROM run_findings WHERE heard_ms < $1").await?,
+        })
+    }
+}
+
+/// Run health's rows removed by one retention sweep.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct HealthSwept {
+    /// Heartbeat rows of runs not heard from, and verdicts about runs judged, that long ago.
+    pub run_ranks: u64,
+    pub verdicts: u64,
+    /// GPU idle windows, bills and idle-tag records of runs that old.
+    pub gpu_idle: u64,
+    pub bills: u64,
+    pub idle_tags: u64,
+    /// What collectors reported about runs (data changes, leftover processes) heard that long ago.
+    pub findings: u64,
 }
 
 /// A store of run health's own, in a fresh SQLite file of `dir`.
@@ -59,13 +101,12 @@ fn beat(run: &str, rank: i64, first: i64, last: i64) -> RankRow {
 mod tests {
     use super::*;
 
-    /// Run health's rows go with the store's retention sweep (`Store::sweep`), as the store's
-    /// own do.
+    /// Run health's rows expire as the store's own do (`Store::sweep`).
     #[tokio::test]
     async fn health_rows_untouched_for_the_retention_period_are_swept_and_fresh_ones_kept() {
         use std::time::{Duration, SystemTime};
 
-        use crate::store::{unix_millis, Swept};
+        use crate::store::unix_millis;
 
         let dir = tempfile::tempdir().unwrap();
         let store = opened(&dir).await;
@@ -111,15 +152,15 @@ mod tests {
                 .unwrap();
         }
 
-        let swept = store.0.sweep(14 * day, now).await.unwrap();
+        let swept = store.sweep_expired(14 * day, now).await.unwrap();
         assert_eq!(
             swept,
-            Swept {
+            HealthSwept {
                 run_ranks: 1,
                 verdicts: 0,
                 bills: 1,
                 findings: 1,
-                ..Swept::default()
+                ..HealthSwept::default()
             }
         );
         assert!(store.bill_of("old-run").await.unwrap().is_none());
@@ -127,18 +168,18 @@ mod tests {
         // A month later everything has expired; sweeping again is harmless.
         let later = now + 30 * day;
         assert_eq!(
-            store.0.sweep(14 * day, later).await.unwrap(),
-            Swept {
+            store.sweep_expired(14 * day, later).await.unwrap(),
+            HealthSwept {
                 run_ranks: 1,
                 verdicts: 0,
                 bills: 1,
                 findings: 1,
-                ..Swept::default()
+                ..HealthSwept::default()
             }
         );
         assert_eq!(
-            store.0.sweep(14 * day, later).await.unwrap(),
-            Swept::default()
+            store.sweep_expired(14 * day, later).await.unwrap(),
+            HealthSwept::default()
         );
     }
 }
