@@ -483,7 +483,8 @@ impl MlflowClient {
             .await
     }
 
-    /// `/version`, answered to anyone: the text of MLflow's version.
+    /// `/version`, answered to anyone: MLflow's version (an answer that names none is
+    /// [`MlflowError::Unreadable`]).
     pub(crate) async fn version(&self) -> Result<MlflowVersion, MlflowError> {
         let path = "/version";
         let response = self
