@@ -1,6 +1,6 @@
 use std::process::ExitCode;
 
-use mlscope_proxy::config::{Config, ConfigError, Invocation};
+use mlscope_proxy::shell::config::{Config, ConfigError, Invocation};
 use tokio::signal::unix::{signal, SignalKind};
 
 /// EX_USAGE from sysexits.h: the configuration was refused.
@@ -48,8 +48,8 @@ fn main() -> ExitCode {
             return ExitCode::SUCCESS;
         }
         Invocation::Relocate(config, args) => {
-            mlscope_proxy::telemetry::init_logging(config.log_format, "warn");
-            return match runtime.block_on(mlscope_proxy::relocate::run(&config, &args)) {
+            mlscope_proxy::plumbing::telemetry::init_logging(config.log_format, "warn");
+            return match runtime.block_on(mlscope_proxy::shell::relocate::run(&config, &args)) {
                 Ok(code) => code,
                 Err(e) => {
                     eprintln!("mlscope-proxy relocate: {e:#}");
@@ -58,7 +58,7 @@ fn main() -> ExitCode {
             };
         }
     };
-    mlscope_proxy::telemetry::init_logging(config.log_format, &config.log_level);
+    mlscope_proxy::plumbing::telemetry::init_logging(config.log_format, &config.log_level);
     match runtime.block_on(serve(config)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

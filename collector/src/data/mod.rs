@@ -2,7 +2,7 @@
 //! the collector is told about (`--data NAME=PATH`) are checked before the command starts and
 //! watched while it runs.
 //!
-//! - **Pre-flight** ([`preflight`]): the path exists, is readable and not empty; how it is
+//! - **Pre-flight** ([`preflight`](mod@preflight)): the path exists, is readable and not empty; how it is
 //!   mounted as the container sees it ([`mount`]: per-mount and superblock flags, source, file
 //!   system, mounts below) and what `statvfs` answers; whether the run exists, is `RUNNING`, and
 //!   where its artifacts go. Nothing is ever written into a data path to find out.

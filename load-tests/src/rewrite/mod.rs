@@ -20,12 +20,12 @@ use axum::http::header::{CONTENT_LENGTH, CONTENT_TYPE};
 use bytes::Bytes;
 use hdrhistogram::Histogram;
 use http_body_util::BodyExt as _;
-use mlscope_proxy::health::Health;
-use mlscope_proxy::proxy::Forwarder;
-use mlscope_proxy::rewrite::body::Endpoint;
-use mlscope_proxy::rewrite::{MetricsRewriter, Outgoing, ScopeConfig};
-use mlscope_proxy::store::Store;
-use mlscope_proxy::telemetry::Metrics;
+use mlscope_proxy::capabilities::health::Health;
+use mlscope_proxy::capabilities::rewrite::body::Endpoint;
+use mlscope_proxy::capabilities::rewrite::{MetricsRewriter, Outgoing, ScopeConfig};
+use mlscope_proxy::plumbing::proxy::Forwarder;
+use mlscope_proxy::plumbing::store::Store;
+use mlscope_proxy::plumbing::telemetry::Metrics;
 use serde_json::Value;
 use tokio::time::Instant;
 
@@ -338,7 +338,7 @@ impl Engines {
                 config.health.clone(),
                 store,
                 Forwarder::new(&config.forwarder(), metrics.clone()),
-                mlscope_proxy::coalesce::Coalescer::new(
+                mlscope_proxy::capabilities::coalesce::Coalescer::new(
                     config.coalesce,
                     Forwarder::new(&config.forwarder(), metrics.clone()),
                     metrics.clone(),

@@ -29,10 +29,10 @@ const EXIT_UNUSABLE: u8 = 2;
     after_help = "Credentials: MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD (basic), or MLFLOW_TRACKING_TOKEN (bearer), used on both sides.\nExit status: 0 all answers equal or different as intended, 1 some differed, 2 the comparison could not run."
 )]
 struct Args {
-    /// MLflow itself, e.g. http://mlflow.mlflow.svc:5000.
+    /// MLflow itself, e.g. `http://mlflow.mlflow.svc:5000`.
     #[arg(long, env = "MLSCOPE_COMPAT_DIRECT", value_name = "URL")]
     direct: String,
-    /// The same MLflow through mlscope-proxy or the gateway, e.g. http://mlscope-proxy.mlflow.svc:5000.
+    /// The same MLflow through mlscope-proxy or the gateway, e.g. `http://mlscope-proxy.mlflow.svc:5000`.
     #[arg(long, env = "MLSCOPE_COMPAT_THROUGH", value_name = "URL")]
     through: String,
     /// Print only the differences and the summary.

@@ -156,7 +156,7 @@ struct Proxy {
 async fn start_proxy(upstream: &str, tweak: impl FnOnce(&mut Config)) -> Proxy {
     let dir = tempfile::tempdir().unwrap();
     let mut config = Config::default();
-    config.upstream = mlscope_proxy::config::Upstream::parse(upstream).unwrap();
+    config.upstream = mlscope_proxy::shell::config::Upstream::parse(upstream).unwrap();
     config.database_url = format!("sqlite://{}/state.db", dir.path().display());
     tweak(&mut config);
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::io::Write;
 use std::process::{Command, Stdio};
 
-use mlscope_proxy::artifacts::path;
+use mlscope_proxy::capabilities::artifacts::path;
 use mlscope_tests::venv;
 use serde_json::Value;
 

@@ -163,7 +163,7 @@ async fn list(gateway: &QuirkyGateway, path: &str) -> Value {
 fn default_sdk_client(endpoint: &str) -> aws_sdk_s3::Client {
     let config = aws_sdk_s3::Config::builder()
         .behavior_version(BehaviorVersion::latest())
-        .http_client(mlscope_proxy::artifacts::s3::https_client())
+        .http_client(mlscope_proxy::capabilities::artifacts::s3::https_client())
         .endpoint_url(endpoint)
         .region(Region::new("us-east-1"))
         .credentials_provider(Credentials::new(

@@ -1,0 +1,112 @@
+//! The metric routes: `runs/log-batch` and `runs/log-metric` go through the scope contract
+//! ([`crate::capabilities::rewrite`]) and then the run's write queue ([`crate::capabilities::coalesce`]); `runs/log-parameter`
+//! and `runs/set-tag` through the write queue alone. Once MLflow stored a write, what it said about
+//! its run's ranks goes to run health ([`crate::capabilities::health`]). The body is read once, by whoever reads
+//! it first, and travels on as its head and bytes.
+
+use std::net::SocketAddr;
+use std::time::SystemTime;
+
+use axum::extract::{ConnectInfo, Request, State};
+use axum::response::Response;
+
+use crate::capabilities::coalesce::Coalescer;
+use crate::capabilities::health::Health;
+use crate::capabilities::rewrite::body::Endpoint;
+use crate::capabilities::rewrite::{Inspected, Outgoing, SharedRewriter};
+use crate::plumbing::writes::WriteWeight;
+
+/// `POST runs/log-batch`: the contract and deduplication applied, then merged with other writes
+/// to the run or forwarded.
+pub(crate) async fn log_batch(
+    State(rewriter): State<SharedRewriter>,
+    State(coalescer): State<Coalescer>,
+    State(health): State<Health>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    request: Request,
+) -> Response {
+    match rewriter.inspect(request, Endpoint::LogBatch).await {
+        Ok(inspected) => submit(&coalescer, &health, inspected, peer).await,
+        Err(answer) => answer,
+    }
+}
+
+/// `POST runs/log-metric`: as [`log_batch`]; a renamed sample may go on as a log-batch.
+pub(crate) async fn log_metric(
+    State(rewriter): State<SharedRewriter>,
+    State(coalescer): State<Coalescer>,
+    State(health): State<Health>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    request: Request,
+) -> Response {
+    match rewriter.inspect(request, Endpoint::LogMetric).await {
+        Ok(inspected) => submit(&coalescer, &health, inspected, peer).await,
+        Err(answer) => answer,
+    }
+}
+
+/// Sends an inspected request on, records its heartbeats once MLflow stored them, and marks the
+/// answer with the request's weight for the client's share of samples.
+async fn submit(
+    coalescer: &Coalescer,
+    health: &Health,
+    inspected: Inspected,
+    peer: SocketAddr,
+) -> Response {
+    let Inspected {
+        outgoing,
+        weight,
+        beat,
+        writes,
+    } = inspected;
+    let mut response = match outgoing {
+        Outgoing::Read { parts, body } => coalescer.submit_read(parts, body, writes, peer).await,
+        Outgoing::Unread(request) => coalescer.submit(request, writes, peer).await,
+    };
+    response.extensions_mut().insert(WriteWeight(weight));
+    if let Some(beat) = beat.filter(|_| response.status().is_success()) {
+        let now = crate::plumbing::store::unix_millis(SystemTime::now());
+        if beat.ranks.is_empty() {
+            health.touch(&beat.run_id, now);
+        }
+        if !beat.ranks.is_empty() || !beat.findings.is_empty() {
+            health.record(beat, now);
+        }
+    }
+    response
+}
+
+/// `POST runs/log-parameter` and `runs/set-tag`: through the coalescer; once MLflow accepted
+/// one, it is a sign of life for its run, as a metric write is (a run that logs only params and
+/// tags for a while is not lost).
+pub(crate) async fn log_pair(
+    State(coalescer): State<Coalescer>,
+    State(health): State<Health>,
+    State(forwarder): State<crate::plumbing::proxy::Forwarder>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    request: Request,
+) -> Response {
+    // A body longer than a batch cannot share one: it goes on unread, as it comes, and MLflow
+    // answers it (MLflow stores tags and params of megabytes).
+    let (parts, body) = match forwarder
+        .read_small(
+            request,
+            crate::capabilities::coalesce::MAX_BATCH_BYTES,
+            peer,
+        )
+        .await
+    {
+        Ok(read) => read,
+        Err(answered) => return answered,
+    };
+    let (body, parts) = crate::plumbing::writes::normalized(body, parts);
+    let run_id = crate::plumbing::writes::run_of(&body);
+    let response = coalescer.submit_read(parts, body, None, peer).await;
+    if let Some(run_id) = run_id.filter(|_| response.status().is_success()) {
+        health.touch(
+            &run_id,
+            crate::plumbing::store::unix_millis(SystemTime::now()),
+        );
+    }
+    response
+}

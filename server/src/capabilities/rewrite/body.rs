@@ -1,0 +1,1020 @@
+//! Reads a `runs/log-batch` or `runs/log-metric` body just far enough to find each metric's key,
+//! step and run id, and writes it back with every other byte exactly as the client sent it:
+//! values (`"NaN"`, `"Infinity"`), int64 timestamps beyond 2^53, params, tags, dataset fields and
+//! unknown fields are never re-encoded.
+
+use std::borrow::Cow;
+use std::ops::Range;
+
+use serde::Deserialize;
+use serde_json::value::RawValue;
+
+use crate::plumbing::writes;
+
+/// The two endpoints that carry metrics.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Endpoint {
+    LogBatch,
+    LogMetric,
+}
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum BodyError {
+    /// Ambiguous input the proxy refuses rather than guess which spelling MLflow will act on.
+    #[error("{0}")]
+    Conflict(String),
+    /// Not something this module can read (not UTF-8, not JSON, wrong shapes): forwarded
+    /// unchanged so the client gets MLflow's own error.
+    #[error("unreadable body: {0}")]
+    Unreadable(String),
+}
+
+/// Fields a write body may carry at the top level: the run in its spellings, the arrays of
+/// `log-batch`, and the metric fields of `log-metric`.
+const ENVELOPE: [&str; 13] = [
+    "run_id",
+    "run_uuid",
+    "runId",
+    "metrics",
+    "params",
+    "tags",
+    "key",
+    "value",
+    "timestamp",
+    "step",
+    "model_id",
+    "dataset_name",
+    "dataset_digest",
+];
+const RUN_ID: usize = 0;
+const RUN_UUID: usize = 1;
+const RUN_ID_CAMEL: usize = 2;
+const METRICS: usize = 3;
+const PARAMS: usize = 4;
+const TAGS: usize = 5;
+/// Where `log-metric`'s metric fields start at the top level: `key`, `value`, `timestamp`, `step`
+/// in the order of [`METRIC`], then its optional `Metric` fields.
+const LOG_METRIC: usize = 6;
+const OPTIONAL: std::ops::Range<usize> = LOG_METRIC + 4..LOG_METRIC + 7;
+/// Fields of a metric: the four the rewriter reads, then those of MLflow's `Metric` it carries.
+const METRIC: [&str; 8] = [
+    "key",
+    "value",
+    "timestamp",
+    "step",
+    "model_id",
+    "dataset_name",
+    "dataset_digest",
+    "run_id",
+];
+const KEY: usize = 0;
+const VALUE: usize = 1;
+const TIMESTAMP: usize = 2;
+const STEP: usize = 3;
+
+/// A JSON object's fields named in `names`, each as its raw JSON, in one pass; `unknown` tells
+/// whether the object held any other field. A field named twice is an error ("duplicate field").
+#[derive(Debug)]
+struct Fields<'a, const N: usize> {
+    raw: [Option<&'a RawValue>; N],
+    unknown: bool,
+}
+
+impl<'a, const N: usize> Fields<'a, N> {
+    fn read(text: &'a str, names: &'static [&'static str; N]) -> Result<Self, serde_json::Error> {
+        let mut de = serde_json::Deserializer::from_str(text);
+        let fields = serde::Deserializer::deserialize_map(&mut de, FieldsVisitor { names })?;
+        de.end()?;
+        Ok(fields)
+    }
+
+    fn get(&self, index: usize) -> Option<&'a RawValue> {
+        self.raw[index]
+    }
+}
+
+struct FieldsVisitor<const N: usize> {
+    names: &'static [&'static str; N],
+}
+
+/// A map key, borrowed from the input unless it holds escapes.
+struct FieldName<'a>(Cow<'a, str>);
+
+impl<'de> Deserialize<'de> for FieldName<'de> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> serde::de::Visitor<'de> for V {
+            type Value = FieldName<'de>;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a field name")
+            }
+            fn visit_borrowed_str<E>(self, v: &'de str) -> Result<Self::Value, E> {
+                Ok(FieldName(Cow::Borrowed(v)))
+            }
+            fn visit_str<E>(self, v: &str) -> Result<Self::Value, E> {
+                Ok(FieldName(Cow::Owned(v.to_owned())))
+            }
+        }
+        d.deserialize_str(V)
+    }
+}
+
+impl<'de, const N: usize> serde::de::Visitor<'de> for FieldsVisitor<N> {
+    type Value = Fields<'de, N>;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("a JSON object")
+    }
+
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        let mut fields = Fields {
+            raw: [None; N],
+            unknown: false,
+        };
+        while let Some(FieldName(name)) = map.next_key()? {
+            match self.names.iter().position(|known| *known == name) {
+                Some(index) => {
+                    if fields.raw[index].is_some() {
+                        return Err(serde::de::Error::custom(format_args!(
+                            "duplicate field `{}`",
+                            self.names[index]
+                        )));
+                    }
+                    fields.raw[index] = Some(map.next_value::<&'de RawValue>()?);
+                }
+                None => {
+                    fields.unknown = true;
+                    map.next_value::<serde::de::IgnoredAny>()?;
+                }
+            }
+        }
+        Ok(fields)
+    }
+}
+
+/// One metric of a body, with where its parts sit in the body.
+#[derive(Debug, Clone)]
+pub struct Metric<'a> {
+    pub key: Cow<'a, str>,
+    pub step: Option<i64>,
+    key_span: Range<usize>,
+    step_span: Option<Range<usize>>,
+    /// Whether the step was sent as a JSON string (protobuf's int64 mapping allows both).
+    step_quoted: bool,
+    /// The whole metric object (log-batch), or the whole body (log-metric).
+    span: Range<usize>,
+    value: Option<&'a str>,
+    timestamp: Option<&'a str>,
+    /// Whether MLflow's parser takes this metric exactly as written in a batch (see
+    /// [`crate::plumbing::writes`]).
+    strict: bool,
+}
+
+/// A parsed metrics body.
+#[derive(Debug)]
+pub struct MetricsBody<'a> {
+    text: &'a str,
+    pub endpoint: Endpoint,
+    pub run_id: Option<String>,
+    /// The raw run id value, for bodies the proxy has to rebuild.
+    run_id_raw: Option<&'a str>,
+    pub metrics: Vec<Metric<'a>>,
+    /// Where the `metrics` array sits (log-batch).
+    metrics_span: Option<Range<usize>>,
+    /// Params and tags in the batch: they are always forwarded.
+    pub other_items: usize,
+    /// The top-level fields as read, for what the coalescer needs of the body (see
+    /// [`MetricsBody::writes`]).
+    envelope: Fields<'a, 13>,
+}
+
+/// What happens to one metric.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Edit<'k> {
+    Keep,
+    Drop,
+    /// Forward with a new key and/or step; `also_original` keeps a copy under the key the client
+    /// sent (the migration period for existing dashboards).
+    Change {
+        key: Option<&'k str>,
+        step: Option<i64>,
+        also_original: bool,
+    },
+}
+
+fn offset_in(text: &str, part: &str) -> Range<usize> {
+    // Both point into the same buffer: serde_json's RawValue borrows from the input.
+    let start = part.as_ptr() as usize - text.as_ptr() as usize;
+    start..start + part.len()
+}
+
+fn decode_string(raw: &RawValue, field: &str) -> Result<String, BodyError> {
+    serde_json::from_str::<String>(raw.get())
+        .map_err(|_| BodyError::Unreadable(format!("{field} is not a string")))
+}
+
+fn decode_step(raw: &RawValue) -> Result<(i64, bool), BodyError> {
+    let text = raw.get();
+    if let Ok(step) = text.parse::<i64>() {
+        return Ok((step, false));
+    }
+    serde_json::from_str::<String>(text)
+        .ok()
+        .and_then(|s| s.parse::<i64>().ok())
+        .map(|step| (step, true))
+        .ok_or_else(|| BodyError::Unreadable("step is not an int64".into()))
+}
+
+impl<'a> Metric<'a> {
+    /// The value as a number, when it is one (a JSON number, or a numeric string).
+    pub fn value(&self) -> Option<f64> {
+        let raw = self.value?.trim();
+        raw.trim_matches('"').parse().ok()
+    }
+
+    /// The timestamp in unix milliseconds, when it is an int64 (a JSON number or a numeric
+    /// string, as protobuf's int64 mapping allows).
+    pub fn timestamp_ms(&self) -> Option<i64> {
+        let raw = self.timestamp?.trim();
+        raw.trim_matches('"').parse().ok()
+    }
+
+    fn read(
+        text: &'a str,
+        fields: &Fields<'a, 8>,
+        span: Range<usize>,
+    ) -> Result<Option<Self>, BodyError> {
+        let Some(key_raw) = fields.get(KEY) else {
+            return Ok(None);
+        };
+        let key = serde_json::from_str::<Cow<'a, str>>(key_raw.get())
+            .map_err(|_| BodyError::Unreadable("metric key is not a string".into()))?;
+        let (step, step_quoted, step_span) = match fields.get(STEP) {
+            Some(raw) => {
+                let (step, quoted) = decode_step(raw)?;
+                (Some(step), quoted, Some(offset_in(text, raw.get())))
+            }
+            None => (None, false, None),
+        };
+        Ok(Some(Metric {
+            key,
+            step,
+            key_span: offset_in(text, key_raw.get()),
+            step_span,
+            step_quoted,
+            span,
+            value: fields.get(VALUE).map(RawValue::get),
+            timestamp: fields.get(TIMESTAMP).map(RawValue::get),
+            strict: !fields.unknown
+                && writes::metric_parses_as_written(
+                    fields.get(KEY),
+                    fields.get(VALUE),
+                    fields.get(TIMESTAMP),
+                    fields.get(STEP),
+                    &fields.raw[4..],
+                ),
+        }))
+    }
+}
+
+impl<'a> MetricsBody<'a> {
+    /// The batch's tags, decoded, read from the field as parsed (the body is not read again);
+    /// none when they are not MLflow's shape (MLflow refuses such a batch).
+    pub(crate) fn tags(&self) -> Vec<writes::Pair> {
+        writes::pairs(self.envelope.get(TAGS)).unwrap_or_default()
+    }
+
+    pub fn parse(body: &'a [u8], endpoint: Endpoint) -> Result<Self, BodyError> {
+        let text =
+            std::str::from_utf8(body).map_err(|_| BodyError::Unreadable("not UTF-8".into()))?;
+        let envelope: Fields<'a, 13> = Fields::read(text, &ENVELOPE).map_err(|e| {
+            let message = e.to_string();
+            if message.starts_with("duplicate field") {
+                let field = message.split('`').nth(1).unwrap_or("a field");
+                BodyError::Conflict(format!(
+                    "the request body names `{field}` more than once; send each field once so the proxy and MLflow act on the same value"
+                ))
+            } else {
+                BodyError::Unreadable(message)
+            }
+        })?;
+
+        let mut run_ids = Vec::new();
+        for (name, raw) in [
+            ("run_id", envelope.get(RUN_ID)),
+            ("run_uuid", envelope.get(RUN_UUID)),
+            ("runId", envelope.get(RUN_ID_CAMEL)),
+        ] {
+            if let Some(raw) = raw {
+                run_ids.push((name, decode_string(raw, name)?, raw.get()));
+            }
+        }
+        if let Some((first_name, first, _)) = run_ids.first() {
+            if let Some((name, other, _)) = run_ids.iter().find(|(_, id, _)| id != first) {
+                return Err(BodyError::Conflict(format!(
+                    "the request names two different runs: {first_name}={first:?} and {name}={other:?}; send one run id (run_id) or the same value in both fields"
+                )));
+            }
+        }
+        let run_id_raw = run_ids.first().map(|(_, _, raw)| *raw);
+        let run_id = run_ids.into_iter().next().map(|(_, id, _)| id);
+
+        let count = |raw: Option<&RawValue>| -> Result<usize, BodyError> {
+            match raw {
+                None => Ok(0),
+                Some(raw) if raw.get() == "null" => Ok(0),
+                Some(raw) => serde_json::from_str::<Vec<&RawValue>>(raw.get())
+                    .map(|v| v.len())
+                    .map_err(|_| BodyError::Unreadable("params/tags is not an array".into())),
+            }
+        };
+        let other_items = count(envelope.get(PARAMS))? + count(envelope.get(TAGS))?;
+
+        let (metrics, metrics_span) = match endpoint {
+            Endpoint::LogBatch => match envelope.get(METRICS) {
+                None => (Vec::new(), None),
+                Some(raw) if raw.get() == "null" => (Vec::new(), None),
+                Some(raw) => {
+                    let elements: Vec<&'a RawValue> =
+                        serde_json::from_str(raw.get()).map_err(|_| {
+                            BodyError::Unreadable("metrics is not an array of objects".into())
+                        })?;
+                    let mut metrics = Vec::with_capacity(elements.len());
+                    for element in elements {
+                        let fields = Fields::read(element.get(), &METRIC)
+                            .map_err(|e| BodyError::Unreadable(format!("metric: {e}")))?;
+                        match Metric::read(text, &fields, offset_in(text, element.get()))? {
+                            Some(metric) => metrics.push(metric),
+                            // A metric without a key is MLflow's to reject; leave the body alone.
+                            None => {
+                                return Err(BodyError::Unreadable("metric without a key".into()))
+                            }
+                        }
+                    }
+                    (metrics, Some(offset_in(text, raw.get())))
+                }
+            },
+            Endpoint::LogMetric => {
+                let mut fields = Fields {
+                    raw: [None; 8],
+                    unknown: false,
+                };
+                fields.raw[..4].copy_from_slice(&envelope.raw[LOG_METRIC..LOG_METRIC + 4]);
+                match Metric::read(text, &fields, 0..text.len())? {
+                    Some(metric) => (vec![metric], None),
+                    None => return Err(BodyError::Unreadable("log-metric without a key".into())),
+                }
+            }
+        };
+        Ok(Self {
+            text,
+            endpoint,
+            run_id,
+            run_id_raw,
+            metrics,
+            metrics_span,
+            other_items,
+            envelope,
+        })
+    }
+
+    /// What the coalescer needs of the body as it is sent (`sent`, to `path`, after `render_spans`
+    /// or unchanged): its run and writes, each metric element a slice of `sent`, or why it goes
+    /// to MLflow alone; `None` when this read cannot tell (a log-metric rebuilt as a batch), and
+    /// the coalescer reads the body itself. One read of the body serves both.
+    pub(crate) fn writes(
+        &self,
+        path: &str,
+        sent: &bytes::Bytes,
+        rendered: Option<(Endpoint, &ElementSpans)>,
+        edit: Option<&Edit<'_>>,
+    ) -> Option<Result<writes::Mergeable, writes::Alone>> {
+        let endpoint = rendered.map_or(self.endpoint, |(e, _)| e);
+        match (self.endpoint, endpoint) {
+            (Endpoint::LogBatch, Endpoint::LogBatch) => {
+                let prefix = path.strip_suffix("/runs/log-batch")?;
+                Some(self.batch_writes(prefix, sent, rendered.map(|(_, s)| s)))
+            }
+            (Endpoint::LogMetric, Endpoint::LogMetric) => {
+                let prefix = path.strip_suffix("/runs/log-metric")?;
+                Some(self.log_metric_writes(prefix, edit))
+            }
+            _ => None,
+        }
+    }
+
+    fn batch_writes(
+        &self,
+        prefix: &str,
+        sent: &bytes::Bytes,
+        spans: Option<&ElementSpans>,
+    ) -> Result<writes::Mergeable, writes::Alone> {
+        use writes::Alone;
+        let envelope = &self.envelope;
+        let others = (0..ENVELOPE.len())
+            .filter(|i| ![RUN_ID, METRICS, PARAMS, TAGS].contains(i))
+            .any(|i| envelope.get(i).is_some());
+        if envelope.unknown || others {
+            return Err(Alone::Shape);
+        }
+        let run_id = match envelope.get(RUN_ID).and_then(writes::string) {
+            Some(id) if !id.is_empty() => id.into_owned(),
+            _ => return Err(Alone::Shape),
+        };
+        let mut out = writes::Writes {
+            params: writes::pairs(envelope.get(PARAMS))?,
+            tags: writes::pairs(envelope.get(TAGS))?,
+            metrics: Vec::new(),
+        };
+        let elements: ElementSpans = match spans {
+            Some(spans) => spans.clone(),
+            None => self
+                .metrics
+                .iter()
+                .enumerate()
+                .map(|(i, m)| (m.span.clone(), i))
+                .collect(),
+        };
+        if elements.len() + out.params.len() + out.tags.len() > writes::MAX_BATCH_ITEMS
+            || elements.len() > writes::MAX_BATCH_METRICS
+        {
+            return Err(Alone::Limits);
+        }
+        if elements
+            .iter()
+            .any(|(_, source)| !self.metrics[*source].strict)
+        {
+            return Err(Alone::Element);
+        }
+        out.metrics = elements
+            .into_iter()
+            .map(|(span, _)| sent.slice(span))
+            .collect();
+        writes::check_batch(&out)?;
+        Ok(writes::Mergeable {
+            batch_path: format!("{prefix}/runs/log-batch"),
+            run_id,
+            writes: out,
+        })
+    }
+
+    fn log_metric_writes(
+        &self,
+        prefix: &str,
+        edit: Option<&Edit<'_>>,
+    ) -> Result<writes::Mergeable, writes::Alone> {
+        use writes::Alone;
+        let envelope = &self.envelope;
+        let batch_fields = [RUN_ID_CAMEL, METRICS, PARAMS, TAGS]
+            .iter()
+            .any(|i| envelope.get(*i).is_some());
+        if envelope.unknown || batch_fields {
+            return Err(Alone::Shape);
+        }
+        let run_id = match envelope.get(RUN_ID).and_then(writes::string) {
+            Some(id) if !id.is_empty() => id,
+            _ => return Err(Alone::Shape),
+        };
+        let run_uuid = envelope.get(RUN_UUID).filter(|r| r.get() != "null");
+        if run_uuid.is_some_and(|u| writes::string(u).as_deref() != Some(&*run_id)) {
+            return Err(Alone::Shape);
+        }
+        let metric = &self.metrics[0];
+        let value = envelope.get(LOG_METRIC + VALUE).ok_or(Alone::Shape)?;
+        let (key, step) = match edit {
+            Some(Edit::Change { key, step, .. }) => (
+                key.map(Cow::Borrowed).unwrap_or_else(|| metric.key.clone()),
+                step.map(|s| s.to_string()),
+            ),
+            _ => (metric.key.clone(), None),
+        };
+        if metric.step_quoted {
+            return Err(Alone::Element);
+        }
+        let step = step.or_else(|| envelope.get(LOG_METRIC + STEP).map(|s| s.get().to_owned()));
+        let optional =
+            [OPTIONAL.start, OPTIONAL.start + 1, OPTIONAL.start + 2].map(|i| envelope.get(i));
+        let element = writes::log_metric_element(
+            &key,
+            value,
+            envelope.get(LOG_METRIC + TIMESTAMP),
+            step.as_deref(),
+            optional,
+            &run_id,
+        )?;
+        Ok(writes::Mergeable {
+            batch_path: format!("{prefix}/runs/log-batch"),
+            run_id: run_id.into_owned(),
+            writes: writes::Writes {
+                metrics: vec![element],
+                ..writes::Writes::default()
+            },
+        })
+    }
+
+    /// Writes the body back with `edits` (one per metric) applied. Returns the endpoint the
+    /// result must go to: a log-metric whose metric is dropped or duplicated becomes a
+    /// log-batch, which MLflow answers the same way (`{}`).
+    pub fn render(&self, edits: &[Edit<'_>]) -> (Endpoint, Vec<u8>) {
+        let (endpoint, out, _) = self.render_spans(edits);
+        (endpoint, out)
+    }
+
+    /// As [`MetricsBody::render`], with where each metric element sits in a log-batch result and
+    /// which metric of this body it came from.
+    pub fn render_spans(&self, edits: &[Edit<'_>]) -> (Endpoint, Vec<u8>, ElementSpans) {
+        debug_assert_eq!(edits.len(), self.metrics.len());
+        match self.endpoint {
+            Endpoint::LogBatch => {
+                let Some(span) = &self.metrics_span else {
+                    return (
+                        Endpoint::LogBatch,
+                        self.text.as_bytes().to_vec(),
+                        Vec::new(),
+                    );
+                };
+                let mut out = String::with_capacity(self.text.len() + self.text.len() / 4);
+                out.push_str(&self.text[..span.start]);
+                let mut array = ArrayWriter::open(&mut out);
+                for (index, (metric, edit)) in self.metrics.iter().zip(edits).enumerate() {
+                    let original = &self.text[metric.span.clone()];
+                    match *edit {
+                        Edit::Drop => {}
+                        Edit::Keep => array.element_from(index).push_str(original),
+                        Edit::Change {
+                            key,
+                            step,
+                            also_original,
+                        } => {
+                            splice_into(
+                                array.element_from(index),
+                                original,
+                                metric.span.start,
+                                metric,
+                                key,
+                                step,
+                            );
+                            if also_original {
+                                array.element_from(index).push_str(original);
+                            }
+                        }
+                    }
+                }
+                let spans = array.close();
+                out.push_str(&self.text[span.end..]);
+                (Endpoint::LogBatch, out.into_bytes(), spans)
+            }
+            Endpoint::LogMetric => {
+                let metric = &self.metrics[0];
+                let mut out = String::with_capacity(self.text.len() + 64);
+                match edits[0] {
+                    Edit::Keep => {
+                        return (
+                            Endpoint::LogMetric,
+                            self.text.as_bytes().to_vec(),
+                            Vec::new(),
+                        )
+                    }
+                    Edit::Change {
+                        key,
+                        step,
+                        also_original: false,
+                    } => {
+                        splice_into(&mut out, self.text, 0, metric, key, step);
+                        return (Endpoint::LogMetric, out.into_bytes(), Vec::new());
+                    }
+                    _ => {}
+                }
+                // Dropped or duplicated: rebuild as a one-run batch from the metric's raw parts.
+                out.push('{');
+                if let Some(run_id) = self.run_id_raw {
+                    out.push_str("\"run_id\":");
+                    out.push_str(run_id);
+                    out.push(',');
+                }
+                out.push_str("\"metrics\":");
+                let mut array = ArrayWriter::open(&mut out);
+                if let Edit::Change { key, step, .. } = edits[0] {
+                    write_metric_object(array.element_from(0), metric, key, step);
+                    write_metric_object(array.element_from(0), metric, None, None);
+                }
+                let spans = array.close();
+                out.push('}');
+                (Endpoint::LogBatch, out.into_bytes(), spans)
+            }
+        }
+    }
+}
+
+/// Where each metric element of a rendered log-batch sits, and the metric it came from.
+pub type ElementSpans = Vec<(Range<usize>, usize)>;
+
+/// Writes a JSON array element by element, noting where each one sits.
+struct ArrayWriter<'o> {
+    out: &'o mut String,
+    spans: ElementSpans,
+    /// The element being written: where it starts and the metric it comes from.
+    open: Option<(usize, usize)>,
+}
+
+impl<'o> ArrayWriter<'o> {
+    fn open(out: &'o mut String) -> Self {
+        out.push('[');
+        Self {
+            out,
+            spans: Vec::new(),
+            open: None,
+        }
+    }
+
+    fn end_element(&mut self) {
+        if let Some((start, source)) = self.open.take() {
+            self.spans.push((start..self.out.len(), source));
+        }
+    }
+
+    /// The output, positioned for the next element, which comes from metric `source`.
+    fn element_from(&mut self, source: usize) -> &mut String {
+        let first = self.open.is_none() && self.spans.is_empty();
+        self.end_element();
+        if !first {
+            self.out.push(',');
+        }
+        self.open = Some((self.out.len(), source));
+        self.out
+    }
+
+    fn close(mut self) -> ElementSpans {
+        self.end_element();
+        self.out.push(']');
+        self.spans
+    }
+}
+
+/// A JSON string token for `s`; keys valid under MLflow's rules need no escaping.
+fn push_json_string(out: &mut String, s: &str) {
+    if s.bytes().all(|b| b >= 0x20 && b != b'"' && b != b'\\') {
+        out.push('"');
+        out.push_str(s);
+        out.push('"');
+    } else {
+        out.push_str(&serde_json::to_string(s).expect("a string serializes"));
+    }
+}
+
+fn push_step(out: &mut String, step: i64, quoted: bool) {
+    use std::fmt::Write;
+    if quoted {
+        let _ = write!(out, "\"{step}\"");
+    } else {
+        let _ = write!(out, "{step}");
+    }
+}
+
+/// A metric object for a batch, from a log-metric body's raw parts (values stay as sent).
+fn write_metric_object(
+    out: &mut String,
+    metric: &Metric<'_>,
+    key: Option<&str>,
+    step: Option<i64>,
+) {
+    out.push_str("{\"key\":");
+    push_json_string(out, key.unwrap_or(&metric.key));
+    for (name, raw) in [("value", metric.value), ("timestamp", metric.timestamp)] {
+        if let Some(raw) = raw {
+            out.push_str(",\"");
+            out.push_str(name);
+            out.push_str("\":");
+            out.push_str(raw);
+        }
+    }
+    if let Some(step) = step.or(metric.step) {
+        out.push_str(",\"step\":");
+        push_step(out, step, false);
+    }
+    out.push('}');
+}
+
+/// Appends `text` (which starts at `base` in the parsed body) with the metric's key and/or step
+/// replaced.
+fn splice_into(
+    out: &mut String,
+    text: &str,
+    base: usize,
+    metric: &Metric<'_>,
+    key: Option<&str>,
+    step: Option<i64>,
+) {
+    let shift = |span: &Range<usize>| span.start - base..span.end - base;
+    let key_part = key.map(|key| (shift(&metric.key_span), key));
+    let step_part = step
+        .zip(metric.step_span.as_ref())
+        .map(|(step, span)| (shift(span), step));
+    // Key and step may come in either order in the object.
+    let key_first = match (&key_part, &step_part) {
+        (Some((k, _)), Some((s, _))) => k.start < s.start,
+        _ => true,
+    };
+    let mut at = 0;
+    let write_key = |out: &mut String, at: &mut usize| {
+        if let Some((span, key)) = &key_part {
+            out.push_str(&text[*at..span.start]);
+            push_json_string(out, key);
+            *at = span.end;
+        }
+    };
+    let write_step = |out: &mut String, at: &mut usize| {
+        if let Some((span, step)) = &step_part {
+            out.push_str(&text[*at..span.start]);
+            push_step(out, *step, metric.step_quoted);
+            *at = span.end;
+        }
+    };
+    if key_first {
+        write_key(out, &mut at);
+        write_step(out, &mut at);
+    } else {
+        write_step(out, &mut at);
+        write_key(out, &mut at);
+    }
+    out.push_str(&text[at..]);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::Value;
+
+    const BATCH: &str = r#"{"run_id":"r1","metrics":[{"key":"system/cpu_utilization_percentage","value":"NaN","timestamp":9007199254740993,"step":9007199254740995},{"key":"loss","value":1e-7,"timestamp":1,"step":0,"extra":{"x":[1,2]}}],"params":[{"key":"p","value":"v"}],"tags":[],"unknown":true}"#;
+
+    #[test]
+    fn untouched_bodies_come_back_byte_for_byte() {
+        let body = MetricsBody::parse(BATCH.as_bytes(), Endpoint::LogBatch).unwrap();
+        assert_eq!(body.run_id.as_deref(), Some("r1"));
+        assert_eq!(body.metrics.len(), 2);
+        assert_eq!(body.other_items, 1);
+        let (_, out) = body.render(&[Edit::Keep, Edit::Keep]);
+        assert_eq!(std::str::from_utf8(&out).unwrap(), BATCH);
+    }
+
+    #[test]
+    fn keys_and_steps_change_and_nothing_else_does() {
+        let body = MetricsBody::parse(BATCH.as_bytes(), Endpoint::LogBatch).unwrap();
+        let edits = [
+            Edit::Change {
+                key: Some("system/n/node_cpu_utilization_percentage"),
+                step: Some(12),
+                also_original: false,
+            },
+            Edit::Keep,
+        ];
+        let (_, out) = body.render(&edits);
+        let text = std::str::from_utf8(&out).unwrap();
+        assert_eq!(
+            text,
+            BATCH
+                .replace(
+                    "system/cpu_utilization_percentage",
+                    "system/n/node_cpu_utilization_percentage"
+                )
+                .replace("9007199254740995", "12")
+        );
+    }
+
+    #[test]
+    fn dropped_and_duplicated_metrics_keep_the_array_well_formed() {
+        let body = MetricsBody::parse(BATCH.as_bytes(), Endpoint::LogBatch).unwrap();
+        let (_, out) = body.render(&[Edit::Drop, Edit::Drop]);
+        let v: Value = serde_json::from_slice(&out).unwrap();
+        assert_eq!(v["metrics"], serde_json::json!([]));
+        assert_eq!(v["params"][0]["key"], "p");
+
+        let (_, out) = body.render(&[
+            Edit::Change {
+                key: Some("system/new"),
+                step: None,
+                also_original: true,
+            },
+            Edit::Drop,
+        ]);
+        let v: Value = serde_json::from_slice(&out).unwrap();
+        let keys: Vec<_> = v["metrics"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| m["key"].as_str().unwrap())
+            .collect();
+        assert_eq!(keys, ["system/new", "system/cpu_utilization_percentage"]);
+    }
+
+    #[test]
+    fn log_metric_is_rewritten_in_place_or_rebuilt_as_a_batch() {
+        let text = r#"{"run_id":"r1","run_uuid":"r1","key":"system/rank-1/network_receive_megabytes","value":"Infinity","timestamp":5,"step":"7"}"#;
+        let body = MetricsBody::parse(text.as_bytes(), Endpoint::LogMetric).unwrap();
+        assert_eq!(body.metrics[0].step, Some(7));
+        let (endpoint, out) = body.render(&[Edit::Change {
+            key: Some("system/x"),
+            step: Some(9),
+            also_original: false,
+        }]);
+        assert_eq!(endpoint, Endpoint::LogMetric);
+        assert_eq!(
+            std::str::from_utf8(&out).unwrap(),
+            text.replace("system/rank-1/network_receive_megabytes", "system/x")
+                .replace("\"7\"", "\"9\"")
+        );
+
+        let (endpoint, out) = body.render(&[Edit::Drop]);
+        assert_eq!(endpoint, Endpoint::LogBatch);
+        assert_eq!(
+            std::str::from_utf8(&out).unwrap(),
+            r#"{"run_id":"r1","metrics":[]}"#
+        );
+
+        let (endpoint, out) = body.render(&[Edit::Change {
+            key: Some("system/x"),
+            step: None,
+            also_original: true,
+        }]);
+        assert_eq!(endpoint, Endpoint::LogBatch);
+        let v: Value = serde_json::from_slice(&out).unwrap();
+        assert_eq!(
+            v["metrics"][0],
+            serde_json::json!({"key": "system/x", "value": "Infinity", "timestamp": 5, "step": 7})
+        );
+        assert_eq!(
+            v["metrics"][1]["key"],
+            "system/rank-1/network_receive_megabytes"
+        );
+    }
+
+    #[test]
+    fn conflicting_run_ids_and_repeated_fields_are_refused() {
+        let err = MetricsBody::parse(
+            br#"{"run_id":"a","run_uuid":"b","key":"k","value":1,"timestamp":1}"#,
+            Endpoint::LogMetric,
+        )
+        .unwrap_err();
+        assert!(
+            matches!(&err, BodyError::Conflict(m) if m.contains("run_id=\"a\"") && m.contains("run_uuid=\"b\"")),
+            "{err}"
+        );
+        let err = MetricsBody::parse(
+            br#"{"runId":"a","run_id":"a","run_id":"b","metrics":[]}"#,
+            Endpoint::LogBatch,
+        )
+        .unwrap_err();
+        assert!(
+            matches!(&err, BodyError::Conflict(m) if m.contains("`run_id` more than once")),
+            "{err}"
+        );
+        assert!(MetricsBody::parse(
+            br#"{"run_id":"a","runId":"a","metrics":[]}"#,
+            Endpoint::LogBatch
+        )
+        .is_ok());
+    }
+
+    #[test]
+    fn unreadable_bodies_are_reported_for_pass_through() {
+        for bad in [
+            &b"not json"[..],
+            b"{\"metrics\": 5}",
+            b"{\"metrics\": [{\"value\": 1}]}",
+            b"\xff\xfe",
+            b"{\"run_id\": 5}",
+        ] {
+            assert!(
+                matches!(
+                    MetricsBody::parse(bad, Endpoint::LogBatch),
+                    Err(BodyError::Unreadable(_))
+                ),
+                "{:?}",
+                String::from_utf8_lossy(bad)
+            );
+        }
+    }
+
+    #[test]
+    fn escaped_keys_are_decoded() {
+        let body = MetricsBody::parse(br#"{"metrics":[{"key":"system\/cpu_utilization_percentage","value":1,"timestamp":1,"step":1}]}"#, Endpoint::LogBatch).unwrap();
+        assert_eq!(body.metrics[0].key, "system/cpu_utilization_percentage");
+    }
+
+    /// The rewriter's one read of a body tells the coalescer exactly what the coalescer's own
+    /// read would: the same run, elements, params and tags, or the same reason to go alone.
+    #[test]
+    fn the_single_read_agrees_with_the_coalescers_read_of_the_same_body() {
+        let element = |m: &str| {
+            format!(
+                r#"{{"run_id":"r","metrics":[{{"key":"a","value":1,"timestamp":1,"step":0}},{m}]}}"#
+            )
+        };
+        let mut batches: Vec<String> = [
+            r#"{"key":"b","value":"NaN","timestamp":2,"step":3}"#,
+            r#"{"key":"b","value":"abc","timestamp":2}"#,
+            r#"{"key":"b","value":1,"timestamp":2,"step":1.5}"#,
+            r#"{"key":"b","value":1,"timestamp":"soon"}"#,
+            r#"{"key":"b","value":1,"timestamp":"2"}"#,
+            r#"{"key":"b","value":1,"timestamp":2,"step":"3"}"#,
+            r#"{"key":"b","value":1e999,"timestamp":2}"#,
+            r#"{"key":"b","value":true,"timestamp":2}"#,
+            r#"{"key":"b","value":null,"timestamp":2}"#,
+            r#"{"key":"b","value":1}"#,
+            r#"{"key":"b","value":1,"timestamp":2,"datasetName":"d"}"#,
+            r#"{"key":"b","value":1,"timestamp":2,"model_id":"m","dataset_name":"d","dataset_digest":"x","run_id":"r"}"#,
+            r#"{"key":"b","value":1,"timestamp":2,"model_id":7}"#,
+            r#"{"key":"b\u0041","value":-0.5e-3,"timestamp":-2,"step":9223372036854775807}"#,
+        ]
+        .iter()
+        .map(|m| element(m))
+        .collect();
+        batches.extend(
+            [
+                r#"{"run_id":"r","params":[{"key":"p","value":"1"}],"tags":[{"key":"t","value":"x"}]}"#,
+                r#"{"run_id":"r","metrics":[],"params":[{"key":"p","value":"1"},{"key":"p","value":"1"}]}"#,
+                r#"{"run_id":"r","params":[{"key":"p","value":5}]}"#,
+                r#"{"run_id":"r","tags":[{"key":"t"}]}"#,
+                r#"{"run_id":"r","metrics":null,"params":null,"tags":[{"key":"t","value":"v"}]}"#,
+                r#"{"run_id":"","metrics":[{"key":"a","value":1,"timestamp":1}]}"#,
+                r#"{"run_id":"r"}"#,
+                r#"{"run_id":"r","runId":"r","metrics":[{"key":"a","value":1,"timestamp":1}]}"#,
+                r#"{"run_id":"r","extra":1,"metrics":[{"key":"a","value":1,"timestamp":1}]}"#,
+                r#"{"run_id":"r","key":"k","metrics":[{"key":"a","value":1,"timestamp":1}]}"#,
+            ]
+            .map(String::from),
+        );
+        let metrics = |n: usize| {
+            (0..n)
+                .map(|i| format!(r#"{{"key":"k{i}","value":1,"timestamp":1}}"#))
+                .collect::<Vec<_>>()
+                .join(",")
+        };
+        batches.push(format!(r#"{{"run_id":"r","metrics":[{}]}}"#, metrics(1000)));
+        batches.push(format!(
+            r#"{{"run_id":"r","metrics":[{}],"tags":[{{"key":"t","value":"v"}}]}}"#,
+            metrics(1000)
+        ));
+        let single = [
+            r#"{"run_id":"r","run_uuid":"r","key":"loss","value":0.5,"timestamp":7,"step":3}"#,
+            r#"{"run_id":"r","key":"loss","value":0.5,"timestamp":7,"model_id":"m","dataset_digest":"d"}"#,
+            r#"{"run_id":"r","run_uuid":null,"key":"loss","value":0.5,"timestamp":7}"#,
+            r#"{"run_id":"r","key":"loss","value":"NaN","timestamp":7}"#,
+            r#"{"run_id":"r","key":"loss","value":1,"timestamp":7,"step":"3"}"#,
+            r#"{"run_id":"r","key":"loss","value":1,"timestamp":7.5}"#,
+            r#"{"run_id":"r","key":"loss","value":1}"#,
+            r#"{"run_id":"r","key":"loss","value":1,"timestamp":7,"extra":true}"#,
+            r#"{"run_id":"","key":"loss","value":1,"timestamp":7}"#,
+        ];
+        let cases = batches
+            .iter()
+            .map(|b| {
+                (
+                    Endpoint::LogBatch,
+                    "/api/2.0/mlflow/runs/log-batch",
+                    b.as_str(),
+                )
+            })
+            .chain(single.iter().map(|b| {
+                (
+                    Endpoint::LogMetric,
+                    "/ajax-api/2.0/mlflow/runs/log-metric",
+                    *b,
+                )
+            }));
+        for (endpoint, path, text) in cases {
+            let sent = bytes::Bytes::from(text.to_owned());
+            let coalescer = writes::parse(path, &sent);
+            let Ok(body) = MetricsBody::parse(&sent, endpoint) else {
+                // The rewriter passes bodies it cannot read through; the coalescer reads them.
+                continue;
+            };
+            let keep = vec![Edit::Keep; body.metrics.len()];
+            let single_read = body.writes(path, &sent, None, keep.first());
+            assert_eq!(single_read, Some(coalescer.clone()), "{text}");
+            // Rendered with a renamed key, the same holds for the bytes that are sent.
+            if let Some(first) = body.metrics.first() {
+                let mut edits = keep.clone();
+                edits[0] = Edit::Change {
+                    key: Some("renamed"),
+                    step: None,
+                    also_original: false,
+                };
+                let (target, out, spans) = body.render_spans(&edits);
+                let out = bytes::Bytes::from(out);
+                let single_read = body.writes(path, &out, Some((target, &spans)), edits.first());
+                let path = if target == endpoint {
+                    path
+                } else {
+                    "/api/2.0/mlflow/runs/log-batch"
+                };
+                assert_eq!(
+                    single_read,
+                    Some(writes::parse(path, &out)),
+                    "{text} with {} renamed",
+                    first.key
+                );
+            }
+        }
+    }
+}

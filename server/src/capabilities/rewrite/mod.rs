@@ -1,0 +1,1175 @@
+//! System-metric scoping on `runs/log-batch` and `runs/log-metric`: ambiguous `system/` keys are
+//! renamed by the contract in `mlscope-scopes`, and node-wide samples are kept from one
+//! reporting rank per (run, node). Everything else in the body passes through byte for byte.
+
+pub mod body;
+pub mod intake;
+pub mod stats;
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use axum::body::Body;
+
+use axum::extract::Request;
+use axum::response::{IntoResponse, Response};
+use http::{header, HeaderValue};
+use mlscope_scopes::{scoped_key, Identity, KeyOutcome, OwnerPattern, ScopedKey};
+
+use crate::capabilities::authz::{self, Authorizer};
+use crate::capabilities::dedup::{self, Decision, DedupConfig, DedupOptions, Deduplicator, Event};
+use crate::capabilities::health::Beat;
+use crate::plumbing::error::Error;
+use crate::plumbing::proxy::X_REQUEST_ID;
+use crate::plumbing::telemetry::Metrics;
+use crate::plumbing::writes::Prepared;
+use body::{BodyError, Edit, Endpoint, MetricsBody};
+use intake::{Intake, IntakeError};
+pub use stats::RunStats;
+
+pub use crate::plumbing::identity::{identity_from_headers, NODE_HEADER, RANK_HEADER};
+use crate::plumbing::proxy::is_json;
+
+// MLflow's own limits on one log-batch; larger batches go through untouched so MLflow answers.
+use crate::plumbing::writes::{MAX_BATCH_ITEMS as MAX_ITEMS, MAX_BATCH_METRICS as MAX_METRICS};
+
+/// The metric routes' settings: whether and how `system/` keys are scoped (the owner pattern, the
+/// migration period that keeps original keys), node deduplication, and the limits on bodies under
+/// inspection.
+#[derive(Debug, Clone)]
+pub struct ScopeConfig {
+    /// Rename ambiguous `system/` keys.
+    pub rewrite: bool,
+    pub owner_pattern: OwnerPattern,
+    /// Until then, also keep writing each renamed sample under its original key.
+    pub keep_original_until: Option<SystemTime>,
+    /// Keep node-wide samples from one rank per (run, node).
+    pub dedup: bool,
+    pub dedup_config: DedupConfig,
+    /// Largest body read for inspection; larger ones get 413.
+    pub max_inspect_bytes: usize,
+    /// Bytes all bodies being inspected at once may hold together, charged as they arrive; a
+    /// request that would pass it gets 503 and is retried by the client. Its last quarter is kept
+    /// for clients that hold less than a quarter of it.
+    pub max_inspect_total: usize,
+    /// How long a body under inspection may take to arrive whole.
+    pub inspect_deadline: Duration,
+}
+
+impl Default for ScopeConfig {
+    fn default() -> Self {
+        Self {
+            rewrite: true,
+            owner_pattern: OwnerPattern::default(),
+            keep_original_until: None,
+            dedup: dedup::ENABLED_BY_DEFAULT,
+            dedup_config: DedupConfig::default(),
+            max_inspect_bytes: 16 * 1024 * 1024,
+            max_inspect_total: 256 * 1024 * 1024,
+            inspect_deadline: Duration::from_secs(60),
+        }
+    }
+}
+
+impl ScopeConfig {
+    pub fn validate(&self) -> Result<(), String> {
+        self.dedup_config.validate()?;
+        if self.max_inspect_bytes < 1024 {
+            return Err("max-inspect-body must be at least 1KiB".into());
+        }
+        if self.max_inspect_total < self.max_inspect_bytes {
+            return Err(format!(
+                "max-inspect-total ({} bytes) must be at least max-inspect-body ({} bytes)",
+                self.max_inspect_total, self.max_inspect_bytes
+            ));
+        }
+        if self.inspect_deadline < Duration::from_secs(1) {
+            return Err(format!(
+                "inspect-body-deadline must be at least 1s (a whole metrics body must arrive within it), not {:?}",
+                self.inspect_deadline
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// The metric routes' settings as given (see [`crate::plumbing::settings`]); `None`: not given here.
+/// Node deduplication's part of [`ScopeConfig`] is set by [`crate::capabilities::dedup::DedupOptions`].
+#[derive(Debug, Clone, Default, clap::Args, serde::Deserialize)]
+pub struct ScopeOptions {
+    /// Rename ambiguous `system/` metric keys to scoped names [default: true].
+    #[arg(long, env = "MLSCOPE_REWRITE_SYSTEM_METRICS", value_name = "BOOL", action = clap::ArgAction::Set)]
+    pub rewrite_system_metrics: Option<bool>,
+    /// Regular expression for the owner segment(s) of `system/<owner>/<name>` keys, with named
+    /// groups `node` and/or `rank` (default: `rank-<r>`, `rank_<r>`, `rank<r>`, `<node>/rank-<r>`).
+    #[arg(long, env = "MLSCOPE_OWNER_PATTERN", value_name = "REGEX")]
+    pub owner_pattern: Option<String>,
+    /// Migration period: until this time (RFC 3339, e.g. 2027-03-01T00:00:00Z) each renamed
+    /// sample is also written under its original key so existing dashboards keep working.
+    #[arg(long, env = "MLSCOPE_KEEP_ORIGINAL_KEYS_UNTIL", value_name = "TIME", value_parser = crate::plumbing::settings::parse_time)]
+    #[serde(default, with = "humantime_serde")]
+    pub keep_original_keys_until: Option<SystemTime>,
+    /// Largest metrics body inspected; larger ones get 413 (e.g. 16MiB, 512KiB) [default: 16MiB].
+    #[arg(long, env = "MLSCOPE_MAX_INSPECT_BODY", value_parser = crate::plumbing::settings::parse_size, value_name = "SIZE")]
+    #[serde(default, deserialize_with = "crate::plumbing::settings::size")]
+    pub max_inspect_body: Option<usize>,
+    /// Memory all metrics bodies under inspection may hold together; beyond it requests get 503
+    /// and are retried (e.g. 256MiB) [default: 256MiB].
+    #[arg(long, env = "MLSCOPE_MAX_INSPECT_TOTAL", value_parser = crate::plumbing::settings::parse_size, value_name = "SIZE")]
+    #[serde(default, deserialize_with = "crate::plumbing::settings::size")]
+    pub max_inspect_total: Option<usize>,
+    /// How long a metrics body may take to arrive whole; a slower one gets 408 and frees what it
+    /// held of --max-inspect-total (which bodies are charged as bytes arrive; its last quarter is
+    /// kept for clients holding less than a quarter) [default: 60s].
+    #[arg(long, env = "MLSCOPE_INSPECT_BODY_DEADLINE", value_parser = crate::plumbing::settings::parse_duration, value_name = "DURATION")]
+    #[serde(default, with = "humantime_serde")]
+    pub inspect_body_deadline: Option<Duration>,
+}
+
+impl ScopeOptions {
+    /// The given values over the defaults, with deduplication's; an owner pattern that is not a
+    /// valid regular expression with the right groups is refused.
+    pub fn resolve(self, dedup: DedupOptions) -> Result<ScopeConfig, String> {
+        let d = ScopeConfig::default();
+        let owner_pattern = match self.owner_pattern {
+            Some(pattern) => OwnerPattern::new(&pattern).map_err(|e| e.to_string())?,
+            None => d.owner_pattern,
+        };
+        let (dedup, dedup_config) = dedup.resolve();
+        Ok(ScopeConfig {
+            rewrite: self.rewrite_system_metrics.unwrap_or(d.rewrite),
+            owner_pattern,
+            keep_original_until: self.keep_original_keys_until.or(d.keep_original_until),
+            dedup,
+            dedup_config,
+            max_inspect_bytes: self.max_inspect_body.unwrap_or(d.max_inspect_bytes),
+            max_inspect_total: self.max_inspect_total.unwrap_or(d.max_inspect_total),
+            inspect_deadline: self.inspect_body_deadline.unwrap_or(d.inspect_deadline),
+        })
+    }
+}
+
+/// The metric routes' rewriter: reads a `log-batch` or `log-metric` body once (within the
+/// inspection budget), applies the scope contract to its `system/` keys, keeps node-wide samples
+/// from one reporter per (run, node), caps the identities a request and a run may carry, and hands
+/// the coalescer what it found (with the rank's beat for run health).
+pub struct MetricsRewriter {
+    config: ScopeConfig,
+    /// The memory budget of bodies under inspection.
+    intake: Arc<Intake>,
+    /// Gateways whose `X-Forwarded-For` names the client.
+    trusted_proxies: crate::plumbing::client::TrustedProxies,
+    dedup: Option<Deduplicator>,
+    /// Asks MLflow whether a client may log to a run before its samples change a lease; `None`
+    /// trusts every client (tests, and MLflow without authentication).
+    authz: Option<Authorizer>,
+    metrics: Metrics,
+    pub stats: RunStats,
+    /// Attach a [`Beat`] to every metrics request that names ranks (run health is on).
+    beats: bool,
+}
+
+/// Per-node summary of one batch's node-wide samples.
+struct NodeBatch {
+    node: String,
+    rank: u32,
+    first_step: i64,
+    last_step: i64,
+    samples: u64,
+    decision: Option<Decision>,
+}
+
+/// The contract applied to one distinct key of a batch.
+struct KeyPlan {
+    scoped: ScopedKey,
+    /// The renamed key, when the contract renames it.
+    new_key: Option<String>,
+    /// `(node, rank)` when these samples take part in deduplication.
+    dedup_identity: Option<(String, u32)>,
+    samples: u64,
+}
+
+impl KeyPlan {
+    fn new(scoped: ScopedKey, dedup: bool) -> Self {
+        let new_key = match &scoped.outcome {
+            KeyOutcome::Rewritten { key, .. } => Some(key.clone()),
+            _ => None,
+        };
+        let node_wide = scoped.outcome.scope().is_some_and(|s| s.is_node_wide())
+            && !matches!(scoped.outcome, KeyOutcome::Invalid { .. });
+        let dedup_identity = match (&scoped.identity.node, scoped.identity.rank) {
+            (Some(node), Some(rank)) if dedup && node_wide => Some((node.clone(), rank)),
+            _ => None,
+        };
+        Self {
+            scoped,
+            new_key,
+            dedup_identity,
+            samples: 0,
+        }
+    }
+}
+
+impl MetricsRewriter {
+    pub fn new(config: ScopeConfig, dedup: Option<Deduplicator>, metrics: Metrics) -> Self {
+        let intake = Arc::new(Intake::new(
+            config.max_inspect_total,
+            config.max_inspect_bytes,
+        ));
+        Self {
+            config,
+            intake,
+            trusted_proxies: Default::default(),
+            dedup,
+            authz: None,
+            metrics,
+            stats: RunStats::default(),
+            beats: false,
+        }
+    }
+
+    /// Counts a request from one of these gateways against the client its `X-Forwarded-For`
+    /// names.
+    pub fn with_trusted_proxies(
+        mut self,
+        trusted: crate::plumbing::client::TrustedProxies,
+    ) -> Self {
+        self.trusted_proxies = trusted;
+        self
+    }
+
+    /// Hands on with each request what it says about its run's ranks (the [`Inspected::beat`]),
+    /// for run health to record once MLflow accepted it.
+    pub fn with_beats(mut self) -> Self {
+        self.beats = true;
+        self
+    }
+
+    /// Lets node-wide samples change deduplication state only for clients MLflow allows to log
+    /// to the run (asked only while MLflow authenticates, see [`crate::capabilities::authz`]).
+    pub fn with_authorizer(mut self, authz: Authorizer) -> Self {
+        self.authz = Some(authz);
+        self
+    }
+
+    pub fn deduplicator(&self) -> Option<&Deduplicator> {
+        self.dedup.as_ref()
+    }
+
+    pub fn config(&self) -> &ScopeConfig {
+        &self.config
+    }
+
+    /// Inspects a metrics request. `Ok` is the request to forward (rewritten or as it came);
+    /// `Err` is an answer the proxy gives itself.
+    pub async fn prepare(&self, request: Request, endpoint: Endpoint) -> Result<Request, Response> {
+        self.inspect(request, endpoint)
+            .await
+            .map(|inspected| inspected.outgoing.into_request())
+    }
+
+    /// As [`MetricsRewriter::prepare`], with what the rewriter found in the request, handed on
+    /// with it so that nothing downstream reads the body again.
+    pub async fn inspect(
+        &self,
+        request: Request,
+        endpoint: Endpoint,
+    ) -> Result<Inspected, Response> {
+        if !is_json(request.headers()) {
+            self.metrics.passed_through("content_type");
+            return Ok(Inspected::unread(request));
+        }
+        let limit = self.config.max_inspect_bytes;
+        let declared = request
+            .headers()
+            .get(header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<u64>().ok());
+        if declared.is_some_and(|len| len > limit as u64) {
+            return Err(self.too_large().into_response());
+        }
+        let (parts, body) = request.into_parts();
+        let peer = crate::plumbing::client::peer_of(&parts.extensions).ip();
+        let client = self.trusted_proxies.client(peer, &parts.headers);
+        let (bytes, _charge) = match self
+            .intake
+            .read(body, client, limit, self.config.inspect_deadline)
+            .await
+        {
+            Ok(read) => read,
+            Err(error) => return Err(self.intake_refusal(error)),
+        };
+        // What MLflow reads out of a byte-order mark, UTF-16 or a double-encoded body is read
+        // here too, and sent on as plain JSON.
+        let (bytes, parts) = crate::plumbing::writes::normalized(bytes, parts);
+        let parsed = match MetricsBody::parse(&bytes, endpoint) {
+            Ok(parsed) => parsed,
+            Err(BodyError::Conflict(message)) => {
+                self.metrics.rejected("conflict");
+                return Err(Error::InvalidParameter(message).into_response());
+            }
+            Err(BodyError::Unreadable(reason)) => {
+                tracing::debug!(reason, "metrics body passed through unread");
+                self.metrics.passed_through("unreadable");
+                return Ok(Inspected::uninspected(parts, bytes, 1));
+            }
+        };
+        let weight = parsed.metrics.len() + parsed.other_items;
+        if parsed.metrics.len() > MAX_METRICS || weight > MAX_ITEMS {
+            self.metrics.passed_through("over_mlflow_limits");
+            return Ok(Inspected::uninspected(parts, bytes, weight));
+        }
+
+        let identity = identity_from_headers(&parts.headers);
+        let mut plans = Vec::new();
+        let (edits, beat) = self.plan(&parsed, &identity, &parts, &mut plans).await?;
+        let mut parts = parts;
+        let beat = beat.map(|mut beat| {
+            // With no ranks it still says that the run is written to (a sign of life).
+            observe_rank_tags(&mut beat, &identity, &parsed, &bytes);
+            beat.workspace = crate::plumbing::workspace::of_request(&parts.headers)
+                .ok()
+                .flatten()
+                .map(str::to_owned);
+            beat
+        });
+        if edits.iter().all(|e| *e == Edit::Keep) {
+            // Sent as it came: the coalescer gets what it needs of the body from this read.
+            let writes = parsed
+                .writes(parts.uri.path(), &bytes, None, edits.first())
+                .map(Prepared);
+            return Ok(Inspected {
+                outgoing: Outgoing::Read { parts, body: bytes },
+                weight,
+                beat,
+                writes,
+            });
+        }
+        let (target, rendered, spans) = parsed.render_spans(&edits);
+        let rendered = bytes::Bytes::from(rendered);
+        let prepared = parsed.writes(
+            parts.uri.path(),
+            &rendered,
+            Some((target, &spans)),
+            edits.first(),
+        );
+        if target != endpoint {
+            let path = parts
+                .uri
+                .path()
+                .replace("runs/log-metric", "runs/log-batch");
+            let pq = match parts.uri.query() {
+                Some(q) => format!("{path}?{q}"),
+                None => path,
+            };
+            parts.uri = pq
+                .parse()
+                .map_err(|_| Error::BadRequest("invalid request path".into()).into_response())?;
+        }
+        parts
+            .headers
+            .insert(header::CONTENT_LENGTH, HeaderValue::from(rendered.len()));
+        Ok(Inspected {
+            outgoing: Outgoing::Read {
+                parts,
+                body: rendered,
+            },
+            weight,
+            beat,
+            writes: prepared.map(Prepared),
+        })
+    }
+
+    fn intake_refusal(&self, error: IntakeError) -> Response {
+        let error = match error {
+            IntakeError::TooLarge => self.too_large(),
+            IntakeError::Budget => {
+                self.metrics.rejected("memory_budget");
+                Error::Overloaded(format!(
+                    "mlscope-proxy is holding its limit of {} bytes of metrics bodies under inspection; retry with backoff.",
+                    self.config.max_inspect_total
+                ))
+            }
+            IntakeError::ClientShare { held, share } => {
+                self.metrics.rejected("client_share");
+                Error::OverShare {
+                    message: format!(
+                        "this client's metrics bodies under inspection hold {held} bytes, more than the {share} one client may hold while the budget is nearly full; send fewer at a time and retry with backoff."
+                    ),
+                    retry_after: 1,
+                }
+            }
+            IntakeError::TooSlow { deadline, received } => {
+                self.metrics.rejected("too_slow");
+                Error::TooSlow(format!(
+                    "the metrics request body did not arrive whole within {deadline:?} ({received} bytes came); nothing of it was stored. Check the client's connection."
+                ))
+            }
+            IntakeError::Unreadable(reason) => {
+                Error::BadRequest(format!("the request body could not be read: {reason}"))
+            }
+        };
+        error.into_response()
+    }
+
+    fn too_large(&self) -> Error {
+        self.metrics.rejected("too_large");
+        Error::TooLarge(format!(
+            "the metrics request body is larger than {} bytes, the most mlscope-proxy inspects; send smaller batches (MLflow accepts at most 1000 metrics per log-batch)",
+            self.config.max_inspect_bytes
+        ))
+    }
+
+    /// One edit per metric: the contract's key, and for node-wide samples the dedup decision.
+    /// `plans` receives the contract's result per distinct key; the edits borrow their new keys
+    /// from it.
+    async fn plan<'k>(
+        &self,
+        body: &MetricsBody<'_>,
+        request_identity: &Identity,
+        request: &http::request::Parts,
+        plans: &'k mut Vec<KeyPlan>,
+    ) -> Result<(Vec<Edit<'k>>, Option<Beat>), Response> {
+        let keep_original = self
+            .config
+            .keep_original_until
+            .is_some_and(|until| SystemTime::now() < until);
+        // A run id MLflow would refuse gets nothing of the proxy's state: no lease, no counters,
+        // no heartbeat (MLflow answers the request with its refusal).
+        let run_id = body
+            .run_id
+            .as_deref()
+            .filter(|id| crate::plumbing::writes::is_valid_run_id(id));
+
+        // A batch repeats a handful of keys (one set per monitor publish): apply the contract once
+        // per distinct key and count, instead of once per sample.
+        let mut plan_of: HashMap<&str, usize> = HashMap::new();
+        let mut metric_plans = Vec::with_capacity(body.metrics.len());
+        for metric in &body.metrics {
+            let index = *plan_of.entry(metric.key.as_ref()).or_insert_with(|| {
+                plans.push(KeyPlan::new(
+                    scoped_key(&metric.key, request_identity, &self.config.owner_pattern),
+                    self.dedup.is_some(),
+                ));
+                plans.len() - 1
+            });
+            plans[index].samples += 1;
+            metric_plans.push(index);
+        }
+        let plans: &'k [KeyPlan] = plans;
+        self.admit(run_id, plans)?;
+        let beat = self
+            .beats
+            .then(|| beat_of(body, plans, &metric_plans))
+            .flatten();
+        for plan in plans {
+            self.account(run_id, plan);
+        }
+
+        // Node-wide samples with a known node and rank take part in deduplication, decided once
+        // per (node, rank) of the batch over the steps it carries.
+        let mut node_batches: Vec<NodeBatch> = Vec::new();
+        let mut metric_batches: Vec<Option<usize>> = Vec::with_capacity(body.metrics.len());
+        for (metric, &index) in body.metrics.iter().zip(&metric_plans) {
+            let slot = match (&plans[index].dedup_identity, run_id, metric.step) {
+                (Some((node, rank)), Some(_), Some(step)) => {
+                    let slot = match node_batches
+                        .iter()
+                        .position(|b| &b.node == node && b.rank == *rank)
+                    {
+                        Some(i) => i,
+                        None => {
+                            node_batches.push(NodeBatch {
+                                node: node.clone(),
+                                rank: *rank,
+                                first_step: step,
+                                last_step: step,
+                                samples: 0,
+                                decision: None,
+                            });
+                            node_batches.len() - 1
+                        }
+                    };
+                    let batch = &mut node_batches[slot];
+                    batch.first_step = batch.first_step.min(step);
+                    batch.last_step = batch.last_step.max(step);
+                    batch.samples += 1;
+                    Some(slot)
+                }
+                _ => None,
+            };
+            metric_batches.push(slot);
+        }
+        let dedup = match (&self.dedup, run_id) {
+            (Some(dedup), Some(run_id)) if !node_batches.is_empty() => {
+                let allowed = self.may_log(run_id, request).await?;
+                if !allowed {
+                    let samples = node_batches.iter().map(|b| b.samples).sum();
+                    self.metrics.node_samples("refused_by_mlflow", samples);
+                }
+                allowed.then_some((dedup, run_id))
+            }
+            _ => None,
+        };
+        if let Some((dedup, run_id)) = dedup {
+            for batch in &mut node_batches {
+                let (decision, event) = dedup
+                    .decide(run_id, &batch.node, i64::from(batch.rank), batch.first_step, batch.last_step)
+                    .await
+                    .map_err(|e| {
+                        tracing::error!(error = %e, "lease store unavailable");
+                        Error::Unavailable(
+                            "mlscope-proxy could not reach its state store to deduplicate node metrics; retry shortly".into(),
+                        )
+                        .into_response()
+                    })?;
+                match event {
+                    Event::Elected => self.metrics.election("elected"),
+                    Event::Failover => self.metrics.election("failover"),
+                    Event::None => {}
+                }
+                if decision == Decision::StepOutOfRange {
+                    self.metrics.rejected("step_out_of_range");
+                    return Err(Error::InvalidParameter(format!(
+                            "the node-wide metrics of node {} carry steps {}..{}; node series take steps between -{max} and {max} (after any handover offset). Nothing of this request was stored.",
+                            batch.node,
+                            batch.first_step,
+                            batch.last_step,
+                            max = crate::capabilities::dedup::MAX_NODE_STEP
+                        ))
+                        .into_response());
+                }
+                let kept = matches!(decision, Decision::Report { .. });
+                self.metrics
+                    .node_samples(if kept { "kept" } else { "dropped" }, batch.samples);
+                let identity = Identity {
+                    node: Some(batch.node.clone()),
+                    rank: Some(batch.rank),
+                };
+                self.stats
+                    .node_samples(run_id, &identity, kept, batch.samples);
+                batch.decision = Some(decision);
+            }
+        }
+
+        let edits = body
+            .metrics
+            .iter()
+            .zip(metric_plans.iter().zip(&metric_batches))
+            .map(|(metric, (&index, slot))| {
+                let new_key = plans[index]
+                    .new_key
+                    .as_deref()
+                    .filter(|_| self.config.rewrite);
+                match slot.and_then(|i| node_batches[i].decision) {
+                    Some(Decision::Standby { .. }) => Edit::Drop,
+                    Some(Decision::Report { step_offset }) if step_offset != 0 => {
+                        // A migration copy under the original key keeps the bytes as sent.
+                        let also_original = keep_original && new_key.is_some();
+                        Edit::Change {
+                            key: new_key,
+                            step: metric.step.map(|s| s + step_offset),
+                            also_original,
+                        }
+                    }
+                    _ => match new_key {
+                        key @ Some(_) => Edit::Change {
+                            key,
+                            step: None,
+                            also_original: keep_original,
+                        },
+                        None => Edit::Keep,
+                    },
+                }
+            })
+            .collect();
+        Ok((edits, beat))
+    }
+
+    /// Whether the client that sent `request` may log to `run_id` in MLflow, so that its
+    /// node-wide samples may elect or renew a reporter. When MLflow refuses it (no credential, no
+    /// EDIT grant, no such run), its samples change nothing here and the request goes on as it is:
+    /// MLflow gives it the same refusal. `Err` when MLflow cannot be asked.
+    async fn may_log(
+        &self,
+        run_id: &str,
+        request: &http::request::Parts,
+    ) -> Result<bool, Response> {
+        let Some(authz) = &self.authz else {
+            return Ok(true);
+        };
+        let peer = crate::plumbing::client::peer_of(&request.extensions);
+        let request_id = request
+            .headers
+            .get(&X_REQUEST_ID)
+            .cloned()
+            .unwrap_or_else(|| HeaderValue::from_static("-"));
+        match authz
+            .check(
+                authz::Action::WriteRun,
+                run_id,
+                &request.headers,
+                peer,
+                &request_id,
+            )
+            .await
+        {
+            authz::Decision::Allowed(_) => Ok(true),
+            authz::Decision::Denied(_) | authz::Decision::MlflowAnswers => Ok(false),
+            authz::Decision::Unverifiable(answer) => Err(answer),
+        }
+    }
+
+    /// Refuses a request whose system metrics name more (node, rank) identities than one
+    /// request, or its run, may have: nothing of it is kept or forwarded, and the client is told
+    /// why. What MLflow itself would refuse (no valid run id) goes on to MLflow's refusal.
+    fn admit(&self, run_id: Option<&str>, plans: &[KeyPlan]) -> Result<(), Response> {
+        let identities: HashSet<&Identity> = plans
+            .iter()
+            .filter(|p| !matches!(p.scoped.outcome, KeyOutcome::Untouched))
+            .map(|p| &p.scoped.identity)
+            .collect();
+        let refuse = |reason: &'static str, message: String| {
+            self.metrics.rejected(reason);
+            Err(
+                Error::InvalidParameter(format!("{message}. Nothing of this request was stored."))
+                    .into_response(),
+            )
+        };
+        if identities.len() > MAX_IDENTITIES_PER_REQUEST {
+            return refuse(
+                "identities_per_request",
+                format!(
+                    "this request carries system metrics of {} (node, rank) identities; mlscope-proxy takes at most {MAX_IDENTITIES_PER_REQUEST} per request (a collector or MLflow's monitor sends one)",
+                    identities.len()
+                ),
+            );
+        }
+        match run_id.map(|run_id| self.stats.admit(run_id, identities.iter().copied())) {
+            Some(Err(cap)) => refuse("identities_per_run", cap.to_string()),
+            _ => Ok(()),
+        }
+    }
+
+    /// Counters and per-run stats for one distinct key of a batch.
+    fn account(&self, run_id: Option<&str>, plan: &KeyPlan) {
+        let (family, outcome) = match &plan.scoped.outcome {
+            KeyOutcome::Untouched => return,
+            KeyOutcome::Unchanged { family, .. } => (*family, "unchanged"),
+            KeyOutcome::Rewritten { family, .. } => (
+                *family,
+                if self.config.rewrite {
+                    "rewritten"
+                } else {
+                    "unchanged"
+                },
+            ),
+            KeyOutcome::Invalid {
+                family, rejected, ..
+            } => {
+                // The key is the client's: log a bounded prefix of it, never all of it.
+                let shown: String = rejected.chars().take(256).collect();
+                tracing::warn!(
+                    rejected = shown,
+                    length = rejected.len(),
+                    "scoped key would break MLflow's key rules; kept the original"
+                );
+                (*family, "invalid")
+            }
+        };
+        self.metrics.keys(family, outcome, plan.samples);
+        if let Some(run_id) = run_id {
+            self.stats.seen(run_id, &plan.scoped.identity, plan.samples);
+        }
+    }
+}
+
+/// What a metrics body says about the ranks of its run: who sent system samples (each one a
+/// heartbeat), with their GPUs and limits. `metric_plans` is each metric's index in `plans`.
+/// `None` without a run id. The work is per distinct key; only the few keys whose values matter
+/// (GPU idle time, container limits) are looked at per sample.
+fn beat_of(body: &MetricsBody<'_>, plans: &[KeyPlan], metric_plans: &[usize]) -> Option<Beat> {
+    let mut beat = Beat {
+        run_id: body
+            .run_id
+            .clone()
+            .filter(|id| crate::plumbing::writes::is_valid_run_id(id))?,
+        ranks: Vec::new(),
+        workspace: None,
+        findings: Vec::new(),
+    };
+    // Per key plan: its first metric, and the span of its samples' timestamps (billing), in one
+    // pass; the ranks are looked up once per plan, not once per sample.
+    let mut first = vec![usize::MAX; plans.len()];
+    let mut spans: Vec<Option<(i64, i64)>> = vec![None; plans.len()];
+    for (metric, &index) in metric_plans.iter().enumerate() {
+        if first[index] == usize::MAX {
+            first[index] = metric;
+        }
+        if let Some(at) = body.metrics[metric].timestamp_ms() {
+            spans[index] = Some(spans[index].map_or((at, at), |(a, b)| (a.min(at), b.max(at))));
+        }
+    }
+    let mut valued = vec![false; plans.len()];
+    for (index, plan) in plans.iter().enumerate() {
+        if matches!(
+            plan.scoped.outcome,
+            KeyOutcome::Untouched | KeyOutcome::Invalid { .. }
+        ) || first[index] == usize::MAX
+        {
+            continue;
+        }
+        let Some(name) = plan.scoped.name.as_deref() else {
+            continue;
+        };
+        let identity = &plan.scoped.identity;
+        let (node, rank) = (
+            identity.node.as_deref().unwrap_or_default(),
+            identity.rank.map_or(-1, i64::from),
+        );
+        valued[index] = Beat::needs_value(name);
+        beat.observe_metric(node, rank, name, f64::NAN, None);
+    }
+    // The span each rank's system samples cover (billing), from every scoped key's samples.
+    for (index, plan) in plans.iter().enumerate() {
+        let Some((from, to)) = spans[index] else {
+            continue;
+        };
+        if matches!(
+            plan.scoped.outcome,
+            KeyOutcome::Untouched | KeyOutcome::Invalid { .. }
+        ) {
+            continue;
+        }
+        let identity = &plan.scoped.identity;
+        let (node, rank) = (
+            identity.node.as_deref().unwrap_or_default(),
+            identity.rank.map_or(-1, i64::from),
+        );
+        beat.observe_time(node, rank, from);
+        beat.observe_time(node, rank, to);
+    }
+    if valued.contains(&true) {
+        for (metric, &index) in body.metrics.iter().zip(metric_plans) {
+            if !valued[index] {
+                continue;
+            }
+            let plan = &plans[index];
+            let Some(name) = plan.scoped.name.as_deref() else {
+                continue;
+            };
+            beat.observe_metric(
+                plan.scoped.identity.node.as_deref().unwrap_or_default(),
+                plan.scoped.identity.rank.map_or(-1, i64::from),
+                name,
+                metric.value().unwrap_or(f64::NAN),
+                metric.timestamp_ms(),
+            );
+        }
+    }
+    Some(beat)
+}
+
+/// Adds the collector's `mlscope/rank-<r>/...` tags (how a rank ended, where it ran, what it
+/// left running) and `mlscope/data/...` tags (declared data that changed) of a body to `beat`;
+/// its tags are decoded only when the body holds such a key.
+fn observe_rank_tags(beat: &mut Beat, request: &Identity, body: &MetricsBody<'_>, bytes: &[u8]) {
+    if memchr::memmem::find(bytes, b"mlscope/rank-").is_none()
+        && memchr::memmem::find(bytes, b"mlscope/data/").is_none()
+    {
+        return;
+    }
+    for tag in body.tags().iter().take(MAX_ITEMS) {
+        beat.observe_tag(request.node.as_deref(), request.rank, &tag.key, &tag.value);
+    }
+}
+
+/// The (node, rank) identities one metrics request may carry system metrics of.
+pub const MAX_IDENTITIES_PER_REQUEST: usize = 16;
+
+/// Shared handle used by the proxy pipeline.
+pub type SharedRewriter = Arc<MetricsRewriter>;
+
+/// What goes on to MLflow: the request with its body unread (not JSON, so not the rewriter's to
+/// read), or its head and the body as read (as it came, normalized, or rewritten).
+pub enum Outgoing {
+    Unread(Request),
+    Read {
+        parts: http::request::Parts,
+        body: bytes::Bytes,
+    },
+}
+
+impl Outgoing {
+    pub fn into_request(self) -> Request {
+        match self {
+            Outgoing::Unread(request) => request,
+            Outgoing::Read { parts, body } => Request::from_parts(parts, Body::from(body)),
+        }
+    }
+}
+
+/// A metrics request as the rewriter hands it on: what to send and what its one read of the
+/// body found.
+pub struct Inspected {
+    pub outgoing: Outgoing,
+    /// The metrics, params and tags it carries (1 when its body was not read).
+    pub weight: usize,
+    /// What it says about its run's ranks (with run health on), to record once MLflow accepted it.
+    pub beat: Option<Beat>,
+    /// Its run and writes as sent, for the coalescer; `None` when the body was not parsed.
+    pub writes: Option<Prepared>,
+}
+
+impl Inspected {
+    fn unread(request: Request) -> Inspected {
+        Inspected {
+            outgoing: Outgoing::Unread(request),
+            weight: 1,
+            beat: None,
+            writes: None,
+        }
+    }
+
+    /// A body read but not inspected (unreadable as MLflow's JSON, or over MLflow's limits):
+    /// it goes on as it came and MLflow answers it.
+    fn uninspected(parts: http::request::Parts, body: bytes::Bytes, weight: usize) -> Inspected {
+        Inspected {
+            outgoing: Outgoing::Read { parts, body },
+            weight,
+            beat: None,
+            writes: None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::capabilities::dedup::ManualClock;
+    use crate::plumbing::store::Store;
+    use http_body_util::BodyExt;
+    use proptest::prelude::*;
+    use serde_json::{json, Value};
+
+    fn request(path: &str, headers: &[(&str, &str)], body: &str) -> Request {
+        let mut builder = http::Request::post(path).header("content-type", "application/json");
+        for (k, v) in headers {
+            builder = builder.header(*k, *v);
+        }
+        builder.body(Body::from(body.to_owned())).unwrap()
+    }
+
+    async fn body_json(request: Request) -> (String, Value) {
+        let path = request.uri().path().to_owned();
+        let bytes = request.into_body().collect().await.unwrap().to_bytes();
+        (path, serde_json::from_slice(&bytes).unwrap())
+    }
+
+    fn rewriter_without_dedup() -> MetricsRewriter {
+        MetricsRewriter::new(
+            ScopeConfig {
+                dedup: false,
+                ..Default::default()
+            },
+            None,
+            Metrics::new(),
+        )
+    }
+
+    async fn rewriter_with_dedup(dir: &tempfile::TempDir) -> MetricsRewriter {
+        let store = Store::open(&format!("sqlite://{}/s.db", dir.path().display()))
+            .await
+            .unwrap();
+        let dedup = Deduplicator::new(
+            store,
+            Arc::new(ManualClock::new(1_800_000_000_000)),
+            DedupConfig::default(),
+        );
+        MetricsRewriter::new(ScopeConfig::default(), Some(dedup), Metrics::new())
+    }
+
+    #[tokio::test]
+    async fn a_standby_ranks_node_samples_are_dropped_and_everything_else_forwarded() {
+        let dir = tempfile::tempdir().unwrap();
+        let rewriter = rewriter_with_dedup(&dir).await;
+        let batch = |rank: u32| {
+            json!({"run_id": "r", "metrics": [
+                {"key": format!("system/n1/rank-{rank}/cpu_utilization_percentage"), "value": 50.0, "timestamp": 1, "step": 0},
+                {"key": format!("system/n1/rank-{rank}/network_receive_megabytes"), "value": 1.0, "timestamp": 1, "step": 0},
+                {"key": "loss", "value": 0.5, "timestamp": 1, "step": 0}],
+             "params": [{"key": "lr", "value": "0.1"}]})
+            .to_string()
+        };
+        let (_, reporter) = body_json(
+            rewriter
+                .prepare(
+                    request("/api/2.0/mlflow/runs/log-batch", &[], &batch(0)),
+                    Endpoint::LogBatch,
+                )
+                .await
+                .unwrap(),
+        )
+        .await;
+        let keys: Vec<_> = reporter["metrics"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| m["key"].as_str().unwrap().to_owned())
+            .collect();
+        assert_eq!(
+            keys,
+            [
+                "system/n1/node_cpu_utilization_percentage",
+                "system/rank-0/network_receive_megabytes",
+                "loss"
+            ]
+        );
+
+        let (_, standby) = body_json(
+            rewriter
+                .prepare(
+                    request("/api/2.0/mlflow/runs/log-batch", &[], &batch(1)),
+                    Endpoint::LogBatch,
+                )
+                .await
+                .unwrap(),
+        )
+        .await;
+        let keys: Vec<_> = standby["metrics"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| m["key"].as_str().unwrap().to_owned())
+            .collect();
+        assert_eq!(keys, ["system/rank-1/network_receive_megabytes", "loss"]);
+        assert_eq!(standby["params"], json!([{"key": "lr", "value": "0.1"}]));
+
+        let identities = rewriter.stats.identities("r");
+        assert_eq!(
+            identities
+                .iter()
+                .map(|i| (i.rank, i.node_samples_kept, i.node_samples_dropped))
+                .collect::<Vec<_>>(),
+            [(Some(0), 1, 0), (Some(1), 0, 1)]
+        );
+    }
+
+    #[tokio::test]
+    async fn a_log_metric_from_a_standby_rank_becomes_an_empty_batch() {
+        let dir = tempfile::tempdir().unwrap();
+        let rewriter = rewriter_with_dedup(&dir).await;
+        let headers = |rank: &'static str| [("x-mlscope-node", "n1"), ("x-mlscope-rank", rank)];
+        let body = r#"{"run_id":"r","run_uuid":"r","key":"system/disk_usage_percentage","value":3,"timestamp":1,"step":4}"#;
+        let (path, first) = body_json(
+            rewriter
+                .prepare(
+                    request("/ajax-api/2.0/mlflow/runs/log-metric", &headers("0"), body),
+                    Endpoint::LogMetric,
+                )
+                .await
+                .unwrap(),
+        )
+        .await;
+        assert_eq!(path, "/ajax-api/2.0/mlflow/runs/log-metric");
+        assert_eq!(first["key"], "system/n1/rootfs_usage_percentage");
+        let (path, second) = body_json(
+            rewriter
+                .prepare(
+                    request("/ajax-api/2.0/mlflow/runs/log-metric", &headers("1"), body),
+                    Endpoint::LogMetric,
+                )
+                .await
+                .unwrap(),
+        )
+        .await;
+        assert_eq!(path, "/ajax-api/2.0/mlflow/runs/log-batch");
+        assert_eq!(second, json!({"run_id": "r", "metrics": []}));
+    }
+
+    #[tokio::test]
+    async fn conflicts_and_oversized_bodies_are_answered_by_the_proxy() {
+        let rewriter = rewriter_without_dedup();
+        let conflict = rewriter
+            .prepare(
+                request(
+                    "/api/2.0/mlflow/runs/log-metric",
+                    &[],
+                    r#"{"run_id":"a","run_uuid":"b","key":"k","value":1,"timestamp":1}"#,
+                ),
+                Endpoint::LogMetric,
+            )
+            .await
+            .unwrap_err();
+        assert_eq!(conflict.status(), 400);
+        let small = MetricsRewriter::new(
+            ScopeConfig {
+                dedup: false,
+                max_inspect_bytes: 1024,
+                ..Default::default()
+            },
+            None,
+            Metrics::new(),
+        );
+        let big = format!(
+            r#"{{"run_id":"a","metrics":[],"pad":"{}"}}"#,
+            "x".repeat(2000)
+        );
+        assert_eq!(
+            small
+                .prepare(
+                    request("/api/2.0/mlflow/runs/log-batch", &[], &big),
+                    Endpoint::LogBatch
+                )
+                .await
+                .unwrap_err()
+                .status(),
+            413
+        );
+        // Malformed JSON goes to MLflow untouched, for MLflow's own error.
+        let passed = rewriter
+            .prepare(
+                request("/api/2.0/mlflow/runs/log-batch", &[], "{oops"),
+                Endpoint::LogBatch,
+            )
+            .await
+            .unwrap();
+        assert_eq!(
+            &passed.into_body().collect().await.unwrap().to_bytes()[..],
+            b"{oops"
+        );
+    }
+
+    #[tokio::test]
+    async fn during_the_migration_period_the_original_key_is_written_too() {
+        let body = r#"{"run_id":"r","metrics":[{"key":"system/cpu_utilization_percentage","value":1,"timestamp":1,"step":0}]}"#;
+        let keys = |config: ScopeConfig| async move {
+            let rewriter = MetricsRewriter::new(config, None, Metrics::new());
+            let (_, json) = body_json(
+                rewriter
+                    .prepare(
+                        request(
+                            "/api/2.0/mlflow/runs/log-batch",
+                            &[("x-mlscope-node", "n")],
+                            body,
+                        ),
+                        Endpoint::LogBatch,
+                    )
+                    .await
+                    .unwrap(),
+            )
+            .await;
+            json["metrics"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|m| m["key"].as_str().unwrap().to_owned())
+                .collect::<Vec<_>>()
+        };
+        let hour = std::time::Duration::from_secs(3600);
+        let during = ScopeConfig {
+            dedup: false,
+            keep_original_until: Some(SystemTime::now() + hour),
+            ..Default::default()
+        };
+        assert_eq!(
+            keys(during).await,
+            [
+                "system/n/node_cpu_utilization_percentage",
+                "system/cpu_utilization_percentage"
+            ]
+        );
+        let after = ScopeConfig {
+            dedup: false,
+            keep_original_until: Some(SystemTime::now() - hour),
+            ..Default::default()
+        };
+        assert_eq!(
+            keys(after).await,
+            ["system/n/node_cpu_utilization_percentage"]
+        );
+        let off = ScopeConfig {
+            dedup: false,
+            rewrite: false,
+            ..Default::default()
+        };
+        assert_eq!(keys(off).await, ["system/cpu_utilization_percentage"]);
+    }
+
+    fn metric_strategy() -> impl Strategy<Value = Value> {
+        let key = prop_oneof![
+            Just("system/cpu_utilization_percentage".to_owned()),
+            Just("system/rank-2/system_memory_usage_megabytes".to_owned()),
+            Just("system/node-a/rank-7/disk_available_megabytes".to_owned()),
+            "system/gpu_[0-7]_utilization_percentage",
+            "system/rank_[0-9]/network_transmit_megabytes",
+            "[a-z]{1,8}(/[a-z]{1,8})?",
+            "system/[a-z_]{1,12}",
+        ];
+        let value = prop_oneof![
+            any::<f64>()
+                .prop_filter("finite", |v| v.is_finite())
+                .prop_map(|v| json!(v)),
+            Just(json!("NaN")),
+            Just(json!("Infinity")),
+            Just(json!("-Infinity")),
+        ];
+        (key, value, any::<i64>(), any::<i64>(), any::<bool>()).prop_map(
+            |(key, value, timestamp, step, extra)| {
+                let mut m =
+                    json!({"key": key, "value": value, "timestamp": timestamp, "step": step});
+                if extra {
+                    m["dataset_digest"] = json!({"nested": [1, "two", null]});
+                }
+                m
+            },
+        )
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(200))]
+        #[test]
+        fn only_mapped_system_keys_change_in_a_rewritten_batch(
+            metrics in proptest::collection::vec(metric_strategy(), 0..40),
+            params in proptest::collection::vec(("[a-z]{1,5}", "[ -~]{0,10}"), 0..5),
+            rank_header in proptest::option::of(0u32..16),
+        ) {
+            let body = json!({
+                "run_id": "run-1",
+                "metrics": metrics,
+                "params": params.iter().map(|(k, v)| json!({"key": k, "value": v})).collect::<Vec<_>>(),
+                "tags": [{"key": "t", "value": "v"}],
+                "future_field": {"x": 9007199254740993u64},
+            }).to_string();
+            let rewriter = rewriter_without_dedup();
+            let rank = rank_header.map(|r| r.to_string());
+            let headers: Vec<(&str, &str)> = rank.iter().map(|r| ("x-mlscope-rank", r.as_str())).collect();
+            let runtime = tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap();
+            let out = runtime.block_on(async {
+                let req = rewriter.prepare(request("/api/2.0/mlflow/runs/log-batch", &headers, &body), Endpoint::LogBatch).await.unwrap();
+                req.into_body().collect().await.unwrap().to_bytes()
+            });
+            let before: Value = serde_json::from_str(&body).unwrap();
+            let mut after: Value = serde_json::from_slice(&out).unwrap();
+            let identity = identity_from_headers(&{
+                let mut h = http::HeaderMap::new();
+                for (k, v) in &headers { h.insert(*k, v.parse().unwrap()); }
+                h
+            });
+            // Map the original keys the way the contract says, then the bodies must be equal.
+            let mut expected = before.clone();
+            for m in expected["metrics"].as_array_mut().unwrap() {
+                let key = m["key"].as_str().unwrap().to_owned();
+                if let KeyOutcome::Rewritten { key: new, .. } = scoped_key(&key, &identity, &OwnerPattern::default()).outcome {
+                    m["key"] = json!(new);
+                }
+            }
+            prop_assert_eq!(&expected, &after);
+            // int64 beyond 2^53 survives as written.
+            prop_assert!(std::str::from_utf8(&out).unwrap().contains("9007199254740993"));
+            after["metrics"] = before["metrics"].clone();
+            prop_assert_eq!(after, before);
+        }
+    }
+}

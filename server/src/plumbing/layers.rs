@@ -1,0 +1,391 @@
+//! Cross-cutting concerns of the MLflow-facing router, as layers every route gets (so no route can
+//! escape a limit): ambiguous requests refused, the request id, one span and one log line per
+//! request, request metrics, the concurrency limit, and the browser-protection headers MLflow sets.
+
+use std::time::Instant;
+
+use axum::body::Body;
+use axum::extract::{Request, State};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use http::{header, HeaderValue, Method};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tracing::Instrument;
+
+use crate::plumbing::error::{Error, ProxyError};
+use crate::plumbing::proxy::{request_id, AnsweredBy, Guarded, RouteClass, X_REQUEST_ID};
+use crate::plumbing::telemetry::{Metrics, RequestLabels, RouteLabels};
+
+/// Request id (the client's own when sane, else a new one, sent upstream and back), a span
+/// carrying it with the route class, method and path, one log line per request and the request
+/// metrics.
+pub(crate) async fn observe(
+    State(metrics): State<Metrics>,
+    mut request: Request,
+    next: Next,
+) -> Response {
+    let started = Instant::now();
+    let route = RouteClass::of(request.uri().path());
+    let method = request.method().clone();
+    let id = request_id(request.headers());
+    request
+        .headers_mut()
+        .insert(X_REQUEST_ID.clone(), id.clone());
+    // The path is the client's: bounded in the log (the request head is bounded too).
+    let path: String = request.uri().path().chars().take(512).collect();
+    let span = tracing::info_span!("request", request_id = id.to_str().unwrap_or_default(), route = route.as_str(), method = %method, path);
+    async move {
+        let mut response = next.run(request).await;
+        response.headers_mut().insert(X_REQUEST_ID.clone(), id);
+        let status = response.status().as_u16();
+        let elapsed = started.elapsed();
+        metrics
+            .latency
+            .get_or_create(&RouteLabels { route })
+            .observe(elapsed.as_secs_f64());
+        metrics
+            .requests
+            .get_or_create(&RequestLabels {
+                route,
+                method: method_label(&method),
+                status,
+            })
+            .inc();
+        // Unmarked responses are the proxy's own (see `AnsweredBy`).
+        let answered_by = response
+            .extensions()
+            .get::<AnsweredBy>()
+            .map_or(AnsweredBy::PROXY.0, |a| a.0);
+        tracing::info!(
+            status,
+            latency_ms = elapsed.as_secs_f64() * 1e3,
+            answered_by,
+            "answered"
+        );
+        response
+    }
+    .instrument(span)
+    .await
+}
+
+/// The one concurrency limit of everything the proxy does: forwarded requests, inspected metric
+/// bodies and every gateway operation. A request over the limit is not forwarded: it is answered
+/// 429 `REQUEST_LIMIT_EXCEEDED` with `Retry-After` once its body (up to a bound) has been read, so
+/// the client retries it (also a write MLflow's client does not retry after a 503) on a connection
+/// that stays usable; a request counts until its response
+/// body has been sent. Writes may hold three quarters of it: the last quarter is kept for reads,
+/// so the UI answers while writers take everything else.
+#[derive(Clone)]
+pub(crate) struct ConcurrencyLimit {
+    permits: std::sync::Arc<Semaphore>,
+    write_permits: std::sync::Arc<Semaphore>,
+    limit: usize,
+    metrics: Metrics,
+}
+
+impl ConcurrencyLimit {
+    pub(crate) fn new(limit: usize, metrics: Metrics) -> Self {
+        Self {
+            permits: std::sync::Arc::new(Semaphore::new(limit)),
+            write_permits: std::sync::Arc::new(Semaphore::new((limit * 3 / 4).max(1))),
+            limit,
+            metrics,
+        }
+    }
+}
+
+pub(crate) async fn limit_concurrency(
+    State(limit): State<ConcurrencyLimit>,
+    request: Request,
+    next: Next,
+) -> Response {
+    let write_permit = if crate::plumbing::proxy::is_write(request.method(), request.uri().path()) {
+        match limit.write_permits.clone().try_acquire_owned() {
+            Ok(permit) => Some(permit),
+            Err(_) => return limit.refuse(request).await,
+        }
+    } else {
+        None
+    };
+    let Ok(permit) = limit.permits.clone().try_acquire_owned() else {
+        return limit.refuse(request).await;
+    };
+    let guard = InFlight::new(&limit.metrics, permit, write_permit);
+    let response = next.run(request).await;
+    let (parts, body) = response.into_parts();
+    Response::from_parts(parts, Body::new(Guarded::new(body, Box::new(guard))))
+}
+
+impl ConcurrencyLimit {
+    async fn refuse(&self, request: Request) -> Response {
+        tracing::warn!(
+            limit = self.limit,
+            "concurrency limit reached; answered 429, not forwarded"
+        );
+        self.metrics.overload_refusals.inc();
+        let refusal = ProxyError::Overloaded { limit: self.limit }.into_response();
+        crate::plumbing::error::refuse_unread(request.into_body(), refusal).await
+    }
+}
+
+/// Counts a request as in flight from the moment it gets a permit until its response body is
+/// finished or dropped.
+struct InFlight {
+    metrics: Metrics,
+    _permit: OwnedSemaphorePermit,
+    _write_permit: Option<OwnedSemaphorePermit>,
+}
+
+impl InFlight {
+    fn new(
+        metrics: &Metrics,
+        permit: OwnedSemaphorePermit,
+        write_permit: Option<OwnedSemaphorePermit>,
+    ) -> Self {
+        metrics.in_flight.inc();
+        Self {
+            metrics: metrics.clone(),
+            _permit: permit,
+            _write_permit: write_permit,
+        }
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.metrics.in_flight.dec();
+    }
+}
+
+/// Requests whose meaning depends on who reads them, refused before anyone does: two `Host`
+/// headers (MLflow answers 400), and transfer codings other than `chunked` (a `gzip, chunked`
+/// body would be stored or forwarded still compressed; MLflow's server refuses it).
+pub(crate) async fn refuse_ambiguous(request: Request, next: Next) -> Response {
+    if request.headers().get_all(header::HOST).iter().count() > 1 {
+        tracing::info!("request with two Host headers refused");
+        return Error::BadRequest(
+            "the request carries more than one Host header; send exactly one".into(),
+        )
+        .into_response();
+    }
+    let unsupported = request
+        .headers()
+        .get_all(header::TRANSFER_ENCODING)
+        .iter()
+        .flat_map(|v| v.to_str().unwrap_or("?").split(','))
+        .map(str::trim)
+        .any(|coding| !coding.eq_ignore_ascii_case("chunked") && !coding.is_empty());
+    if unsupported {
+        tracing::info!("request with an unsupported transfer coding refused");
+        return Error::Unsupported(
+            "only the chunked transfer coding is supported; send the body uncompressed (Content-Encoding is not applied either)".into(),
+        )
+        .into_response();
+    }
+    next.run(request).await
+}
+
+/// The request with the path MLflow's server routes on: uvicorn and werkzeug percent-decode the
+/// path once before routing, so `runs/log%2Dbatch` is MLflow's `runs/log-batch` and
+/// `mlflow%2Dartifacts` its artifact API. The proxy routes on the same path, written back with
+/// only what a path must keep encoded (`%`, controls, spaces, non-ASCII bytes, `?`, `#`), so
+/// that one decode of it is the path MLflow sees and no spelling takes a request past the route
+/// that handles it. Runs before routing, around the whole router.
+pub(crate) fn route_as_mlflow(mut request: Request) -> Request {
+    if let Some(uri) = as_mlflow_routes(request.uri()) {
+        *request.uri_mut() = uri;
+    }
+    request
+}
+
+/// `uri` with its path decoded as MLflow's server decodes it; `None` when that is the path.
+pub(crate) fn as_mlflow_routes(uri: &http::Uri) -> Option<http::Uri> {
+    let path = uri.path();
+    if !path.contains('%') {
+        return None;
+    }
+    let decoded: Vec<u8> = percent_encoding::percent_decode_str(path).collect();
+    let mut canonical = String::with_capacity(decoded.len());
+    for byte in decoded {
+        if byte.is_ascii_alphanumeric() || b"-._~!$&'()*+,;=:@/".contains(&byte) {
+            canonical.push(char::from(byte));
+        } else {
+            canonical.push_str(&format!("%{byte:02X}"));
+        }
+    }
+    if canonical == path {
+        return None;
+    }
+    let path_and_query = match uri.query() {
+        Some(query) => format!("{canonical}?{query}"),
+        None => canonical,
+    };
+    let mut parts = uri.clone().into_parts();
+    parts.path_and_query = Some(path_and_query.parse().ok()?);
+    http::Uri::from_parts(parts).ok()
+}
+
+/// The headers MLflow's server (3.5+) puts on every answer, added to those the proxy writes
+/// itself (errors, the gateway's answers) so that mlscope in front weakens no browser
+/// protection. Answers forwarded from MLflow already carry them and are left as they are.
+pub(crate) async fn security_headers(request: Request, next: Next) -> Response {
+    let mut response = next.run(request).await;
+    let headers = response.headers_mut();
+    if !headers.contains_key(header::X_CONTENT_TYPE_OPTIONS) {
+        headers.insert(
+            header::X_CONTENT_TYPE_OPTIONS,
+            HeaderValue::from_static("nosniff"),
+        );
+    }
+    if !headers.contains_key(header::X_FRAME_OPTIONS) {
+        headers.insert(
+            header::X_FRAME_OPTIONS,
+            HeaderValue::from_static("SAMEORIGIN"),
+        );
+    }
+    if !headers.get_all(header::VARY).iter().any(|v| {
+        v.to_str()
+            .is_ok_and(|v| v.to_ascii_lowercase().contains("origin"))
+    }) {
+        headers.append(header::VARY, HeaderValue::from_static("Origin"));
+    }
+    response
+}
+
+/// A method as a metric label: the standard ones by name, anything a client makes up as
+/// `OTHER`, so that clients cannot grow the label set.
+fn method_label(method: &Method) -> String {
+    const KNOWN: [Method; 9] = [
+        Method::GET,
+        Method::HEAD,
+        Method::POST,
+        Method::PUT,
+        Method::DELETE,
+        Method::PATCH,
+        Method::OPTIONS,
+        Method::CONNECT,
+        Method::TRACE,
+    ];
+    if KNOWN.contains(method) {
+        method.as_str()
+    } else {
+        "OTHER"
+    }
+    .to_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The request log lines written while `f` runs, as JSON.
+    async fn logged<F: std::future::Future>(f: F) -> Vec<serde_json::Value> {
+        #[derive(Clone, Default)]
+        struct Capture(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+        impl std::io::Write for Capture {
+            fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+                self.0.lock().unwrap().extend_from_slice(bytes);
+                Ok(bytes.len())
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        let capture = Capture::default();
+        let writer = capture.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .json()
+            .flatten_event(true)
+            .with_writer(move || writer.clone())
+            .finish();
+        let _default = tracing::subscriber::set_default(subscriber);
+        f.await;
+        let text = String::from_utf8(capture.0.lock().unwrap().clone()).unwrap();
+        text.lines()
+            .map(|line| serde_json::from_str(line).unwrap())
+            .collect()
+    }
+
+    /// Answers one request through `observe` and a forwarder to `upstream`; returns the status
+    /// and the log line's `answered_by`.
+    async fn answer_through(upstream: std::net::SocketAddr) -> (u16, String) {
+        use tower::ServiceExt;
+        let config = crate::plumbing::proxy::ForwarderSettings {
+            upstream: crate::plumbing::proxy::Upstream::parse(&format!("http://{upstream}"))
+                .unwrap(),
+            ..Default::default()
+        };
+        let metrics = Metrics::new();
+        let forwarder = crate::plumbing::proxy::Forwarder::new(&config, metrics.clone());
+        let peer = std::net::SocketAddr::from(([127, 0, 0, 1], 1));
+        let router = axum::Router::new()
+            .fallback(move |request: Request| async move { forwarder.forward(request, peer).await })
+            .layer(axum::middleware::from_fn_with_state(metrics, observe));
+        let mut status = 0;
+        let lines = logged(async {
+            let request = http::Request::get("/api/2.0/mlflow/experiments/get?experiment_id=0")
+                .body(Body::empty())
+                .unwrap();
+            status = router.oneshot(request).await.unwrap().status().as_u16();
+        })
+        .await;
+        let line = lines
+            .iter()
+            .find(|l| l["message"] == "answered")
+            .unwrap_or_else(|| panic!("no request log line in {lines:?}"));
+        assert_eq!(line["status"], status);
+        (status, line["answered_by"].as_str().unwrap().to_owned())
+    }
+
+    #[tokio::test]
+    async fn a_502_the_proxy_made_because_mlflow_is_unreachable_is_logged_as_the_proxys() {
+        let closed = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap();
+        assert_eq!(answer_through(closed).await, (502, "proxy".to_owned()));
+    }
+
+    #[tokio::test]
+    async fn an_error_mlflow_sent_is_logged_as_the_upstreams() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let upstream = listener.local_addr().unwrap();
+        let mlflow = axum::Router::new().fallback(|| async { http::StatusCode::NOT_FOUND });
+        let server = tokio::spawn(async move { axum::serve(listener, mlflow).await });
+        assert_eq!(answer_through(upstream).await, (404, "upstream".to_owned()));
+        server.abort();
+    }
+
+    #[test]
+    fn a_path_is_routed_as_mlflow_decodes_it() {
+        let routed = |uri: &str| as_mlflow_routes(&uri.parse().unwrap()).map(|u| u.to_string());
+        assert_eq!(routed("/api/2.0/mlflow/runs/log-batch"), None);
+        assert_eq!(
+            routed("/api/2.0/mlflow/runs/log%2Dbatch").as_deref(),
+            Some("/api/2.0/mlflow/runs/log-batch")
+        );
+        assert_eq!(
+            routed("/api/2.0/mlflow/%72uns/log-metric?x=%2D").as_deref(),
+            Some("/api/2.0/mlflow/runs/log-metric?x=%2D")
+        );
+        assert_eq!(
+            routed("/api/2.0/mlflow%2Dartifacts/artifacts/1").as_deref(),
+            Some("/api/2.0/mlflow-artifacts/artifacts/1")
+        );
+        // What one decode makes of the path is kept: a `%` stays a `%`, a space a space.
+        assert_eq!(routed("/api/2.0/mlflow-artifacts/artifacts/a%20b"), None);
+        assert_eq!(routed("/api/2.0/mlflow-artifacts/artifacts/a%252Fb"), None);
+        assert_eq!(
+            routed("/api/2.0/mlflow-artifacts/artifacts/a%2Fb%2e%2E").as_deref(),
+            Some("/api/2.0/mlflow-artifacts/artifacts/a/b..")
+        );
+        assert_eq!(routed("/x/%zz%e4").as_deref(), Some("/x/%25zz%E4"));
+    }
+
+    #[test]
+    fn made_up_methods_share_one_label() {
+        assert_eq!(method_label(&Method::GET), "GET");
+        assert_eq!(method_label(&Method::from_bytes(b"FOO").unwrap()), "OTHER");
+        assert_eq!(method_label(&Method::from_bytes(b"BAR").unwrap()), "OTHER");
+    }
+}

@@ -1,0 +1,19 @@
+//! Plumbing: what every capability stands on. It knows no capability and no configuration
+//! file, and imports only plumbing.
+
+pub(crate) mod aged;
+pub(crate) mod client;
+pub(crate) mod credential;
+pub(crate) mod error;
+pub(crate) mod identity;
+pub(crate) mod layers;
+pub(crate) mod listen;
+pub(crate) mod mlflow;
+pub mod proxy;
+pub(crate) mod route;
+pub(crate) mod settings;
+pub mod store;
+pub mod telemetry;
+pub(crate) mod upstream;
+pub(crate) mod workspace;
+pub(crate) mod writes;

@@ -1,0 +1,399 @@
+//! Forwarding: every request that no later layer intercepts goes to the MLflow server unchanged,
+//! streamed in both directions over pooled keep-alive connections.
+
+mod body;
+mod headers;
+
+use std::error::Error as StdError;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::extract::{ConnectInfo, Request, State};
+use axum::response::{IntoResponse, Response};
+use http::HeaderValue;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+
+pub use crate::plumbing::route::{is_write, RouteClass};
+pub(crate) use body::read_up_to;
+pub use body::{find_idle_timeout, Direction, Guard, Guarded, IdleTimeoutError, StreamingBody};
+pub use headers::{is_json, request_id, strip_hop_by_hop, X_REQUEST_ID};
+
+mod settings;
+
+use crate::plumbing::error::ProxyError;
+use crate::plumbing::telemetry::{ErrorLabels, Metrics};
+pub use settings::{ForwarderOptions, ForwarderSettings, HostHeader, Timeouts, Upstream};
+
+type UpstreamBody = StreamingBody<Body>;
+
+/// How long an idle pooled connection to MLflow is kept: below uvicorn's 5 s keep-alive timeout.
+const UPSTREAM_IDLE_TIMEOUT: Duration = Duration::from_secs(4);
+
+/// Who wrote a response, for the request log line's `answered_by`. The forwarder marks every
+/// response MLflow sent as it receives it; a response without a mark was made by the proxy
+/// itself (its errors when MLflow cannot be reached, its refusals, the coalescer's answers to
+/// merged requests), so that none of the proxy's own answers passes for MLflow's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AnsweredBy(pub &'static str);
+
+impl AnsweredBy {
+    /// MLflow's own response, forwarded (possibly filtered on the way).
+    pub const UPSTREAM: Self = Self("upstream");
+    /// The proxy's own response.
+    pub const PROXY: Self = Self("proxy");
+    /// The artifact gateway's response, served from the object store.
+    pub const ARTIFACT_STORE: Self = Self("artifact_store");
+}
+
+/// Why one of the proxy's own requests to MLflow ([`Forwarder::ask`]) got no answer; the kind
+/// decides whether it is sent again.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum AskError {
+    #[error("the request to MLflow could not be built: {0}")]
+    Request(String),
+    /// The connection was closed as the request went out: sent once more on a fresh one.
+    #[error("MLflow at {upstream} closed the connection before answering: {reason}")]
+    Closed { upstream: String, reason: String },
+    #[error("MLflow at {upstream} did not answer: {reason}")]
+    Exchange { upstream: String, reason: String },
+    #[error("MLflow at {upstream} did not answer within {after:?}")]
+    Timeout { upstream: String, after: Duration },
+}
+
+/// The upstream MLflow server and the pooled client that reaches it.
+#[derive(Clone)]
+pub struct Forwarder {
+    client: Client<HttpConnector, UpstreamBody>,
+    upstream: Arc<Upstream>,
+    host_header: HostHeader,
+    timeouts: Timeouts,
+    metrics: Metrics,
+}
+
+impl Forwarder {
+    pub fn new(config: &ForwarderSettings, metrics: Metrics) -> Self {
+        let mut connector = HttpConnector::new();
+        connector.set_connect_timeout(Some(config.timeouts.connect));
+        connector.set_nodelay(true);
+        connector.set_keepalive(Some(Duration::from_secs(60)));
+        // Idle connections are dropped before MLflow's server closes them (uvicorn's keep-alive
+        // timeout is 5 s): reusing one the server is closing fails the request with "connection
+        // closed before message completed".
+        let client = Client::builder(TokioExecutor::new())
+            .pool_idle_timeout(UPSTREAM_IDLE_TIMEOUT)
+            .pool_max_idle_per_host(config.max_idle)
+            .build(connector);
+        Self {
+            client,
+            upstream: Arc::new(config.upstream.clone()),
+            host_header: config.host_header,
+            timeouts: config.timeouts,
+            metrics,
+        }
+    }
+
+    pub fn upstream(&self) -> &Upstream {
+        &self.upstream
+    }
+
+    /// Sends one request upstream and returns its response with a streaming body. Errors are
+    /// classified by the side that failed; the caller turns them into a response.
+    pub async fn send(
+        &self,
+        request: Request,
+        peer: SocketAddr,
+        request_id: &HeaderValue,
+    ) -> Result<Response, ProxyError> {
+        let (mut parts, body) = request.into_parts();
+        let path_and_query = parts
+            .uri
+            .path_and_query()
+            .map(|pq| pq.as_str())
+            .unwrap_or("/");
+        let uri = self
+            .upstream
+            .uri_for(path_and_query)
+            .map_err(|e| ProxyError::Internal {
+                reason: e.to_string(),
+            })?;
+        headers::to_upstream(
+            &mut parts.headers,
+            peer,
+            parts.uri.authority(),
+            self.host_header,
+            &self.upstream.authority,
+            request_id,
+        );
+        parts.uri = uri;
+        parts.version = http::Version::HTTP_11;
+        let upstream_request = http::Request::from_parts(
+            parts,
+            StreamingBody::new(body, self.timeouts.body_idle, Direction::Request),
+        );
+
+        let response = match tokio::time::timeout(
+            self.timeouts.response_headers,
+            self.client.request(upstream_request),
+        )
+        .await
+        {
+            Ok(Ok(response)) => response,
+            Ok(Err(e)) => return Err(self.classify(&e)),
+            Err(_) => {
+                return Err(ProxyError::UpstreamResponseTimeout {
+                    upstream: self.upstream.url(),
+                    after: self.timeouts.response_headers,
+                })
+            }
+        };
+        let (mut parts, body) = response.into_parts();
+        strip_hop_by_hop(&mut parts.headers);
+        parts.extensions.insert(AnsweredBy::UPSTREAM);
+        let body = StreamingBody::new(body, self.timeouts.body_idle, Direction::Response);
+        Ok(Response::from_parts(parts, Body::new(body)))
+    }
+
+    /// Sends a request of the proxy's own with exactly `headers` and a small body, and reads the
+    /// whole answer (at most 16 MiB) within the response timeout. The proxy's own requests change
+    /// nothing or the same thing twice (lookups, authorization probes, tags, a run's end), so one
+    /// that met a connection MLflow was closing is sent once more on a fresh one.
+    pub async fn ask(
+        &self,
+        method: http::Method,
+        path_and_query: &str,
+        headers: http::HeaderMap,
+        body: bytes::Bytes,
+    ) -> Result<http::Response<bytes::Bytes>, AskError> {
+        match self
+            .ask_once(
+                method.clone(),
+                path_and_query,
+                headers.clone(),
+                body.clone(),
+            )
+            .await
+        {
+            Err(AskError::Closed { .. }) => {
+                self.ask_once(method, path_and_query, headers, body).await
+            }
+            other => other,
+        }
+    }
+
+    async fn ask_once(
+        &self,
+        method: http::Method,
+        path_and_query: &str,
+        headers: http::HeaderMap,
+        body: bytes::Bytes,
+    ) -> Result<http::Response<bytes::Bytes>, AskError> {
+        use http_body_util::BodyExt;
+        let uri = self
+            .upstream
+            .uri_for(path_and_query)
+            .map_err(|e| AskError::Request(e.to_string()))?;
+        let mut request = http::Request::new(StreamingBody::new(
+            Body::from(body),
+            self.timeouts.body_idle,
+            Direction::Request,
+        ));
+        *request.method_mut() = method;
+        *request.uri_mut() = uri;
+        *request.headers_mut() = headers;
+        let upstream = || self.upstream.url();
+        let exchange = async {
+            let response = self.client.request(request).await.map_err(|e| {
+                let reason = root_cause(&e).to_string();
+                // A pooled connection MLflow was closing as the request went out.
+                if find_in_chain::<hyper::Error>(&e)
+                    .is_some_and(hyper::Error::is_incomplete_message)
+                {
+                    AskError::Closed {
+                        upstream: upstream(),
+                        reason,
+                    }
+                } else {
+                    AskError::Exchange {
+                        upstream: upstream(),
+                        reason,
+                    }
+                }
+            })?;
+            let (parts, body) = response.into_parts();
+            let body = http_body_util::Limited::new(body, 16 << 20)
+                .collect()
+                .await
+                .map_err(|e| AskError::Exchange {
+                    upstream: upstream(),
+                    reason: e.to_string(),
+                })?
+                .to_bytes();
+            Ok::<_, AskError>(http::Response::from_parts(parts, body))
+        };
+        match tokio::time::timeout(self.timeouts.response_headers, exchange).await {
+            Ok(result) => result,
+            Err(_) => Err(AskError::Timeout {
+                upstream: upstream(),
+                after: self.timeouts.response_headers,
+            }),
+        }
+    }
+
+    /// The headers a client request would reach the upstream with (hop-by-hop headers removed,
+    /// the `Host` policy and `X-Forwarded-*` applied).
+    pub fn upstream_headers(
+        &self,
+        client: &http::HeaderMap,
+        peer: SocketAddr,
+        authority: Option<&http::uri::Authority>,
+        request_id: &HeaderValue,
+    ) -> http::HeaderMap {
+        let mut headers = client.clone();
+        headers::to_upstream(
+            &mut headers,
+            peer,
+            authority,
+            self.host_header,
+            &self.upstream.authority,
+            request_id,
+        );
+        headers
+    }
+
+    /// A bodiless GET to the upstream, for readiness checks.
+    pub async fn probe(&self, path: &str) -> Result<http::StatusCode, String> {
+        let uri = self.upstream.uri_for(path).map_err(|e| e.to_string())?;
+        let body = StreamingBody::new(Body::empty(), self.timeouts.body_idle, Direction::Request);
+        let request = http::Request::get(uri)
+            .body(body)
+            .map_err(|e| e.to_string())?;
+        match self.client.request(request).await {
+            Ok(response) => Ok(response.status()),
+            Err(e) => Err(root_cause(&e).to_string()),
+        }
+    }
+
+    fn classify(&self, error: &hyper_util::client::legacy::Error) -> ProxyError {
+        let upstream = self.upstream.url();
+        if let Some(idle) = find_idle_timeout(error) {
+            return ProxyError::ClientBodyIdle { after: idle.after };
+        }
+        let root = root_cause(error);
+        if error.is_connect() {
+            if root
+                .downcast_ref::<std::io::Error>()
+                .is_some_and(|io| io.kind() == std::io::ErrorKind::TimedOut)
+                || root.to_string().contains("timed out")
+            {
+                return ProxyError::UpstreamConnectTimeout {
+                    upstream,
+                    after: self.timeouts.connect,
+                };
+            }
+            return ProxyError::UpstreamConnect {
+                upstream,
+                reason: root.to_string(),
+            };
+        }
+        // A request body that failed on the client's side (disconnect, bad chunking) surfaces
+        // here as a hyper "user body" error.
+        if let Some(hyper_error) = find_in_chain::<hyper::Error>(error) {
+            if hyper_error.is_user() {
+                return ProxyError::ClientBody {
+                    reason: root.to_string(),
+                };
+            }
+        }
+        ProxyError::UpstreamReset {
+            upstream,
+            reason: root.to_string(),
+        }
+    }
+}
+
+fn root_cause<'a>(error: &'a (dyn StdError + 'static)) -> &'a (dyn StdError + 'static) {
+    let mut current = error;
+    while let Some(source) = current.source() {
+        current = source;
+    }
+    current
+}
+
+fn find_in_chain<'a, T: StdError + 'static>(error: &'a (dyn StdError + 'static)) -> Option<&'a T> {
+    let mut current = Some(error);
+    while let Some(e) = current {
+        if let Some(found) = e.downcast_ref::<T>() {
+            return Some(found);
+        }
+        current = e.source();
+    }
+    None
+}
+
+/// The fallback of the route table: every request no capability intercepts goes to MLflow as it
+/// came.
+pub async fn forward(
+    State(forwarder): State<Forwarder>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    request: Request,
+) -> Response {
+    forwarder.forward(request, peer).await
+}
+
+impl Forwarder {
+    /// The body of a request a handler reads only when it is small: at most `limit` bytes, with
+    /// the request's head. A longer body (declared, or found while reading) is not the handler's:
+    /// the request goes on to MLflow as it comes, and `Err` holds MLflow's answer; a body that
+    /// cannot be read is the client's 400.
+    pub(crate) async fn read_small(
+        &self,
+        request: Request,
+        limit: usize,
+        peer: SocketAddr,
+    ) -> Result<(http::request::Parts, bytes::Bytes), Response> {
+        let (parts, body) = request.into_parts();
+        let declared = parts
+            .headers
+            .get(http::header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<u64>().ok());
+        if declared.is_some_and(|len| len > limit as u64) {
+            return Err(self.forward(Request::from_parts(parts, body), peer).await);
+        }
+        match read_up_to(body, limit).await {
+            Ok(Ok(body)) => Ok((parts, body)),
+            // Longer than it said, or of no declared length: streamed on as it comes.
+            Ok(Err(unread)) => Err(self.forward(Request::from_parts(parts, unread), peer).await),
+            Err(error) => Err(crate::plumbing::error::Error::BadRequest(format!(
+                "the request body could not be read: {error}"
+            ))
+            .into_response()),
+        }
+    }
+
+    /// Forwards one request and answers with MLflow's response, or with the proxy's own error
+    /// when MLflow could not be reached. Interceptors call this after their own phase.
+    pub async fn forward(&self, request: Request, peer: SocketAddr) -> Response {
+        let id = request_id(request.headers());
+        match self.send(request, peer, &id).await {
+            Ok(response) => response,
+            Err(error) => self.answer_error(error),
+        }
+    }
+
+    /// The response for a failed exchange, counted and logged.
+    pub fn answer_error(&self, error: ProxyError) -> Response {
+        if let Some(kind) = error.kind() {
+            self.metrics
+                .upstream_errors
+                .get_or_create(&ErrorLabels { kind })
+                .inc();
+        }
+        tracing::warn!(status = error.status().as_u16(), error = %error, "request failed");
+        error.into_response()
+    }
+}

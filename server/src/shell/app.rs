@@ -1,0 +1,249 @@
+//! The route table (which requests mlscope changes, and who answers them), its layers, and
+//! `run`, which serves both listeners until a shutdown future resolves and then drains within the
+//! configured deadline.
+
+use std::future::{Future, IntoFuture};
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use anyhow::Context;
+use axum::extract::{Request, State};
+use axum::middleware::{self, Next};
+use axum::response::Response;
+use axum::routing::{get, post};
+use axum::Router;
+use http::StatusCode;
+use tokio::net::TcpListener;
+
+use crate::capabilities::artifacts::{self, legacy_listing};
+use crate::capabilities::authz::{AuthMode, Authorizer};
+use crate::capabilities::health;
+use crate::capabilities::metric_routes;
+use crate::plumbing::layers::{self, ConcurrencyLimit};
+use crate::plumbing::proxy;
+use crate::shell::config::Config;
+use crate::shell::state::AppState;
+
+/// The MLflow-facing route table: the requests mlscope changes, each answered by its capability,
+/// and forwarding to MLflow as the fallback for everything else (methods a route does not take
+/// included). Every route gets the same layers, outermost first: request id, span, log line and
+/// metrics; the concurrency limit (with a quarter kept for reads); refusal of ambiguous requests;
+/// MLflow's browser-protection headers; each client's share of MLflow's writes.
+pub fn app(state: AppState, max_in_flight: usize) -> Router {
+    let mut writes = Router::new();
+    // System-metric scoping and node deduplication.
+    for prefix in ["/api/2.0/mlflow", "/ajax-api/2.0/mlflow", "/api/3.0/mlflow"] {
+        writes = writes
+            .route(
+                &format!("{prefix}/runs/log-batch"),
+                post(metric_routes::log_batch),
+            )
+            .route(
+                &format!("{prefix}/runs/log-metric"),
+                post(metric_routes::log_metric),
+            )
+            // Write coalescing: params and tags join their run's queue (and are signs of life).
+            .route(
+                &format!("{prefix}/runs/log-parameter"),
+                post(metric_routes::log_pair),
+            )
+            .route(
+                &format!("{prefix}/runs/set-tag"),
+                post(metric_routes::log_pair),
+            )
+            // Run health: a run its client ended is billed.
+            .route(&format!("{prefix}/runs/update"), post(health::update_run));
+    }
+    let mut router = Router::new().merge(writes);
+    match &state.artifacts {
+        // The artifact API, answered from the store.
+        Some(gateway) => router = router.merge(artifacts::router(gateway.clone())),
+        // Listings of MLflow servers before 3.16, with directory markers removed.
+        None => {
+            for path in legacy_listing::PATHS {
+                router = router.route(path, get(legacy_listing::forward_filtered));
+            }
+        }
+    }
+    router = router
+        .fallback(proxy::forward)
+        .method_not_allowed_fallback(proxy::forward);
+    if let Some(authz) = &state.authorizer {
+        // A 401 on anything forwarded tells the authorizer that MLflow authenticates.
+        router = router.layer(middleware::from_fn_with_state(
+            authz.mode().clone(),
+            watch_unauthorized,
+        ));
+    }
+    // Each client's share of MLflow's writes, on every route (reads count as activity).
+    if let Some(share) = &state.fair_share {
+        router = router.layer(middleware::from_fn_with_state(
+            share.clone(),
+            crate::capabilities::fairshare::admit,
+        ));
+    }
+    let limit = ConcurrencyLimit::new(max_in_flight, state.metrics.clone());
+    let routed = router
+        .layer(middleware::from_fn(layers::security_headers))
+        .layer(middleware::from_fn(layers::refuse_ambiguous))
+        .layer(middleware::from_fn_with_state(
+            limit,
+            layers::limit_concurrency,
+        ))
+        .layer(middleware::from_fn_with_state(
+            state.metrics.clone(),
+            layers::observe,
+        ))
+        .with_state(state);
+    // Routing happens on the path MLflow's server routes on (decoded once), so no spelling of
+    // a path escapes the route that handles it.
+    Router::new().fallback_service(
+        tower::ServiceBuilder::new()
+            .map_request(layers::route_as_mlflow)
+            .service(routed),
+    )
+}
+
+/// A 401 from MLflow on any forwarded request means it authenticates: from then on the
+/// authorizer asks it about every gateway request and node-metric write, without waiting for its
+/// next detection.
+async fn watch_unauthorized(
+    State(mode): State<AuthMode>,
+    request: Request,
+    next: Next,
+) -> Response {
+    let response = next.run(request).await;
+    if response.status() == StatusCode::UNAUTHORIZED {
+        mode.saw_unauthorized();
+    }
+    response
+}
+
+/// Serves both listeners until `shutdown` resolves, then stops accepting, lets in-flight requests
+/// finish for at most `config.shutdown_grace`, and returns.
+pub async fn run(
+    config: Config,
+    listener: TcpListener,
+    admin_listener: TcpListener,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
+    let state = AppState::new(&config).await?;
+    tracing::info!(
+        listen = %listener.local_addr()?,
+        admin = %admin_listener.local_addr()?,
+        upstream = %state.forwarder.upstream().url(),
+        store = state.store.backend(),
+        artifacts = state.artifacts.as_ref().map(|g| g.bucket().destination().to_string()).unwrap_or_else(|| "forwarded".into()),
+        replica = %state.replica.id,
+        "mlscope-proxy started"
+    );
+
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let stopped = move |mut rx: tokio::sync::watch::Receiver<bool>| async move {
+        let _ = rx.wait_for(|stop| *stop).await;
+    };
+    let main = crate::shell::serve::serve(
+        listener,
+        app(state.clone(), config.max_in_flight),
+        config.inbound,
+        state.metrics.clone(),
+        stopped(stop_rx.clone()),
+    );
+    let admin = axum::serve(admin_listener, crate::shell::admin::router(state.clone()))
+        .with_graceful_shutdown(stopped(stop_rx))
+        .into_future();
+    let mut main = tokio::spawn(main);
+    let admin = tokio::spawn(admin);
+    let replica_row = tokio::spawn(refresh_replica(state.clone()));
+    let sweeper = tokio::spawn(sweep(state.clone(), config.state_retention));
+    let auth_detector = state.authorizer.as_ref().map(Authorizer::spawn_detector);
+    let upstream_check = state
+        .upstream_version
+        .spawn_learner(state.forwarder.clone());
+    let coalescer_adapts = state.coalescer.adapt_to(state.upstream_version.clone());
+    let health = config.health.enabled.then(|| state.health.spawn());
+
+    tokio::select! {
+        result = &mut main => {
+            // The server ended on its own: that is an error, not a shutdown.
+            result.context("server task")?;
+            anyhow::bail!("the MLflow-facing listener stopped serving");
+        }
+        () = shutdown => {
+            tracing::info!(grace = ?config.shutdown_grace, "shutdown requested; draining in-flight requests");
+            state.draining.store(true, Ordering::Relaxed);
+            let _ = stop_tx.send(true);
+            match tokio::time::timeout(config.shutdown_grace, &mut main).await {
+                Ok(result) => {
+                    result.context("server task")?;
+                    tracing::info!("drained");
+                }
+                Err(_) => {
+                    tracing::warn!(in_flight = state.metrics.in_flight.get(), "shutdown grace expired; abandoning in-flight requests");
+                    main.abort();
+                }
+            }
+        }
+    }
+    let _ = stop_tx.send(true);
+    replica_row.abort();
+    sweeper.abort();
+    if let Some(health) = health {
+        health.abort();
+        // What was heard since the last flush goes to the store before the process ends.
+        state.health.flush().await;
+    }
+    if let Some(detector) = auth_detector {
+        detector.abort();
+    }
+    upstream_check.abort();
+    coalescer_adapts.abort();
+    let _ = tokio::time::timeout(Duration::from_secs(1), admin).await;
+    state.store.close().await;
+    Ok(())
+}
+
+/// Refreshes this replica's row so the store lists live replicas.
+async fn refresh_replica(state: AppState) {
+    let mut tick = tokio::time::interval(Duration::from_secs(15));
+    loop {
+        tick.tick().await;
+        let written = state.store.refresh_replica(&state.replica).await;
+        state.metrics.store_reachable(written.is_ok());
+        if let Err(e) = written {
+            tracing::warn!(error = %e, "refreshing this replica's row in the state store failed");
+        }
+    }
+}
+
+/// Deletes state rows nobody touched for `retention`, at startup and then hourly. Idempotent, so
+/// every replica runs it without coordination.
+async fn sweep(state: AppState, retention: Duration) {
+    let mut tick = tokio::time::interval(Duration::from_secs(3600));
+    loop {
+        tick.tick().await;
+        let now = std::time::SystemTime::now();
+        let swept = async {
+            let store = state.store.sweep(retention, now).await?;
+            let health = state.health.sweep_expired(retention, now).await?;
+            Ok::<_, crate::plumbing::store::StoreError>((store, health))
+        };
+        match swept.await {
+            Ok((store, health))
+                if store != crate::plumbing::store::Swept::default()
+                    || health != crate::capabilities::health::store::HealthSwept::default() =>
+            {
+                tracing::info!(
+                    leases = store.leases,
+                    upload_failures = store.upload_failures,
+                    replicas = store.replicas,
+                    run_ranks = health.run_ranks,
+                    verdicts = health.verdicts,
+                    "expired state swept"
+                );
+            }
+            Ok(_) => {}
+            Err(e) => tracing::warn!(error = %e, "state retention sweep failed"),
+        }
+    }
+}

@@ -1,0 +1,368 @@
+//! Property tests that double as fuzzers: every property runs `MLSCOPE_FUZZ_CASES` cases (2,000
+//! by default in the test suite) and prints how many ran, so the same code runs millions of cases
+//! from the command line:
+//!
+//! ```text
+//! MLSCOPE_FUZZ_CASES=1000000 cargo test --release -p mlscope-proxy fuzz:: -- --nocapture
+//! ```
+
+use proptest::prelude::*;
+use proptest::test_runner::{Config, TestRunner};
+
+use crate::capabilities::artifacts::path;
+use crate::capabilities::rewrite::body::{Edit, Endpoint, MetricsBody};
+
+fn cases() -> u32 {
+    std::env::var("MLSCOPE_FUZZ_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(2_000)
+}
+
+fn run<S: Strategy>(name: &str, strategy: S, test: impl Fn(S::Value) -> Result<(), TestCaseError>) {
+    let cases = cases();
+    let mut runner = TestRunner::new(Config {
+        cases,
+        failure_persistence: None,
+        ..Config::default()
+    });
+    let started = std::time::Instant::now();
+    if let Err(e) = runner.run(&strategy, test) {
+        panic!("{name}: {e}");
+    }
+    eprintln!(
+        "fuzz {name}: {cases} cases passed in {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
+}
+
+/// Percent-encodes every byte of `s` `depth` times.
+fn encode(s: &str, depth: usize) -> String {
+    let mut out = s.to_owned();
+    for _ in 0..depth {
+        out = out.bytes().map(|b| format!("%{b:02X}")).collect();
+    }
+    out
+}
+
+/// Path segments, each written raw or percent-encoded 1 to 3 times.
+fn segment() -> impl Strategy<Value = String> {
+    let plain = prop_oneof![
+        Just("..".to_owned()),
+        Just(".".to_owned()),
+        "[a-z0-9._-]{1,6}",
+        Just("\\..".to_owned()),
+        Just("..\\x".to_owned())
+    ];
+    (plain, 0usize..4, any::<bool>()).prop_map(|(s, depth, dot_only)| {
+        if dot_only && s.contains('.') {
+            // Encode only the dots, the way real traversal attempts do.
+            s.replace('.', &encode(".", depth))
+        } else {
+            encode(&s, depth)
+        }
+    })
+}
+
+fn separator() -> impl Strategy<Value = String> {
+    (prop_oneof![Just("/"), Just("\\")], 0usize..3).prop_map(|(s, depth)| encode(s, depth))
+}
+
+#[test]
+fn no_decoding_depth_lets_a_dot_dot_segment_through_path_validation() {
+    let paths = (
+        proptest::collection::vec((segment(), separator()), 1..8),
+        any::<bool>(),
+    )
+        .prop_map(|(parts, leading)| {
+            let mut p = if leading {
+                "/".to_owned()
+            } else {
+                String::new()
+            };
+            for (seg, sep) in parts {
+                p.push_str(&seg);
+                p.push_str(&sep);
+            }
+            p
+        });
+    run("path validation", paths, |raw| {
+        if let Ok(valid) = path::validate(&raw) {
+            // What was accepted is decoded for good, relative, and free of `..` in either separator.
+            prop_assert_eq!(
+                percent_encoding::percent_decode_str(&valid)
+                    .decode_utf8_lossy()
+                    .into_owned(),
+                valid.clone()
+            );
+            prop_assert!(!valid.starts_with('/') && !valid.starts_with('\\'));
+            prop_assert!(
+                valid.split(['/', '\\']).all(|s| s != ".."),
+                "{} let through as {}",
+                raw,
+                valid
+            );
+            prop_assert!(!valid.chars().any(char::is_control));
+        }
+        Ok(())
+    });
+}
+
+#[test]
+fn arbitrary_bytes_never_panic_the_metrics_body_reader() {
+    run(
+        "metrics body bytes",
+        proptest::collection::vec(any::<u8>(), 0..512),
+        |bytes| {
+            for endpoint in [Endpoint::LogBatch, Endpoint::LogMetric] {
+                if let Ok(body) = MetricsBody::parse(&bytes, endpoint) {
+                    let keep = vec![Edit::Keep; body.metrics.len()];
+                    let (_, out) = body.render(&keep);
+                    prop_assert_eq!(
+                        out,
+                        bytes.clone(),
+                        "an unchanged body is rendered byte for byte"
+                    );
+                }
+            }
+            Ok(())
+        },
+    );
+}
+
+/// Near-valid bodies: the shapes MLflow clients send, with fields dropped, duplicated, retyped.
+fn near_valid_body() -> impl Strategy<Value = String> {
+    let value = prop_oneof![
+        Just("1.5".to_owned()),
+        Just("\"NaN\"".to_owned()),
+        Just("\"x\"".to_owned()),
+        Just("null".to_owned()),
+        Just("-9223372036854775808".to_owned()),
+        Just("1e999".to_owned()),
+        Just("[]".to_owned()),
+    ];
+    let key = prop_oneof![
+        Just("\"system/cpu_utilization_percentage\"".to_owned()),
+        Just("\"system/node-a/rank-3/system_memory_usage_megabytes\"".to_owned()),
+        Just("\"system//x\"".to_owned()),
+        Just("\"loss\"".to_owned()),
+        Just("\"\\u0000\"".to_owned()),
+        Just("7".to_owned()),
+    ];
+    let metric =
+        (key, value.clone(), value.clone(), value, any::<bool>()).prop_map(|(k, v, t, s, dup)| {
+            if dup {
+                format!("{{\"key\":{k},\"key\":{k},\"value\":{v}}}")
+            } else {
+                format!("{{\"key\":{k},\"value\":{v},\"timestamp\":{t},\"step\":{s}}}")
+            }
+        });
+    (
+        proptest::collection::vec(metric, 0..6),
+        prop_oneof![
+            Just("\"run_id\":\"r\""),
+            Just("\"run_uuid\":\"r\",\"run_id\":\"s\""),
+            Just("\"run_id\":5"),
+            Just("")
+        ],
+    )
+        .prop_map(|(metrics, run)| {
+            format!(
+                "{{{run}{}\"metrics\":[{}]}}",
+                if run.is_empty() { "" } else { "," },
+                metrics.join(",")
+            )
+        })
+}
+
+/// Every metric renamed to `system/n/node_x`, and given step 7 where it carries a step (as the
+/// rewriter does: a new step only where the sample has one).
+fn rename_every_metric(body: &MetricsBody<'_>) -> Vec<Edit<'static>> {
+    body.metrics
+        .iter()
+        .map(|m| Edit::Change {
+            key: Some("system/n/node_x"),
+            step: m.step.map(|_| 7),
+            also_original: false,
+        })
+        .collect()
+}
+
+#[test]
+fn near_valid_metrics_bodies_render_valid_json_and_change_only_keys_and_steps() {
+    run("metrics body splice", near_valid_body(), |text| {
+        let Ok(body) = MetricsBody::parse(text.as_bytes(), Endpoint::LogBatch) else {
+            return Ok(());
+        };
+        if serde_json::from_str::<serde_json::Value>(&text).is_err() {
+            // Kept byte for byte (the arbitrary-bytes property); valid JSON out needs valid JSON in.
+            return Ok(());
+        }
+        let edits = rename_every_metric(&body);
+        let (_, out) = body.render(&edits);
+        let rendered: serde_json::Value = serde_json::from_slice(&out)
+            .map_err(|e| TestCaseError::fail(format!("{e}: {}", String::from_utf8_lossy(&out))))?;
+        let metrics = rendered["metrics"].as_array().cloned().unwrap_or_default();
+        prop_assert_eq!(metrics.len(), body.metrics.len());
+        for (m, parsed) in metrics.iter().zip(&body.metrics) {
+            prop_assert_eq!(&m["key"], "system/n/node_x");
+            if parsed.step.is_some() {
+                prop_assert_eq!(&m["step"], 7);
+            }
+        }
+        // Applying the same edits to the output changes nothing more (idempotent).
+        let again = MetricsBody::parse(&out, Endpoint::LogBatch)
+            .map_err(|e| TestCaseError::fail(e.to_string()))?;
+        let (_, twice) = again.render(&edits);
+        prop_assert_eq!(twice, out);
+        Ok(())
+    });
+}
+
+#[test]
+fn listings_of_any_names_are_ascii_json_that_reads_back_the_same_entries() {
+    use crate::capabilities::artifacts::listing::{pretty_string, to_mlflow_json, Entry};
+    let entry = (
+        any::<String>(),
+        any::<bool>(),
+        proptest::option::of(0i64..i64::MAX),
+    );
+    run(
+        "listing JSON",
+        proptest::collection::vec(entry, 0..20),
+        |raw| {
+            let entries: Vec<Entry> = raw
+                .into_iter()
+                .map(|(name, is_dir, size)| Entry {
+                    name,
+                    is_dir,
+                    size: if is_dir { None } else { size },
+                })
+                .collect();
+            let text = pretty_string(&to_mlflow_json(&entries));
+            prop_assert!(text.is_ascii(), "MLflow escapes every non-ASCII character");
+            let back: serde_json::Value =
+                serde_json::from_str(&text).map_err(|e| TestCaseError::fail(e.to_string()))?;
+            let files = back["files"].as_array().cloned().unwrap_or_default();
+            prop_assert_eq!(files.len(), entries.len());
+            for (file, entry) in files.iter().zip(&entries) {
+                prop_assert_eq!(file["path"].as_str(), Some(entry.name.as_str()));
+                prop_assert_eq!(file["is_dir"].as_bool(), Some(entry.is_dir));
+            }
+            Ok(())
+        },
+    );
+}
+
+#[test]
+fn any_client_headers_are_prepared_for_mlflow_without_panic_or_hop_by_hop_leaks() {
+    use http::{HeaderMap, HeaderName, HeaderValue};
+    let forwarder = crate::plumbing::proxy::Forwarder::new(
+        &crate::plumbing::proxy::ForwarderSettings::default(),
+        crate::plumbing::telemetry::Metrics::new(),
+    );
+    let name = prop_oneof![
+        Just("connection".to_owned()),
+        Just("keep-alive".to_owned()),
+        Just("transfer-encoding".to_owned()),
+        Just("host".to_owned()),
+        Just("x-forwarded-for".to_owned()),
+        Just("x-request-id".to_owned()),
+        "[a-z][a-z0-9-]{0,12}",
+    ];
+    let value = proptest::collection::vec(
+        prop_oneof![32u8..127, Just(b','), Just(b' '), 128u8..=255],
+        0..40,
+    );
+    run(
+        "header handling",
+        proptest::collection::vec((name, value), 0..16),
+        |pairs| {
+            let mut headers = HeaderMap::new();
+            for (name, value) in &pairs {
+                if let (Ok(name), Ok(value)) = (
+                    HeaderName::from_bytes(name.as_bytes()),
+                    HeaderValue::from_bytes(value),
+                ) {
+                    headers.append(name, value);
+                }
+            }
+            let named_by_connection: Vec<String> = headers
+                .get_all(http::header::CONNECTION)
+                .iter()
+                .filter_map(|v| v.to_str().ok())
+                .flat_map(|v| {
+                    v.split(',')
+                        .map(|t| t.trim().to_ascii_lowercase())
+                        .collect::<Vec<_>>()
+                })
+                .filter(|t| !t.is_empty())
+                .collect();
+            let id = HeaderValue::from_static("req-1");
+            let out = forwarder.upstream_headers(
+                &headers,
+                std::net::SocketAddr::from(([10, 0, 0, 1], 4000)),
+                None,
+                &id,
+            );
+            for hop in [
+                "connection",
+                "keep-alive",
+                "transfer-encoding",
+                "te",
+                "upgrade",
+                "trailer",
+                "proxy-connection",
+            ] {
+                prop_assert!(!out.contains_key(hop), "{} forwarded", hop);
+            }
+            for named in &named_by_connection {
+                if named != "host" && HeaderName::from_bytes(named.as_bytes()).is_ok() {
+                    prop_assert!(
+                        !out.contains_key(named.as_str()),
+                        "{} named by Connection forwarded",
+                        named
+                    );
+                }
+            }
+            let forwarded_for = out
+                .get("x-forwarded-for")
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or_default();
+            prop_assert!(
+                forwarded_for.ends_with("10.0.0.1"),
+                "the peer ends the X-Forwarded-For chain: {}",
+                forwarded_for
+            );
+            Ok(())
+        },
+    );
+}
+
+#[test]
+fn the_rewriters_single_read_tells_the_coalescer_what_its_own_read_would() {
+    const PATH: &str = "/api/2.0/mlflow/runs/log-batch";
+    run("single read of a write body", near_valid_body(), |text| {
+        let sent = bytes::Bytes::from(text.clone());
+        let Ok(body) = MetricsBody::parse(&sent, Endpoint::LogBatch) else {
+            return Ok(());
+        };
+        let keep = vec![Edit::Keep; body.metrics.len()];
+        prop_assert_eq!(
+            body.writes(PATH, &sent, None, keep.first()),
+            Some(crate::plumbing::writes::parse(PATH, &sent)),
+            "unchanged: {}",
+            text
+        );
+        let edits = rename_every_metric(&body);
+        let (target, out, spans) = body.render_spans(&edits);
+        let out = bytes::Bytes::from(out);
+        prop_assert_eq!(
+            body.writes(PATH, &out, Some((target, &spans)), edits.first()),
+            Some(crate::plumbing::writes::parse(PATH, &out)),
+            "rendered: {}",
+            text
+        );
+        Ok(())
+    });
+}
