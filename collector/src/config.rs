@@ -473,28 +473,10 @@ pub fn parse_duration_or_seconds(text: &str) -> Result<Duration, String> {
 
 /// `NAME=PATH`, with a name the scope table accepts in `volume_<name>_*`.
 pub fn parse_volume(text: &str) -> Result<(String, PathBuf), String> {
-    let (name, path) = text
-        .split_once('=')
-        .ok_or_else(|| format!("{text:?} is not NAME=PATH"))?;
-    let name = name.trim();
-    if name.is_empty()
-        || !name
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
-    {
-        return Err(format!(
-            "volume name {name:?} may only hold letters, digits, `_` and `-`"
-        ));
-    }
-    if mlscope_scopes::volume_metric_name(name, "usage_megabytes").is_none() {
-        return Err(format!(
-            "volume name {name:?} does not make a valid metric name"
-        ));
-    }
-    let path = PathBuf::from(path.trim());
-    if !path.is_absolute() {
-        return Err(format!("volume path {:?} must be absolute", path.display()));
-    }
+    let (name, path) = crate::flags::named(text, "volume", |name| {
+        mlscope_scopes::volume_metric_name(name, "usage_megabytes").is_some()
+    })?;
+    let path = crate::flags::absolute("volume", path)?;
     Ok((name.to_owned(), path))
 }
 

@@ -21,6 +21,7 @@
 pub mod agent;
 pub mod config;
 pub mod data;
+pub(crate) mod flags;
 pub mod leftovers;
 pub mod outbox;
 mod placement;

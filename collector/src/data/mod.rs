@@ -112,36 +112,16 @@ impl DataSettings {
 /// `NAME=PATH`, `NAME=PATH:rw` or `NAME=PATH:ro`, with a name the scope table accepts in
 /// `data_<name>_files` and an absolute path.
 pub fn parse_data_path(text: &str) -> Result<DataPath, String> {
-    let (name, rest) = text
-        .split_once('=')
-        .ok_or_else(|| format!("{text:?} is not NAME=PATH"))?;
-    let name = name.trim();
-    if name.is_empty()
-        || !name
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
-    {
-        return Err(format!(
-            "data name {name:?} may only hold letters, digits, `_` and `-`"
-        ));
-    }
-    if mlscope_scopes::data_metric_name(name, "files").is_none()
-        || !mlscope_scopes::is_valid_mlflow_key(&run_tag(name, "changed"))
-    {
-        return Err(format!(
-            "data name {name:?} does not make a valid metric name"
-        ));
-    }
-    let rest = rest.trim();
+    let (name, rest) = crate::flags::named(text, "data", |name| {
+        mlscope_scopes::data_metric_name(name, "files").is_some()
+            && mlscope_scopes::is_valid_mlflow_key(&run_tag(name, "changed"))
+    })?;
     let (path, writable) = match (rest.strip_suffix(":rw"), rest.strip_suffix(":ro")) {
         (Some(path), _) => (path, true),
         (_, Some(path)) => (path, false),
         _ => (rest, false),
     };
-    let path = PathBuf::from(path);
-    if !path.is_absolute() {
-        return Err(format!("data path {:?} must be absolute", path.display()));
-    }
+    let path = crate::flags::absolute("data", path)?;
     Ok(DataPath {
         name: name.to_owned(),
         path,
