@@ -1,0 +1,276 @@
+
+use super::*;
+use serde_json::Value;
+
+const BATCH: &str = r#"{"run_id":"r1","metrics":[{"key":"system/cpu_utilization_percentage","value":"NaN","timestamp":9007199254740993,"step":9007199254740995},{"key":"loss","value":1e-7,"timestamp":1,"step":0,"extra":{"x":[1,2]}}],"params":[{"key":"p","value":"v"}],"tags":[],"unknown":true}"#;
+
+#[test]
+fn untouched_bodies_come_back_byte_for_byte() {
+    let body = MetricsBody::parse(BATCH.as_bytes(), Endpoint::LogBatch).unwrap();
+    assert_eq!(body.run_id.as_deref(), Some("r1"));
+    assert_eq!(body.metrics.len(), 2);
+    assert_eq!(body.other_items, 1);
+    let (_, out) = body.render(&[Edit::Keep, Edit::Keep]);
+    assert_eq!(std::str::from_utf8(&out).unwrap(), BATCH);
+}
+
+#[test]
+fn keys_and_steps_change_and_nothing_else_does() {
+    let body = MetricsBody::parse(BATCH.as_bytes(), Endpoint::LogBatch).unwrap();
+    let edits = [
+        Edit::Change {
+            key: Some("system/n/node_cpu_utilization_percentage"),
+            step: Some(12),
+            also_original: false,
+        },
+        Edit::Keep,
+    ];
+    let (_, out) = body.render(&edits);
+    let text = std::str::from_utf8(&out).unwrap();
+    assert_eq!(
+        text,
+        BATCH
+            .replace(
+                "system/cpu_utilization_percentage",
+                "system/n/node_cpu_utilization_percentage"
+            )
+            .replace("9007199254740995", "12")
+    );
+}
+
+#[test]
+fn dropped_and_duplicated_metrics_keep_the_array_well_formed() {
+    let body = MetricsBody::parse(BATCH.as_bytes(), Endpoint::LogBatch).unwrap();
+    let (_, out) = body.render(&[Edit::Drop, Edit::Drop]);
+    let v: Value = serde_json::from_slice(&out).unwrap();
+    assert_eq!(v["metrics"], serde_json::json!([]));
+    assert_eq!(v["params"][0]["key"], "p");
+
+    let (_, out) = body.render(&[
+        Edit::Change {
+            key: Some("system/new"),
+            step: None,
+            also_original: true,
+        },
+        Edit::Drop,
+    ]);
+    let v: Value = serde_json::from_slice(&out).unwrap();
+    let keys: Vec<_> = v["metrics"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["key"].as_str().unwrap())
+        .collect();
+    assert_eq!(keys, ["system/new", "system/cpu_utilization_percentage"]);
+}
+
+#[test]
+fn log_metric_is_rewritten_in_place_or_rebuilt_as_a_batch() {
+    let text = r#"{"run_id":"r1","run_uuid":"r1","key":"system/rank-1/network_receive_megabytes","value":"Infinity","timestamp":5,"step":"7"}"#;
+    let body = MetricsBody::parse(text.as_bytes(), Endpoint::LogMetric).unwrap();
+    assert_eq!(body.metrics[0].step, Some(7));
+    let (endpoint, out) = body.render(&[Edit::Change {
+        key: Some("system/x"),
+        step: Some(9),
+        also_original: false,
+    }]);
+    assert_eq!(endpoint, Endpoint::LogMetric);
+    assert_eq!(
+        std::str::from_utf8(&out).unwrap(),
+        text.replace("system/rank-1/network_receive_megabytes", "system/x")
+            .replace("\"7\"", "\"9\"")
+    );
+
+    let (endpoint, out) = body.render(&[Edit::Drop]);
+    assert_eq!(endpoint, Endpoint::LogBatch);
+    assert_eq!(
+        std::str::from_utf8(&out).unwrap(),
+        r#"{"run_id":"r1","metrics":[]}"#
+    );
+
+    let (endpoint, out) = body.render(&[Edit::Change {
+        key: Some("system/x"),
+        step: None,
+        also_original: true,
+    }]);
+    assert_eq!(endpoint, Endpoint::LogBatch);
+    let v: Value = serde_json::from_slice(&out).unwrap();
+    assert_eq!(
+        v["metrics"][0],
+        serde_json::json!({"key": "system/x", "value": "Infinity", "timestamp": 5, "step": 7})
+    );
+    assert_eq!(
+        v["metrics"][1]["key"],
+        "system/rank-1/network_receive_megabytes"
+    );
+}
+
+#[test]
+fn conflicting_run_ids_and_repeated_fields_are_refused() {
+    let err = MetricsBody::parse(
+        br#"{"run_id":"a","run_uuid":"b","key":"k","value":1,"timestamp":1}"#,
+        Endpoint::LogMetric,
+    )
+    .unwrap_err();
+    assert!(
+        matches!(&err, BodyError::Conflict(m) if m.contains("run_id=\"a\"") && m.contains("run_uuid=\"b\"")),
+        "{err}"
+    );
+    let err = MetricsBody::parse(
+        br#"{"runId":"a","run_id":"a","run_id":"b","metrics":[]}"#,
+        Endpoint::LogBatch,
+    )
+    .unwrap_err();
+    assert!(
+        matches!(&err, BodyError::Conflict(m) if m.contains("`run_id` more than once")),
+        "{err}"
+    );
+    assert!(MetricsBody::parse(
+        br#"{"run_id":"a","runId":"a","metrics":[]}"#,
+        Endpoint::LogBatch
+    )
+    .is_ok());
+}
+
+#[test]
+fn unreadable_bodies_are_reported_for_pass_through() {
+    for bad in [
+        &b"not json"[..],
+        b"{\"metrics\": 5}",
+        b"{\"metrics\": [{\"value\": 1}]}",
+        b"\xff\xfe",
+        b"{\"run_id\": 5}",
+    ] {
+        assert!(
+            matches!(
+                MetricsBody::parse(bad, Endpoint::LogBatch),
+                Err(BodyError::Unreadable(_))
+            ),
+            "{:?}",
+            String::from_utf8_lossy(bad)
+        );
+    }
+}
+
+#[test]
+fn escaped_keys_are_decoded() {
+    let body = MetricsBody::parse(br#"{"metrics":[{"key":"system\/cpu_utilization_percentage","value":1,"timestamp":1,"step":1}]}"#, Endpoint::LogBatch).unwrap();
+    assert_eq!(body.metrics[0].key, "system/cpu_utilization_percentage");
+}
+
+/// The rewriter's one read of a body tells the coalescer exactly what the coalescer's own
+/// read would: the same run, elements, params and tags, or the same reason to go alone.
+#[test]
+fn the_single_read_agrees_with_the_coalescers_read_of_the_same_body() {
+    let element = |m: &str| {
+        format!(
+            r#"{{"run_id":"r","metrics":[{{"key":"a","value":1,"timestamp":1,"step":0}},{m}]}}"#
+        )
+    };
+    let mut batches: Vec<String> = [
+            r#"{"key":"b","value":"NaN","timestamp":2,"step":3}"#,
+            r#"{"key":"b","value":"abc","timestamp":2}"#,
+            r#"{"key":"b","value":1,"timestamp":2,"step":1.5}"#,
+            r#"{"key":"b","value":1,"timestamp":"soon"}"#,
+            r#"{"key":"b","value":1,"timestamp":"2"}"#,
+            r#"{"key":"b","value":1,"timestamp":2,"step":"3"}"#,
+            r#"{"key":"b","value":1e999,"timestamp":2}"#,
+            r#"{"key":"b","value":true,"timestamp":2}"#,
+            r#"{"key":"b","value":null,"timestamp":2}"#,
+            r#"{"key":"b","value":1}"#,
+            r#"{"key":"b","value":1,"timestamp":2,"datasetName":"d"}"#,
+            r#"{"key":"b","value":1,"timestamp":2,"model_id":"m","dataset_name":"d","dataset_digest":"x","run_id":"r"}"#,
+            r#"{"key":"b","value":1,"timestamp":2,"model_id":7}"#,
+            r#"{"key":"b\u0041","value":-0.5e-3,"timestamp":-2,"step":9223372036854775807}"#,
+        ]
+        .iter()
+        .map(|m| element(m))
+        .collect();
+    batches.extend(
+            [
+                r#"{"run_id":"r","params":[{"key":"p","value":"1"}],"tags":[{"key":"t","value":"x"}]}"#,
+                r#"{"run_id":"r","metrics":[],"params":[{"key":"p","value":"1"},{"key":"p","value":"1"}]}"#,
+                r#"{"run_id":"r","params":[{"key":"p","value":5}]}"#,
+                r#"{"run_id":"r","tags":[{"key":"t"}]}"#,
+                r#"{"run_id":"r","metrics":null,"params":null,"tags":[{"key":"t","value":"v"}]}"#,
+                r#"{"run_id":"","metrics":[{"key":"a","value":1,"timestamp":1}]}"#,
+                r#"{"run_id":"r"}"#,
+                r#"{"run_id":"r","runId":"r","metrics":[{"key":"a","value":1,"timestamp":1}]}"#,
+                r#"{"run_id":"r","extra":1,"metrics":[{"key":"a","value":1,"timestamp":1}]}"#,
+                r#"{"run_id":"r","key":"k","metrics":[{"key":"a","value":1,"timestamp":1}]}"#,
+            ]
+            .map(String::from),
+        );
+    let metrics = |n: usize| {
+        (0..n)
+            .map(|i| format!(r#"{{"key":"k{i}","value":1,"timestamp":1}}"#))
+            .collect::<Vec<_>>()
+            .join(",")
+    };
+    batches.push(format!(r#"{{"run_id":"r","metrics":[{}]}}"#, metrics(1000)));
+    batches.push(format!(
+        r#"{{"run_id":"r","metrics":[{}],"tags":[{{"key":"t","value":"v"}}]}}"#,
+        metrics(1000)
+    ));
+    let single = [
+        r#"{"run_id":"r","run_uuid":"r","key":"loss","value":0.5,"timestamp":7,"step":3}"#,
+        r#"{"run_id":"r","key":"loss","value":0.5,"timestamp":7,"model_id":"m","dataset_digest":"d"}"#,
+        r#"{"run_id":"r","run_uuid":null,"key":"loss","value":0.5,"timestamp":7}"#,
+        r#"{"run_id":"r","key":"loss","value":"NaN","timestamp":7}"#,
+        r#"{"run_id":"r","key":"loss","value":1,"timestamp":7,"step":"3"}"#,
+        r#"{"run_id":"r","key":"loss","value":1,"timestamp":7.5}"#,
+        r#"{"run_id":"r","key":"loss","value":1}"#,
+        r#"{"run_id":"r","key":"loss","value":1,"timestamp":7,"extra":true}"#,
+        r#"{"run_id":"","key":"loss","value":1,"timestamp":7}"#,
+    ];
+    let cases = batches
+        .iter()
+        .map(|b| {
+            (
+                Endpoint::LogBatch,
+                "/api/2.0/mlflow/runs/log-batch",
+                b.as_str(),
+            )
+        })
+        .chain(single.iter().map(|b| {
+            (
+                Endpoint::LogMetric,
+                "/ajax-api/2.0/mlflow/runs/log-metric",
+                *b,
+            )
+        }));
+    for (endpoint, path, text) in cases {
+        let sent = bytes::Bytes::from(text.to_owned());
+        let coalescer = writes::parse(path, &sent);
+        let Ok(body) = MetricsBody::parse(&sent, endpoint) else {
+            // The rewriter passes bodies it cannot read through; the coalescer reads them.
+            continue;
+        };
+        let keep = vec![Edit::Keep; body.metrics.len()];
+        let single_read = body.writes(path, &sent, None, keep.first());
+        assert_eq!(single_read, Some(coalescer.clone()), "{text}");
+        // Rendered with a renamed key, the same holds for the bytes that are sent.
+        if let Some(first) = body.metrics.first() {
+            let mut edits = keep.clone();
+            edits[0] = Edit::Change {
+                key: Some("renamed"),
+                step: None,
+                also_original: false,
+            };
+            let (target, out, spans) = body.render_spans(&edits);
+            let out = bytes::Bytes::from(out);
+            let single_read = body.writes(path, &out, Some((target, &spans)), edits.first());
+            let path = if target == endpoint {
+                path
+            } else {
+                "/api/2.0/mlflow/runs/log-batch"
+            };
+            assert_eq!(
+                single_read,
+                Some(writes::parse(path, &out)),
+                "{text} with {} renamed",
+                first.key
+            );
+        }
+    }
+}

@@ -1,0 +1,326 @@
+
+use super::*;
+use crate::capabilities::dedup::ManualClock;
+use crate::plumbing::store::Store;
+use http_body_util::BodyExt;
+use proptest::prelude::*;
+use serde_json::{json, Value};
+
+fn request(path: &str, headers: &[(&str, &str)], body: &str) -> Request {
+    let mut builder = http::Request::post(path).header("content-type", "application/json");
+    for (k, v) in headers {
+        builder = builder.header(*k, *v);
+    }
+    builder.body(Body::from(body.to_owned())).unwrap()
+}
+
+async fn body_json(request: Request) -> (String, Value) {
+    let path = request.uri().path().to_owned();
+    let bytes = request.into_body().collect().await.unwrap().to_bytes();
+    (path, serde_json::from_slice(&bytes).unwrap())
+}
+
+fn rewriter_without_dedup() -> MetricsRewriter {
+    MetricsRewriter::new(
+        ScopeConfig {
+            dedup: false,
+            ..Default::default()
+        },
+        None,
+        Metrics::new(),
+    )
+}
+
+async fn rewriter_with_dedup(dir: &tempfile::TempDir) -> MetricsRewriter {
+    let store = Store::open(&format!("sqlite://{}/s.db", dir.path().display()))
+        .await
+        .unwrap();
+    let dedup = Deduplicator::new(
+        store,
+        Arc::new(ManualClock::new(1_800_000_000_000)),
+        DedupConfig::default(),
+    );
+    MetricsRewriter::new(ScopeConfig::default(), Some(dedup), Metrics::new())
+}
+
+#[tokio::test]
+async fn a_standby_ranks_node_samples_are_dropped_and_everything_else_forwarded() {
+    let dir = tempfile::tempdir().unwrap();
+    let rewriter = rewriter_with_dedup(&dir).await;
+    let batch = |rank: u32| {
+        json!({"run_id": "r", "metrics": [
+                {"key": format!("system/n1/rank-{rank}/cpu_utilization_percentage"), "value": 50.0, "timestamp": 1, "step": 0},
+                {"key": format!("system/n1/rank-{rank}/network_receive_megabytes"), "value": 1.0, "timestamp": 1, "step": 0},
+                {"key": "loss", "value": 0.5, "timestamp": 1, "step": 0}],
+             "params": [{"key": "lr", "value": "0.1"}]})
+            .to_string()
+    };
+    let (_, reporter) = body_json(
+        rewriter
+            .prepare(
+                request("/api/2.0/mlflow/runs/log-batch", &[], &batch(0)),
+                Endpoint::LogBatch,
+            )
+            .await
+            .unwrap(),
+    )
+    .await;
+    let keys: Vec<_> = reporter["metrics"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["key"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(
+        keys,
+        [
+            "system/n1/node_cpu_utilization_percentage",
+            "system/rank-0/network_receive_megabytes",
+            "loss"
+        ]
+    );
+
+    let (_, standby) = body_json(
+        rewriter
+            .prepare(
+                request("/api/2.0/mlflow/runs/log-batch", &[], &batch(1)),
+                Endpoint::LogBatch,
+            )
+            .await
+            .unwrap(),
+    )
+    .await;
+    let keys: Vec<_> = standby["metrics"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["key"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(keys, ["system/rank-1/network_receive_megabytes", "loss"]);
+    assert_eq!(standby["params"], json!([{"key": "lr", "value": "0.1"}]));
+
+    let identities = rewriter.stats.identities("r");
+    assert_eq!(
+        identities
+            .iter()
+            .map(|i| (i.rank, i.node_samples_kept, i.node_samples_dropped))
+            .collect::<Vec<_>>(),
+        [(Some(0), 1, 0), (Some(1), 0, 1)]
+    );
+}
+
+#[tokio::test]
+async fn a_log_metric_from_a_standby_rank_becomes_an_empty_batch() {
+    let dir = tempfile::tempdir().unwrap();
+    let rewriter = rewriter_with_dedup(&dir).await;
+    let headers = |rank: &'static str| [("x-mlscope-node", "n1"), ("x-mlscope-rank", rank)];
+    let body = r#"{"run_id":"r","run_uuid":"r","key":"system/disk_usage_percentage","value":3,"timestamp":1,"step":4}"#;
+    let (path, first) = body_json(
+        rewriter
+            .prepare(
+                request("/ajax-api/2.0/mlflow/runs/log-metric", &headers("0"), body),
+                Endpoint::LogMetric,
+            )
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(path, "/ajax-api/2.0/mlflow/runs/log-metric");
+    assert_eq!(first["key"], "system/n1/rootfs_usage_percentage");
+    let (path, second) = body_json(
+        rewriter
+            .prepare(
+                request("/ajax-api/2.0/mlflow/runs/log-metric", &headers("1"), body),
+                Endpoint::LogMetric,
+            )
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(path, "/ajax-api/2.0/mlflow/runs/log-batch");
+    assert_eq!(second, json!({"run_id": "r", "metrics": []}));
+}
+
+#[tokio::test]
+async fn conflicts_and_oversized_bodies_are_answered_by_the_proxy() {
+    let rewriter = rewriter_without_dedup();
+    let conflict = rewriter
+        .prepare(
+            request(
+                "/api/2.0/mlflow/runs/log-metric",
+                &[],
+                r#"{"run_id":"a","run_uuid":"b","key":"k","value":1,"timestamp":1}"#,
+            ),
+            Endpoint::LogMetric,
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(conflict.status(), 400);
+    let small = MetricsRewriter::new(
+        ScopeConfig {
+            dedup: false,
+            max_inspect_bytes: 1024,
+            ..Default::default()
+        },
+        None,
+        Metrics::new(),
+    );
+    let big = format!(
+        r#"{{"run_id":"a","metrics":[],"pad":"{}"}}"#,
+        "x".repeat(2000)
+    );
+    assert_eq!(
+        small
+            .prepare(
+                request("/api/2.0/mlflow/runs/log-batch", &[], &big),
+                Endpoint::LogBatch
+            )
+            .await
+            .unwrap_err()
+            .status(),
+        413
+    );
+    // Malformed JSON goes to MLflow untouched, for MLflow's own error.
+    let passed = rewriter
+        .prepare(
+            request("/api/2.0/mlflow/runs/log-batch", &[], "{oops"),
+            Endpoint::LogBatch,
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        &passed.into_body().collect().await.unwrap().to_bytes()[..],
+        b"{oops"
+    );
+}
+
+#[tokio::test]
+async fn during_the_migration_period_the_original_key_is_written_too() {
+    let body = r#"{"run_id":"r","metrics":[{"key":"system/cpu_utilization_percentage","value":1,"timestamp":1,"step":0}]}"#;
+    let keys = |config: ScopeConfig| async move {
+        let rewriter = MetricsRewriter::new(config, None, Metrics::new());
+        let (_, json) = body_json(
+            rewriter
+                .prepare(
+                    request(
+                        "/api/2.0/mlflow/runs/log-batch",
+                        &[("x-mlscope-node", "n")],
+                        body,
+                    ),
+                    Endpoint::LogBatch,
+                )
+                .await
+                .unwrap(),
+        )
+        .await;
+        json["metrics"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| m["key"].as_str().unwrap().to_owned())
+            .collect::<Vec<_>>()
+    };
+    let hour = std::time::Duration::from_secs(3600);
+    let during = ScopeConfig {
+        dedup: false,
+        keep_original_until: Some(SystemTime::now() + hour),
+        ..Default::default()
+    };
+    assert_eq!(
+        keys(during).await,
+        [
+            "system/n/node_cpu_utilization_percentage",
+            "system/cpu_utilization_percentage"
+        ]
+    );
+    let after = ScopeConfig {
+        dedup: false,
+        keep_original_until: Some(SystemTime::now() - hour),
+        ..Default::default()
+    };
+    assert_eq!(
+        keys(after).await,
+        ["system/n/node_cpu_utilization_percentage"]
+    );
+    let off = ScopeConfig {
+        dedup: false,
+        rewrite: false,
+        ..Default::default()
+    };
+    assert_eq!(keys(off).await, ["system/cpu_utilization_percentage"]);
+}
+
+fn metric_strategy() -> impl Strategy<Value = Value> {
+    let key = prop_oneof![
+        Just("system/cpu_utilization_percentage".to_owned()),
+        Just("system/rank-2/system_memory_usage_megabytes".to_owned()),
+        Just("system/node-a/rank-7/disk_available_megabytes".to_owned()),
+        "system/gpu_[0-7]_utilization_percentage",
+        "system/rank_[0-9]/network_transmit_megabytes",
+        "[a-z]{1,8}(/[a-z]{1,8})?",
+        "system/[a-z_]{1,12}",
+    ];
+    let value = prop_oneof![
+        any::<f64>()
+            .prop_filter("finite", |v| v.is_finite())
+            .prop_map(|v| json!(v)),
+        Just(json!("NaN")),
+        Just(json!("Infinity")),
+        Just(json!("-Infinity")),
+    ];
+    (key, value, any::<i64>(), any::<i64>(), any::<bool>()).prop_map(
+        |(key, value, timestamp, step, extra)| {
+            let mut m = json!({"key": key, "value": value, "timestamp": timestamp, "step": step});
+            if extra {
+                m["dataset_digest"] = json!({"nested": [1, "two", null]});
+            }
+            m
+        },
+    )
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(200))]
+    #[test]
+    fn only_mapped_system_keys_change_in_a_rewritten_batch(
+        metrics in proptest::collection::vec(metric_strategy(), 0..40),
+        params in proptest::collection::vec(("[a-z]{1,5}", "[ -~]{0,10}"), 0..5),
+        rank_header in proptest::option::of(0u32..16),
+    ) {
+        let body = json!({
+            "run_id": "run-1",
+            "metrics": metrics,
+            "params": params.iter().map(|(k, v)| json!({"key": k, "value": v})).collect::<Vec<_>>(),
+            "tags": [{"key": "t", "value": "v"}],
+            "future_field": {"x": 9007199254740993u64},
+        }).to_string();
+        let rewriter = rewriter_without_dedup();
+        let rank = rank_header.map(|r| r.to_string());
+        let headers: Vec<(&str, &str)> = rank.iter().map(|r| ("x-mlscope-rank", r.as_str())).collect();
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap();
+        let out = runtime.block_on(async {
+            let req = rewriter.prepare(request("/api/2.0/mlflow/runs/log-batch", &headers, &body), Endpoint::LogBatch).await.unwrap();
+            req.into_body().collect().await.unwrap().to_bytes()
+        });
+        let before: Value = serde_json::from_str(&body).unwrap();
+        let mut after: Value = serde_json::from_slice(&out).unwrap();
+        let identity = identity_from_headers(&{
+            let mut h = http::HeaderMap::new();
+            for (k, v) in &headers { h.insert(*k, v.parse().unwrap()); }
+            h
+        });
+        // Map the original keys the way the contract says, then the bodies must be equal.
+        let mut expected = before.clone();
+        for m in expected["metrics"].as_array_mut().unwrap() {
+            let key = m["key"].as_str().unwrap().to_owned();
+            if let KeyOutcome::Rewritten { key: new, .. } = scoped_key(&key, &identity, &OwnerPattern::default()).outcome {
+                m["key"] = json!(new);
+            }
+        }
+        prop_assert_eq!(&expected, &after);
+        // int64 beyond 2^53 survives as written.
+        prop_assert!(std::str::from_utf8(&out).unwrap().contains("9007199254740993"));
+        after["metrics"] = before["metrics"].clone();
+        prop_assert_eq!(after, before);
+    }
+}
