@@ -247,3 +247,122 @@ async fn sweep(state: AppState, retention: Duration) {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::net::SocketAddr;
+    use std::sync::{Arc, Mutex};
+
+    use axum::body::{to_bytes, Body};
+    use axum::extract::ConnectInfo;
+    use tower::ServiceExt as _;
+
+    use super::*;
+
+    /// What reached the stand-in MLflow: method, path, body.
+    type Seen = Arc<Mutex<Vec<(String, String, String)>>>;
+
+    /// A stand-in MLflow on loopback that answers `{}` to everything and records what it got
+    /// (the proxy forwards over a socket; the route table itself is driven without one).
+    async fn stand_in_mlflow() -> (String, Seen) {
+        let seen: Seen = Arc::default();
+        let record = seen.clone();
+        let stub = Router::new().fallback(move |request: Request| {
+            let record = record.clone();
+            async move {
+                let method = request.method().to_string();
+                let path = request.uri().path().to_owned();
+                let body = to_bytes(request.into_body(), 1 << 20)
+                    .await
+                    .unwrap_or_default();
+                record.lock().unwrap().push((
+                    method,
+                    path,
+                    String::from_utf8_lossy(&body).into_owned(),
+                ));
+                ([(http::header::CONTENT_TYPE, "application/json")], "{}")
+            }
+        });
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        tokio::spawn(axum::serve(listener, stub).into_future());
+        (url, seen)
+    }
+
+    fn post(path: &str, body: &str, rank: Option<&str>) -> Request {
+        let mut request = Request::post(path)
+            .header(http::header::CONTENT_TYPE, "application/json")
+            .header(http::header::CONTENT_LENGTH, body.len());
+        if let Some(rank) = rank {
+            request = request
+                .header("x-mlscope-node", "node-a")
+                .header("x-mlscope-rank", rank);
+        }
+        let mut request = request.body(Body::from(body.to_owned())).unwrap();
+        let peer: SocketAddr = "127.0.0.1:40000".parse().unwrap();
+        request.extensions_mut().insert(ConnectInfo(peer));
+        request
+    }
+
+    #[tokio::test]
+    async fn the_route_table_sends_metric_writes_through_the_contract_and_the_rest_to_mlflow_unchanged(
+    ) {
+        let (mlflow, seen) = stand_in_mlflow().await;
+        let dir = tempfile::tempdir().unwrap();
+        let database = format!("sqlite://{}/state.db", dir.path().display());
+        let config = Config::from_args([
+            "mlscope-proxy",
+            "--upstream",
+            mlflow.as_str(),
+            "--database-url",
+            database.as_str(),
+        ])
+        .unwrap();
+        let app = app(AppState::new(&config).await.unwrap(), 64);
+        let batch = r#"{"run_id":"r1","metrics":[{"key":"system/cpu_utilization_percentage","value":1,"timestamp":1,"step":0}]}"#;
+        for prefix in ["/api/2.0/mlflow", "/ajax-api/2.0/mlflow"] {
+            let path = format!("{prefix}/runs/log-batch");
+            let response = app
+                .clone()
+                .oneshot(post(&path, batch, Some("3")))
+                .await
+                .unwrap();
+            assert_eq!(response.status(), StatusCode::OK, "{path}");
+        }
+        // Not a metric route: forwarded as sent, the `system/` key too.
+        let other = r#"{"name":"system/cpu_utilization_percentage"}"#;
+        let response = app
+            .clone()
+            .oneshot(post("/api/2.0/mlflow/experiments/create", other, Some("3")))
+            .await
+            .unwrap();
+        assert_eq!(response.status(), StatusCode::OK);
+        // A path spelled with an encoded slash routes as MLflow routes it: a metric write.
+        let response = app
+            .clone()
+            .oneshot(post("/api/2.0/mlflow/runs%2Flog-batch", batch, Some("3")))
+            .await
+            .unwrap();
+        assert_eq!(response.status(), StatusCode::OK);
+
+        let seen = seen.lock().unwrap().clone();
+        // (Besides the writes, the node lease asks MLflow once whether the run takes writes: an
+        // empty log-batch of the run.)
+        let writes: Vec<&(String, String, String)> = seen
+            .iter()
+            .filter(|(_, p, b)| p.ends_with("log-batch") && b.contains("metrics"))
+            .collect();
+        assert_eq!(writes.len(), 3, "{seen:?}");
+        for (_, path, body) in &writes {
+            assert!(
+                body.contains("system/node-a/node_cpu_utilization_percentage"),
+                "{path}: {body}"
+            );
+        }
+        let created = seen
+            .iter()
+            .find(|(_, p, _)| p == "/api/2.0/mlflow/experiments/create")
+            .unwrap();
+        assert_eq!((created.0.as_str(), created.2.as_str()), ("POST", other));
+    }
+}

@@ -1,4 +1,3 @@
-
 use super::*;
 
 fn config(rate: f64, samples: f64) -> FairShareConfig {

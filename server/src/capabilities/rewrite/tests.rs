@@ -1,4 +1,3 @@
-
 use super::*;
 use crate::capabilities::dedup::ManualClock;
 use crate::plumbing::store::Store;
