@@ -13,10 +13,10 @@ use crate::capabilities::coalesce::Coalescer;
 use crate::capabilities::dedup::{Deduplicator, SystemClock};
 use crate::capabilities::health::Health;
 use crate::capabilities::rewrite::{MetricsRewriter, SharedRewriter};
+use crate::plumbing::mlflow_version::LearnedVersion;
 use crate::plumbing::proxy::Forwarder;
 use crate::plumbing::store::{Replica, Store};
 use crate::plumbing::telemetry::Metrics;
-use crate::plumbing::upstream::UpstreamVersion;
 use crate::shell::config::Config;
 
 /// Everything a handler may need; cheap to clone.
@@ -40,7 +40,7 @@ pub struct AppState {
     /// Each client's share of the writes (token buckets); `None`: off.
     pub fair_share: Option<Arc<crate::capabilities::fairshare::FairShare>>,
     /// The upstream MLflow's version, once it has answered `/version`.
-    pub upstream_version: UpstreamVersion,
+    pub upstream_version: LearnedVersion,
     /// Set on shutdown so `/readyz` turns away new traffic while requests drain.
     pub draining: Arc<AtomicBool>,
 }
@@ -85,7 +85,7 @@ impl AppState {
             replica.id.clone(),
         );
         let rewriter = Arc::new(rewriter);
-        let upstream_version = UpstreamVersion::default();
+        let upstream_version = LearnedVersion::default();
         // The gateway's families are in `/metrics` whether or not it is on.
         let gateway_metrics = GatewayMetrics::new(&metrics);
         let artifacts = match &authorizer {

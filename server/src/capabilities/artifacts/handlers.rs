@@ -26,8 +26,8 @@ use super::{ArtifactsConfig, WritePolicy};
 use crate::capabilities::authz::{Authorizer, Decision};
 use crate::plumbing::error::Error;
 use crate::plumbing::mlflow::MlflowVersion;
+use crate::plumbing::mlflow_version::LearnedVersion;
 use crate::plumbing::proxy::{AnsweredBy, Forwarder};
-use crate::plumbing::upstream::UpstreamVersion;
 
 /// Longest object key S3 (and every S3-compatible store) accepts.
 const MAX_KEY_BYTES: usize = 1024;
@@ -52,7 +52,7 @@ pub struct Gateway {
     /// Whether MLflow has workspaces on (learned by the authorizer's probe).
     workspaces: crate::plumbing::workspace::Support,
     /// The version of the MLflow behind the gateway: the gateway answers as it does.
-    upstream: UpstreamVersion,
+    upstream: LearnedVersion,
     /// Upload slots held per client address.
     upload_shares: Arc<ClientShares>,
 }
@@ -144,7 +144,7 @@ impl Gateway {
         authz: Authorizer,
         coalescer: crate::capabilities::coalesce::Coalescer,
         metrics: GatewayMetrics,
-        upstream: UpstreamVersion,
+        upstream: LearnedVersion,
         trusted_proxies: crate::plumbing::client::TrustedProxies,
     ) -> Option<Gateway> {
         let destination = config.destination.clone()?;

@@ -263,7 +263,7 @@ mod tests {
             authz,
             coalescer,
             gateway_metrics.clone(),
-            crate::plumbing::upstream::UpstreamVersion::default(),
+            crate::plumbing::mlflow_version::LearnedVersion::default(),
             crate::plumbing::client::TrustedProxies::default(),
         )
         .await

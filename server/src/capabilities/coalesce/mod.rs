@@ -59,10 +59,10 @@ use crate::plumbing::credential::fingerprint as credential_fingerprint;
 use crate::plumbing::error::Error;
 use crate::plumbing::identity::{NODE_HEADER, RANK_HEADER};
 use crate::plumbing::mlflow::{self, Caller, MlflowError, MlflowVersion, RunTag};
+use crate::plumbing::mlflow_version::LearnedVersion;
 use crate::plumbing::proxy::is_json;
 use crate::plumbing::proxy::{request_id, Forwarder};
 use crate::plumbing::telemetry::Metrics;
-use crate::plumbing::upstream::UpstreamVersion;
 use metrics::CoalesceMetrics;
 
 pub use crate::plumbing::writes::MAX_BATCH_METRICS;
@@ -244,7 +244,7 @@ impl Coalescer {
 
     /// Once MLflow's version is known, sends one batch of a run at a time to a version before
     /// 3.16, which deadlocks on PostgreSQL when they overlap.
-    pub fn adapt_to(&self, upstream: UpstreamVersion) -> tokio::task::JoinHandle<()> {
+    pub fn adapt_to(&self, upstream: LearnedVersion) -> tokio::task::JoinHandle<()> {
         let inner = self.inner.clone();
         tokio::spawn(async move {
             let version = upstream.learned().await;

@@ -14,18 +14,18 @@ use crate::plumbing::proxy::Forwarder;
 /// The first MLflow whose errors carry `sqlstate` and `error_class`.
 const CLASSIFIED_ERRORS: MlflowVersion = MlflowVersion::new(3, 12, 0);
 
-/// The upstream MLflow's version once it has answered; cheap to clone, shared by every part of
+/// The version of the MLflow behind the proxy once it has answered; cheap to clone, shared by every part of
 /// the proxy that adapts to it.
 #[derive(Clone)]
-pub struct UpstreamVersion(watch::Sender<Option<MlflowVersion>>);
+pub struct LearnedVersion(watch::Sender<Option<MlflowVersion>>);
 
-impl Default for UpstreamVersion {
+impl Default for LearnedVersion {
     fn default() -> Self {
         Self(watch::Sender::new(None))
     }
 }
 
-impl UpstreamVersion {
+impl LearnedVersion {
     /// `None` until MLflow has answered `/version` with a version.
     pub fn get(&self) -> Option<MlflowVersion> {
         *self.0.borrow()
@@ -76,7 +76,7 @@ mod tests {
 
     #[tokio::test]
     async fn the_version_is_unknown_until_set_and_waiters_wake() {
-        let version = UpstreamVersion::default();
+        let version = LearnedVersion::default();
         assert_eq!(version.get(), None);
         let waiter = tokio::spawn({
             let version = version.clone();
