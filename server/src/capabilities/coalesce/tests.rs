@@ -1,0 +1,235 @@
+
+use super::*;
+use http::StatusCode;
+
+#[test]
+fn mlflow_before_3_16_gets_one_batch_per_run() {
+    for (version, deadlocks) in [
+        ("3.15.2", true),
+        ("2.22.5", true),
+        ("3.16.0", false),
+        ("3.17.2", false),
+        ("4.0.0", false),
+    ] {
+        assert_eq!(
+            deadlocks_on_overlapping_writes(MlflowVersion::parse(version).unwrap()),
+            deadlocks,
+            "{version}"
+        );
+    }
+    assert!(names_a_deadlock(
+            br#"{"error_code":"TEMPORARILY_UNAVAILABLE","message":"(psycopg.errors.DeadlockDetected) deadlock detected"}"#
+        ));
+    assert!(!names_a_deadlock(
+        br#"{"error_code":"INVALID_PARAMETER_VALUE"}"#
+    ));
+}
+
+#[test]
+fn ranks_of_one_client_merge_and_other_credentials_do_not() {
+    let headers = |pairs: &[(&'static str, &'static str)]| {
+        let mut map = HeaderMap::new();
+        for (name, value) in pairs {
+            map.insert(*name, HeaderValue::from_static(value));
+        }
+        map
+    };
+    let rank = |r: &'static str| {
+        merge_fingerprint(&headers(&[
+            ("authorization", "Basic dTpw"),
+            ("x-mlscope-node", "n1"),
+            ("x-mlscope-rank", r),
+        ]))
+    };
+    assert_eq!(rank("0"), rank("1"));
+    assert_ne!(
+        rank("0"),
+        merge_fingerprint(&headers(&[("authorization", "Basic b3RoZXI6cA==")]))
+    );
+    assert_ne!(
+        merge_fingerprint(&headers(&[("cookie", "session=a")])),
+        merge_fingerprint(&headers(&[("cookie", "session=b")]))
+    );
+    assert_ne!(
+        merge_fingerprint(&headers(&[("x-mlflow-workspace", "team-a")])),
+        merge_fingerprint(&headers(&[("x-mlflow-workspace", "team-b")]))
+    );
+}
+
+/// A stand-in MLflow: records each request (alone or a merged batch) with its body, and
+/// answers only as its gate lets it, so a test decides when a batch is done.
+struct StandIn {
+    log: Mutex<Vec<(&'static str, String)>>,
+    gate: Semaphore,
+    batch_status: StatusCode,
+}
+
+impl StandIn {
+    fn new(batch_status: StatusCode) -> Arc<StandIn> {
+        Arc::new(StandIn {
+            log: Mutex::default(),
+            gate: Semaphore::new(0),
+            batch_status,
+        })
+    }
+
+    async fn answer(&self, how: &'static str, request: Request, status: StatusCode) -> Response {
+        let body = axum::body::to_bytes(request.into_body(), usize::MAX)
+            .await
+            .unwrap();
+        let body = String::from_utf8_lossy(&body).into_owned();
+        self.log.lock().unwrap().push((how, body));
+        self.gate.acquire().await.unwrap().forget();
+        let mut response = Response::new(Body::from(if status.is_success() {
+            "{}"
+        } else {
+            r#"{"error_code":"INVALID_PARAMETER_VALUE","message":"no"}"#
+        }));
+        *response.status_mut() = status;
+        response
+    }
+
+    fn log(&self) -> Vec<(&'static str, String)> {
+        self.log.lock().unwrap().clone()
+    }
+
+    /// Waits (on the paused clock, which moves on while everything waits) until `n`
+    /// requests have arrived.
+    async fn received(&self, n: usize) {
+        while self.log.lock().unwrap().len() < n {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    }
+}
+
+impl Sender for StandIn {
+    fn forward(&self, request: Request, _peer: SocketAddr) -> BoxFuture<'_, Response> {
+        Box::pin(self.answer("alone", request, StatusCode::OK))
+    }
+
+    fn send(
+        &self,
+        request: Request,
+        _peer: SocketAddr,
+        _id: HeaderValue,
+    ) -> BoxFuture<'_, Result<Response, ProxyError>> {
+        Box::pin(async move { Ok(self.answer("batch", request, self.batch_status).await) })
+    }
+}
+
+fn coalescer(stand_in: &Arc<StandIn>, in_flight_per_run: usize) -> Coalescer {
+    let config = CoalesceConfig {
+        window: Duration::from_millis(20),
+        in_flight_per_run,
+        ..CoalesceConfig::default()
+    };
+    Coalescer::with_sender(config, stand_in.clone(), Metrics::new())
+}
+
+/// Submits a log-batch body as the metric routes hand it on; the client's status.
+fn submit(coalescer: &Coalescer, body: String) -> tokio::task::JoinHandle<StatusCode> {
+    let coalescer = coalescer.clone();
+    tokio::spawn(async move {
+        let (parts, _) = Request::post("/api/2.0/mlflow/runs/log-batch")
+            .header(header::CONTENT_TYPE, "application/json")
+            .header(header::CONTENT_LENGTH, body.len())
+            .body(Body::empty())
+            .unwrap()
+            .into_parts();
+        let peer: SocketAddr = "127.0.0.1:40000".parse().unwrap();
+        coalescer
+            .submit_read(parts, Bytes::from(body), None, peer)
+            .await
+            .status()
+    })
+}
+
+fn metric(step: i64) -> String {
+    format!(
+        r#"{{"run_id":"r","metrics":[{{"key":"loss","value":1,"timestamp":1,"step":{step}}}]}}"#
+    )
+}
+
+fn steps(body: &str) -> Vec<i64> {
+    let value: serde_json::Value = serde_json::from_str(body).unwrap();
+    value["metrics"]
+        .as_array()
+        .map(|m| m.iter().map(|m| m["step"].as_i64().unwrap()).collect())
+        .unwrap_or_default()
+}
+
+#[tokio::test(start_paused = true)]
+async fn writes_that_wait_for_the_runs_batch_at_mlflow_go_next_as_one_batch_in_arrival_order() {
+    let stand_in = StandIn::new(StatusCode::OK);
+    let coalescer = coalescer(&stand_in, 1);
+    let first = submit(&coalescer, metric(0));
+    stand_in.received(1).await;
+    let rest: Vec<_> = (1..=3)
+        .map(|step| submit(&coalescer, metric(step)))
+        .collect();
+    // Long past the window, nothing more goes while the run's batch is at MLflow.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(stand_in.log().len(), 1);
+    stand_in.gate.add_permits(2);
+    assert_eq!(first.await.unwrap(), StatusCode::OK);
+    for write in rest {
+        assert_eq!(write.await.unwrap(), StatusCode::OK);
+    }
+    let log = stand_in.log();
+    assert_eq!(log.len(), 2, "{log:?}");
+    assert_eq!((log[0].0, steps(&log[0].1)), ("alone", vec![0]));
+    assert_eq!((log[1].0, steps(&log[1].1)), ("batch", vec![1, 2, 3]));
+}
+
+#[tokio::test(start_paused = true)]
+async fn nothing_of_a_run_passes_its_params_while_they_are_at_mlflow() {
+    let stand_in = StandIn::new(StatusCode::OK);
+    // Two metrics-only batches of a run may overlap; a batch with params never.
+    let coalescer = coalescer(&stand_in, 2);
+    let params = submit(
+        &coalescer,
+        r#"{"run_id":"r","params":[{"key":"lr","value":"0.1"}]}"#.to_owned(),
+    );
+    stand_in.received(1).await;
+    let after = submit(&coalescer, metric(7));
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(stand_in.log().len(), 1, "a metric passed the run's params");
+    stand_in.gate.add_permits(2);
+    assert_eq!(params.await.unwrap(), StatusCode::OK);
+    assert_eq!(after.await.unwrap(), StatusCode::OK);
+    let log = stand_in.log();
+    assert!(log[0].1.contains("params"), "{log:?}");
+    assert_eq!(steps(&log[1].1), [7]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_batch_mlflow_refuses_is_split_and_each_write_gets_its_own_answer_in_order() {
+    let stand_in = StandIn::new(StatusCode::BAD_REQUEST);
+    let coalescer = coalescer(&stand_in, 1);
+    let first = submit(&coalescer, metric(0));
+    stand_in.received(1).await;
+    let rest: Vec<_> = (1..=2)
+        .map(|step| submit(&coalescer, metric(step)))
+        .collect();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    stand_in.gate.add_permits(4);
+    assert_eq!(first.await.unwrap(), StatusCode::OK);
+    for write in rest {
+        // Alone, each write is what MLflow stores: its own answer, not the batch's 400.
+        assert_eq!(write.await.unwrap(), StatusCode::OK);
+    }
+    let log: Vec<(&str, Vec<i64>)> = stand_in
+        .log()
+        .into_iter()
+        .map(|(how, body)| (how, steps(&body)))
+        .collect();
+    assert_eq!(
+        log,
+        [
+            ("alone", vec![0]),
+            ("batch", vec![1, 2]),
+            ("alone", vec![1]),
+            ("alone", vec![2])
+        ]
+    );
+}
