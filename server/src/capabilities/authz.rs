@@ -485,7 +485,7 @@ mod tests {
     fn the_cache_keeps_its_bound_and_the_recent_answers_when_one_client_fills_it() {
         let authorizer = Authorizer::new(
             Forwarder::new(
-                &crate::plumbing::proxy::ForwarderSettings::default(),
+                &crate::plumbing::proxy::ForwarderConfig::default(),
                 crate::plumbing::telemetry::Metrics::new(),
             ),
             Duration::from_secs(10),
@@ -516,7 +516,7 @@ mod tests {
     async fn probes_keep_the_path_and_add_a_child_that_names_no_tier() {
         let authorizer = Authorizer::new(
             Forwarder::new(
-                &crate::plumbing::proxy::ForwarderSettings::default(),
+                &crate::plumbing::proxy::ForwarderConfig::default(),
                 crate::plumbing::telemetry::Metrics::new(),
             ),
             Duration::ZERO,

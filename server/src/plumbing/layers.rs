@@ -310,7 +310,7 @@ mod tests {
     /// and the log line's `answered_by`.
     async fn answer_through(upstream: std::net::SocketAddr) -> (u16, String) {
         use tower::ServiceExt;
-        let config = crate::plumbing::proxy::ForwarderSettings {
+        let config = crate::plumbing::proxy::ForwarderConfig {
             upstream: crate::plumbing::proxy::Upstream::parse(&format!("http://{upstream}"))
                 .unwrap(),
             ..Default::default()

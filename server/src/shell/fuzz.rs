@@ -258,7 +258,7 @@ fn listings_of_any_names_are_ascii_json_that_reads_back_the_same_entries() {
 fn any_client_headers_are_prepared_for_mlflow_without_panic_or_hop_by_hop_leaks() {
     use http::{HeaderMap, HeaderName, HeaderValue};
     let forwarder = crate::plumbing::proxy::Forwarder::new(
-        &crate::plumbing::proxy::ForwarderSettings::default(),
+        &crate::plumbing::proxy::ForwarderConfig::default(),
         crate::plumbing::telemetry::Metrics::new(),
     );
     let name = prop_oneof![

@@ -206,7 +206,7 @@ mod tests {
     use tower::ServiceExt;
 
     use super::super::metrics::ArtifactLabels;
-    use crate::plumbing::proxy::{Forwarder, ForwarderSettings, Upstream};
+    use crate::plumbing::proxy::{Forwarder, ForwarderConfig, Upstream};
     use crate::plumbing::telemetry::Metrics;
 
     const OPS: [Op; 9] = [
@@ -231,9 +231,9 @@ mod tests {
             .local_addr()
             .unwrap();
         let metrics = Metrics::new();
-        let settings = ForwarderSettings {
+        let settings = ForwarderConfig {
             upstream: Upstream::parse(&format!("http://{closed}")).unwrap(),
-            ..ForwarderSettings::default()
+            ..ForwarderConfig::default()
         };
         let forwarder = Forwarder::new(&settings, metrics.clone());
         let dir = tempfile::tempdir().unwrap();

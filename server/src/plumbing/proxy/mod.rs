@@ -26,7 +26,7 @@ mod settings;
 
 use crate::plumbing::error::ProxyError;
 use crate::plumbing::telemetry::{ErrorLabels, Metrics};
-pub use settings::{ForwarderOptions, ForwarderSettings, HostHeader, Timeouts, Upstream};
+pub use settings::{ForwarderConfig, ForwarderOptions, HostHeader, Timeouts, Upstream};
 
 type UpstreamBody = StreamingBody<Body>;
 
@@ -75,7 +75,7 @@ pub struct Forwarder {
 }
 
 impl Forwarder {
-    pub fn new(config: &ForwarderSettings, metrics: Metrics) -> Self {
+    pub fn new(config: &ForwarderConfig, metrics: Metrics) -> Self {
         let mut connector = HttpConnector::new();
         connector.set_connect_timeout(Some(config.timeouts.connect));
         connector.set_nodelay(true);

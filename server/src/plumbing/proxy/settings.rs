@@ -87,7 +87,7 @@ pub struct Timeouts {
 
 /// What a [`super::Forwarder`] is built from.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ForwarderSettings {
+pub struct ForwarderConfig {
     pub upstream: Upstream,
     pub host_header: HostHeader,
     pub timeouts: Timeouts,
@@ -95,7 +95,7 @@ pub struct ForwarderSettings {
     pub max_idle: usize,
 }
 
-impl Default for ForwarderSettings {
+impl Default for ForwarderConfig {
     fn default() -> Self {
         Self {
             upstream: Upstream::parse("http://127.0.0.1:5000").expect("default upstream parses"),
@@ -110,7 +110,7 @@ impl Default for ForwarderSettings {
     }
 }
 
-impl ForwarderSettings {
+impl ForwarderConfig {
     /// Refuses timeouts that would fail every exchange.
     pub fn validate(&self) -> Result<(), String> {
         for (name, d) in [
@@ -154,8 +154,8 @@ pub struct ForwarderOptions {
 
 impl ForwarderOptions {
     /// The given values over the defaults; an upstream URL the forwarder cannot use is refused.
-    pub fn resolve(self) -> Result<ForwarderSettings, String> {
-        let mut settings = ForwarderSettings::default();
+    pub fn resolve(self) -> Result<ForwarderConfig, String> {
+        let mut settings = ForwarderConfig::default();
         if let Some(url) = self.upstream {
             settings.upstream = Upstream::parse(&url)?;
         }

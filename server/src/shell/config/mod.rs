@@ -54,7 +54,7 @@ pub enum ConfigError {
     Cli(#[from] clap::Error),
 }
 
-pub use crate::plumbing::proxy::{ForwarderSettings, HostHeader, Timeouts, Upstream};
+pub use crate::plumbing::proxy::{ForwarderConfig, HostHeader, Timeouts, Upstream};
 pub use crate::plumbing::telemetry::LogFormat;
 pub use crate::shell::serve::InboundLimits;
 
@@ -228,8 +228,8 @@ pub enum Invocation {
 
 impl Config {
     /// What the forwarder to MLflow is built from.
-    pub fn forwarder(&self) -> ForwarderSettings {
-        ForwarderSettings {
+    pub fn forwarder(&self) -> ForwarderConfig {
+        ForwarderConfig {
             upstream: self.upstream.clone(),
             host_header: self.host_header,
             timeouts: self.timeouts,
