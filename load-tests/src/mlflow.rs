@@ -59,20 +59,12 @@ pub(crate) async fn create_run(
         })
 }
 
-/// How the benchmark's MLflow serves (set once, when its stack starts), for every report.
-static SERVING: std::sync::OnceLock<String> = std::sync::OnceLock::new();
-
-/// Records how MLflow serves in this run, so that [`version`] says it beside the version.
-pub(crate) fn set_serving(serving: mlscope_tests::MlflowServing) {
-    let _ = SERVING.set(serving.describe());
-}
-
 /// `GET /version` of MLflow, with how it serves (workers, job runner), for the report: e.g.
 /// "3.17.2 · `mlflow server` defaults (4 workers, job runner on)". `None` when it does not
 /// answer.
 pub(crate) async fn version(target: &Target) -> Option<String> {
     let version = bare_version(target).await?;
-    Some(match SERVING.get() {
+    Some(match crate::stack::serving() {
         Some(serving) => format!("{version} · {serving}"),
         None => version,
     })

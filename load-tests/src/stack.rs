@@ -13,6 +13,15 @@ use mlscope_tests::{MlflowServer, Nginx, PostgresDatabase, ProxyProcess, StackOp
 
 use crate::cli::{FleetArgs, FleetTarget, StackArgs};
 
+/// How the benchmark's MLflow serves (workers, job runner), set once when its stack starts, for
+/// every report beside MLflow's version.
+static SERVING: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+
+/// How MLflow serves in this run, once its stack has started.
+pub(crate) fn serving() -> Option<&'static str> {
+    SERVING.get().map(String::as_str)
+}
+
 /// Where a benchmark sends its requests. The order is the report's row order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub(crate) enum TargetKind {
@@ -184,7 +193,7 @@ impl BenchStack {
     /// before the async runtime starts. `args.proxy_args` go to every mlscope-proxy, before an
     /// extra proxy's own flags.
     pub(crate) fn start(args: &StackArgs, plan: &StackPlan) -> anyhow::Result<BenchStack> {
-        crate::mlflow::set_serving(args.serving());
+        let _ = SERVING.set(args.serving().describe());
         let stack = TestStack::start(StackOptions {
             proxy: !args.stub_upstream && !plan.artifact_gateway,
             proxy_args: args.proxy_args.clone(),

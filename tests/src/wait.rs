@@ -374,9 +374,9 @@ mod tests {
             .unwrap_or_else(|| panic!("{message}"));
         assert_eq!(checks.0, checks.1, "{message}");
 
-        let started = std::time::Instant::now();
+        // That the window is watched to its end is checked on the paused clock (the async
+        // twin's test); here: at the start and at the end.
         let checks = consistently_blocking(Duration::from_millis(300), "holds", holds_from(1));
-        assert!(started.elapsed() >= Duration::from_millis(300));
         assert!(checks >= 2, "checked at the start and at the end: {checks}");
 
         let started = std::time::Instant::now();
