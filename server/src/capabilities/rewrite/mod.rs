@@ -775,9 +775,8 @@ fn beat_of(body: &MetricsBody<'_>, plans: &[KeyPlan], metric_plans: &[usize]) ->
 /// left running) and `mlscope/data/...` tags (declared data that changed) of a body to `beat`;
 /// its tags are decoded only when the body holds such a key.
 fn observe_rank_tags(beat: &mut Beat, request: &Identity, body: &MetricsBody<'_>, bytes: &[u8]) {
-    if memchr::memmem::find(bytes, b"mlscope/rank-").is_none()
-        && memchr::memmem::find(bytes, b"mlscope/data/").is_none()
-    {
+    // One pass over the body for both prefixes.
+    if memchr::memmem::find(bytes, b"mlscope/").is_none() {
         return;
     }
     for tag in body.tags().iter().take(MAX_ITEMS) {
