@@ -40,15 +40,15 @@ fn main() -> ExitCode {
         Invocation::Check(config) => {
             println!(
                 "mlscope-proxy: configuration ok (listen {}, admin {}, upstream {}, state store {})",
-                config.listen,
-                config.admin_listen,
-                config.upstream.url(),
-                config.database_url.split(':').next().unwrap_or_default()
+                config.serve.listen,
+                config.serve.admin_listen,
+                config.forwarder.upstream.url(),
+                config.store.database_url.split(':').next().unwrap_or_default()
             );
             return ExitCode::SUCCESS;
         }
         Invocation::Relocate(config, args) => {
-            mlscope_proxy::plumbing::telemetry::init_logging(config.log_format, "warn");
+            mlscope_proxy::plumbing::telemetry::init_logging(config.log.format, "warn");
             return match runtime.block_on(mlscope_proxy::shell::relocate::run(&config, &args)) {
                 Ok(code) => code,
                 Err(e) => {
@@ -58,7 +58,7 @@ fn main() -> ExitCode {
             };
         }
     };
-    mlscope_proxy::plumbing::telemetry::init_logging(config.log_format, &config.log_level);
+    mlscope_proxy::plumbing::telemetry::init_logging(config.log.format, &config.log.level);
     match runtime.block_on(serve(config)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
@@ -71,15 +71,17 @@ fn main() -> ExitCode {
 async fn serve(config: Config) -> anyhow::Result<()> {
     use anyhow::Context;
     let listener = config
+        .serve
         .listen
         .bind()
         .await
-        .with_context(|| format!("binding --listen {}", config.listen))?;
+        .with_context(|| format!("binding --listen {}", config.serve.listen))?;
     let admin = config
+        .serve
         .admin_listen
         .bind()
         .await
-        .with_context(|| format!("binding --admin-listen {}", config.admin_listen))?;
+        .with_context(|| format!("binding --admin-listen {}", config.serve.admin_listen))?;
     mlscope_proxy::run(config, listener, admin, shutdown_signal()).await
 }
 

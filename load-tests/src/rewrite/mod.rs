@@ -337,10 +337,10 @@ impl Engines {
             health: Health::new(
                 config.health.clone(),
                 store,
-                Forwarder::new(&config.forwarder(), metrics.clone()),
+                Forwarder::new(&config.forwarder, metrics.clone()),
                 mlscope_proxy::capabilities::coalesce::Coalescer::new(
                     config.coalesce,
-                    Forwarder::new(&config.forwarder(), metrics.clone()),
+                    Forwarder::new(&config.forwarder, metrics.clone()),
                     metrics.clone(),
                 ),
                 metrics,

@@ -7,11 +7,11 @@ use http::HeaderMap;
 use mlscope_scopes::Identity;
 
 /// Headers through which the collector (or a platform SDK) says who is sending.
-pub const NODE_HEADER: &str = "x-mlscope-node";
-pub const RANK_HEADER: &str = "x-mlscope-rank";
+pub(crate) const NODE_HEADER: &str = "x-mlscope-node";
+pub(crate) const RANK_HEADER: &str = "x-mlscope-rank";
 
 /// The identity request headers declare; parts that are absent or malformed stay unknown.
-pub fn identity_from_headers(headers: &HeaderMap) -> Identity {
+pub(crate) fn identity_from_headers(headers: &HeaderMap) -> Identity {
     let text = |name: &str| {
         headers
             .get(name)

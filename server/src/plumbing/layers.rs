@@ -13,7 +13,8 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tracing::Instrument;
 
 use crate::plumbing::error::{Error, ProxyError};
-use crate::plumbing::proxy::{request_id, AnsweredBy, Guarded, RouteClass, X_REQUEST_ID};
+use crate::plumbing::proxy::{request_id, AnsweredBy, Guarded, X_REQUEST_ID};
+use crate::plumbing::route::RouteClass;
 use crate::plumbing::telemetry::{Metrics, RequestLabels, RouteLabels};
 
 /// Request id (the client's own when sane, else a new one, sent upstream and back), a span
@@ -99,7 +100,7 @@ pub(crate) async fn limit_concurrency(
     request: Request,
     next: Next,
 ) -> Response {
-    let write_permit = if crate::plumbing::proxy::is_write(request.method(), request.uri().path()) {
+    let write_permit = if crate::plumbing::route::is_write(request.method(), request.uri().path()) {
         match limit.write_permits.clone().try_acquire_owned() {
             Ok(permit) => Some(permit),
             Err(_) => return limit.refuse(request).await,

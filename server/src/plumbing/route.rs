@@ -69,7 +69,7 @@ impl RouteClass {
 /// Whether a request changes what MLflow (or the artifact store) holds. A read is `GET`, `HEAD`,
 /// `OPTIONS`, GraphQL (the UI's queries) or one of the tracking API's `POST` reads: searches
 /// (`runs/search`, `logged-models/search`, `traces/search`, ...) and gets (`batch-get`).
-pub fn is_write(method: &http::Method, path: &str) -> bool {
+pub(crate) fn is_write(method: &http::Method, path: &str) -> bool {
     if matches!(
         *method,
         http::Method::GET | http::Method::HEAD | http::Method::OPTIONS

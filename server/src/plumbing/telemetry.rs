@@ -15,7 +15,7 @@ use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::{Metric, Registry};
 use tracing_subscriber::EnvFilter;
 
-pub use crate::plumbing::error::UpstreamErrorKind;
+use crate::plumbing::error::UpstreamErrorKind;
 use crate::plumbing::route::RouteClass;
 
 /// How log lines are written.

@@ -120,7 +120,7 @@ async fn watch_unauthorized(
 }
 
 /// Serves both listeners until `shutdown` resolves, then stops accepting, lets in-flight requests
-/// finish for at most `config.shutdown_grace`, and returns.
+/// finish for at most `config.serve.shutdown_grace`, and returns.
 pub async fn run(
     config: Config,
     listener: TcpListener,
@@ -144,8 +144,8 @@ pub async fn run(
     };
     let main = crate::shell::serve::serve(
         listener,
-        app(state.clone(), config.max_in_flight),
-        config.inbound,
+        app(state.clone(), config.serve.max_in_flight),
+        config.serve.inbound,
         state.metrics.clone(),
         stopped(stop_rx.clone()),
     );
@@ -155,7 +155,7 @@ pub async fn run(
     let mut main = tokio::spawn(main);
     let admin = tokio::spawn(admin);
     let replica_row = tokio::spawn(refresh_replica(state.clone()));
-    let sweeper = tokio::spawn(sweep(state.clone(), config.state_retention));
+    let sweeper = tokio::spawn(sweep(state.clone(), config.store.state_retention));
     let auth_detector = state.authorizer.as_ref().map(Authorizer::spawn_detector);
     let upstream_check = state
         .upstream_version
@@ -170,10 +170,10 @@ pub async fn run(
             anyhow::bail!("the MLflow-facing listener stopped serving");
         }
         () = shutdown => {
-            tracing::info!(grace = ?config.shutdown_grace, "shutdown requested; draining in-flight requests");
+            tracing::info!(grace = ?config.serve.shutdown_grace, "shutdown requested; draining in-flight requests");
             state.draining.store(true, Ordering::Relaxed);
             let _ = stop_tx.send(true);
-            match tokio::time::timeout(config.shutdown_grace, &mut main).await {
+            match tokio::time::timeout(config.serve.shutdown_grace, &mut main).await {
                 Ok(result) => {
                     result.context("server task")?;
                     tracing::info!("drained");

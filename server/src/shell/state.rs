@@ -48,7 +48,7 @@ pub struct AppState {
 impl AppState {
     /// Opens and migrates the store and builds the upstream client.
     pub async fn new(config: &Config) -> anyhow::Result<Self> {
-        let store = Store::open(&config.database_url)
+        let store = Store::open(&config.store.database_url)
             .await
             .context("opening the state store")?;
         let replica = Replica::new();
@@ -64,7 +64,7 @@ impl AppState {
                 config.scopes.dedup_config,
             )
         });
-        let forwarder = Forwarder::new(&config.forwarder(), metrics.clone());
+        let forwarder = Forwarder::new(&config.forwarder, metrics.clone());
         let authorizer = (dedup.is_some() || config.artifacts.destination.is_some())
             .then(|| Authorizer::new(forwarder.clone(), config.artifacts.authz_cache_ttl));
         let mut rewriter = MetricsRewriter::new(config.scopes.clone(), dedup, metrics.clone())

@@ -156,8 +156,8 @@ struct Proxy {
 async fn start_proxy(upstream: &str, tweak: impl FnOnce(&mut Config)) -> Proxy {
     let dir = tempfile::tempdir().unwrap();
     let mut config = Config::default();
-    config.upstream = mlscope_proxy::shell::config::Upstream::parse(upstream).unwrap();
-    config.database_url = format!("sqlite://{}/state.db", dir.path().display());
+    config.forwarder.upstream = mlscope_proxy::plumbing::proxy::Upstream::parse(upstream).unwrap();
+    config.store.database_url = format!("sqlite://{}/state.db", dir.path().display());
     tweak(&mut config);
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let admin = TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -413,7 +413,7 @@ async fn an_upstream_that_resets_the_connection_is_a_502() {
 async fn an_upstream_that_sends_no_headers_in_time_is_a_504() {
     let upstream = start_upstream(Script::default()).await;
     let proxy = start_proxy(&format!("http://{upstream}"), |c| {
-        c.timeouts.response_headers = Duration::from_millis(300)
+        c.forwarder.timeouts.response_headers = Duration::from_millis(300)
     })
     .await;
     let response = reqwest::get(format!("{}/slow-headers", proxy.url))
@@ -438,7 +438,7 @@ async fn an_upstream_that_sends_no_headers_in_time_is_a_504() {
 async fn a_response_body_that_stalls_is_aborted_after_the_idle_timeout() {
     let upstream = start_upstream(Script::default()).await;
     let proxy = start_proxy(&format!("http://{upstream}"), |c| {
-        c.timeouts.body_idle = Duration::from_millis(300)
+        c.forwarder.timeouts.body_idle = Duration::from_millis(300)
     })
     .await;
     let response = reqwest::get(format!("{}/stall", proxy.url)).await.unwrap();
@@ -480,7 +480,7 @@ async fn requests_over_the_concurrency_limit_get_429_with_retry_after_on_a_conne
 ) {
     let script = Script::default();
     let upstream = start_upstream(script.clone()).await;
-    let proxy = start_proxy(&format!("http://{upstream}"), |c| c.max_in_flight = 1).await;
+    let proxy = start_proxy(&format!("http://{upstream}"), |c| c.serve.max_in_flight = 1).await;
     let url = format!("{}/hold", proxy.url);
     let held = tokio::spawn(async move { reqwest::get(url).await.unwrap().text().await.unwrap() });
     script.entered.notified().await;

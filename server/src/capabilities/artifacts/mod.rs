@@ -36,10 +36,10 @@ use crate::plumbing::settings::{parse_duration, parse_size};
 
 pub use handlers::Gateway;
 pub use metrics::GatewayMetrics;
-pub use objects::{Bucket, StoreError};
-pub use quirks::Quirks;
 pub use routes::router;
-pub use s3::{Destination, S3Settings};
+
+use quirks::Quirks;
+use s3::{Destination, S3Settings};
 
 /// What happens to a write outside the artifact root of an existing run, model or trace.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, clap::ValueEnum)]

@@ -67,7 +67,7 @@ use crate::plumbing::proxy::{request_id, Forwarder};
 use crate::plumbing::telemetry::Metrics;
 use metrics::CoalesceMetrics;
 
-pub use crate::plumbing::writes::MAX_BATCH_METRICS;
+use crate::plumbing::writes::MAX_BATCH_METRICS;
 use crate::plumbing::writes::{self, Alone, Prepared, Writes};
 pub use batch::MAX_BATCH_BYTES;
 

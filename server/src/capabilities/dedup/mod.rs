@@ -4,7 +4,7 @@
 //! The store is consulted on election, on renewal (at most once per `update_interval` per
 //! lease) and when a cached lease looks expired; every other sample is decided from memory.
 
-pub(crate) mod clock;
+mod clock;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};

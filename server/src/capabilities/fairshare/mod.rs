@@ -50,7 +50,7 @@ use serde::Deserialize;
 use crate::plumbing::client::TrustedProxies;
 use crate::plumbing::credential::Credential;
 use crate::plumbing::error::Error;
-use crate::plumbing::proxy::RouteClass;
+use crate::plumbing::route::RouteClass;
 use crate::plumbing::telemetry::Metrics;
 
 use crate::plumbing::aged::AgedMap;
@@ -66,7 +66,7 @@ const MAX_VERIFIED: usize = 100_000;
 /// Buckets hold this many seconds of their rate.
 const BURST_SECONDS: f64 = 2.0;
 
-pub(crate) use crate::plumbing::writes::WriteWeight;
+use crate::plumbing::writes::WriteWeight;
 
 /// The share's settings.
 #[derive(Debug, Clone, PartialEq)]
@@ -479,7 +479,7 @@ impl FairShare {
 /// have upload slots of their own).
 fn governs(request: &Request) -> bool {
     let path = request.uri().path();
-    crate::plumbing::proxy::is_write(request.method(), path)
+    crate::plumbing::route::is_write(request.method(), path)
         && !matches!(RouteClass::of(path), RouteClass::Artifacts)
 }
 

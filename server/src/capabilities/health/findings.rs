@@ -11,7 +11,6 @@ use serde::Serialize;
 
 use super::judge;
 use super::store::FindingRow;
-pub use super::store::MAX_FINDINGS_PER_RUN;
 
 /// A report's text is kept up to this many characters (the collector's are shorter).
 const MAX_DETAIL_CHARS: usize = 500;

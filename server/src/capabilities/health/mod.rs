@@ -47,8 +47,7 @@ use store::{FindingRow, HealthStore, RankRow};
 
 pub use beat::{Beat, RankBeat};
 pub use idle::IDLE_TAG;
-pub use judge::{judge, Judgement, Outcome};
-pub use settings::{HealthConfig, HealthOptions, ServiceCredential, StaleAction};
+pub use settings::{HealthConfig, HealthOptions, StaleAction};
 pub use update::update_run;
 pub use view::{GpuHealth, RankHealth, RunHealth};
 

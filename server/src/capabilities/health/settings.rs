@@ -27,7 +27,7 @@ impl StaleAction {
 }
 
 /// The credential the sweep uses for MLflow when MLflow requires one.
-pub use crate::plumbing::credential::ServiceCredential;
+use crate::plumbing::credential::ServiceCredential;
 
 #[derive(Debug, Clone)]
 pub struct HealthConfig {

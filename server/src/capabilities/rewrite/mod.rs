@@ -26,9 +26,9 @@ use crate::plumbing::telemetry::Metrics;
 use crate::plumbing::writes::Prepared;
 use body::{BodyError, Edit, Endpoint, MetricsBody};
 use intake::{Intake, IntakeError};
-pub use stats::RunStats;
 
-pub use crate::plumbing::identity::{identity_from_headers, NODE_HEADER, RANK_HEADER};
+use crate::plumbing::identity::identity_from_headers;
+use stats::RunStats;
 use crate::plumbing::proxy::is_json;
 
 // MLflow's own limits on one log-batch; larger batches go through untouched so MLflow answers.

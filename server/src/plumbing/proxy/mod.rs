@@ -17,7 +17,6 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 
-pub use crate::plumbing::route::{is_write, RouteClass};
 pub(crate) use body::read_up_to;
 pub use body::{find_idle_timeout, Direction, Guard, Guarded, IdleTimeoutError, StreamingBody};
 pub use headers::{is_json, request_id, strip_hop_by_hop, X_REQUEST_ID};

@@ -27,7 +27,7 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 
 /// MLflow's limits on one `log-batch` (`mlflow/utils/validation.py`).
-pub const MAX_BATCH_METRICS: usize = 1000;
+pub(crate) const MAX_BATCH_METRICS: usize = 1000;
 pub(crate) const MAX_BATCH_PARAMS: usize = 100;
 pub(crate) const MAX_BATCH_TAGS: usize = 100;
 pub(crate) const MAX_BATCH_ITEMS: usize = 1000;

@@ -9,7 +9,6 @@
 //! directly.
 
 use std::path::PathBuf;
-use std::time::Duration;
 
 use clap::{CommandFactory, FromArgMatches, Parser};
 use serde::Deserialize;
@@ -21,8 +20,7 @@ use crate::capabilities::fairshare::{FairShareConfig, FairShareOptions};
 use crate::capabilities::health::{HealthConfig, HealthOptions};
 use crate::capabilities::rewrite::{ScopeConfig, ScopeOptions};
 use crate::plumbing::client::{ClientOptions, TrustedProxies};
-use crate::plumbing::listen::ListenAddr;
-use crate::plumbing::proxy::ForwarderOptions;
+use crate::plumbing::proxy::{ForwarderConfig, ForwarderOptions};
 use crate::plumbing::store::{StoreConfig, StoreOptions};
 use crate::plumbing::telemetry::{LogConfig, LogOptions};
 use crate::shell::serve::{ServeConfig, ServeOptions};
@@ -30,7 +28,7 @@ use crate::shell::serve::{ServeConfig, ServeOptions};
 mod file;
 mod relocate;
 
-pub use relocate::{RelocateArgs, Secret};
+pub use relocate::RelocateArgs;
 
 #[cfg(test)]
 use crate::capabilities::artifacts::WritePolicy;
@@ -54,39 +52,21 @@ pub enum ConfigError {
     Cli(#[from] clap::Error),
 }
 
-pub use crate::plumbing::proxy::{ForwarderConfig, HostHeader, Timeouts, Upstream};
-pub use crate::plumbing::telemetry::LogFormat;
-pub use crate::shell::serve::InboundLimits;
-
-/// Every component's settings, resolved.
+/// Every component's settings, resolved: each component's own, as it declares them.
 #[derive(Debug, Clone)]
 pub struct Config {
-    /// Where the MLflow-facing listener binds; a host name is resolved when serving starts.
-    pub listen: ListenAddr,
-    /// Where the admin listener (`/healthz`, `/readyz`, `/metrics`) binds.
-    pub admin_listen: ListenAddr,
-    pub upstream: Upstream,
-    pub database_url: String,
-    pub host_header: HostHeader,
+    /// The listeners: where they bind and what they admit.
+    pub serve: ServeConfig,
+    /// The forwarder to MLflow: where it is, its `Host`, its timeouts and idle connections.
+    pub forwarder: ForwarderConfig,
     /// Gateways whose `X-Forwarded-For` names the client, for the limits one client may hold.
     pub trusted_proxies: TrustedProxies,
     /// Each client's share of MLflow's writes.
     pub fair_share: FairShareConfig,
-    pub timeouts: Timeouts,
-    /// Requests handled at once; one more is answered 429 (not forwarded) at once instead of queueing.
-    pub max_in_flight: usize,
-    /// Idle keep-alive connections kept to the upstream.
-    pub upstream_max_idle: usize,
-    /// Limits on inbound connections, against slow or hostile clients.
-    pub inbound: InboundLimits,
-    /// Rows of the state store untouched this long (leases, upload-failure counts, replicas) are
-    /// deleted by the retention sweep.
-    pub state_retention: Duration,
-    /// How long in-flight requests may run on after SIGTERM/SIGINT.
-    pub shutdown_grace: Duration,
-    pub log_format: LogFormat,
-    /// `tracing` filter directive, e.g. `info` or `mlscope_proxy=debug,info`.
-    pub log_level: String,
+    /// Which state store to open and how long its rows are kept.
+    pub store: StoreConfig,
+    /// How the proxy logs.
+    pub log: LogConfig,
     /// System-metric scoping and node deduplication.
     pub scopes: ScopeConfig,
     /// The artifact gateway: MLflow's artifact API served from an S3-compatible store.
@@ -162,21 +142,12 @@ impl Settings {
         // The gateway's transfers to and from the store stall no longer than the forwarder's.
         artifacts.s3.stall_grace = forwarder.timeouts.body_idle;
         let config = Config {
-            listen: serve.listen,
-            admin_listen: serve.admin_listen,
-            upstream: forwarder.upstream,
-            database_url: store.database_url,
-            host_header: forwarder.host_header,
+            serve,
+            forwarder,
             trusted_proxies,
             fair_share: self.fair_share.resolve(),
-            timeouts: forwarder.timeouts,
-            max_in_flight: serve.max_in_flight,
-            upstream_max_idle: forwarder.max_idle,
-            inbound: serve.inbound,
-            state_retention: store.state_retention,
-            shutdown_grace: serve.shutdown_grace,
-            log_format: log.format,
-            log_level: log.level,
+            store,
+            log,
             scopes,
             artifacts,
             coalesce: self.coalesce.resolve(),
@@ -227,43 +198,6 @@ pub enum Invocation {
 }
 
 impl Config {
-    /// What the forwarder to MLflow is built from.
-    pub fn forwarder(&self) -> ForwarderConfig {
-        ForwarderConfig {
-            upstream: self.upstream.clone(),
-            host_header: self.host_header,
-            timeouts: self.timeouts,
-            max_idle: self.upstream_max_idle,
-        }
-    }
-
-    /// Where the listeners bind and what they admit.
-    pub fn serving(&self) -> ServeConfig {
-        ServeConfig {
-            listen: self.listen.clone(),
-            admin_listen: self.admin_listen.clone(),
-            inbound: self.inbound,
-            max_in_flight: self.max_in_flight,
-            shutdown_grace: self.shutdown_grace,
-        }
-    }
-
-    /// Which state store to open and how long its rows are kept.
-    pub fn store(&self) -> StoreConfig {
-        StoreConfig {
-            database_url: self.database_url.clone(),
-            state_retention: self.state_retention,
-        }
-    }
-
-    /// How the proxy logs.
-    pub fn log(&self) -> LogConfig {
-        LogConfig {
-            format: self.log_format,
-            level: self.log_level.clone(),
-        }
-    }
-
     /// Loads from the given arguments (environment still applies through clap's `env`) for
     /// serving; a subcommand is refused.
     pub fn from_args<I, T>(args: I) -> Result<Self, ConfigError>
@@ -312,16 +246,16 @@ impl Config {
 
     /// Checks every component's settings by its own rules.
     pub fn validate(&self) -> Result<(), ConfigError> {
-        self.serving()
+        self.serve
             .validate()
-            .and_then(|()| self.store().validate())
-            .and_then(|()| self.forwarder().validate())
+            .and_then(|()| self.store.validate())
+            .and_then(|()| self.forwarder.validate())
             .and_then(|()| self.scopes.validate())
             .and_then(|()| self.fair_share.validate())
             .and_then(|()| self.coalesce.validate())
             .and_then(|()| self.health.validate())
             .and_then(|()| self.artifacts.validate())
-            .and_then(|()| self.log().validate())
+            .and_then(|()| self.log.validate())
             .map_err(ConfigError::Invalid)
     }
 }
@@ -329,7 +263,9 @@ impl Config {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::plumbing::proxy::Upstream;
     use std::io::Write;
+    use std::time::Duration;
 
     #[test]
     fn flags_override_the_file_which_overrides_defaults() {
@@ -344,11 +280,11 @@ mod tests {
             "127.0.0.1:7000",
         ])
         .unwrap();
-        assert_eq!(c.listen, "127.0.0.1:7000".parse().unwrap());
-        assert_eq!(c.upstream.authority.as_str(), "mlflow:5000");
-        assert_eq!(c.upstream.base_path, "/prefix");
-        assert_eq!(c.timeouts.body_idle, Duration::from_secs(300));
-        assert_eq!(c.admin_listen, Config::default().admin_listen);
+        assert_eq!(c.serve.listen, "127.0.0.1:7000".parse().unwrap());
+        assert_eq!(c.forwarder.upstream.authority.as_str(), "mlflow:5000");
+        assert_eq!(c.forwarder.upstream.base_path, "/prefix");
+        assert_eq!(c.forwarder.timeouts.body_idle, Duration::from_secs(300));
+        assert_eq!(c.serve.admin_listen, Config::default().serve.admin_listen);
     }
 
     #[test]
@@ -357,10 +293,10 @@ mod tests {
         writeln!(file, "admin_listen = \"localhost:9000\"").unwrap();
         let path = file.path().to_str().unwrap().to_owned();
         let c = Config::from_args(["p", "--config", &path, "--listen", "localhost:5001"]).unwrap();
-        assert_eq!(c.listen.to_string(), "localhost:5001");
-        assert_eq!(c.admin_listen.to_string(), "localhost:9000");
+        assert_eq!(c.serve.listen.to_string(), "localhost:5001");
+        assert_eq!(c.serve.admin_listen.to_string(), "localhost:9000");
         let c = Config::from_args(["p", "--listen", "[::1]:5001"]).unwrap();
-        assert_eq!(c.listen.to_string(), "[::1]:5001");
+        assert_eq!(c.serve.listen.to_string(), "[::1]:5001");
 
         let err = Config::from_args(["p", "--listen", "localhost"]).unwrap_err();
         let ConfigError::Cli(clap) = &err else {
@@ -526,7 +462,7 @@ mod tests {
         .unwrap();
         match invocation {
             Invocation::Relocate(config, args) => {
-                assert_eq!(config.upstream.authority.as_str(), "mlflow:5000");
+                assert_eq!(config.forwarder.upstream.authority.as_str(), "mlflow:5000");
                 assert_eq!(config.artifacts.s3.quirks.name, "minio");
                 assert_eq!(args.run_id, "abc");
             }
@@ -587,7 +523,7 @@ mod tests {
             file: "shutdown_grace = \"11s\"",
             env_value: "12s",
             flag_value: "13s",
-            read: |c| format!("{:?}", c.shutdown_grace),
+            read: |c| format!("{:?}", c.serve.shutdown_grace),
             expected: ["30s", "11s", "12s", "13s"],
         },
         Layered {
@@ -596,7 +532,7 @@ mod tests {
             file: "connect_timeout = \"21s\"",
             env_value: "22s",
             flag_value: "23s",
-            read: |c| format!("{:?}", c.timeouts.connect),
+            read: |c| format!("{:?}", c.forwarder.timeouts.connect),
             expected: ["5s", "21s", "22s", "23s"],
         },
         Layered {
@@ -628,7 +564,7 @@ mod tests {
             file: "state_retention = \"41h\"",
             env_value: "42h",
             flag_value: "43h",
-            read: |c| format!("{:?}", c.state_retention),
+            read: |c| format!("{:?}", c.store.state_retention),
             expected: ["1209600s", "147600s", "151200s", "154800s"],
         },
         Layered {
@@ -637,7 +573,7 @@ mod tests {
             file: "log_level = \"debug\"",
             env_value: "warn",
             flag_value: "error",
-            read: |c| c.log_level.clone(),
+            read: |c| c.log.level.clone(),
             expected: ["info", "debug", "warn", "error"],
         },
         Layered {

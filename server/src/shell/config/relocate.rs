@@ -90,4 +90,4 @@ fn parse_single_copy_limit(s: &str) -> Result<u64, String> {
     Ok(size as u64)
 }
 
-pub use crate::plumbing::credential::Secret;
+use crate::plumbing::credential::Secret;

@@ -283,7 +283,7 @@ struct RunInfo {
 }
 
 async fn lookup_run(config: &crate::Config, args: &RelocateArgs) -> anyhow::Result<RunInfo> {
-    let mlflow = MlflowClient::new(Forwarder::new(&config.forwarder(), Metrics::new()));
+    let mlflow = MlflowClient::new(Forwarder::new(&config.forwarder, Metrics::new()));
     let credential = match (
         &args.mlflow_token,
         &args.mlflow_username,
@@ -305,7 +305,7 @@ async fn lookup_run(config: &crate::Config, args: &RelocateArgs) -> anyhow::Resu
     if let Err(MlflowError::Unanswered(e)) = &answer {
         anyhow::bail!("{e}; set --upstream (before `relocate`) or MLSCOPE_UPSTREAM to the MLflow tracking server");
     }
-    run_info(answer, &args.run_id, &config.upstream.url()).map_err(anyhow::Error::msg)
+    run_info(answer, &args.run_id, &config.forwarder.upstream.url()).map_err(anyhow::Error::msg)
 }
 
 /// MLflow's answer to `runs/get`, or why there is no run to copy into.
