@@ -30,6 +30,3 @@ pub mod capabilities;
 pub mod plumbing;
 pub mod shell;
 
-pub use shell::app::{app, run};
-pub use shell::config::Config;
-pub use shell::state::AppState;

@@ -82,7 +82,7 @@ async fn serve(config: Config) -> anyhow::Result<()> {
         .bind()
         .await
         .with_context(|| format!("binding --admin-listen {}", config.serve.admin_listen))?;
-    mlscope_proxy::run(config, listener, admin, shutdown_signal()).await
+    mlscope_proxy::shell::app::run(config, listener, admin, shutdown_signal()).await
 }
 
 /// Resolves on the first SIGTERM or SIGINT.

@@ -329,7 +329,7 @@ impl Engines {
         let store = Store::open(&format!("sqlite://{}/health.db", dir.path().display()))
             .await
             .context("opening the health store")?;
-        let config = mlscope_proxy::Config::default();
+        let config = mlscope_proxy::shell::config::Config::default();
         let metrics = Metrics::new();
         Ok(Engines {
             plain: MetricsRewriter::new(scopes.clone(), None, Metrics::new()),

@@ -2,7 +2,7 @@
 //! composes the capabilities and may import anything.
 
 pub(crate) mod admin;
-pub(crate) mod app;
+pub mod app;
 pub mod config;
 #[cfg(test)]
 mod floors;

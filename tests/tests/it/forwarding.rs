@@ -15,7 +15,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{any, get};
 use axum::Router;
 use futures_util::StreamExt;
-use mlscope_proxy::Config;
+use mlscope_proxy::shell::config::Config;
 use mlscope_tests::eventually;
 use serde_json::{json, Value};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -164,7 +164,7 @@ async fn start_proxy(upstream: &str, tweak: impl FnOnce(&mut Config)) -> Proxy {
     let addr = listener.local_addr().unwrap();
     let admin_url = format!("http://{}", admin.local_addr().unwrap());
     let (tx, rx) = oneshot::channel::<()>();
-    let done = tokio::spawn(mlscope_proxy::run(config, listener, admin, async move {
+    let done = tokio::spawn(mlscope_proxy::shell::app::run(config, listener, admin, async move {
         let _ = rx.await;
     }));
     // `run` opens the store before serving; wait for the admin port to answer.
