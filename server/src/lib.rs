@@ -29,4 +29,3 @@
 pub mod capabilities;
 pub mod plumbing;
 pub mod shell;
-

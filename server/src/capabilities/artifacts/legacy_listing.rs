@@ -33,8 +33,8 @@ use serde::{Deserialize, Serialize};
 
 use super::{listing, path};
 use crate::plumbing::error::ProxyError;
-use crate::plumbing::proxy::Upstream;
 use crate::plumbing::proxy::Forwarder;
+use crate::plumbing::proxy::Upstream;
 use crate::plumbing::route::RouteClass;
 
 /// Listings larger than this pass through unfiltered, so the proxy never holds more per request.

@@ -33,7 +33,6 @@ pub(crate) struct Builder<'a> {
     bytes: usize,
     params: HashMap<&'a str, &'a str>,
     tags: HashMap<&'a str, &'a str>,
-    ordered: bool,
 }
 
 impl<'a> Builder<'a> {
@@ -70,18 +69,11 @@ impl<'a> Builder<'a> {
         self.members += 1;
         self.metrics = metrics;
         self.bytes = bytes;
-        self.ordered |= writes.is_ordered();
         true
     }
 
     pub(crate) fn members(&self) -> usize {
         self.members
-    }
-
-    /// Whether the batch writes params or tags, whose order against the run's other writes
-    /// MLflow makes visible.
-    pub(crate) fn ordered(&self) -> bool {
-        self.ordered
     }
 }
 

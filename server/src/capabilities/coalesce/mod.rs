@@ -20,13 +20,19 @@
 //! - **Never across credentials.** Requests merge only with requests carrying the same credential
 //!   headers (see [`crate::plumbing::credential::fingerprint`]; the workspace header is one of them)
 //!   and the same API path, so MLflow authorizes the batch exactly as each request.
-//! - **A run's writes keep their order.** All writes of a run share one queue. A batch with params
-//!   or tags leaves only when nothing else of the run is at MLflow, and nothing leaves while it
-//!   is there ([`batch`] ends a batch before a conflicting param or tag value). Batches of metrics
-//!   alone may overlap up to `in_flight_per_run` (2).
+//! - **A run's writes keep their order where MLflow shows it.** All writes of a run share one
+//!   queue and leave it in arrival order. Batches of a run may be at MLflow at once unless they
+//!   write the same param or tag with different values, or one MLflow does not hold yet
+//!   ([`claims`]): such a batch waits until the earlier one is stored, and [`batch`] ends a batch
+//!   before a conflicting value. Metrics commute, and so do params and tags MLflow already holds
+//!   with the value written.
+//! - **As many at once as help.** How many batches of a run overlap is learned from what they
+//!   cost MLflow, up to `in_flight_per_run` (8) ([`concurrency`]): MLflow's workers are used,
+//!   not queued behind.
 //! - **No deadlocks.** MLflow before 3.16 deadlocks on PostgreSQL when writes to one run overlap
-//!   (40P01, answered 503). The coalescer learns it: from MLflow's `/version` at start, and from
-//!   any answer that names a deadlock; from then on one batch of a run is at MLflow at a time.
+//!   (40P01, answered 503). The coalescer learns it from MLflow's `/version` at start; from then
+//!   on one batch of a run is at MLflow at a time. A later MLflow that still answers a deadlock
+//!   halves the overlap, like any failed batch.
 //! - **Group commit.** A write for a run with nothing at MLflow goes at once (no latency added).
 //!   While the run has a batch there, writes gather: the next batch leaves when its oldest
 //!   request has waited `window`, or at once when it is full, once the run may send again; so
@@ -38,13 +44,16 @@
 //!   and values are never re-encoded.
 
 mod batch;
+mod claims;
+mod concurrency;
 mod metrics;
 
 use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use axum::body::Body;
 use axum::extract::Request;
@@ -65,11 +74,16 @@ use crate::plumbing::mlflow_version::LearnedVersion;
 use crate::plumbing::proxy::is_json;
 use crate::plumbing::proxy::{request_id, Forwarder};
 use crate::plumbing::telemetry::Metrics;
+use claims::{Claims, Settled};
+use concurrency::Concurrency;
 use metrics::CoalesceMetrics;
 
 use crate::plumbing::writes::MAX_BATCH_METRICS;
 use crate::plumbing::writes::{self, Alone, Prepared, Writes};
 pub use batch::MAX_BATCH_BYTES;
+
+/// Batches of one run at MLflow at once before MLflow's answers say how many help.
+const START_IN_FLIGHT: usize = 2;
 
 /// The longest MLflow answer to a batch read back (`{}`, or an error JSON).
 const MAX_ANSWER_BYTES: usize = 1 << 20;
@@ -79,8 +93,9 @@ pub struct CoalesceConfig {
     /// How long a request for a run that already has a batch at MLflow waits for others; zero
     /// turns coalescing off.
     pub window: Duration,
-    /// Batches of metrics alone of one run at MLflow at once; more requests gather meanwhile.
-    /// Batches with params or tags always go one at a time.
+    /// The most batches of one run at MLflow at once; how many help is learned from MLflow's
+    /// answers (see [`concurrency`]), and batches that write the same params or tags never
+    /// overlap (see [`claims`]).
     pub in_flight_per_run: usize,
     /// Items (metrics, params, tags) queued per run before requests get 429.
     pub max_pending_per_run: usize,
@@ -92,7 +107,7 @@ impl Default for CoalesceConfig {
     fn default() -> Self {
         Self {
             window: Duration::from_millis(5),
-            in_flight_per_run: 2,
+            in_flight_per_run: 8,
             max_pending_per_run: 50_000,
             max_pending_bytes: 64 << 20,
         }
@@ -131,9 +146,10 @@ pub struct CoalesceOptions {
     #[arg(long, env = "MLSCOPE_COALESCE_WINDOW", value_parser = crate::plumbing::settings::parse_duration, value_name = "DURATION")]
     #[serde(default, with = "humantime_serde")]
     pub coalesce_window: Option<Duration>,
-    /// Batches of metrics alone of one run at MLflow at once (batches with params or tags always
-    /// go one at a time); requests gather while they are. Against MLflow before 3.16, which
-    /// deadlocks on PostgreSQL when they overlap, the proxy uses 1 [default: 2].
+    /// The most batches of one run at MLflow at once; requests gather while they are. The proxy
+    /// learns how many help from MLflow's answers, up to this; batches writing the same params
+    /// or tags never overlap, and against MLflow before 3.16, which deadlocks on PostgreSQL when
+    /// writes to one run overlap, it sends one at a time [default: 8].
     #[arg(long, env = "MLSCOPE_COALESCE_IN_FLIGHT_PER_RUN", value_name = "N")]
     pub coalesce_in_flight_per_run: Option<usize>,
     /// Items (metrics, params, tags) queued per run before new requests for it get 503 [default: 50000].
@@ -175,9 +191,12 @@ struct Inner {
     /// Queued body bytes, in KiB.
     budget: Arc<Semaphore>,
     runs: Mutex<HashMap<Arc<str>, RunQueue>>,
-    /// Batches of metrics alone of one run at MLflow at once: `in_flight_per_run`, or 1 once the
-    /// upstream is known to deadlock on overlapping writes.
-    in_flight_limit: AtomicUsize,
+    /// Batches of one run at MLflow at once, learned; 1 once the upstream is known to deadlock
+    /// on overlapping writes.
+    concurrency: Mutex<Concurrency>,
+    /// Params and tags MLflow is known to hold, per run: batches writing them with those
+    /// values may overlap.
+    settled: Mutex<Settled>,
 }
 
 /// What may share a batch besides the run: the API path it goes to and the client's credential.
@@ -193,8 +212,8 @@ struct RunQueue {
     queue: VecDeque<Member>,
     items: usize,
     in_flight: usize,
-    /// A batch with params or tags is at MLflow: nothing of the run may pass it.
-    ordered_in_flight: bool,
+    /// What the batches at MLflow write that a later batch must not race (see [`claims`]).
+    at_mlflow: Vec<Arc<Claims>>,
     timer: bool,
 }
 
@@ -265,7 +284,8 @@ impl Coalescer {
     fn with_sender(config: CoalesceConfig, forwarder: Arc<dyn Sender>, metrics: Metrics) -> Self {
         let permits = (config.max_pending_bytes >> 10).clamp(1, Semaphore::MAX_PERMITS);
         let metrics = CoalesceMetrics::new(&metrics);
-        metrics.in_flight_limit(config.in_flight_per_run as i64);
+        let concurrency = Concurrency::new(START_IN_FLIGHT, config.in_flight_per_run);
+        metrics.in_flight_limit(concurrency.limit() as i64);
         Self {
             inner: Arc::new(Inner {
                 config,
@@ -273,7 +293,8 @@ impl Coalescer {
                 metrics,
                 budget: Arc::new(Semaphore::new(permits)),
                 runs: Mutex::new(HashMap::new()),
-                in_flight_limit: AtomicUsize::new(config.in_flight_per_run),
+                concurrency: Mutex::new(concurrency),
+                settled: Mutex::new(Settled::default()),
             }),
         }
     }
@@ -403,7 +424,12 @@ pub async fn read_body(body: Body) -> Result<Bytes, Response> {
 impl Inner {
     /// From now on one batch of a run is at MLflow at a time.
     fn one_batch_per_run(&self, because: &str) {
-        if self.in_flight_limit.swap(1, Ordering::Relaxed) > 1 {
+        if self
+            .concurrency
+            .lock()
+            .expect("coalescer lock")
+            .pin_to_one()
+        {
             tracing::info!(
                 because,
                 "MLflow deadlocks on overlapping writes to one run; sending one batch per run at a time"
@@ -467,16 +493,23 @@ impl Inner {
                 }
                 return;
             };
-            let limit = this.in_flight_limit.load(Ordering::Relaxed);
-            if run.ordered_in_flight || run.in_flight >= limit {
+            let limit = this.concurrency.lock().expect("coalescer lock").limit();
+            if run.in_flight >= limit {
                 // The batch at MLflow pumps again when it returns.
                 return;
             }
-            let (members, ordered) = plan(&run.queue);
-            if ordered && run.in_flight > 0 {
-                // Params and tags wait until the run's earlier batches are stored.
-                return;
-            }
+            let members = plan(&run.queue);
+            let claims = {
+                let mut settled = this.settled.lock().expect("coalescer lock");
+                let settled = settled.of(run_id);
+                let claims = Claims::of(run.queue.iter().take(members).map(|m| &m.writes), settled);
+                if claims.conflicts(&run.at_mlflow, settled) {
+                    // A param or tag another batch at MLflow writes: it waits until that one
+                    // is stored.
+                    return;
+                }
+                Arc::new(claims)
+            };
             let waited = oldest.elapsed();
             // Nothing more can join: the next request does not fit.
             let full = members < run.queue.len();
@@ -510,7 +543,7 @@ impl Inner {
             run.items -= batch.iter().map(|m| m.writes.items()).sum::<usize>();
             this.metrics.queued(-(batch.len() as i64));
             run.in_flight += 1;
-            run.ordered_in_flight = ordered;
+            run.at_mlflow.push(claims.clone());
             drop(runs);
             let this = this.clone();
             let run_id = run_id.clone();
@@ -520,9 +553,7 @@ impl Inner {
                     this.send(&run_id, batch).await;
                     if let Some(run) = this.runs.lock().expect("coalescer lock").get_mut(&run_id) {
                         run.in_flight -= 1;
-                        if ordered {
-                            run.ordered_in_flight = false;
-                        }
+                        run.at_mlflow.retain(|c| !Arc::ptr_eq(c, &claims));
                     }
                     Inner::pump(&this, &run_id);
                 }
@@ -539,6 +570,7 @@ impl Inner {
         }
         let samples: usize = batch.iter().map(|m| m.writes.metrics.len()).sum();
         self.metrics.batch(batch.len(), samples);
+        let items: usize = batch.iter().map(|m| m.writes.items()).sum();
         if batch.len() == 1 {
             // Alone: the request goes as it came, and its answer comes back as MLflow sent it.
             self.metrics.outcome("single");
@@ -547,6 +579,11 @@ impl Inner {
                 .forwarder
                 .forward(member.original.request(), member.original.peer)
                 .await;
+            if response.status().is_success() {
+                self.stored(run_id, std::slice::from_ref(&member), items, now.elapsed());
+            } else if response.status().is_server_error() {
+                self.failed();
+            }
             let _ = member.reply.send(response);
             return;
         }
@@ -578,13 +615,16 @@ impl Inner {
         if !parts.status.is_success() {
             let shown = String::from_utf8_lossy(&body[..body.len().min(300)]).into_owned();
             if names_a_deadlock(&body) {
-                self.one_batch_per_run("MLflow answered a batch with a deadlock");
+                tracing::info!(
+                    "MLflow answered a batch with a deadlock; fewer batches of a run overlap"
+                );
             }
             return self
                 .split(batch, &format!("MLflow answered {}: {shown}", parts.status))
                 .await;
         }
         self.metrics.outcome("merged");
+        self.stored(run_id, &batch, items, now.elapsed());
         for member in batch {
             let mut response = Response::new(Body::from(body.clone()));
             *response.status_mut() = parts.status;
@@ -592,6 +632,25 @@ impl Inner {
             response.headers_mut().remove(header::CONTENT_LENGTH);
             let _ = member.reply.send(response);
         }
+    }
+
+    /// MLflow stored `batch` (`items` elements) in `took`: its params and tags are settled, and
+    /// the cost tells how many batches may overlap.
+    fn stored(&self, run_id: &str, batch: &[Member], items: usize, took: Duration) {
+        let run_id: Arc<str> = run_id.into();
+        self.settled
+            .lock()
+            .expect("coalescer lock")
+            .learn(&run_id, batch.iter().map(|m| &m.writes));
+        let mut concurrency = self.concurrency.lock().expect("coalescer lock");
+        concurrency.stored(items, took, Instant::now());
+        self.metrics.in_flight_limit(concurrency.limit() as i64);
+    }
+
+    fn failed(&self) {
+        let mut concurrency = self.concurrency.lock().expect("coalescer lock");
+        concurrency.failed();
+        self.metrics.in_flight_limit(concurrency.limit() as i64);
     }
 
     /// The merged batch did not go through: each request goes alone, in arrival order, and gets
@@ -603,6 +662,7 @@ impl Inner {
             "merged batch not stored; sending its requests one by one"
         );
         self.metrics.outcome("split");
+        self.failed();
         for member in batch {
             let response = self
                 .forwarder
@@ -625,19 +685,19 @@ fn names_a_deadlock(body: &[u8]) -> bool {
     text.contains("deadlock")
 }
 
-/// How many requests from the front of `queue` the next batch takes, and whether it writes
-/// params or tags: those sharing the first one's merge key while they fit (see [`batch`]).
-fn plan(queue: &VecDeque<Member>) -> (usize, bool) {
+/// How many requests from the front of `queue` the next batch takes: those sharing the first
+/// one's merge key while they fit (see [`batch`]).
+fn plan(queue: &VecDeque<Member>) -> usize {
     let mut builder = batch::Builder::default();
     let Some(first) = queue.front() else {
-        return (0, false);
+        return 0;
     };
     for member in queue {
         if member.merge != first.merge || !builder.add(&member.writes) {
             break;
         }
     }
-    (builder.members(), builder.ordered())
+    builder.members()
 }
 
 /// The credential a request merges under: every header that could identify the client to

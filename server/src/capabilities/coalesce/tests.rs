@@ -180,25 +180,55 @@ async fn writes_that_wait_for_the_runs_batch_at_mlflow_go_next_as_one_batch_in_a
     assert_eq!((log[1].0, steps(&log[1].1)), ("batch", vec![1, 2, 3]));
 }
 
+/// A log-batch body of run `r` with these params and tags.
+fn pairs(params: &[(&str, &str)], tags: &[(&str, &str)]) -> String {
+    let list = |pairs: &[(&str, &str)]| -> Vec<serde_json::Value> {
+        pairs
+            .iter()
+            .map(|(k, v)| serde_json::json!({"key": k, "value": v}))
+            .collect()
+    };
+    serde_json::json!({"run_id": "r", "params": list(params), "tags": list(tags)}).to_string()
+}
+
 #[tokio::test(start_paused = true)]
-async fn nothing_of_a_run_passes_its_params_while_they_are_at_mlflow() {
+async fn metrics_pass_a_runs_params_but_the_same_key_waits_until_mlflow_holds_it() {
     let stand_in = StandIn::new(StatusCode::OK);
-    // Two metrics-only batches of a run may overlap; a batch with params never.
     let coalescer = coalescer(&stand_in, 2);
-    let params = submit(
-        &coalescer,
-        r#"{"run_id":"r","params":[{"key":"lr","value":"0.1"}]}"#.to_owned(),
-    );
+    let params = submit(&coalescer, pairs(&[("lr", "0.1")], &[("phase", "train")]));
     stand_in.received(1).await;
-    let after = submit(&coalescer, metric(7));
+    // Metrics commute with params and tags: they go while the params are at MLflow.
+    let metrics = submit(&coalescer, metric(7));
+    stand_in.received(2).await;
+    // The same param, new to MLflow, must not race its insert; nor a tag's other value.
+    let same = submit(&coalescer, pairs(&[("lr", "0.1")], &[]));
     tokio::time::sleep(Duration::from_secs(1)).await;
-    assert_eq!(stand_in.log().len(), 1, "a metric passed the run's params");
+    assert_eq!(stand_in.log().len(), 2, "a write raced the run's new param");
     stand_in.gate.add_permits(2);
     assert_eq!(params.await.unwrap(), StatusCode::OK);
-    assert_eq!(after.await.unwrap(), StatusCode::OK);
+    assert_eq!(metrics.await.unwrap(), StatusCode::OK);
+    stand_in.received(3).await;
+    // Now MLflow holds lr=0.1 and phase=train: writes of those values overlap with each other
+    // (the one still at MLflow writes lr=0.1 too), a tag's other value waits for both.
+    let again = submit(&coalescer, pairs(&[("lr", "0.1")], &[("phase", "train")]));
+    stand_in.received(4).await;
+    stand_in.gate.add_permits(1);
+    assert_eq!(same.await.unwrap(), StatusCode::OK);
+    // One batch is at MLflow, below the limit: only its tag's old value holds the new one.
+    let changed = submit(&coalescer, pairs(&[], &[("phase", "eval")]));
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(
+        stand_in.log().len(),
+        4,
+        "a tag's new value passed its old one"
+    );
+    stand_in.gate.add_permits(2);
+    for write in [again, changed] {
+        assert_eq!(write.await.unwrap(), StatusCode::OK);
+    }
     let log = stand_in.log();
-    assert!(log[0].1.contains("params"), "{log:?}");
     assert_eq!(steps(&log[1].1), [7]);
+    assert!(log[4].1.contains("eval"), "{log:?}");
 }
 
 #[tokio::test(start_paused = true)]

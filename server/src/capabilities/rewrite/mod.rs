@@ -28,8 +28,8 @@ use body::{BodyError, Edit, Endpoint, MetricsBody};
 use intake::{Intake, IntakeError};
 
 use crate::plumbing::identity::identity_from_headers;
-use stats::RunStats;
 use crate::plumbing::proxy::is_json;
+use stats::RunStats;
 
 // MLflow's own limits on one log-batch; larger batches go through untouched so MLflow answers.
 use crate::plumbing::writes::{MAX_BATCH_ITEMS as MAX_ITEMS, MAX_BATCH_METRICS as MAX_METRICS};

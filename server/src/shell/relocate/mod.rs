@@ -282,7 +282,10 @@ struct RunInfo {
     lifecycle_stage: String,
 }
 
-async fn lookup_run(config: &crate::shell::config::Config, args: &RelocateArgs) -> anyhow::Result<RunInfo> {
+async fn lookup_run(
+    config: &crate::shell::config::Config,
+    args: &RelocateArgs,
+) -> anyhow::Result<RunInfo> {
     let mlflow = MlflowClient::new(Forwarder::new(&config.forwarder, Metrics::new()));
     let credential = match (
         &args.mlflow_token,
@@ -678,7 +681,10 @@ impl Summary {
 }
 
 /// Runs `relocate`; the exit code says whether everything was copied (and verified).
-pub async fn run(config: &crate::shell::config::Config, args: &RelocateArgs) -> anyhow::Result<ExitCode> {
+pub async fn run(
+    config: &crate::shell::config::Config,
+    args: &RelocateArgs,
+) -> anyhow::Result<ExitCode> {
     let started = Instant::now();
     let destination = config.artifacts.destination.as_ref();
     let to = validate_to(&args.to).map_err(anyhow::Error::msg)?;
