@@ -35,7 +35,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use axum::body::Body;
-use axum::response::{IntoResponse, Response};
+use axum::response::Response;
 use bytes::Bytes;
 use http::{header, HeaderMap, HeaderValue, Method, StatusCode};
 use sha2::{Digest, Sha256};
@@ -94,8 +94,9 @@ pub enum Decision {
     /// (a workspace it does not have, a path it does not take), which says nothing about the
     /// client's permission: MLflow answers the client's own request, as without the gateway.
     MlflowAnswers,
-    /// MLflow could not be asked; the client gets 503 and retries.
-    Unverifiable(Response),
+    /// MLflow could not be asked: the proxy's own error ([`Error::Unavailable`], 503), which
+    /// the client retries.
+    Unverifiable(Error),
 }
 
 /// Whether the upstream authenticates.
@@ -399,12 +400,11 @@ fn is_refusal(status: StatusCode) -> bool {
     status == StatusCode::UNAUTHORIZED || status == StatusCode::FORBIDDEN || status.is_redirection()
 }
 
-fn unverifiable(reason: &str) -> Response {
+fn unverifiable(reason: &str) -> Error {
     tracing::warn!(reason, "could not ask MLflow whether a request is allowed");
     Error::Unavailable(format!(
         "mlscope-proxy could not ask MLflow whether this request is allowed ({reason}); retry."
     ))
-    .into_response()
 }
 
 /// MLflow's refusal as the client would have had it: status, the headers that matter, body.

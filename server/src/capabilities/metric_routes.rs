@@ -8,12 +8,13 @@ use std::net::SocketAddr;
 use std::time::SystemTime;
 
 use axum::extract::{ConnectInfo, Request, State};
-use axum::response::Response;
+use axum::response::{IntoResponse, Response};
 
 use crate::capabilities::coalesce::Coalescer;
 use crate::capabilities::health::Health;
 use crate::capabilities::rewrite::body::Endpoint;
 use crate::capabilities::rewrite::{Inspected, Outgoing, SharedRewriter};
+use crate::plumbing::proxy::Small;
 use crate::plumbing::writes::WriteWeight;
 
 /// `POST runs/log-batch`: the contract and deduplication applied, then merged with other writes
@@ -27,7 +28,7 @@ pub(crate) async fn log_batch(
 ) -> Response {
     match rewriter.inspect(request, Endpoint::LogBatch).await {
         Ok(inspected) => submit(&coalescer, &health, inspected, peer).await,
-        Err(answer) => answer,
+        Err(error) => error.into_response(),
     }
 }
 
@@ -41,7 +42,7 @@ pub(crate) async fn log_metric(
 ) -> Response {
     match rewriter.inspect(request, Endpoint::LogMetric).await {
         Ok(inspected) => submit(&coalescer, &health, inspected, peer).await,
-        Err(answer) => answer,
+        Err(error) => error.into_response(),
     }
 }
 
@@ -96,8 +97,9 @@ pub(crate) async fn log_pair(
         )
         .await
     {
-        Ok(read) => read,
-        Err(answered) => return answered,
+        Ok(Small::Read(parts, body)) => (parts, body),
+        Ok(Small::Forwarded(answer)) => return answer,
+        Err(error) => return error.into_response(),
     };
     let (body, parts) = crate::plumbing::writes::normalized(body, parts);
     let run_id = crate::plumbing::writes::run_of(&body);

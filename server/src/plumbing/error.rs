@@ -168,7 +168,7 @@ fn respond(
 /// Every error the proxy answers itself. The kind decides the status and MLflow's
 /// `error_code`; the message is for the person reading it and says what to do.
 #[derive(Debug, thiserror::Error)]
-pub(crate) enum Error {
+pub enum Error {
     /// A value MLflow refuses too (or would, were it asked): 400 `INVALID_PARAMETER_VALUE`.
     #[error("{0}")]
     InvalidParameter(String),
@@ -227,7 +227,7 @@ pub(crate) enum Error {
 
 impl Error {
     /// The HTTP status of this error.
-    pub(crate) fn status(&self) -> StatusCode {
+    pub fn status(&self) -> StatusCode {
         match self {
             Error::InvalidParameter(_) | Error::BadRequest(_) => StatusCode::BAD_REQUEST,
             Error::Unsupported(_) => StatusCode::NOT_IMPLEMENTED,
@@ -245,7 +245,7 @@ impl Error {
     }
 
     /// MLflow's `error_code` for this error.
-    pub(crate) fn error_code(&self) -> &'static str {
+    pub fn error_code(&self) -> &'static str {
         match self {
             Error::InvalidParameter(_) => "INVALID_PARAMETER_VALUE",
             Error::BadRequest(_) | Error::Unsupported(_) | Error::TooSlow(_) => "BAD_REQUEST",

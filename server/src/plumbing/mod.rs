@@ -4,7 +4,7 @@
 pub(crate) mod aged;
 pub(crate) mod client;
 pub(crate) mod credential;
-pub(crate) mod error;
+pub mod error;
 pub(crate) mod identity;
 pub(crate) mod layers;
 pub(crate) mod listen;

@@ -104,7 +104,9 @@ impl Drop for ClientShare {
     }
 }
 
-type Answer = Result<Response, Response>;
+/// An operation's answer: the response the client gets, or the proxy's own error, which
+/// [`Gateway::serve`] turns into MLflow's error JSON.
+type Answer = Result<Response, Error>;
 
 /// What [`Gateway::place`] encodes of a placed path: everything but `/` and the unreserved
 /// characters, so the operation's validation decodes it to exactly the placed path.
@@ -132,8 +134,19 @@ fn upload_answer(version: Option<MlflowVersion>) -> Response {
     }
 }
 
-fn invalid_path() -> Response {
-    Error::InvalidParameter("Invalid path".into()).into_response()
+/// What MLflow said about an artifact request the gateway would answer.
+enum Authorized {
+    /// Go ahead; MLflow's CORS answer for the client's origin.
+    Allowed(HeaderMap),
+    /// MLflow's own refusal of the client (401, 403, a redirect to a login page), relayed as the
+    /// client's answer.
+    Denied(Response),
+    /// MLflow answers the request itself (it refused the question for a reason of the request).
+    MlflowAnswers,
+}
+
+fn invalid_path() -> Error {
+    Error::InvalidParameter("Invalid path".into())
 }
 
 impl Gateway {
@@ -210,18 +223,20 @@ impl Gateway {
         let raw = op.raw_path(request.uri());
         let peer = peer_of(&request);
         let mut cors = HeaderMap::new();
-        let result = match self.authorize(op, &raw, request.headers(), peer).await {
-            Err(None) => return self.forward(request).await,
-            Err(Some(refusal)) => Err(refusal),
-            Ok(allowed_cors) => {
+        let answer = match self.authorize(op, &raw, request.headers(), peer).await {
+            Ok(Authorized::MlflowAnswers) => return self.forward(request).await,
+            // MLflow's own refusal of the client is the client's answer, as MLflow sent it.
+            Ok(Authorized::Denied(refusal)) => Ok(refusal),
+            Ok(Authorized::Allowed(allowed_cors)) => {
                 cors = allowed_cors;
                 match self.place(op, raw, request.headers()) {
-                    Err(refusal) => Err(refusal),
+                    Err(error) => Err(error),
                     Ok(path) => work(path, request).await,
                 }
             }
+            Err(error) => Err(error),
         };
-        let mut response = result.unwrap_or_else(|e| e);
+        let mut response = answer.unwrap_or_else(IntoResponse::into_response);
         // MLflow's CORS answer for the client's origin, as MLflow would have sent it.
         response.headers_mut().extend(cors);
         self.metrics
@@ -259,7 +274,7 @@ impl Gateway {
     /// refused with MLflow's message, and so is a workspace sent to an MLflow without
     /// workspaces. A path that is not valid is left for the operation to refuse, and a listing's
     /// path is left for the listing to place.
-    fn place(&self, op: Op, raw: String, headers: &HeaderMap) -> Result<String, Response> {
+    fn place(&self, op: Op, raw: String, headers: &HeaderMap) -> Result<String, Error> {
         let (on, workspace) = self.workspace(headers);
         if workspace.is_some() && self.workspaces.enabled() == Some(false) {
             // MLflow answers this with a 500; the client's mistake is a 400 here.
@@ -269,8 +284,7 @@ impl Gateway {
                 message:
                     "Workspace APIs are not available: workspaces are not enabled on this server"
                         .into(),
-            }
-            .into_response());
+            });
         }
         if !on || op == Op::List {
             return Ok(raw);
@@ -303,18 +317,17 @@ impl Gateway {
     }
 
     /// Asks MLflow whether this client may do `op` on the still-encoded path `raw` (see
-    /// [`super::authz`]): MLflow's CORS answer when allowed, else the client's answer, or `None`
-    /// when MLflow is to answer the request itself.
+    /// [`crate::capabilities::authz`]); `Err` when MLflow could not be asked.
     async fn authorize(
         &self,
         op: Op,
         raw: &str,
         headers: &HeaderMap,
         peer: std::net::SocketAddr,
-    ) -> Result<HeaderMap, Option<Response>> {
+    ) -> Result<Authorized, Error> {
         let id = crate::plumbing::proxy::request_id(headers);
         match self.authz.check(op.action(), raw, headers, peer, &id).await {
-            Decision::Allowed(cors) => Ok(cors),
+            Decision::Allowed(cors) => Ok(Authorized::Allowed(cors)),
             Decision::Denied(answer) => {
                 self.metrics.authz_denials.inc();
                 tracing::info!(
@@ -322,35 +335,35 @@ impl Gateway {
                     status = answer.status().as_u16(),
                     "MLflow refused the artifact request for this client"
                 );
-                Err(Some(answer))
+                Ok(Authorized::Denied(answer))
             }
-            Decision::MlflowAnswers => Err(None),
-            Decision::Unverifiable(answer) => Err(Some(answer)),
+            Decision::MlflowAnswers => Ok(Authorized::MlflowAnswers),
+            Decision::Unverifiable(error) => Err(error),
         }
     }
 
     /// The object key of a validated path; S3 keys hold at most 1024 bytes.
-    fn key(&self, path: &str) -> Result<String, Response> {
+    fn key(&self, path: &str) -> Result<String, Error> {
         let key = self.bucket.destination().key(path);
         if key.len() > MAX_KEY_BYTES {
-            return Err(Error::InvalidParameter(format!("Invalid path: the object key would be {} bytes long; S3-compatible stores take at most {MAX_KEY_BYTES}.", key.len())).into_response());
+            return Err(Error::InvalidParameter(format!("Invalid path: the object key would be {} bytes long; S3-compatible stores take at most {MAX_KEY_BYTES}.", key.len())));
         }
         Ok(key)
     }
 
-    fn store_error(&self, what: &str, path: &str, error: &StoreError) -> Response {
+    fn store_error(&self, what: &str, path: &str, error: &StoreError) -> Error {
         // The store refusing the client's own input (a made-up upload id, parts out of order or
         // too small) is the client's mistake: a 4xx it must not retry.
         match error.code.as_deref() {
             Some(listing::TOO_MANY_ENTRIES) => {
-                return Error::InvalidParameter(error.message.clone()).into_response();
+                return Error::InvalidParameter(error.message.clone());
             }
             Some("NoSuchUpload") => {
-                return Error::NotFound(format!("the store knows no such multipart upload for {path}: it was completed, aborted or never created. Start a new upload.")).into_response()
+                return Error::NotFound(format!("the store knows no such multipart upload for {path}: it was completed, aborted or never created. Start a new upload."))
             }
             Some(code @ ("InvalidPart" | "InvalidPartOrder" | "EntityTooSmall" | "KeyTooLongError" | "InvalidArgument")) => {
                 let message = format!("the artifact store refused to {what} {path} ({code}: {}). Check the request's parts and path.", error.message.trim_end_matches('.'));
-                return Error::InvalidParameter(message).into_response();
+                return Error::InvalidParameter(message);
             }
             _ => {}
         }
@@ -367,7 +380,7 @@ impl Gateway {
             Error::StoreFailed(message)
         };
         tracing::warn!(path, error = %error, status = answer.status().as_u16(), "artifact store operation failed");
-        answer.into_response()
+        answer
     }
 
     /// `GET artifacts?path=`: the directory's entries, as MLflow lists them.
@@ -473,44 +486,37 @@ impl Gateway {
     }
 
     /// A failed read: a directory is told apart from a missing file, as MLflow does.
-    async fn missing_or_dir(&self, path: &str, key: &str, error: StoreError) -> Response {
+    async fn missing_or_dir(&self, path: &str, key: &str, error: StoreError) -> Error {
         if error.is_not_found() {
             let probe = self.bucket.has_objects_under(&format!("{key}/")).await;
             if matches!(probe, Ok(true)) {
                 return Error::InvalidParameter(format!(
                     "Artifact path refers to a directory, not a file: '{path}'"
-                ))
-                .into_response();
+                ));
             }
         }
         self.read_error(path, error)
     }
 
-    fn read_error(&self, path: &str, error: StoreError) -> Response {
+    fn read_error(&self, path: &str, error: StoreError) -> Error {
         if error.is_not_found() {
             return Error::NotFound(format!(
                 "artifact {path} does not exist in {}",
                 self.bucket.destination()
-            ))
-            .into_response();
+            ));
         }
         if error.status == Some(416) || error.code.as_deref() == Some("InvalidRange") {
             return Error::AsMlflow {
                 status: StatusCode::RANGE_NOT_SATISFIABLE,
                 error_code: "INVALID_PARAMETER_VALUE",
                 message: format!("the requested range is not satisfiable for {path}"),
-            }
-            .into_response();
+            };
         }
         self.store_error("read", path, &error)
     }
 
     /// Applies the write policy to `path`; `Ok` lets the write go ahead.
-    async fn check_write(
-        &self,
-        path: &str,
-        headers: &HeaderMap,
-    ) -> Result<Option<Owner>, Response> {
+    async fn check_write(&self, path: &str, headers: &HeaderMap) -> Result<Option<Owner>, Error> {
         if self.config.write_policy == WritePolicy::Off {
             return Ok(self.owner_of(path, headers));
         }
@@ -522,7 +528,7 @@ impl Gateway {
         let refusal = match verdict {
             Verdict::Owned => return Ok(owner),
             Verdict::Unverifiable(reason) => {
-                return Err(Error::Unavailable(format!("mlscope-proxy could not check with MLflow that {} exists ({reason}); retry.", owner.as_ref().map(ToString::to_string).unwrap_or_default())).into_response())
+                return Err(Error::Unavailable(format!("mlscope-proxy could not check with MLflow that {} exists ({reason}); retry.", owner.as_ref().map(ToString::to_string).unwrap_or_default())))
             }
             Verdict::Stray => format!(
                 "Artifact writes are only accepted inside an MLflow artifact root: <experiment_id>/<run_id>/artifacts/..., <experiment_id>/models/<model_id>/artifacts/... or <experiment_id>/traces/<trace_id>/artifacts/... (in an MLflow workspace, below workspaces/<workspace>/). '{path}' is outside them, so MLflow would never show it. Log the file to the run instead, e.g. mlflow.log_artifact(local_path, artifact_path=\"checkpoints\") inside the run, which stores it under <experiment_id>/<run_id>/artifacts/checkpoints/."
@@ -541,7 +547,7 @@ impl Gateway {
             path,
             "write outside MLflow's artifact roots refused (write policy: enforce)"
         );
-        Err(Error::PermissionDenied(refusal).into_response())
+        Err(Error::PermissionDenied(refusal))
     }
 
     /// `PUT artifacts/<path>`: the body, streamed to the store.
@@ -569,10 +575,9 @@ impl Gateway {
                 message: format!("this client has {} or more artifact uploads in progress, the most one client may have while the upload slots are nearly all taken; retry with backoff.", self.upload_shares.per_client),
                 retry_after: 1,
             }
-            .into_response()
         })?;
         let _slot = self.uploads.clone().try_acquire_owned().map_err(|_| {
-            Error::Overloaded(format!("mlscope-proxy is handling its limit of {} concurrent artifact uploads; retry with backoff.", self.config.max_concurrent_uploads)).into_response()
+            Error::Overloaded(format!("mlscope-proxy is handling its limit of {} concurrent artifact uploads; retry with backoff.", self.config.max_concurrent_uploads))
         })?;
         let length = request
             .headers()
@@ -594,23 +599,23 @@ impl Gateway {
             }
             Err(UploadError::Client(reason)) => {
                 tracing::info!(path, reason, "upload abandoned by the client; nothing was stored");
-                Err(Error::BadRequest(format!("the upload of {path} was not completed: {reason}. Nothing was stored; retry the upload.")).into_response())
+                Err(Error::BadRequest(format!("the upload of {path} was not completed: {reason}. Nothing was stored; retry the upload.")))
             }
             Err(UploadError::ClientSlow(received)) => {
                 tracing::info!(path, received, "upload too slow; nothing was stored");
-                Err(Error::TooSlow(format!("the upload of {path} came slower than {} KiB/s on average ({received} bytes in all); nothing was stored. Check the client's connection and retry.", upload::MIN_BODY_RATE >> 10)).into_response())
+                Err(Error::TooSlow(format!("the upload of {path} came slower than {} KiB/s on average ({received} bytes in all); nothing was stored. Check the client's connection and retry.", upload::MIN_BODY_RATE >> 10)))
             }
             Err(UploadError::ClientIdle(after)) => {
                 tracing::info!(path, ?after, "upload stalled; nothing was stored");
-                Err(crate::plumbing::error::ProxyError::ClientBodyIdle { after }.into_response())
+                Err(crate::plumbing::error::ProxyError::ClientBodyIdle { after }.into())
             }
-            Err(UploadError::TooLarge { max }) => Err(Error::AsMlflow { status: StatusCode::PAYLOAD_TOO_LARGE, error_code: "INVALID_PARAMETER_VALUE", message: format!("{path} is larger than the {max} bytes a multipart upload of this part size can hold; raise --artifact-part-size.") }.into_response()),
+            Err(UploadError::TooLarge { max }) => Err(Error::AsMlflow { status: StatusCode::PAYLOAD_TOO_LARGE, error_code: "INVALID_PARAMETER_VALUE", message: format!("{path} is larger than the {max} bytes a multipart upload of this part size can hold; raise --artifact-part-size.") }),
             Err(UploadError::Store(error)) => {
-                let response = self.store_error("store", &path, &error);
+                let failed = self.store_error("store", &path, &error);
                 if let Some(Owner::Run { run, .. }) = &owner {
                     self.failures.record(run, &path, &error.to_string(), &credentials).await;
                 }
-                Err(response)
+                Err(failed)
             }
         }
     }
@@ -636,7 +641,7 @@ impl Gateway {
                     path,
                     "delete above an artifact root refused (write policy: enforce)"
                 );
-                return Err(Error::PermissionDenied(refusal).into_response());
+                return Err(Error::PermissionDenied(refusal));
             }
             tracing::warn!(
                 path,
@@ -651,22 +656,16 @@ impl Gateway {
         Ok(axum::Json(serde_json::json!({})).into_response())
     }
 
-    async fn json_body<T: serde::de::DeserializeOwned>(request: Request) -> Result<T, Response> {
+    async fn json_body<T: serde::de::DeserializeOwned>(request: Request) -> Result<T, Error> {
         let body = Limited::new(request.into_body(), MAX_JSON_BODY)
             .collect()
             .await
-            .map_err(|e| {
-                Error::BadRequest(format!("the request body could not be read: {e}"))
-                    .into_response()
-            })?
+            .map_err(|e| Error::BadRequest(format!("the request body could not be read: {e}")))?
             .to_bytes();
-        serde_json::from_slice(&body).map_err(|e| {
-            Error::AsMlflow {
-                status: StatusCode::BAD_REQUEST,
-                error_code: "MALFORMED_REQUEST",
-                message: format!("the request body is not valid JSON for this endpoint: {e}"),
-            }
-            .into_response()
+        serde_json::from_slice(&body).map_err(|e| Error::AsMlflow {
+            status: StatusCode::BAD_REQUEST,
+            error_code: "MALFORMED_REQUEST",
+            message: format!("the request body is not valid JSON for this endpoint: {e}"),
         })
     }
 
@@ -702,8 +701,7 @@ impl Gateway {
             return Err(Error::InvalidParameter(format!(
                 "num_parts must be between 1 and 10000, not {}",
                 create.num_parts
-            ))
-            .into_response());
+            )));
         }
         let key = self.key(&path)?;
         let upload_id = self
@@ -725,7 +723,7 @@ impl Gateway {
                             format!("presigning part {part_number}: {message}")
                         }
                     };
-                    Error::Internal(message).into_response()
+                    Error::Internal(message)
                 })?;
             credentials.push(Credential { url, part_number });
         }
@@ -762,13 +760,12 @@ impl Gateway {
                 "a multipart upload is completed with 1 to {} parts, not {}",
                 upload::MAX_PARTS,
                 complete.parts.len()
-            ))
-            .into_response());
+            )));
         }
         if let Some(bad) = complete.parts.iter().find(|p| {
             !(1..=upload::MAX_PARTS as i64).contains(&p.part_number) || p.etag.len() > 1024
         }) {
-            return Err(Error::InvalidParameter(format!("part_number must be between 1 and {} with an ETag of at most 1024 characters, not {}", upload::MAX_PARTS, bad.part_number)).into_response());
+            return Err(Error::InvalidParameter(format!("part_number must be between 1 and {} with an ETag of at most 1024 characters, not {}", upload::MAX_PARTS, bad.part_number)));
         }
         let key = self.key(&path)?;
         let parts: Vec<Part> = complete
@@ -837,7 +834,7 @@ impl Gateway {
                         format!("presigning the download of {path}: {message}")
                     }
                 };
-                Error::Internal(message).into_response()
+                Error::Internal(message)
             })?;
         let body =
             serde_json::json!({ "url": url, "headers": {}, "file_size": head.size.unwrap_or(0) });
@@ -845,25 +842,24 @@ impl Gateway {
     }
 }
 
-/// Upload ids are the store's opaque tokens: printable and short. Anything else never names an
-/// upload, and an overlong one would not fit in a request URI.
 /// A validated path where MLflow's artifact API places it for a request in `workspace`, with
 /// workspaces on; a path naming another workspace is MLflow's 400.
-fn placed_path(path: &str, workspace: Option<&str>) -> Result<String, Response> {
+fn placed_path(path: &str, workspace: Option<&str>) -> Result<String, Error> {
     crate::plumbing::workspace::artifact_path(path, workspace, true)
-        .map_err(|message| Error::InvalidParameter(message).into_response())
+        .map_err(Error::InvalidParameter)
 }
 
 /// An upload id as stores hand them out: 1 to 1024 printable ASCII characters and no path
 /// separator (the ids stores hand out are URL-safe tokens; SeaweedFS keeps an upload in a
 /// directory named after its id, and failed on `/` or `\`, which the client then retried).
-fn check_upload_id(id: &str) -> Result<(), Response> {
+/// Anything else never names an upload, and an overlong one would not fit in a request URI.
+fn check_upload_id(id: &str) -> Result<(), Error> {
     let printable = id
         .bytes()
         .all(|b| b.is_ascii_graphic() && b != b'/' && b != b'\\');
     // `.` and `..` name a directory, not an upload, to a store that keeps uploads in directories.
     if id.is_empty() || id.len() > 1024 || !printable || id == "." || id == ".." {
-        return Err(Error::InvalidParameter("upload_id must be the id mpu/create returned (1 to 1024 printable ASCII characters, no '/' or '\\', not '.' or '..')".into()).into_response());
+        return Err(Error::InvalidParameter("upload_id must be the id mpu/create returned (1 to 1024 printable ASCII characters, no '/' or '\\', not '.' or '..')".into()));
     }
     Ok(())
 }

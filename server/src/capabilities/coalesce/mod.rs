@@ -326,7 +326,7 @@ impl Coalescer {
         let (parts, body) = request.into_parts();
         let body = match read_body(body).await {
             Ok(body) => body,
-            Err(answer) => return answer,
+            Err(error) => return error.into_response(),
         };
         self.submit_read(parts, body, prepared, peer).await
     }
@@ -412,12 +412,12 @@ impl Coalescer {
 
 /// A write's body, whole (at most one batch's bytes); a body that cannot be read is the client's
 /// 400.
-pub async fn read_body(body: Body) -> Result<Bytes, Response> {
+pub async fn read_body(body: Body) -> Result<Bytes, Error> {
     match Limited::new(body, MAX_BATCH_BYTES).collect().await {
         Ok(collected) => Ok(collected.to_bytes()),
-        Err(e) => Err(
-            Error::BadRequest(format!("the request body could not be read: {e}")).into_response(),
-        ),
+        Err(e) => Err(Error::BadRequest(format!(
+            "the request body could not be read: {e}"
+        ))),
     }
 }
 

@@ -12,7 +12,7 @@ use tracing::Instrument as _;
 use super::bill::Clip;
 use super::Health;
 use crate::plumbing::mlflow::{RunUpdate, UpdatedRun};
-use crate::plumbing::proxy::Forwarder;
+use crate::plumbing::proxy::{Forwarder, Small};
 use crate::plumbing::store::unix_millis;
 
 /// `POST runs/update`: forwarded; once MLflow accepted a terminal status (`FINISHED`,
@@ -31,8 +31,9 @@ pub async fn update_run(
         return forwarder.forward(request, peer).await;
     }
     let (parts, body) = match forwarder.read_small(request, MAX_UPDATE_BYTES, peer).await {
-        Ok(read) => read,
-        Err(answered) => return answered,
+        Ok(Small::Read(parts, body)) => (parts, body),
+        Ok(Small::Forwarded(answer)) => return answer,
+        Err(error) => return error.into_response(),
     };
     let ended = ended_by(&body);
     let response = forwarder

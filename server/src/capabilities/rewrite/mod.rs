@@ -13,7 +13,6 @@ use std::time::{Duration, SystemTime};
 use axum::body::Body;
 
 use axum::extract::Request;
-use axum::response::{IntoResponse, Response};
 use http::{header, HeaderValue};
 use mlscope_scopes::{scoped_key, Identity, KeyOutcome, OwnerPattern, ScopedKey};
 
@@ -262,8 +261,8 @@ impl MetricsRewriter {
     }
 
     /// Inspects a metrics request. `Ok` is the request to forward (rewritten or as it came);
-    /// `Err` is an answer the proxy gives itself.
-    pub async fn prepare(&self, request: Request, endpoint: Endpoint) -> Result<Request, Response> {
+    /// `Err` is the proxy's own refusal, the client's answer.
+    pub async fn prepare(&self, request: Request, endpoint: Endpoint) -> Result<Request, Error> {
         self.inspect(request, endpoint)
             .await
             .map(|inspected| inspected.outgoing.into_request())
@@ -271,11 +270,7 @@ impl MetricsRewriter {
 
     /// As [`MetricsRewriter::prepare`], with what the rewriter found in the request, handed on
     /// with it so that nothing downstream reads the body again.
-    pub async fn inspect(
-        &self,
-        request: Request,
-        endpoint: Endpoint,
-    ) -> Result<Inspected, Response> {
+    pub async fn inspect(&self, request: Request, endpoint: Endpoint) -> Result<Inspected, Error> {
         if !is_json(request.headers()) {
             self.metrics.passed_through("content_type");
             return Ok(Inspected::unread(request));
@@ -287,7 +282,7 @@ impl MetricsRewriter {
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.parse::<u64>().ok());
         if declared.is_some_and(|len| len > limit as u64) {
-            return Err(self.too_large().into_response());
+            return Err(self.too_large());
         }
         let (parts, body) = request.into_parts();
         let peer = crate::plumbing::client::peer_of(&parts.extensions).ip();
@@ -307,7 +302,7 @@ impl MetricsRewriter {
             Ok(parsed) => parsed,
             Err(BodyError::Conflict(message)) => {
                 self.metrics.rejected("conflict");
-                return Err(Error::InvalidParameter(message).into_response());
+                return Err(Error::InvalidParameter(message));
             }
             Err(BodyError::Unreadable(reason)) => {
                 tracing::debug!(reason, "metrics body passed through unread");
@@ -365,7 +360,7 @@ impl MetricsRewriter {
             };
             parts.uri = pq
                 .parse()
-                .map_err(|_| Error::BadRequest("invalid request path".into()).into_response())?;
+                .map_err(|_| Error::BadRequest("invalid request path".into()))?;
         }
         parts
             .headers
@@ -381,8 +376,8 @@ impl MetricsRewriter {
         })
     }
 
-    fn intake_refusal(&self, error: IntakeError) -> Response {
-        let error = match error {
+    fn intake_refusal(&self, error: IntakeError) -> Error {
+        match error {
             IntakeError::TooLarge => self.too_large(),
             IntakeError::Budget => {
                 self.metrics.rejected("memory_budget");
@@ -409,8 +404,7 @@ impl MetricsRewriter {
             IntakeError::Unreadable(reason) => {
                 Error::BadRequest(format!("the request body could not be read: {reason}"))
             }
-        };
-        error.into_response()
+        }
     }
 
     fn too_large(&self) -> Error {
@@ -430,7 +424,7 @@ impl MetricsRewriter {
         request_identity: &Identity,
         request: &http::request::Parts,
         plans: &'k mut Vec<KeyPlan>,
-    ) -> Result<(Vec<Edit<'k>>, Option<Beat>), Response> {
+    ) -> Result<(Vec<Edit<'k>>, Option<Beat>), Error> {
         let keep_original = self
             .config
             .keep_original_until
@@ -522,7 +516,6 @@ impl MetricsRewriter {
                         Error::Unavailable(
                             "mlscope-proxy could not reach its state store to deduplicate node metrics; retry shortly".into(),
                         )
-                        .into_response()
                     })?;
                 match event {
                     Event::Elected => self.metrics.election("elected"),
@@ -537,8 +530,7 @@ impl MetricsRewriter {
                             batch.first_step,
                             batch.last_step,
                             max = crate::capabilities::dedup::MAX_NODE_STEP
-                        ))
-                        .into_response());
+                        )));
                 }
                 let kept = matches!(decision, Decision::Report { .. });
                 self.metrics
@@ -591,11 +583,7 @@ impl MetricsRewriter {
     /// node-wide samples may elect or renew a reporter. When MLflow refuses it (no credential, no
     /// EDIT grant, no such run), its samples change nothing here and the request goes on as it is:
     /// MLflow gives it the same refusal. `Err` when MLflow cannot be asked.
-    async fn may_log(
-        &self,
-        run_id: &str,
-        request: &http::request::Parts,
-    ) -> Result<bool, Response> {
+    async fn may_log(&self, run_id: &str, request: &http::request::Parts) -> Result<bool, Error> {
         let Some(authz) = &self.authz else {
             return Ok(true);
         };
@@ -617,14 +605,14 @@ impl MetricsRewriter {
         {
             authz::Decision::Allowed(_) => Ok(true),
             authz::Decision::Denied(_) | authz::Decision::MlflowAnswers => Ok(false),
-            authz::Decision::Unverifiable(answer) => Err(answer),
+            authz::Decision::Unverifiable(error) => Err(error),
         }
     }
 
     /// Refuses a request whose system metrics name more (node, rank) identities than one
     /// request, or its run, may have: nothing of it is kept or forwarded, and the client is told
     /// why. What MLflow itself would refuse (no valid run id) goes on to MLflow's refusal.
-    fn admit(&self, run_id: Option<&str>, plans: &[KeyPlan]) -> Result<(), Response> {
+    fn admit(&self, run_id: Option<&str>, plans: &[KeyPlan]) -> Result<(), Error> {
         let identities: HashSet<&Identity> = plans
             .iter()
             .filter(|p| !matches!(p.scoped.outcome, KeyOutcome::Untouched))
@@ -632,10 +620,9 @@ impl MetricsRewriter {
             .collect();
         let refuse = |reason: &'static str, message: String| {
             self.metrics.rejected(reason);
-            Err(
-                Error::InvalidParameter(format!("{message}. Nothing of this request was stored."))
-                    .into_response(),
-            )
+            Err(Error::InvalidParameter(format!(
+                "{message}. Nothing of this request was stored."
+            )))
         };
         if identities.len() > MAX_IDENTITIES_PER_REQUEST {
             return refuse(

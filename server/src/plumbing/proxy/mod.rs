@@ -343,17 +343,27 @@ pub async fn forward(
     forwarder.forward(request, peer).await
 }
 
+/// What [`Forwarder::read_small`] made of a request.
+pub(crate) enum Small {
+    /// The body, whole, with the request's head: the handler's to answer.
+    Read(http::request::Parts, bytes::Bytes),
+    /// The body was longer than the handler reads: the request went on to MLflow as it came,
+    /// and this is MLflow's answer (or the forwarder's, when MLflow could not be reached), the
+    /// client's answer.
+    Forwarded(Response),
+}
+
 impl Forwarder {
     /// The body of a request a handler reads only when it is small: at most `limit` bytes, with
     /// the request's head. A longer body (declared, or found while reading) is not the handler's:
-    /// the request goes on to MLflow as it comes, and `Err` holds MLflow's answer; a body that
-    /// cannot be read is the client's 400.
+    /// the request goes on to MLflow as it comes, and [`Small::Forwarded`] holds MLflow's answer.
+    /// `Err` when the body cannot be read: the client's 400.
     pub(crate) async fn read_small(
         &self,
         request: Request,
         limit: usize,
         peer: SocketAddr,
-    ) -> Result<(http::request::Parts, bytes::Bytes), Response> {
+    ) -> Result<Small, crate::plumbing::error::Error> {
         let (parts, body) = request.into_parts();
         let declared = parts
             .headers
@@ -361,16 +371,19 @@ impl Forwarder {
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.parse::<u64>().ok());
         if declared.is_some_and(|len| len > limit as u64) {
-            return Err(self.forward(Request::from_parts(parts, body), peer).await);
+            let answer = self.forward(Request::from_parts(parts, body), peer).await;
+            return Ok(Small::Forwarded(answer));
         }
         match read_up_to(body, limit).await {
-            Ok(Ok(body)) => Ok((parts, body)),
+            Ok(Ok(body)) => Ok(Small::Read(parts, body)),
             // Longer than it said, or of no declared length: streamed on as it comes.
-            Ok(Err(unread)) => Err(self.forward(Request::from_parts(parts, unread), peer).await),
+            Ok(Err(unread)) => {
+                let answer = self.forward(Request::from_parts(parts, unread), peer).await;
+                Ok(Small::Forwarded(answer))
+            }
             Err(error) => Err(crate::plumbing::error::Error::BadRequest(format!(
                 "the request body could not be read: {error}"
-            ))
-            .into_response()),
+            ))),
         }
     }
 
