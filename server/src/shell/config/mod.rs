@@ -601,7 +601,7 @@ mod tests {
             env_value: "72",
             flag_value: "73",
             read: |c| format!("{:?}", c.coalesce.in_flight_per_run),
-            expected: ["2", "71", "72", "73"],
+            expected: ["8", "71", "72", "73"],
         },
         Layered {
             flag: "--artifact-upload-concurrency",
