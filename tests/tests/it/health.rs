@@ -812,7 +812,13 @@ async fn data_changes_and_leftovers_show_in_the_runs_health_and_count_once() {
         async || {
             let (code, view) = health_view(&proxy, &run_id).await;
             let counted = counter(&[&proxy], "mlscope_run_findings_total").await;
-            if code == 200 && view["ranks"][1]["leftovers"].is_object() && counted >= 4.0 {
+            // Findings are stored after MLflow took their batch, each on its own: wait for all.
+            let changes = view["data_changes"].as_array().map_or(0, Vec::len);
+            if code == 200
+                && view["ranks"][1]["leftovers"].is_object()
+                && changes == 2
+                && counted >= 4.0
+            {
                 Ok(view)
             } else {
                 Err(format!("{code} {view}; {counted} findings counted"))
