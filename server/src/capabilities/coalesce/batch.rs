@@ -102,10 +102,12 @@ fn new_pairs(held: &HashMap<&str, &str>, pairs: &[Pair], first: bool) -> Option<
 }
 
 /// `{"run_id": ..., "metrics": [...], "params": [...], "tags": [...]}` with the members' elements in
-/// arrival order, each repeated element sent once.
+/// arrival order, each repeated element sent once, and without the params whose keys are `held`
+/// (MLflow holds them with the value written).
 pub(crate) fn merged_body<'a>(
     run_id: &str,
     members: impl Iterator<Item = &'a Writes> + Clone,
+    held: &HashSet<Box<str>>,
 ) -> Bytes {
     let size: usize = members.clone().map(Writes::bytes).sum();
     let mut out = BytesMut::with_capacity(size + run_id.len() + 64);
@@ -131,7 +133,11 @@ pub(crate) fn merged_body<'a>(
     for (name, pairs) in [
         (
             "params",
-            members.clone().flat_map(|m| &m.params).collect::<Vec<_>>(),
+            members
+                .clone()
+                .flat_map(|m| &m.params)
+                .filter(|p| !held.contains(&p.key))
+                .collect::<Vec<_>>(),
         ),
         (
             "tags",
@@ -199,7 +205,7 @@ mod tests {
             writes(&[], &[], &[("t", "b")]),
         ];
         assert_eq!(take(&queue), 1);
-        let body = merged_body("r", queue[..1].iter().chain(&queue[..1]));
+        let body = merged_body("r", queue[..1].iter().chain(&queue[..1]), &HashSet::new());
         let json: serde_json::Value = serde_json::from_slice(&body).unwrap();
         assert_eq!(
             json["tags"],
@@ -275,7 +281,7 @@ mod tests {
                 &[("t", "x")],
             ),
         ];
-        let body = merged_body("run \"1\"", queue.iter());
+        let body = merged_body("run \"1\"", queue.iter(), &HashSet::new());
         let json: serde_json::Value = serde_json::from_slice(&body).unwrap();
         assert_eq!(json["run_id"], "run \"1\"");
         let keys: Vec<&str> = json["metrics"]

@@ -32,9 +32,19 @@ pub(super) const SETTLED_BYTES_PER_RUN: usize = 16 << 10;
 pub(super) struct Claims {
     params: Vec<(Box<str>, Box<str>)>,
     tags: Vec<(Box<str>, Box<str>)>,
+    /// A request the coalescer could not read as writes: it claims the whole run.
+    everything: bool,
 }
 
 impl Claims {
+    /// What a request the coalescer cannot read claims: the run, alone.
+    pub(super) fn everything() -> Claims {
+        Claims {
+            everything: true,
+            ..Claims::default()
+        }
+    }
+
     /// What the writes of `members` claim, given what is `settled` of their run.
     pub(super) fn of<'a>(
         members: impl Iterator<Item = &'a Writes>,
@@ -71,6 +81,9 @@ impl Claims {
         if at_mlflow.is_empty() {
             return false;
         }
+        if self.everything || at_mlflow.iter().any(|other| other.everything) {
+            return true;
+        }
         let tag_settled = |k: &str, v: &str| settled.is_some_and(|s| s.tag(k) == Some(v));
         self.params.iter().any(|(key, _)| {
             at_mlflow
@@ -96,7 +109,7 @@ pub(super) struct RunSettled {
 }
 
 impl RunSettled {
-    fn param(&self, key: &str) -> Option<&str> {
+    pub(super) fn param(&self, key: &str) -> Option<&str> {
         self.params.get(key).map(|v| &**v)
     }
 

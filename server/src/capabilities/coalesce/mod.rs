@@ -39,7 +39,8 @@
 //!   batches grow with the load and shrink back when it falls.
 //! - **Bounded.** Queued bodies are bounded per run (items) and overall (bytes); past either a
 //!   request gets 429 with `Retry-After`, which the MLflow client retries.
-//! - Requests the coalescer cannot merge (see [`writes::Alone`]) go to MLflow as they came.
+//! - Requests the coalescer cannot merge (see [`writes::Alone`]) go to MLflow as they came, in
+//!   their run's order: queued with the run they name, alone, with nothing of it beside them.
 //!   Scoping and deduplication happen before (the rewriter prepared the body). Timestamps, steps
 //!   and values are never re-encoded.
 
@@ -48,7 +49,7 @@ mod claims;
 mod concurrency;
 mod metrics;
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -221,6 +222,9 @@ struct RunQueue {
 struct Member {
     merge: MergeKey,
     writes: Writes,
+    /// A request that cannot share a batch (see [`Inner::alone`]): it goes as it came, alone,
+    /// with nothing of its run at MLflow beside it.
+    solo: bool,
     /// The request as the rewriter prepared it, to be sent alone if the batch fails.
     original: Original,
     enqueued: Instant,
@@ -348,7 +352,7 @@ impl Coalescer {
         let parsed = match prepared.map_or_else(|| writes::parse(parts.uri.path(), &body), |p| p.0)
         {
             Ok(parsed) => parsed,
-            Err(alone) => return inner.alone(alone, parts, body, peer).await,
+            Err(alone) => return Inner::alone(inner, alone, parts, body, peer).await,
         };
         let Ok(permit) = inner
             .budget
@@ -364,6 +368,7 @@ impl Coalescer {
                 credential: merge_fingerprint(&parts.headers),
             },
             writes: parsed.writes,
+            solo: false,
             original: Original {
                 method: parts.method,
                 uri: parts.uri,
@@ -375,16 +380,7 @@ impl Coalescer {
             reply,
             _budget: permit,
         };
-        if Inner::enqueue(inner, parsed.run_id.into(), member).is_err() {
-            return inner.reject("pending_per_run", "its limit of queued writes for this run");
-        }
-        // The batch is sent by its own task: a client that goes away loses only its answer.
-        answer.await.unwrap_or_else(|_| {
-            Error::Unavailable(
-                "mlscope-proxy lost this request's batch while shutting down; retry".into(),
-            )
-            .into_response()
-        })
+        Inner::wait_in_queue(inner, parsed.run_id.into(), member, answer).await
     }
 }
 
@@ -446,18 +442,69 @@ impl Inner {
         .into_response()
     }
 
-    /// A request that cannot share a batch goes to MLflow as it came.
+    /// A request that cannot share a batch goes to MLflow as it came. When it names a run it
+    /// takes its place in that run's queue: it leaves in arrival order, alone, once nothing of
+    /// the run is at MLflow, and nothing of the run leaves while it is there (MLflow may store
+    /// part of it, or act on it otherwise than the coalescer reads it).
     async fn alone(
-        &self,
+        this: &Arc<Inner>,
         why: Alone,
         parts: http::request::Parts,
         body: Bytes,
         peer: SocketAddr,
     ) -> Response {
-        self.metrics.skipped(why.reason());
-        self.forwarder
-            .forward(Request::from_parts(parts, Body::from(body)), peer)
-            .await
+        this.metrics.skipped(why.reason());
+        let run_id = writes::run_of(&body).filter(|r| writes::is_valid_run_id(r));
+        let permit = this
+            .budget
+            .clone()
+            .try_acquire_many_owned(((body.len() >> 10) + 1) as u32);
+        let (Some(run_id), Ok(permit)) = (run_id, permit) else {
+            // No run MLflow would act on (it refuses the request), or no room to queue it.
+            return this
+                .forwarder
+                .forward(Request::from_parts(parts, Body::from(body)), peer)
+                .await;
+        };
+        let (reply, answer) = oneshot::channel();
+        let member = Member {
+            merge: MergeKey {
+                path: parts.uri.path().into(),
+                credential: merge_fingerprint(&parts.headers),
+            },
+            writes: Writes::default(),
+            solo: true,
+            original: Original {
+                method: parts.method,
+                uri: parts.uri,
+                headers: parts.headers,
+                body,
+                peer,
+            },
+            enqueued: Instant::now(),
+            reply,
+            _budget: permit,
+        };
+        Inner::wait_in_queue(this, run_id.into(), member, answer).await
+    }
+
+    /// Queues `member` with its run's writes and waits for its answer.
+    async fn wait_in_queue(
+        this: &Arc<Inner>,
+        run_id: Arc<str>,
+        member: Member,
+        answer: oneshot::Receiver<Response>,
+    ) -> Response {
+        if Inner::enqueue(this, run_id, member).is_err() {
+            return this.reject("pending_per_run", "its limit of queued writes for this run");
+        }
+        // The batch is sent by its own task: a client that goes away loses only its answer.
+        answer.await.unwrap_or_else(|_| {
+            Error::Unavailable(
+                "mlscope-proxy lost this request's batch while shutting down; retry".into(),
+            )
+            .into_response()
+        })
     }
 
     fn enqueue(this: &Arc<Inner>, run_id: Arc<str>, member: Member) -> Result<(), Box<Member>> {
@@ -502,7 +549,11 @@ impl Inner {
             let claims = {
                 let mut settled = this.settled.lock().expect("coalescer lock");
                 let settled = settled.of(run_id);
-                let claims = Claims::of(run.queue.iter().take(members).map(|m| &m.writes), settled);
+                let claims = if run.queue.front().is_some_and(|m| m.solo) {
+                    Claims::everything()
+                } else {
+                    Claims::of(run.queue.iter().take(members).map(|m| &m.writes), settled)
+                };
                 if claims.conflicts(&run.at_mlflow, settled) {
                     // A param or tag another batch at MLflow writes: it waits until that one
                     // is stored.
@@ -571,7 +622,8 @@ impl Inner {
         let samples: usize = batch.iter().map(|m| m.writes.metrics.len()).sum();
         self.metrics.batch(batch.len(), samples);
         let items: usize = batch.iter().map(|m| m.writes.items()).sum();
-        if batch.len() == 1 {
+        let held = self.held_params(run_id, &batch);
+        if batch.len() == 1 && held.is_empty() {
             // Alone: the request goes as it came, and its answer comes back as MLflow sent it.
             self.metrics.outcome("single");
             let member = batch.into_iter().next().expect("one member");
@@ -588,7 +640,7 @@ impl Inner {
             return;
         }
         let first = &batch[0];
-        let body = batch::merged_body(run_id, batch.iter().map(|m| &m.writes));
+        let body = batch::merged_body(run_id, batch.iter().map(|m| &m.writes), &held);
         let mut headers = first.original.headers.clone();
         headers.insert(header::CONTENT_LENGTH, HeaderValue::from(body.len()));
         headers.insert(
@@ -632,6 +684,28 @@ impl Inner {
             response.headers_mut().remove(header::CONTENT_LENGTH);
             let _ = member.reply.send(response);
         }
+    }
+
+    /// The params of `batch` MLflow holds with the value written: MLflow would skip them, so they
+    /// need not go again. None when nothing else is in the batch, which then goes as written
+    /// (MLflow's answer about the run stays its own).
+    fn held_params(&self, run_id: &str, batch: &[Member]) -> HashSet<Box<str>> {
+        let others = batch
+            .iter()
+            .any(|m| !m.writes.metrics.is_empty() || !m.writes.tags.is_empty());
+        if !others {
+            return HashSet::new();
+        }
+        let mut settled = self.settled.lock().expect("coalescer lock");
+        let Some(known) = settled.of(&Arc::from(run_id)) else {
+            return HashSet::new();
+        };
+        batch
+            .iter()
+            .flat_map(|m| &m.writes.params)
+            .filter(|p| known.param(&p.key) == Some(&*p.value))
+            .map(|p| p.key.clone())
+            .collect()
     }
 
     /// MLflow stored `batch` (`items` elements) in `took`: its params and tags are settled, and
@@ -692,8 +766,11 @@ fn plan(queue: &VecDeque<Member>) -> usize {
     let Some(first) = queue.front() else {
         return 0;
     };
+    if first.solo {
+        return 1;
+    }
     for member in queue {
-        if member.merge != first.merge || !builder.add(&member.writes) {
+        if member.solo || member.merge != first.merge || !builder.add(&member.writes) {
             break;
         }
     }

@@ -232,6 +232,79 @@ async fn metrics_pass_a_runs_params_but_the_same_key_waits_until_mlflow_holds_it
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_write_that_goes_alone_keeps_its_place_in_its_runs_order() {
+    let stand_in = StandIn::new(StatusCode::OK);
+    let coalescer = coalescer(&stand_in, 8);
+    let first = submit(&coalescer, metric(0));
+    stand_in.received(1).await;
+    // A value MLflow's parser does not take as written: this request cannot share a batch.
+    let malformed =
+        r#"{"run_id":"r","metrics":[{"key":"loss","value":"abc","timestamp":1,"step":1}]}"#;
+    let alone = submit(&coalescer, malformed.to_owned());
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(
+        stand_in.log().len(),
+        1,
+        "the lone write passed the run's batch"
+    );
+    stand_in.gate.add_permits(1);
+    assert_eq!(first.await.unwrap(), StatusCode::OK);
+    stand_in.received(2).await;
+    let after = submit(&coalescer, metric(2));
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(stand_in.log().len(), 2, "a later write passed the lone one");
+    stand_in.gate.add_permits(2);
+    assert_eq!(alone.await.unwrap(), StatusCode::OK);
+    assert_eq!(after.await.unwrap(), StatusCode::OK);
+    let log = stand_in.log();
+    assert_eq!(log[1].1, malformed, "sent as it came");
+    assert_eq!(steps(&log[2].1), [2]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_param_mlflow_holds_with_the_value_written_does_not_go_again() {
+    let stand_in = StandIn::new(StatusCode::OK);
+    let coalescer = coalescer(&stand_in, 8);
+    let with_metric = |step: i64, params: &str| {
+        format!(
+            r#"{{"run_id":"r","metrics":[{{"key":"loss","value":1,"timestamp":1,"step":{step}}}],"params":[{params}]}}"#
+        )
+    };
+    let lr = r#"{"key":"lr","value":"0.1"}"#;
+    let seed = r#"{"key":"seed","value":"7"}"#;
+    stand_in.gate.add_permits(3);
+    let first = submit(&coalescer, with_metric(0, lr));
+    assert_eq!(first.await.unwrap(), StatusCode::OK);
+    // MLflow holds lr=0.1 now: it is left out, the new seed goes.
+    let again = submit(&coalescer, with_metric(1, &format!("{lr},{seed}")));
+    assert_eq!(again.await.unwrap(), StatusCode::OK);
+    // Nothing but held params: the request goes as it came, for MLflow's own answer.
+    let only = submit(&coalescer, pairs(&[("lr", "0.1")], &[]));
+    assert_eq!(only.await.unwrap(), StatusCode::OK);
+    let log = stand_in.log();
+    let params = |body: &str| -> Vec<String> {
+        let value: serde_json::Value = serde_json::from_str(body).unwrap();
+        value["params"]
+            .as_array()
+            .map(|p| {
+                p.iter()
+                    .map(|p| p["key"].as_str().unwrap().to_owned())
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    assert_eq!(params(&log[0].1), ["lr"]);
+    assert_eq!(
+        (log[1].0, params(&log[1].1), steps(&log[1].1)),
+        ("batch", vec!["seed".to_owned()], vec![1])
+    );
+    assert_eq!(
+        (log[2].0, params(&log[2].1)),
+        ("alone", vec!["lr".to_owned()])
+    );
+}
+
+#[tokio::test(start_paused = true)]
 async fn a_batch_mlflow_refuses_is_split_and_each_write_gets_its_own_answer_in_order() {
     let stand_in = StandIn::new(StatusCode::BAD_REQUEST);
     let coalescer = coalescer(&stand_in, 1);
