@@ -164,9 +164,14 @@ async fn start_proxy(upstream: &str, tweak: impl FnOnce(&mut Config)) -> Proxy {
     let addr = listener.local_addr().unwrap();
     let admin_url = format!("http://{}", admin.local_addr().unwrap());
     let (tx, rx) = oneshot::channel::<()>();
-    let done = tokio::spawn(mlscope_proxy::shell::app::run(config, listener, admin, async move {
-        let _ = rx.await;
-    }));
+    let done = tokio::spawn(mlscope_proxy::shell::app::run(
+        config,
+        listener,
+        admin,
+        async move {
+            let _ = rx.await;
+        },
+    ));
     // `run` opens the store before serving; wait for the admin port to answer.
     let client = reqwest::Client::new();
     eventually(

@@ -6,7 +6,7 @@
 //!   and `handlers` the [`Gateway`] that answers each operation (authorized by MLflow, placed in
 //!   the request's workspace);
 //! - [`objects`] is the object-store facade: every call on the store, the provider's quirks and
-//!   the store's errors ([`StoreError`]); [`s3`] builds its clients and names the destination;
+//!   the store's errors ([`StoreError`](objects::StoreError)); [`s3`] builds its clients and names the destination;
 //! - [`upload`] streams request bodies to the store (one PUT or a multipart upload);
 //! - [`policy`] keeps writes inside the artifact roots of runs, models and traces that exist;
 //! - [`failures`] records failed uploads on the run as tags;

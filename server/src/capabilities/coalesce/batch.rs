@@ -171,19 +171,11 @@ pub(crate) fn merged_body<'a>(
 mod tests {
     use super::*;
 
-    fn pair(key: &str, value: &str) -> Pair {
-        Pair {
-            key: key.into(),
-            value: value.into(),
-            raw: Bytes::from(serde_json::json!({"key": key, "value": value}).to_string()),
-        }
-    }
-
     fn writes(metrics: &[&str], params: &[(&str, &str)], tags: &[(&str, &str)]) -> Writes {
         Writes {
             metrics: metrics.iter().map(|m| Bytes::from(m.to_string())).collect(),
-            params: params.iter().map(|(k, v)| pair(k, v)).collect(),
-            tags: tags.iter().map(|(k, v)| pair(k, v)).collect(),
+            params: params.iter().map(|(k, v)| Pair::of(k, v)).collect(),
+            tags: tags.iter().map(|(k, v)| Pair::of(k, v)).collect(),
         }
     }
 

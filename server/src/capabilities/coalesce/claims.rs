@@ -193,19 +193,11 @@ mod tests {
     use super::*;
     use bytes::Bytes;
 
-    fn pair(key: &str, value: &str) -> Pair {
-        Pair {
-            key: key.into(),
-            value: value.into(),
-            raw: Bytes::new(),
-        }
-    }
-
     fn writes(params: &[(&str, &str)], tags: &[(&str, &str)]) -> Writes {
         Writes {
             metrics: vec![Bytes::from_static(b"{}")],
-            params: params.iter().map(|(k, v)| pair(k, v)).collect(),
-            tags: tags.iter().map(|(k, v)| pair(k, v)).collect(),
+            params: params.iter().map(|(k, v)| Pair::of(k, v)).collect(),
+            tags: tags.iter().map(|(k, v)| Pair::of(k, v)).collect(),
         }
     }
 

@@ -48,6 +48,7 @@ mod batch;
 mod claims;
 mod concurrency;
 mod metrics;
+mod settings;
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::net::SocketAddr;
@@ -79,105 +80,15 @@ use claims::{Claims, Settled};
 use concurrency::Concurrency;
 use metrics::CoalesceMetrics;
 
-use crate::plumbing::writes::MAX_BATCH_METRICS;
 use crate::plumbing::writes::{self, Alone, Prepared, Writes};
 pub use batch::MAX_BATCH_BYTES;
+pub use settings::{CoalesceConfig, CoalesceOptions};
 
 /// Batches of one run at MLflow at once before MLflow's answers say how many help.
 const START_IN_FLIGHT: usize = 2;
 
 /// The longest MLflow answer to a batch read back (`{}`, or an error JSON).
 const MAX_ANSWER_BYTES: usize = 1 << 20;
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct CoalesceConfig {
-    /// How long a request for a run that already has a batch at MLflow waits for others; zero
-    /// turns coalescing off.
-    pub window: Duration,
-    /// The most batches of one run at MLflow at once; how many help is learned from MLflow's
-    /// answers (see [`concurrency`]), and batches that write the same params or tags never
-    /// overlap (see [`claims`]).
-    pub in_flight_per_run: usize,
-    /// Items (metrics, params, tags) queued per run before requests get 429.
-    pub max_pending_per_run: usize,
-    /// Bytes of request bodies queued over all runs before requests get 429.
-    pub max_pending_bytes: usize,
-}
-
-impl Default for CoalesceConfig {
-    fn default() -> Self {
-        Self {
-            window: Duration::from_millis(5),
-            in_flight_per_run: 8,
-            max_pending_per_run: 50_000,
-            max_pending_bytes: 64 << 20,
-        }
-    }
-}
-
-impl CoalesceConfig {
-    pub fn validate(&self) -> Result<(), String> {
-        if self.window > Duration::from_secs(1) {
-            return Err(format!(
-                "coalesce-window must be at most 1s (every merged request waits up to it), not {:?}",
-                self.window
-            ));
-        }
-        if self.in_flight_per_run == 0 {
-            return Err("coalesce-in-flight-per-run must be at least 1".into());
-        }
-        if self.max_pending_per_run < MAX_BATCH_METRICS {
-            return Err(format!(
-                "coalesce-max-pending-per-run must be at least {MAX_BATCH_METRICS} (one full batch)"
-            ));
-        }
-        if self.max_pending_bytes < 1 << 20 {
-            return Err("coalesce-max-pending must be at least 1MiB (one full batch)".into());
-        }
-        Ok(())
-    }
-}
-
-/// The coalescer's settings as given (see [`crate::plumbing::settings`]); `None`: not given here.
-#[derive(Debug, Clone, Default, clap::Args, serde::Deserialize)]
-pub struct CoalesceOptions {
-    /// How long a metric-only log-batch or log-metric waits for others to the same run (same
-    /// credential) while that run has a batch at MLflow, to go on as one batch (a run with none
-    /// sends at once); 0s turns coalescing off [default: 5ms].
-    #[arg(long, env = "MLSCOPE_COALESCE_WINDOW", value_parser = crate::plumbing::settings::parse_duration, value_name = "DURATION")]
-    #[serde(default, with = "humantime_serde")]
-    pub coalesce_window: Option<Duration>,
-    /// The most batches of one run at MLflow at once; requests gather while they are. The proxy
-    /// learns how many help from MLflow's answers, up to this; batches writing the same params
-    /// or tags never overlap, and against MLflow before 3.16, which deadlocks on PostgreSQL when
-    /// writes to one run overlap, it sends one at a time [default: 8].
-    #[arg(long, env = "MLSCOPE_COALESCE_IN_FLIGHT_PER_RUN", value_name = "N")]
-    pub coalesce_in_flight_per_run: Option<usize>,
-    /// Items (metrics, params, tags) queued per run before new requests for it get 503 [default: 50000].
-    #[arg(long, env = "MLSCOPE_COALESCE_MAX_PENDING_PER_RUN", value_name = "N")]
-    pub coalesce_max_pending_per_run: Option<usize>,
-    /// Bytes of metric bodies queued over all runs before new requests get 503 [default: 64MiB].
-    #[arg(long, env = "MLSCOPE_COALESCE_MAX_PENDING", value_parser = crate::plumbing::settings::parse_size, value_name = "SIZE")]
-    #[serde(default, deserialize_with = "crate::plumbing::settings::size")]
-    pub coalesce_max_pending: Option<usize>,
-}
-
-impl CoalesceOptions {
-    /// The given values over the defaults.
-    pub fn resolve(self) -> CoalesceConfig {
-        let d = CoalesceConfig::default();
-        CoalesceConfig {
-            window: self.coalesce_window.unwrap_or(d.window),
-            in_flight_per_run: self
-                .coalesce_in_flight_per_run
-                .unwrap_or(d.in_flight_per_run),
-            max_pending_per_run: self
-                .coalesce_max_pending_per_run
-                .unwrap_or(d.max_pending_per_run),
-            max_pending_bytes: self.coalesce_max_pending.unwrap_or(d.max_pending_bytes),
-        }
-    }
-}
 
 /// Merges concurrent writes per run; cheap to clone.
 #[derive(Clone)]
@@ -238,6 +149,39 @@ struct Original {
     headers: HeaderMap,
     body: Bytes,
     peer: SocketAddr,
+}
+
+impl Member {
+    /// A request waiting for its batch to `path` (its merge key is the path and the client's
+    /// credential), and where its answer arrives.
+    fn new(
+        path: Arc<str>,
+        writes: Writes,
+        solo: bool,
+        (parts, body, peer): (http::request::Parts, Bytes, SocketAddr),
+        budget: OwnedSemaphorePermit,
+    ) -> (Member, oneshot::Receiver<Response>) {
+        let (reply, answer) = oneshot::channel();
+        let member = Member {
+            merge: MergeKey {
+                path,
+                credential: merge_fingerprint(&parts.headers),
+            },
+            writes,
+            solo,
+            original: Original {
+                method: parts.method,
+                uri: parts.uri,
+                headers: parts.headers,
+                body,
+                peer,
+            },
+            enqueued: Instant::now(),
+            reply,
+            _budget: budget,
+        };
+        (member, answer)
+    }
 }
 
 impl Original {
@@ -354,32 +298,16 @@ impl Coalescer {
             Ok(parsed) => parsed,
             Err(alone) => return Inner::alone(inner, alone, parts, body, peer).await,
         };
-        let Ok(permit) = inner
-            .budget
-            .clone()
-            .try_acquire_many_owned(((body.len() >> 10) + 1) as u32)
-        else {
+        let Some(permit) = inner.charge(&body) else {
             return inner.reject("pending_bytes", "its limit of queued write bodies");
         };
-        let (reply, answer) = oneshot::channel();
-        let member = Member {
-            merge: MergeKey {
-                path: parsed.batch_path.into(),
-                credential: merge_fingerprint(&parts.headers),
-            },
-            writes: parsed.writes,
-            solo: false,
-            original: Original {
-                method: parts.method,
-                uri: parts.uri,
-                headers: parts.headers,
-                body,
-                peer,
-            },
-            enqueued: Instant::now(),
-            reply,
-            _budget: permit,
-        };
+        let (member, answer) = Member::new(
+            parsed.batch_path.into(),
+            parsed.writes,
+            false,
+            (parts, body, peer),
+            permit,
+        );
         Inner::wait_in_queue(inner, parsed.run_id.into(), member, answer).await
     }
 }
@@ -455,37 +383,27 @@ impl Inner {
     ) -> Response {
         this.metrics.skipped(why.reason());
         let run_id = writes::run_of(&body).filter(|r| writes::is_valid_run_id(r));
-        let permit = this
-            .budget
-            .clone()
-            .try_acquire_many_owned(((body.len() >> 10) + 1) as u32);
-        let (Some(run_id), Ok(permit)) = (run_id, permit) else {
+        let permit = this.charge(&body);
+        let (Some(run_id), Some(permit)) = (run_id, permit) else {
             // No run MLflow would act on (it refuses the request), or no room to queue it.
             return this
                 .forwarder
                 .forward(Request::from_parts(parts, Body::from(body)), peer)
                 .await;
         };
-        let (reply, answer) = oneshot::channel();
-        let member = Member {
-            merge: MergeKey {
-                path: parts.uri.path().into(),
-                credential: merge_fingerprint(&parts.headers),
-            },
-            writes: Writes::default(),
-            solo: true,
-            original: Original {
-                method: parts.method,
-                uri: parts.uri,
-                headers: parts.headers,
-                body,
-                peer,
-            },
-            enqueued: Instant::now(),
-            reply,
-            _budget: permit,
-        };
+        let path = parts.uri.path().into();
+        let (member, answer) =
+            Member::new(path, Writes::default(), true, (parts, body, peer), permit);
         Inner::wait_in_queue(this, run_id.into(), member, answer).await
+    }
+
+    /// The queue budget a body holds while it waits; `None` when the queued bodies are at their
+    /// limit.
+    fn charge(&self, body: &Bytes) -> Option<OwnedSemaphorePermit> {
+        self.budget
+            .clone()
+            .try_acquire_many_owned(((body.len() >> 10) + 1) as u32)
+            .ok()
     }
 
     /// Queues `member` with its run's writes and waits for its answer.
@@ -614,7 +532,7 @@ impl Inner {
     }
 
     /// Sends one batch and answers its members.
-    async fn send(&self, run_id: &str, batch: Vec<Member>) {
+    async fn send(&self, run_id: &Arc<str>, batch: Vec<Member>) {
         let now = Instant::now();
         for member in &batch {
             self.metrics.waited(now.duration_since(member.enqueued));
@@ -689,7 +607,7 @@ impl Inner {
     /// The params of `batch` MLflow holds with the value written: MLflow would skip them, so they
     /// need not go again. None when nothing else is in the batch, which then goes as written
     /// (MLflow's answer about the run stays its own).
-    fn held_params(&self, run_id: &str, batch: &[Member]) -> HashSet<Box<str>> {
+    fn held_params(&self, run_id: &Arc<str>, batch: &[Member]) -> HashSet<Box<str>> {
         let others = batch
             .iter()
             .any(|m| !m.writes.metrics.is_empty() || !m.writes.tags.is_empty());
@@ -697,7 +615,7 @@ impl Inner {
             return HashSet::new();
         }
         let mut settled = self.settled.lock().expect("coalescer lock");
-        let Some(known) = settled.of(&Arc::from(run_id)) else {
+        let Some(known) = settled.of(run_id) else {
             return HashSet::new();
         };
         batch
@@ -710,12 +628,11 @@ impl Inner {
 
     /// MLflow stored `batch` (`items` elements) in `took`: its params and tags are settled, and
     /// the cost tells how many batches may overlap.
-    fn stored(&self, run_id: &str, batch: &[Member], items: usize, took: Duration) {
-        let run_id: Arc<str> = run_id.into();
+    fn stored(&self, run_id: &Arc<str>, batch: &[Member], items: usize, took: Duration) {
         self.settled
             .lock()
             .expect("coalescer lock")
-            .learn(&run_id, batch.iter().map(|m| &m.writes));
+            .learn(run_id, batch.iter().map(|m| &m.writes));
         let mut concurrency = self.concurrency.lock().expect("coalescer lock");
         concurrency.stored(items, took, Instant::now());
         self.metrics.in_flight_limit(concurrency.limit() as i64);

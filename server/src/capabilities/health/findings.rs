@@ -4,7 +4,7 @@
 //! `…/leftover_processes_ended`), and GPU memory still held after them
 //! (`mlscope/rank-<r>/gpu_<i>_memory_left_megabytes`). The tags reach MLflow as sent; the proxy
 //! keeps the newest reports of each run in the store (`run_findings`, at most
-//! [`MAX_FINDINGS_PER_RUN`]), counts each report once in `/metrics` (`mlscope_run_findings_total`)
+//! [`MAX_FINDINGS_PER_RUN`](super::store::MAX_FINDINGS_PER_RUN)), counts each report once in `/metrics` (`mlscope_run_findings_total`)
 //! and shows them in `/runs/{id}/health`.
 
 use serde::Serialize;

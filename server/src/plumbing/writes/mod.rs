@@ -212,6 +212,18 @@ pub(crate) struct Pair {
     pub(crate) raw: Bytes,
 }
 
+#[cfg(test)]
+impl Pair {
+    /// A pair as a client writes it: `{"key": ..., "value": ...}`.
+    pub(crate) fn of(key: &str, value: &str) -> Pair {
+        Pair {
+            key: key.into(),
+            value: value.into(),
+            raw: Bytes::from(serde_json::json!({"key": key, "value": value}).to_string()),
+        }
+    }
+}
+
 /// The writes of one request, each element as the JSON a batch carries.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub(crate) struct Writes {
