@@ -19,14 +19,14 @@ use crate::config::Config;
 use crate::data::{self, DataWatch, PreflightMode, Watcher};
 use crate::leftovers::{self, Leftover, Scope};
 use crate::outbox::{
-    spawn_sender, Backoff, HttpSettings, MlflowTransport, Outbox, Payload, RunClient, SenderStats,
+    spawn_sender, Backoff, HttpConfig, MlflowTransport, Outbox, Payload, RunClient, SenderStats,
 };
 use crate::placement::{BasisTag, Placement};
 use crate::signals::{self, Received, SignalMask};
 use crate::sources::cgroup::{discover, DiscoveryRoots};
 use crate::sources::disk::WatchedVolume;
 use crate::sources::gauges::Gauges;
-use crate::sources::{Sampler, SourceSettings};
+use crate::sources::{Sampler, SourceConfig};
 use crate::wrapper::{self, ChildOutcome, Ended};
 
 /// The first retry comes this soon after a failure.
@@ -326,7 +326,7 @@ struct Agent {
 }
 
 impl Agent {
-    fn start(config: &Config, http: &HttpSettings) -> Agent {
+    fn start(config: &Config, http: &HttpConfig) -> Agent {
         let cgroup = match discover(&DiscoveryRoots::default(), config.cgroup_path.as_deref()) {
             Ok(layout) => {
                 tracing::info!(cgroup = %layout.describe(), "measuring the container's cgroup");
@@ -343,7 +343,7 @@ impl Agent {
             .filter_map(|(name, path)| WatchedVolume::new(name, path.clone()))
             .collect();
         let gauges = Arc::new(Gauges::new(data::watch::gauge_names(&config.data)));
-        let settings = SourceSettings {
+        let settings = SourceConfig {
             proc_root: PathBuf::from("/proc"),
             rootfs: PathBuf::from("/"),
             volumes,
@@ -387,7 +387,7 @@ impl Agent {
     }
 
     /// Starts the data watch when there are data paths.
-    fn watch(&self, config: &Config, http: &HttpSettings) -> Option<DataWatch> {
+    fn watch(&self, config: &Config, http: &HttpConfig) -> Option<DataWatch> {
         if config.data.paths.is_empty() {
             return None;
         }

@@ -11,9 +11,9 @@ use clap::builder::BoolishValueParser;
 use clap::{ArgAction, Parser, ValueEnum};
 use ureq::tls::Certificate;
 
-use crate::data::{parse_data_path, DataPath, DataSettings, PreflightMode, ScanBudget};
-use crate::leftovers::LeftoverSettings;
-use crate::outbox::HttpSettings;
+use crate::data::{parse_data_path, DataPath, DataConfig, PreflightMode, ScanBudget};
+use crate::leftovers::LeftoverConfig;
+use crate::outbox::HttpConfig;
 
 const ENVIRONMENT_HELP: &str = "\
 MLflow's own variables (as the MLflow client reads them):
@@ -169,7 +169,7 @@ pub use crate::outbox::Auth;
 #[derive(Debug)]
 pub struct Config {
     /// Where to send; `None` only in wrapper mode when MLflow's variables are missing.
-    pub http: Option<HttpSettings>,
+    pub http: Option<HttpConfig>,
     pub node: String,
     pub rank: u32,
     /// The pod (`POD_NAME` from the downward API, else the host name, which Kubernetes sets to
@@ -181,7 +181,7 @@ pub struct Config {
     pub interval: Duration,
     pub volumes: Vec<(String, PathBuf)>,
     /// Data paths: the pre-flight and the watch.
-    pub data: DataSettings,
+    pub data: DataConfig,
     pub cgroup_path: Option<PathBuf>,
     /// Samples kept while MLflow is unreachable.
     pub buffer_samples: usize,
@@ -192,7 +192,7 @@ pub struct Config {
     /// Wrapper mode when not empty.
     pub command: Vec<OsString>,
     /// Wrapper mode: what to do about processes the command leaves running.
-    pub leftovers: LeftoverSettings,
+    pub leftovers: LeftoverConfig,
     /// GPM's SM activity under this (percent) counts as idle.
     pub gpu_idle_below: f64,
     /// `--check-config`: report the configuration and exit.
@@ -314,13 +314,13 @@ impl Config {
                 args.gpu_idle_below
             )));
         }
-        let leftovers = LeftoverSettings {
+        let leftovers = LeftoverConfig {
             grace: args.leftover_grace,
             leave: args.leave_leftovers,
             device_prefix: args.gpu_device_prefix,
         };
         leftovers.validate().map_err(invalid)?;
-        let data = DataSettings {
+        let data = DataConfig {
             paths: args.data,
             interval: args.data_interval,
             budget: ScanBudget {
@@ -372,7 +372,7 @@ fn http_settings(
     rank: u32,
     request_timeout: Duration,
     env: &HashMap<String, String>,
-) -> Result<HttpSettings, ConfigError> {
+) -> Result<HttpConfig, ConfigError> {
     if !(uri.starts_with("http://") || uri.starts_with("https://")) {
         return Err(invalid(format!(
             "MLFLOW_TRACKING_URI must be an http:// or https:// URL, not {uri:?}"
@@ -412,7 +412,7 @@ fn http_settings(
             Some(certs)
         }
     };
-    Ok(HttpSettings {
+    Ok(HttpConfig {
         tracking_uri: uri.trim_end_matches('/').to_owned(),
         run_id,
         node: node.to_owned(),
@@ -535,7 +535,7 @@ mod tests {
     #[test]
     fn data_paths_default_to_a_five_minute_watch_that_only_warns() {
         let defaults = config(&[], &[]).unwrap().data;
-        assert_eq!(defaults, DataSettings::default());
+        assert_eq!(defaults, DataConfig::default());
         assert_eq!(defaults.interval, Duration::from_secs(300));
         let set = config(
             &[
@@ -630,7 +630,7 @@ mod tests {
     #[test]
     fn leftovers_are_ended_after_ten_seconds_unless_told_otherwise() {
         let defaults = config(&[], &[]).unwrap().leftovers;
-        assert_eq!(defaults, LeftoverSettings::default());
+        assert_eq!(defaults, LeftoverConfig::default());
         assert_eq!(defaults.grace, Duration::from_secs(10));
         let set = config(
             &[

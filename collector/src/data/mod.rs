@@ -62,7 +62,7 @@ pub enum PreflightMode {
 
 /// The data paths and how they are watched.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct DataSettings {
+pub struct DataConfig {
     pub paths: Vec<DataPath>,
     /// Between the starts of two scans.
     pub interval: Duration,
@@ -76,9 +76,9 @@ pub struct DataSettings {
 /// validation pass that would read it. NFS costs a round trip per file: see the README.
 pub const DEFAULT_INTERVAL: Duration = Duration::from_secs(300);
 
-impl Default for DataSettings {
+impl Default for DataConfig {
     fn default() -> Self {
-        DataSettings {
+        DataConfig {
             paths: Vec::new(),
             interval: DEFAULT_INTERVAL,
             budget: ScanBudget {
@@ -90,7 +90,7 @@ impl Default for DataSettings {
     }
 }
 
-impl DataSettings {
+impl DataConfig {
     pub fn validate(&self) -> Result<(), String> {
         let mut names = std::collections::HashSet::new();
         for data in &self.paths {
@@ -179,19 +179,19 @@ mod tests {
     #[test]
     fn settings_refuse_a_name_twice_and_empty_budgets() {
         let path = |name: &str| parse_data_path(&format!("{name}=/x")).unwrap();
-        let mut settings = DataSettings {
+        let mut settings = DataConfig {
             paths: vec![path("a"), path("b")],
-            ..DataSettings::default()
+            ..DataConfig::default()
         };
         assert!(settings.validate().is_ok());
         settings.paths.push(path("a"));
         assert!(settings.validate().is_err());
-        let settings = DataSettings {
+        let settings = DataConfig {
             budget: ScanBudget {
                 max_files: 0,
                 max_time: Duration::from_secs(1),
             },
-            ..DataSettings::default()
+            ..DataConfig::default()
         };
         assert!(settings.validate().is_err());
     }

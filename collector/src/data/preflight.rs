@@ -8,7 +8,7 @@ use std::io::{self, Read};
 use std::path::Path;
 
 use super::mount::{MountTable, MountView};
-use super::{cut, rank_tag, run_tag, DataPath, DataSettings, LINE_CHARS};
+use super::{cut, rank_tag, run_tag, DataPath, DataConfig, LINE_CHARS};
 use crate::outbox::{RunClient, RunLookup};
 
 /// Everything the pre-flight found.
@@ -23,7 +23,7 @@ pub struct Preflight {
 }
 
 /// Checks every data path and, with a client, the run.
-pub fn preflight(settings: &DataSettings, rank: u32, run: Option<(&RunClient, &str)>) -> Preflight {
+pub fn preflight(settings: &DataConfig, rank: u32, run: Option<(&RunClient, &str)>) -> Preflight {
     let mut found = Preflight::default();
     if !settings.paths.is_empty() {
         let table = MountTable::read().unwrap_or_else(|error| {

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use super::mount::{MountTable, MountView};
 use super::scan::{scan, FileList};
-use super::{cut, run_tag, DataPath, DataSettings, Diff, Scan, ScanBudget, Stopped};
+use super::{cut, run_tag, DataPath, DataConfig, Diff, Scan, ScanBudget, Stopped};
 use super::{HISTORY_LINES, LINE_CHARS};
 use crate::outbox::{DatasetInput, Outbox, Payload, RunClient, RunLookup};
 use crate::sources::gauges::Gauges;
@@ -58,7 +58,7 @@ pub struct Watcher {
 }
 
 /// The `data_<name>_files` gauges, in the order of `settings.paths`.
-pub fn gauge_names(settings: &DataSettings) -> Vec<String> {
+pub fn gauge_names(settings: &DataConfig) -> Vec<String> {
     settings
         .paths
         .iter()
@@ -72,7 +72,7 @@ pub fn gauge_names(settings: &DataSettings) -> Vec<String> {
 impl Watcher {
     /// `gauges` must have been built from [`gauge_names`] of the same settings.
     pub fn new(
-        settings: &DataSettings,
+        settings: &DataConfig,
         rank: u32,
         outbox: Arc<Outbox>,
         run: Option<RunClient>,

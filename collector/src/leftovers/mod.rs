@@ -44,7 +44,7 @@ pub const MAX_GRACE: Duration = Duration::from_secs(600);
 
 /// What wrapper mode does about leftover processes.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct LeftoverSettings {
+pub struct LeftoverConfig {
     /// Between SIGTERM and SIGKILL.
     pub grace: Duration,
     /// List and tag them, but end nothing (`--leave-leftovers`).
@@ -54,9 +54,9 @@ pub struct LeftoverSettings {
     pub device_prefix: PathBuf,
 }
 
-impl Default for LeftoverSettings {
+impl Default for LeftoverConfig {
     fn default() -> Self {
-        LeftoverSettings {
+        LeftoverConfig {
             grace: Duration::from_secs(10),
             leave: false,
             device_prefix: PathBuf::from("/dev/nvidia"),
@@ -64,7 +64,7 @@ impl Default for LeftoverSettings {
     }
 }
 
-impl LeftoverSettings {
+impl LeftoverConfig {
     pub fn validate(&self) -> Result<(), String> {
         if self.grace > MAX_GRACE {
             return Err(format!(
@@ -386,13 +386,13 @@ mod tests {
 
     #[test]
     fn settings_refuse_a_relative_device_prefix_and_an_endless_grace() {
-        assert!(LeftoverSettings::default().validate().is_ok());
-        let relative = LeftoverSettings {
+        assert!(LeftoverConfig::default().validate().is_ok());
+        let relative = LeftoverConfig {
             device_prefix: "dev/nvidia".into(),
             ..Default::default()
         };
         assert!(relative.validate().is_err());
-        let endless = LeftoverSettings {
+        let endless = LeftoverConfig {
             grace: Duration::from_secs(3600),
             ..Default::default()
         };

@@ -12,7 +12,7 @@ use super::{DatasetInput, Payload, SendError, Transport};
 
 /// How to reach MLflow.
 #[derive(Clone, Debug)]
-pub struct HttpSettings {
+pub struct HttpConfig {
     /// `MLFLOW_TRACKING_URI`, without a trailing `/`.
     pub tracking_uri: String,
     pub run_id: String,
@@ -49,7 +49,7 @@ impl std::fmt::Debug for MlflowTransport {
 }
 
 /// A blocking HTTP(S) client with MLflow's TLS settings and per-phase limits.
-pub(super) fn http_agent(settings: &HttpSettings) -> ureq::Agent {
+pub(super) fn http_agent(settings: &HttpConfig) -> ureq::Agent {
     let mut tls = TlsConfig::builder().disable_verification(settings.insecure_tls);
     if let Some(certs) = &settings.ca_certificates {
         tls = tls.root_certs(RootCerts::Specific(Arc::new(certs.clone())));
@@ -72,7 +72,7 @@ pub(super) fn http_agent(settings: &HttpSettings) -> ureq::Agent {
 }
 
 /// The identity headers the proxy deduplicates by, and MLflow's authentication and workspace.
-pub(super) fn request_headers(settings: &HttpSettings) -> Vec<(&'static str, String)> {
+pub(super) fn request_headers(settings: &HttpConfig) -> Vec<(&'static str, String)> {
     let mut headers = vec![
         ("X-Mlscope-Node", settings.node.clone()),
         ("X-Mlscope-Rank", settings.rank.to_string()),
@@ -87,7 +87,7 @@ pub(super) fn request_headers(settings: &HttpSettings) -> Vec<(&'static str, Str
 }
 
 /// `<tracking uri>/api/2.0/mlflow/<call>`.
-pub(super) fn endpoint(settings: &HttpSettings, call: &str) -> String {
+pub(super) fn endpoint(settings: &HttpConfig, call: &str) -> String {
     format!(
         "{}/api/2.0/mlflow/{call}",
         settings.tracking_uri.trim_end_matches('/')
@@ -95,7 +95,7 @@ pub(super) fn endpoint(settings: &HttpSettings, call: &str) -> String {
 }
 
 impl MlflowTransport {
-    pub fn new(settings: &HttpSettings) -> Self {
+    pub fn new(settings: &HttpConfig) -> Self {
         MlflowTransport {
             agent: http_agent(settings),
             endpoint: endpoint(settings, "runs/log-batch"),

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 pub use auth::Auth;
 pub use backoff::Backoff;
-pub use mlflow::{log_batch_body, log_inputs_body, HttpSettings, MlflowTransport};
+pub use mlflow::{log_batch_body, log_inputs_body, HttpConfig, MlflowTransport};
 pub use runs::{RunClient, RunInfo, RunLookup};
 pub use sender::{spawn_sender, SendError, SenderStats, Transport};
 

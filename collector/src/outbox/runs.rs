@@ -7,7 +7,7 @@ use std::time::Duration;
 use serde_json::{json, Value};
 
 use super::mlflow::{endpoint, error_message, http_agent, request_headers};
-use super::HttpSettings;
+use super::HttpConfig;
 
 /// The largest `runs/get` answer read (a run with thousands of metrics stays well below).
 const MAX_RUN_BODY: u64 = 16 * 1024 * 1024;
@@ -55,7 +55,7 @@ impl std::fmt::Debug for RunClient {
 pub(super) const RUN_CALL_LIMIT: Duration = Duration::from_secs(5);
 
 impl RunClient {
-    pub fn new(settings: &HttpSettings) -> Self {
+    pub fn new(settings: &HttpConfig) -> Self {
         let mut limited = settings.clone();
         limited.request_timeout = settings.request_timeout.min(RUN_CALL_LIMIT);
         RunClient {

@@ -35,7 +35,7 @@ pub fn round1(value: f64) -> f64 {
 
 /// Where the sources read from.
 #[derive(Debug)]
-pub struct SourceSettings {
+pub struct SourceConfig {
     /// `/proc` (node CPU and memory, network).
     pub proc_root: PathBuf,
     /// The root filesystem whose space `rootfs_*` reports.
@@ -68,7 +68,7 @@ pub struct Sampler {
 impl Sampler {
     /// Takes the baselines (CPU times, network counters), so the first sample covers the time
     /// since now.
-    pub fn new(settings: SourceSettings, identity: Identity) -> Self {
+    pub fn new(settings: SourceConfig, identity: Identity) -> Self {
         Sampler {
             node: NodeSource::new(settings.proc_root.clone()),
             disk: DiskSource::new(settings.rootfs, settings.volumes),

@@ -39,7 +39,7 @@ pub use metrics::GatewayMetrics;
 pub use routes::router;
 
 use quirks::Quirks;
-use s3::{Destination, S3Settings};
+use s3::{Destination, S3Config};
 
 /// What happens to a write outside the artifact root of an existing run, model or trace.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, clap::ValueEnum)]
@@ -58,7 +58,7 @@ pub enum WritePolicy {
 pub struct ArtifactsConfig {
     /// `None`: artifact requests are forwarded to MLflow like any other.
     pub destination: Option<Destination>,
-    pub s3: S3Settings,
+    pub s3: S3Config,
     pub part_size: usize,
     pub upload_concurrency: usize,
     pub multipart_threshold: usize,
@@ -75,7 +75,7 @@ impl Default for ArtifactsConfig {
     fn default() -> Self {
         Self {
             destination: None,
-            s3: S3Settings::default(),
+            s3: S3Config::default(),
             part_size: 8 << 20,
             upload_concurrency: 4,
             multipart_threshold: 8 << 20,
@@ -228,7 +228,7 @@ impl ArtifactsOptions {
         };
         Ok(ArtifactsConfig {
             destination,
-            s3: S3Settings {
+            s3: S3Config {
                 endpoint_url: self.s3_endpoint_url.or(d.s3.endpoint_url),
                 region: self.s3_region.or(d.s3.region),
                 path_style: self.s3_path_style.or(d.s3.path_style),

@@ -19,7 +19,7 @@ use bytes::Bytes;
 use percent_encoding::{AsciiSet, NON_ALPHANUMERIC};
 
 use super::quirks::Quirks;
-use super::s3::{Destination, S3Settings};
+use super::s3::{Destination, S3Config};
 
 // === what the store answers ===
 
@@ -130,7 +130,7 @@ const MAX_BATCH_DELETE: usize = 1000;
 
 impl Bucket {
     /// The destination's bucket, reached as `settings` say.
-    pub async fn connect(settings: &S3Settings, destination: Destination) -> Bucket {
+    pub async fn connect(settings: &S3Config, destination: Destination) -> Bucket {
         let (client, presigner) = super::s3::clients(settings).await;
         Bucket {
             client,

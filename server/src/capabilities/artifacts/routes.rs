@@ -243,7 +243,7 @@ mod tests {
                 .unwrap();
         let config = super::super::ArtifactsConfig {
             destination: Some(super::super::Destination::parse("s3://b/p").unwrap()),
-            s3: super::super::S3Settings {
+            s3: super::super::S3Config {
                 endpoint_url: Some(format!("http://{closed}")),
                 ..Default::default()
             },

@@ -71,7 +71,7 @@ impl fmt::Display for Destination {
 /// How to reach the store. Credentials come from the standard AWS chain (environment,
 /// shared config/credentials files and profile, web identity, container and instance metadata).
 #[derive(Debug, Clone)]
-pub struct S3Settings {
+pub struct S3Config {
     /// `--s3-endpoint-url`; `None` means AWS S3 itself.
     pub endpoint_url: Option<String>,
     pub region: Option<String>,
@@ -87,7 +87,7 @@ pub struct S3Settings {
     pub stall_grace: Duration,
 }
 
-impl Default for S3Settings {
+impl Default for S3Config {
     fn default() -> Self {
         Self {
             endpoint_url: None,
@@ -114,7 +114,7 @@ pub fn https_client() -> aws_sdk_s3::config::SharedHttpClient {
 /// unless a presign endpoint is configured), with the provider's quirks applied: addressing
 /// style, checksums, region, and the stall grace on every operation. Only the object-store
 /// facade ([`super::objects::Bucket`]) holds them.
-pub(super) async fn clients(settings: &S3Settings) -> (Client, Client) {
+pub(super) async fn clients(settings: &S3Config) -> (Client, Client) {
     let quirks = settings.quirks;
     let region = settings
         .region
