@@ -11,7 +11,7 @@ use clap::builder::BoolishValueParser;
 use clap::{ArgAction, Parser, ValueEnum};
 use ureq::tls::Certificate;
 
-use crate::data::{parse_data_path, DataPath, DataConfig, PreflightMode, ScanBudget};
+use crate::data::{parse_data_path, DataConfig, DataPath, PreflightMode, ScanBudget};
 use crate::leftovers::LeftoverConfig;
 use crate::outbox::HttpConfig;
 

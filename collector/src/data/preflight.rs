@@ -8,7 +8,7 @@ use std::io::{self, Read};
 use std::path::Path;
 
 use super::mount::{MountTable, MountView};
-use super::{cut, rank_tag, run_tag, DataPath, DataConfig, LINE_CHARS};
+use super::{cut, rank_tag, run_tag, DataConfig, DataPath, LINE_CHARS};
 use crate::outbox::{RunClient, RunLookup};
 
 /// Everything the pre-flight found.

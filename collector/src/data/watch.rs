@@ -14,7 +14,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use super::mount::{MountTable, MountView};
 use super::scan::{scan, FileList};
-use super::{cut, run_tag, DataPath, DataConfig, Diff, Scan, ScanBudget, Stopped};
+use super::{cut, run_tag, DataConfig, DataPath, Diff, Scan, ScanBudget, Stopped};
 use super::{HISTORY_LINES, LINE_CHARS};
 use crate::outbox::{DatasetInput, Outbox, Payload, RunClient, RunLookup};
 use crate::sources::gauges::Gauges;

@@ -81,8 +81,13 @@ impl DedupOptions {
 /// What to do with a rank's node-wide samples.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Decision {
-    /// Keep them, adding `step_offset` to their steps.
-    Report { step_offset: i64 },
+    /// Keep them, adding `step_offset` to their steps, except those measured at or before
+    /// `covered_until` (unix ms; -1: none): the reporter before this one covered that time, and
+    /// keeping them would put the series' later steps at earlier times.
+    Report {
+        step_offset: i64,
+        covered_until: i64,
+    },
     /// Drop them: `reporter` holds the seat.
     Standby { reporter: i64 },
     /// Refuse them: a step (or the step after the handover offset) lies outside
@@ -158,15 +163,16 @@ impl Deduplicator {
     }
 
     /// Decides for a batch of node-wide samples from `rank` on `node`, whose steps span
-    /// `first_step..=last_step`. A reporter's lease records the batch's last step (after offset)
-    /// before the samples are forwarded.
+    /// `first_step..=last_step` and whose latest sample was measured at `last_timestamp` (unix
+    /// ms; -1 when unknown). A reporter's lease records the batch's last step (after offset) and
+    /// time before the samples are forwarded.
     pub async fn decide(
         &self,
         run_id: &str,
         node: &str,
         rank: i64,
-        first_step: i64,
-        last_step: i64,
+        (first_step, last_step): (i64, i64),
+        last_timestamp: i64,
     ) -> Result<(Decision, Event), StoreError> {
         if first_step < -MAX_NODE_STEP || last_step > MAX_NODE_STEP {
             return Ok((Decision::StepOutOfRange, Event::None));
@@ -195,8 +201,10 @@ impl Deduplicator {
                     }
                     // A higher step is written at once, whatever the update interval: a handover
                     // must continue after the last step stored, however quickly it was sent.
-                    let advanced = last_step + lease.step_offset > lease.last_step;
+                    let advanced = last_step + lease.step_offset > lease.last_step
+                        || last_timestamp > lease.last_timestamp;
                     lease.last_step = lease.last_step.max(last_step + lease.step_offset);
+                    lease.last_timestamp = lease.last_timestamp.max(last_timestamp);
                     if advanced
                         || now - cached.written_at >= update
                         || now - lease.renewed_at > failover
@@ -209,9 +217,12 @@ impl Deduplicator {
                         cached.written_at = now;
                     }
                     lease.renewed_at = now;
-                    let step_offset = lease.step_offset;
+                    let decision = Decision::Report {
+                        step_offset: lease.step_offset,
+                        covered_until: lease.covered_until,
+                    };
                     cached.lease = Some(lease);
-                    return Ok((Decision::Report { step_offset }, Event::None));
+                    return Ok((decision, Event::None));
                 }
                 Some(lease) if now - lease.renewed_at <= failover => {
                     return Ok((
@@ -242,12 +253,17 @@ impl Deduplicator {
                                 return Ok((Decision::StepOutOfRange, event));
                             }
                             lease.last_step = lease.last_step.max(last_step + step_offset);
+                            lease.last_timestamp = lease.last_timestamp.max(last_timestamp);
                             // Record the first batch's steps at once: a handover right after
                             // must continue after them.
                             self.store.renew(&lease, now).await?;
                             cached.written_at = now;
+                            let decision = Decision::Report {
+                                step_offset,
+                                covered_until: lease.covered_until,
+                            };
                             cached.lease = Some(lease);
-                            return Ok((Decision::Report { step_offset }, event));
+                            return Ok((decision, event));
                         }
                         None => {
                             // Another replica elected someone in the meantime.
@@ -288,6 +304,14 @@ mod tests {
         )
     }
 
+    /// A report decision for a series no earlier reporter covered in time.
+    fn report(step_offset: i64) -> Decision {
+        Decision::Report {
+            step_offset,
+            covered_until: -1,
+        }
+    }
+
     const CONFIG: DedupConfig = DedupConfig {
         update_interval: Duration::from_secs(5),
         failover_timeout: Duration::from_secs(30),
@@ -297,27 +321,27 @@ mod tests {
     async fn the_first_rank_reports_and_the_others_stand_by() {
         let (dedup, clock, _dir) = setup(CONFIG).await;
         assert_eq!(
-            dedup.decide("run", "n1", 0, 0, 0).await.unwrap(),
-            (Decision::Report { step_offset: 0 }, Event::Elected)
+            dedup.decide("run", "n1", 0, (0, 0), -1).await.unwrap(),
+            (report(0), Event::Elected)
         );
         for rank in 1..4 {
             assert_eq!(
-                dedup.decide("run", "n1", rank, 0, 0).await.unwrap().0,
+                dedup.decide("run", "n1", rank, (0, 0), -1).await.unwrap().0,
                 Decision::Standby { reporter: 0 }
             );
         }
         // Another node of the same run elects its own reporter.
         assert_eq!(
-            dedup.decide("run", "n2", 5, 0, 0).await.unwrap().0,
-            Decision::Report { step_offset: 0 }
+            dedup.decide("run", "n2", 5, (0, 0), -1).await.unwrap().0,
+            report(0)
         );
         clock.advance(Duration::from_secs(10));
         assert_eq!(
-            dedup.decide("run", "n1", 0, 1, 1).await.unwrap().0,
-            Decision::Report { step_offset: 0 }
+            dedup.decide("run", "n1", 0, (1, 1), -1).await.unwrap().0,
+            report(0)
         );
         assert_eq!(
-            dedup.decide("run", "n1", 2, 1, 1).await.unwrap().0,
+            dedup.decide("run", "n1", 2, (1, 1), -1).await.unwrap().0,
             Decision::Standby { reporter: 0 }
         );
     }
@@ -327,12 +351,16 @@ mod tests {
         let (dedup, clock, _dir) = setup(CONFIG).await;
         for step in 0..=20 {
             assert_eq!(
-                dedup.decide("run", "n1", 0, step, step).await.unwrap().0,
-                Decision::Report { step_offset: 0 }
+                dedup
+                    .decide("run", "n1", 0, (step, step), -1)
+                    .await
+                    .unwrap()
+                    .0,
+                report(0)
             );
             assert!(matches!(
                 dedup
-                    .decide("run", "n1", 1, step + 3, step + 3)
+                    .decide("run", "n1", 1, (step + 3, step + 3), -1)
                     .await
                     .unwrap()
                     .0,
@@ -343,21 +371,21 @@ mod tests {
         // Rank 0 goes silent. Until the timeout has passed rank 1 stays standby...
         clock.advance(Duration::from_secs(10));
         assert!(matches!(
-            dedup.decide("run", "n1", 1, 25, 25).await.unwrap().0,
+            dedup.decide("run", "n1", 1, (25, 25), -1).await.unwrap().0,
             Decision::Standby { reporter: 0 }
         ));
         clock.advance(Duration::from_secs(11));
         // ...then takes over, its step 26 continuing after rank 0's last step 20.
-        let (decision, event) = dedup.decide("run", "n1", 1, 26, 26).await.unwrap();
+        let (decision, event) = dedup.decide("run", "n1", 1, (26, 26), -1).await.unwrap();
         assert_eq!(event, Event::Failover);
-        let Decision::Report { step_offset } = decision else {
+        let Decision::Report { step_offset, .. } = decision else {
             panic!("{decision:?}")
         };
         assert!(26 + step_offset > 20, "offset {step_offset}");
         // The old reporter, back from the dead, is refused.
         clock.advance(Duration::from_secs(1));
         assert_eq!(
-            dedup.decide("run", "n1", 0, 21, 21).await.unwrap().0,
+            dedup.decide("run", "n1", 0, (21, 21), -1).await.unwrap().0,
             Decision::Standby { reporter: 1 }
         );
     }
@@ -365,24 +393,24 @@ mod tests {
     #[tokio::test]
     async fn a_taker_with_a_lower_step_counter_is_shifted_past_the_old_series() {
         let (dedup, clock, _dir) = setup(CONFIG).await;
-        dedup.decide("run", "n1", 3, 100, 100).await.unwrap();
+        dedup.decide("run", "n1", 3, (100, 100), -1).await.unwrap();
         clock.advance(Duration::from_secs(31));
-        let (decision, _) = dedup.decide("run", "n1", 4, 2, 2).await.unwrap();
-        assert_eq!(decision, Decision::Report { step_offset: 99 });
+        let (decision, _) = dedup.decide("run", "n1", 4, (2, 2), -1).await.unwrap();
+        assert_eq!(decision, report(99));
     }
 
     #[tokio::test]
     async fn extreme_steps_are_refused_and_never_block_the_node() {
         let (dedup, clock, _dir) = setup(CONFIG).await;
         assert_eq!(
-            dedup.decide("run", "n1", 0, 5, 5).await.unwrap().0,
-            Decision::Report { step_offset: 0 }
+            dedup.decide("run", "n1", 0, (5, 5), -1).await.unwrap().0,
+            report(0)
         );
         clock.advance(Duration::from_secs(31));
         // A handover whose first step is i64::MIN would need an offset beyond i64.
         assert_eq!(
             dedup
-                .decide("run", "n1", 1, i64::MIN, i64::MIN)
+                .decide("run", "n1", 1, (i64::MIN, i64::MIN), -1)
                 .await
                 .unwrap()
                 .0,
@@ -390,26 +418,26 @@ mod tests {
         );
         assert_eq!(
             dedup
-                .decide("run", "n1", 1, i64::MAX - 1, i64::MAX)
+                .decide("run", "n1", 1, (i64::MAX - 1, i64::MAX), -1)
                 .await
                 .unwrap()
                 .0,
             Decision::StepOutOfRange
         );
         // The lease still reads back and the series continues after step 5, for any rank.
-        let (decision, _) = dedup.decide("run", "n1", 1, 0, 0).await.unwrap();
-        assert_eq!(decision, Decision::Report { step_offset: 6 });
+        let (decision, _) = dedup.decide("run", "n1", 1, (0, 0), -1).await.unwrap();
+        assert_eq!(decision, report(6));
         assert_eq!(
             dedup
-                .decide("run", "n1", 1, MAX_NODE_STEP - 6, MAX_NODE_STEP - 6)
+                .decide("run", "n1", 1, (MAX_NODE_STEP - 6, MAX_NODE_STEP - 6), -1)
                 .await
                 .unwrap()
                 .0,
-            Decision::Report { step_offset: 6 }
+            report(6)
         );
         assert_eq!(
             dedup
-                .decide("run", "n1", 1, MAX_NODE_STEP - 5, MAX_NODE_STEP - 5)
+                .decide("run", "n1", 1, (MAX_NODE_STEP - 5, MAX_NODE_STEP - 5), -1)
                 .await
                 .unwrap()
                 .0,
@@ -424,7 +452,11 @@ mod tests {
         let (dedup, clock, _dir) = setup(CONFIG).await;
         for step in 0..5 {
             assert!(matches!(
-                dedup.decide("run", "n1", 0, step, step).await.unwrap().0,
+                dedup
+                    .decide("run", "n1", 0, (step, step), -1)
+                    .await
+                    .unwrap()
+                    .0,
                 Decision::Report { .. }
             ));
             clock.advance(Duration::from_millis(50));
@@ -432,10 +464,10 @@ mod tests {
         clock.advance(Duration::from_secs(31));
         // A fresh replica (nothing cached) sees what the store holds.
         let other = Deduplicator::new(dedup.store.clone(), dedup.clock.clone(), CONFIG);
-        let (decision, _) = other.decide("run", "n1", 1, 1, 1).await.unwrap();
+        let (decision, _) = other.decide("run", "n1", 1, (1, 1), -1).await.unwrap();
         assert_eq!(
             decision,
-            Decision::Report { step_offset: 4 },
+            report(4),
             "step 1 must be stored as 5, after the last step 4"
         );
     }
@@ -456,7 +488,10 @@ mod tests {
             CONFIG,
         );
         // Ranks 0 and 1 race on two replicas.
-        let (ra, rb) = tokio::join!(a.decide("run", "n", 0, 0, 0), b.decide("run", "n", 1, 0, 0));
+        let (ra, rb) = tokio::join!(
+            a.decide("run", "n", 0, (0, 0), -1),
+            b.decide("run", "n", 1, (0, 0), -1)
+        );
         let reporters: Vec<_> = [ra.unwrap().0, rb.unwrap().0]
             .into_iter()
             .filter(|d| matches!(d, Decision::Report { .. }))
@@ -464,7 +499,7 @@ mod tests {
         assert_eq!(reporters.len(), 1);
         // Rank 0 sends alternately through both replicas; rank 1 never gets the seat.
         let reporter = if matches!(
-            a.decide("run", "n", 0, 1, 1).await.unwrap().0,
+            a.decide("run", "n", 0, (1, 1), -1).await.unwrap().0,
             Decision::Report { .. }
         ) {
             0
@@ -476,7 +511,7 @@ mod tests {
             let via = if step % 2 == 0 { &a } else { &b };
             assert!(
                 matches!(
-                    via.decide("run", "n", reporter, step, step)
+                    via.decide("run", "n", reporter, (step, step), -1)
                         .await
                         .unwrap()
                         .0,
@@ -488,7 +523,7 @@ mod tests {
             assert!(
                 matches!(
                     other
-                        .decide("run", "n", 1 - reporter, step, step)
+                        .decide("run", "n", 1 - reporter, (step, step), -1)
                         .await
                         .unwrap()
                         .0,

@@ -23,7 +23,7 @@ use crate::plumbing::error::Error;
 use crate::plumbing::proxy::X_REQUEST_ID;
 use crate::plumbing::telemetry::Metrics;
 use crate::plumbing::writes::Prepared;
-use body::{BodyError, Edit, Endpoint, MetricsBody};
+use body::{BodyError, Edit, Endpoint, Metric, MetricsBody};
 use intake::{Intake, IntakeError};
 
 use crate::plumbing::identity::identity_from_headers;
@@ -175,6 +175,8 @@ struct NodeBatch {
     rank: u32,
     first_step: i64,
     last_step: i64,
+    /// Latest sample time (unix ms), -1 when none is readable.
+    last_timestamp: i64,
     samples: u64,
     decision: Option<Decision>,
 }
@@ -479,6 +481,7 @@ impl MetricsRewriter {
                                 rank: *rank,
                                 first_step: step,
                                 last_step: step,
+                                last_timestamp: -1,
                                 samples: 0,
                                 decision: None,
                             });
@@ -488,6 +491,9 @@ impl MetricsRewriter {
                     let batch = &mut node_batches[slot];
                     batch.first_step = batch.first_step.min(step);
                     batch.last_step = batch.last_step.max(step);
+                    batch.last_timestamp = batch
+                        .last_timestamp
+                        .max(metric.timestamp_ms().unwrap_or(-1));
                     batch.samples += 1;
                     Some(slot)
                 }
@@ -509,7 +515,13 @@ impl MetricsRewriter {
         if let Some((dedup, run_id)) = dedup {
             for batch in &mut node_batches {
                 let (decision, event) = dedup
-                    .decide(run_id, &batch.node, i64::from(batch.rank), batch.first_step, batch.last_step)
+                    .decide(
+                        run_id,
+                        &batch.node,
+                        i64::from(batch.rank),
+                        (batch.first_step, batch.last_step),
+                        batch.last_timestamp,
+                    )
                     .await
                     .map_err(|e| {
                         tracing::error!(error = %e, "lease store unavailable");
@@ -532,16 +544,34 @@ impl MetricsRewriter {
                             max = crate::capabilities::dedup::MAX_NODE_STEP
                         )));
                 }
-                let kept = matches!(decision, Decision::Report { .. });
-                self.metrics
-                    .node_samples(if kept { "kept" } else { "dropped" }, batch.samples);
+                batch.decision = Some(decision);
+            }
+        }
+        // Count each node batch's samples as kept or dropped, a new reporter's samples from
+        // before its predecessor's last one among the dropped.
+        let mut kept_of = vec![0u64; node_batches.len()];
+        for (metric, slot) in body.metrics.iter().zip(&metric_batches) {
+            if let Some(i) = *slot {
+                if keeps(node_batches[i].decision, metric) {
+                    kept_of[i] += 1;
+                }
+            }
+        }
+        if let Some((_, run_id)) = dedup {
+            for (batch, kept) in node_batches.iter().zip(kept_of) {
                 let identity = Identity {
                     node: Some(batch.node.clone()),
                     rank: Some(batch.rank),
                 };
-                self.stats
-                    .node_samples(run_id, &identity, kept, batch.samples);
-                batch.decision = Some(decision);
+                for (outcome, count, kept) in [
+                    ("kept", kept, true),
+                    ("dropped", batch.samples - kept, false),
+                ] {
+                    if count > 0 {
+                        self.metrics.node_samples(outcome, count);
+                        self.stats.node_samples(run_id, &identity, kept, count);
+                    }
+                }
             }
         }
 
@@ -554,9 +584,10 @@ impl MetricsRewriter {
                     .new_key
                     .as_deref()
                     .filter(|_| self.config.rewrite);
-                match slot.and_then(|i| node_batches[i].decision) {
-                    Some(Decision::Standby { .. }) => Edit::Drop,
-                    Some(Decision::Report { step_offset }) if step_offset != 0 => {
+                let decision = slot.and_then(|i| node_batches[i].decision);
+                match decision {
+                    Some(_) if !keeps(decision, metric) => Edit::Drop,
+                    Some(Decision::Report { step_offset, .. }) if step_offset != 0 => {
                         // A migration copy under the original key keeps the bytes as sent.
                         let also_original = keep_original && new_key.is_some();
                         Edit::Change {
@@ -676,6 +707,19 @@ impl MetricsRewriter {
 /// heartbeat), with their GPUs and limits. `metric_plans` is each metric's index in `plans`.
 /// `None` without a run id. The work is per distinct key; only the few keys whose values matter
 /// (GPU idle time, container limits) are looked at per sample.
+/// Whether a node-wide sample goes on under its batch's decision: not from a standby rank, and
+/// not measured at or before the time the previous reporter covered (a sample without a readable
+/// time goes on, and MLflow answers for it).
+fn keeps(decision: Option<Decision>, metric: &Metric<'_>) -> bool {
+    match decision {
+        Some(Decision::Standby { .. }) => false,
+        Some(Decision::Report { covered_until, .. }) if covered_until >= 0 => {
+            metric.timestamp_ms().is_none_or(|at| at > covered_until)
+        }
+        _ => true,
+    }
+}
+
 fn beat_of(body: &MetricsBody<'_>, plans: &[KeyPlan], metric_plans: &[usize]) -> Option<Beat> {
     let mut beat = Beat {
         run_id: body

@@ -323,3 +323,121 @@ proptest! {
         prop_assert_eq!(after, before);
     }
 }
+
+/// Two replicas sharing one store and one clock, failing over after 4 s of silence.
+async fn two_replicas(dir: &tempfile::TempDir) -> (MetricsRewriter, MetricsRewriter, ManualClock) {
+    let url = format!("sqlite://{}/s.db", dir.path().display());
+    let clock = ManualClock::new(1_800_000_000_000);
+    let config = DedupConfig {
+        update_interval: Duration::from_secs(1),
+        failover_timeout: Duration::from_secs(4),
+    };
+    let mut replicas = Vec::new();
+    for _ in 0..2 {
+        let dedup = Deduplicator::new(
+            Store::open(&url).await.unwrap(),
+            Arc::new(clock.clone()),
+            config,
+        );
+        replicas.push(MetricsRewriter::new(
+            ScopeConfig::default(),
+            Some(dedup),
+            Metrics::new(),
+        ));
+    }
+    let b = replicas.pop().unwrap();
+    (replicas.pop().unwrap(), b, clock)
+}
+
+/// The node samples `rank` sends in one batch, as (step, timestamp) pairs; what goes on to MLflow
+/// as (step, timestamp) pairs of the node series.
+async fn send_node_samples(
+    via: &MetricsRewriter,
+    rank: u32,
+    samples: &[(i64, i64)],
+) -> Vec<(i64, i64)> {
+    let metrics: Vec<Value> = samples
+        .iter()
+        .map(|(step, at)| {
+            json!({"key": format!("system/n1/rank-{rank}/cpu_utilization_percentage"),
+                   "value": 50.0, "timestamp": at, "step": step})
+        })
+        .collect();
+    let body = json!({"run_id": "r", "metrics": metrics}).to_string();
+    let (_, sent) = body_json(
+        via.prepare(
+            request("/api/2.0/mlflow/runs/log-batch", &[], &body),
+            Endpoint::LogBatch,
+        )
+        .await
+        .unwrap(),
+    )
+    .await;
+    sent["metrics"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| {
+            assert_eq!(m["key"], "system/n1/node_cpu_utilization_percentage");
+            (
+                m["step"].as_i64().unwrap(),
+                m["timestamp"].as_i64().unwrap(),
+            )
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn a_reporter_that_pauses_past_the_failover_never_interleaves_with_its_successor() {
+    // The handover seen once under load: rank 0 reported steps 0, 1, 2; it stalled; rank 1,
+    // standing by on the same node, took over with a batch that held samples it had measured
+    // while rank 0 still reported. Kept with their shifted steps, they gave the node series the
+    // steps 0, 3, 1, 4, 2, 5 in time order.
+    let dir = tempfile::tempdir().unwrap();
+    let (a, b, clock) = two_replicas(&dir).await;
+    let t0 = 1_800_000_000_000;
+    let mut series = Vec::new();
+    for (step, at) in [(0, t0), (1, t0 + 2_000), (2, t0 + 4_000)] {
+        series.extend(send_node_samples(&a, 0, &[(step, at)]).await);
+        // Rank 1 stands by meanwhile, through the other replica.
+        let standby = send_node_samples(&b, 1, &[(step + 10, at + 1_000)]).await;
+        assert_eq!(standby, [], "rank 1 stands by while rank 0 reports");
+        clock.advance(Duration::from_secs(2));
+    }
+    // Rank 0 stalls past the failover timeout; rank 1's next batch holds what it measured since.
+    clock.advance(Duration::from_secs(5));
+    series.extend(
+        send_node_samples(
+            &b,
+            1,
+            &[(13, t0 + 3_500), (14, t0 + 4_500), (15, t0 + 9_000)],
+        )
+        .await,
+    );
+    // Rank 0 comes back through the other replica: the seat is rank 1's now.
+    clock.advance(Duration::from_secs(1));
+    let late = send_node_samples(&a, 0, &[(3, t0 + 6_000), (4, t0 + 10_000)]).await;
+    assert_eq!(late, [], "the deposed reporter's samples are dropped");
+    series.extend(send_node_samples(&a, 1, &[(16, t0 + 11_000)]).await);
+
+    series.sort_by_key(|&(_, at)| at);
+    let steps: Vec<i64> = series.iter().map(|&(step, _)| step).collect();
+    assert!(
+        steps.windows(2).all(|w| w[0] < w[1]),
+        "the node series' steps in time order: {series:?}"
+    );
+    // Rank 1's samples from before rank 0's last one (t0 + 4 s) are not stored; its later ones
+    // are, continuing after step 2.
+    assert_eq!(
+        series.iter().map(|&(_, at)| at - t0).collect::<Vec<_>>(),
+        [0, 2_000, 4_000, 4_500, 9_000, 11_000]
+    );
+    assert!(steps[3] > 2, "{steps:?}");
+    let identities = b.stats.identities("r");
+    let rank1 = identities.iter().find(|i| i.rank == Some(1)).unwrap();
+    assert_eq!(
+        (rank1.node_samples_kept, rank1.node_samples_dropped),
+        (2, 4),
+        "rank 1 through replica b: three standby samples and one covered one dropped"
+    );
+}

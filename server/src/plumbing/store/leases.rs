@@ -14,9 +14,15 @@ pub struct NodeLease {
     pub renewed_at: i64,
     pub step_offset: i64,
     pub last_step: i64,
+    /// Latest sample time written to the node series (unix ms), -1 if none.
+    pub last_timestamp: i64,
+    /// The previous reporters' latest sample time at this reporter's election (unix ms), -1 if
+    /// none: the reporter's samples measured at or before it are dropped, the series having them.
+    pub covered_until: i64,
 }
 
-const COLUMNS: &str = "run_id, node, reporter_rank, epoch, renewed_at, step_offset, last_step";
+const COLUMNS: &str = "run_id, node, reporter_rank, epoch, renewed_at, step_offset, last_step, \
+                       last_timestamp, covered_until";
 
 impl Store {
     pub async fn lease(&self, run_id: &str, node: &str) -> Result<Option<NodeLease>, StoreError> {
@@ -52,7 +58,7 @@ impl Store {
         first_step: i64,
     ) -> Result<Option<NodeLease>, StoreError> {
         let insert = format!(
-            "INSERT INTO node_leases ({COLUMNS}) VALUES ($1, $2, $3, 1, $4, 0, -1) \
+            "INSERT INTO node_leases ({COLUMNS}) VALUES ($1, $2, $3, 1, $4, 0, -1, -1, -1) \
              ON CONFLICT (run_id, node) DO NOTHING RETURNING {COLUMNS}"
         );
         let inserted: Option<NodeLease> = on_backend!(self, |pool| sqlx::query_as(&insert)
@@ -67,7 +73,8 @@ impl Store {
         }
         let takeover = format!(
             "UPDATE node_leases SET reporter_rank = $3, epoch = epoch + 1, renewed_at = $4, \
-             step_offset = CASE WHEN last_step + 1 > $6 THEN last_step + 1 - $6 ELSE 0 END \
+             step_offset = CASE WHEN last_step + 1 > $6 THEN last_step + 1 - $6 ELSE 0 END, \
+             covered_until = last_timestamp \
              WHERE run_id = $1 AND node = $2 AND renewed_at < $5 RETURNING {COLUMNS}"
         );
         let taken = on_backend!(self, |pool| sqlx::query_as(&takeover)
@@ -82,11 +89,12 @@ impl Store {
         Ok(taken)
     }
 
-    /// Extends the reporter's seat and records the highest step written. Fails (returns false)
+    /// Extends the reporter's seat and records the highest step and sample time written. Fails (returns false)
     /// when the lease changed hands since `epoch`.
     pub async fn renew(&self, lease: &NodeLease, now: i64) -> Result<bool, StoreError> {
         let sql = "UPDATE node_leases SET renewed_at = $5, \
-                   last_step = CASE WHEN last_step < $6 THEN $6 ELSE last_step END \
+                   last_step = CASE WHEN last_step < $6 THEN $6 ELSE last_step END, \
+                   last_timestamp = CASE WHEN last_timestamp < $7 THEN $7 ELSE last_timestamp END \
                    WHERE run_id = $1 AND node = $2 AND reporter_rank = $3 AND epoch = $4";
         let result = on_backend!(self, |pool| sqlx::query(sql)
             .bind(&lease.run_id)
@@ -95,6 +103,7 @@ impl Store {
             .bind(lease.epoch)
             .bind(now)
             .bind(lease.last_step)
+            .bind(lease.last_timestamp)
             .execute(pool)
             .await?
             .rows_affected());
