@@ -62,6 +62,14 @@ pub enum ProxyError {
     Overloaded { limit: usize },
     #[error("mlscope-proxy could not build the upstream request: {reason}")]
     Internal { reason: String },
+    /// A write that is not safe to send twice (a create) reached MLflow, which gave no answer:
+    /// it may have been applied. Answered 409 `ABORTED`, a status MLflow's clients do not retry
+    /// (they retry 408, 429, 500, 502, 503 and 504), so that nothing is created twice.
+    #[error("{cause} MLflow may have applied {operation}, so mlscope-proxy did not answer with a status your client retries: check whether it took effect (for example, search for the run or experiment) before sending it again.")]
+    OutcomeUnknown {
+        operation: String,
+        cause: Box<ProxyError>,
+    },
 }
 
 impl ProxyError {
@@ -76,6 +84,7 @@ impl ProxyError {
             ProxyError::ClientBodyIdle { .. } => StatusCode::REQUEST_TIMEOUT,
             ProxyError::ClientBody { .. } => StatusCode::BAD_REQUEST,
             ProxyError::Internal { .. } => StatusCode::INTERNAL_SERVER_ERROR,
+            ProxyError::OutcomeUnknown { .. } => StatusCode::CONFLICT,
         }
     }
 
@@ -85,6 +94,7 @@ impl ProxyError {
             ProxyError::ClientBodyIdle { .. } | ProxyError::ClientBody { .. } => "BAD_REQUEST",
             ProxyError::Internal { .. } => "INTERNAL_ERROR",
             ProxyError::Overloaded { .. } => "REQUEST_LIMIT_EXCEEDED",
+            ProxyError::OutcomeUnknown { .. } => "ABORTED",
             _ => "TEMPORARILY_UNAVAILABLE",
         }
     }
@@ -97,6 +107,7 @@ impl ProxyError {
             ProxyError::UpstreamResponseTimeout { .. } => UpstreamErrorKind::ResponseTimeout,
             ProxyError::UpstreamReset { .. } => UpstreamErrorKind::Reset,
             ProxyError::ClientBodyIdle { .. } => UpstreamErrorKind::BodyIdle,
+            ProxyError::OutcomeUnknown { cause, .. } => return cause.kind(),
             // The proxy's own refusal: MLflow was never asked (counted by the limit itself).
             ProxyError::Overloaded { .. }
             | ProxyError::ClientBody { .. }

@@ -88,6 +88,48 @@ pub(crate) fn is_write(method: &http::Method, path: &str) -> bool {
     }
 }
 
+/// The tracking API's writes that set a value rather than create something: sent twice, they
+/// leave MLflow as sent once (a sample logged again with the same key, value, timestamp and step
+/// is stored once; a param with the same value is skipped; tags and updates overwrite).
+const REPEATABLE_WRITES: [&str; 22] = [
+    "runs/log-batch",
+    "runs/log-metric",
+    "runs/log-parameter",
+    "runs/set-tag",
+    "runs/delete-tag",
+    "runs/update",
+    "runs/delete",
+    "runs/restore",
+    "experiments/update",
+    "experiments/delete",
+    "experiments/restore",
+    "experiments/set-experiment-tag",
+    "experiments/delete-experiment-tag",
+    "registered-models/update",
+    "registered-models/delete",
+    "registered-models/set-tag",
+    "registered-models/delete-tag",
+    "registered-models/alias",
+    "model-versions/update",
+    "model-versions/delete",
+    "model-versions/set-tag",
+    "model-versions/delete-tag",
+];
+
+/// Whether a request may be sent twice with the effect of once, so that a client may repeat it
+/// when its outcome is unknown: reads, `PUT` and `DELETE`, and the tracking writes of
+/// [`REPEATABLE_WRITES`]. Every other write (`runs/create`, `experiments/create`, ...) is a
+/// create: repeated, it creates twice.
+pub(crate) fn repeats_safely(method: &http::Method, path: &str) -> bool {
+    if !is_write(method, path) || matches!(*method, http::Method::PUT | http::Method::DELETE) {
+        return true;
+    }
+    TRACKING_PREFIXES
+        .iter()
+        .find_map(|p| path.strip_prefix(p))
+        .is_some_and(|operation| REPEATABLE_WRITES.contains(&operation))
+}
+
 impl fmt::Display for RouteClass {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.as_str())
@@ -125,6 +167,44 @@ mod tests {
             ("/something/else", Other),
         ] {
             assert_eq!(RouteClass::of(path), class, "{path}");
+        }
+    }
+
+    #[test]
+    fn creates_are_the_writes_that_do_not_repeat_safely() {
+        use http::Method;
+        for (method, path, safe) in [
+            (Method::POST, "/api/2.0/mlflow/runs/create", false),
+            (
+                Method::POST,
+                "/ajax-api/2.0/mlflow/experiments/create",
+                false,
+            ),
+            (
+                Method::POST,
+                "/api/2.0/mlflow/registered-models/create",
+                false,
+            ),
+            (Method::POST, "/api/2.0/mlflow/logged-models", false),
+            (Method::POST, "/v1/traces", false),
+            (Method::POST, "/api/2.0/mlflow/runs/log-batch", true),
+            (Method::POST, "/api/2.0/mlflow/runs/log-metric", true),
+            (Method::POST, "/api/2.0/mlflow/runs/set-tag", true),
+            (Method::POST, "/api/3.0/mlflow/runs/update", true),
+            (
+                Method::PATCH,
+                "/api/2.0/mlflow/registered-models/update",
+                true,
+            ),
+            (Method::POST, "/api/2.0/mlflow/runs/search", true),
+            (Method::GET, "/api/2.0/mlflow/runs/get", true),
+            (
+                Method::PUT,
+                "/api/2.0/mlflow-artifacts/artifacts/0/r/artifacts/a",
+                true,
+            ),
+        ] {
+            assert_eq!(repeats_safely(&method, path), safe, "{method} {path}");
         }
     }
 

@@ -27,6 +27,7 @@ mod path_differential;
 mod python_client;
 mod relocate;
 mod replicas;
+mod retries;
 mod s3_quirks;
 mod stack;
 mod system_metrics;

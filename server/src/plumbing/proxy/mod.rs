@@ -107,6 +107,19 @@ impl Forwarder {
         peer: SocketAddr,
         request_id: &HeaderValue,
     ) -> Result<Response, ProxyError> {
+        let repeats_safely =
+            crate::plumbing::route::repeats_safely(request.method(), request.uri().path());
+        let operation = request.uri().path().to_owned();
+        let unknown_outcome = |cause: ProxyError| {
+            if repeats_safely {
+                cause
+            } else {
+                ProxyError::OutcomeUnknown {
+                    operation,
+                    cause: Box::new(cause),
+                }
+            }
+        };
         let (mut parts, body) = request.into_parts();
         let path_and_query = parts
             .uri
@@ -141,12 +154,18 @@ impl Forwarder {
         .await
         {
             Ok(Ok(response)) => response,
-            Ok(Err(e)) => return Err(self.classify(&e)),
+            Ok(Err(e)) => {
+                return Err(match self.classify(&e) {
+                    // Sent, or partly: MLflow may have applied it.
+                    reset @ ProxyError::UpstreamReset { .. } => unknown_outcome(reset),
+                    other => other,
+                });
+            }
             Err(_) => {
-                return Err(ProxyError::UpstreamResponseTimeout {
+                return Err(unknown_outcome(ProxyError::UpstreamResponseTimeout {
                     upstream: self.upstream.url(),
                     after: self.timeouts.response_headers,
-                })
+                }))
             }
         };
         let (mut parts, body) = response.into_parts();
