@@ -4,6 +4,7 @@
 
 pub mod body;
 pub mod intake;
+mod nodes;
 pub mod stats;
 
 use std::collections::{HashMap, HashSet};
@@ -17,13 +18,13 @@ use http::{header, HeaderValue};
 use mlscope_scopes::{scoped_key, Identity, KeyOutcome, OwnerPattern, ScopedKey};
 
 use crate::capabilities::authz::{self, Authorizer};
-use crate::capabilities::dedup::{self, Decision, DedupConfig, DedupOptions, Deduplicator, Event};
+use crate::capabilities::dedup::{self, Decision, DedupConfig, DedupOptions, Deduplicator};
 use crate::capabilities::health::Beat;
 use crate::plumbing::error::Error;
 use crate::plumbing::proxy::X_REQUEST_ID;
 use crate::plumbing::telemetry::Metrics;
 use crate::plumbing::writes::Prepared;
-use body::{BodyError, Edit, Endpoint, Metric, MetricsBody};
+use body::{BodyError, Edit, Endpoint, MetricsBody};
 use intake::{Intake, IntakeError};
 
 use crate::plumbing::identity::identity_from_headers;
@@ -167,18 +168,6 @@ pub struct MetricsRewriter {
     pub stats: RunStats,
     /// Attach a [`Beat`] to every metrics request that names ranks (run health is on).
     beats: bool,
-}
-
-/// Per-node summary of one batch's node-wide samples.
-struct NodeBatch {
-    node: String,
-    rank: u32,
-    first_step: i64,
-    last_step: i64,
-    /// Latest sample time (unix ms), -1 when none is readable.
-    last_timestamp: i64,
-    samples: u64,
-    decision: Option<Decision>,
 }
 
 /// The contract applied to one distinct key of a batch.
@@ -463,130 +452,22 @@ impl MetricsRewriter {
             self.account(run_id, plan);
         }
 
-        // Node-wide samples with a known node and rank take part in deduplication, decided once
-        // per (node, rank) of the batch over the steps it carries.
-        let mut node_batches: Vec<NodeBatch> = Vec::new();
-        let mut metric_batches: Vec<Option<usize>> = Vec::with_capacity(body.metrics.len());
-        for (metric, &index) in body.metrics.iter().zip(&metric_plans) {
-            let slot = match (&plans[index].dedup_identity, run_id, metric.step) {
-                (Some((node, rank)), Some(_), Some(step)) => {
-                    let slot = match node_batches
-                        .iter()
-                        .position(|b| &b.node == node && b.rank == *rank)
-                    {
-                        Some(i) => i,
-                        None => {
-                            node_batches.push(NodeBatch {
-                                node: node.clone(),
-                                rank: *rank,
-                                first_step: step,
-                                last_step: step,
-                                last_timestamp: -1,
-                                samples: 0,
-                                decision: None,
-                            });
-                            node_batches.len() - 1
-                        }
-                    };
-                    let batch = &mut node_batches[slot];
-                    batch.first_step = batch.first_step.min(step);
-                    batch.last_step = batch.last_step.max(step);
-                    batch.last_timestamp = batch
-                        .last_timestamp
-                        .max(metric.timestamp_ms().unwrap_or(-1));
-                    batch.samples += 1;
-                    Some(slot)
-                }
-                _ => None,
-            };
-            metric_batches.push(slot);
-        }
-        let dedup = match (&self.dedup, run_id) {
-            (Some(dedup), Some(run_id)) if !node_batches.is_empty() => {
-                let allowed = self.may_log(run_id, request).await?;
-                if !allowed {
-                    let samples = node_batches.iter().map(|b| b.samples).sum();
-                    self.metrics.node_samples("refused_by_mlflow", samples);
-                }
-                allowed.then_some((dedup, run_id))
-            }
-            _ => None,
-        };
-        if let Some((dedup, run_id)) = dedup {
-            for batch in &mut node_batches {
-                let (decision, event) = dedup
-                    .decide(
-                        run_id,
-                        &batch.node,
-                        i64::from(batch.rank),
-                        (batch.first_step, batch.last_step),
-                        batch.last_timestamp,
-                    )
-                    .await
-                    .map_err(|e| {
-                        tracing::error!(error = %e, "lease store unavailable");
-                        Error::Unavailable(
-                            "mlscope-proxy could not reach its state store to deduplicate node metrics; retry shortly".into(),
-                        )
-                    })?;
-                match event {
-                    Event::Elected => self.metrics.election("elected"),
-                    Event::Failover => self.metrics.election("failover"),
-                    Event::None => {}
-                }
-                if decision == Decision::StepOutOfRange {
-                    self.metrics.rejected("step_out_of_range");
-                    return Err(Error::InvalidParameter(format!(
-                            "the node-wide metrics of node {} carry steps {}..{}; node series take steps between -{max} and {max} (after any handover offset). Nothing of this request was stored.",
-                            batch.node,
-                            batch.first_step,
-                            batch.last_step,
-                            max = crate::capabilities::dedup::MAX_NODE_STEP
-                        )));
-                }
-                batch.decision = Some(decision);
-            }
-        }
-        // Count each node batch's samples as kept or dropped, a new reporter's samples from
-        // before its predecessor's last one among the dropped.
-        let mut kept_of = vec![0u64; node_batches.len()];
-        for (metric, slot) in body.metrics.iter().zip(&metric_batches) {
-            if let Some(i) = *slot {
-                if keeps(node_batches[i].decision, metric) {
-                    kept_of[i] += 1;
-                }
-            }
-        }
-        if let Some((_, run_id)) = dedup {
-            for (batch, kept) in node_batches.iter().zip(kept_of) {
-                let identity = Identity {
-                    node: Some(batch.node.clone()),
-                    rank: Some(batch.rank),
-                };
-                for (outcome, count, kept) in [
-                    ("kept", kept, true),
-                    ("dropped", batch.samples - kept, false),
-                ] {
-                    if count > 0 {
-                        self.metrics.node_samples(outcome, count);
-                        self.stats.node_samples(run_id, &identity, kept, count);
-                    }
-                }
-            }
-        }
+        let nodes = self
+            .decide_nodes(body, plans, &metric_plans, run_id, request)
+            .await?;
 
         let edits = body
             .metrics
             .iter()
-            .zip(metric_plans.iter().zip(&metric_batches))
+            .zip(metric_plans.iter().zip(nodes.slots()))
             .map(|(metric, (&index, slot))| {
                 let new_key = plans[index]
                     .new_key
                     .as_deref()
                     .filter(|_| self.config.rewrite);
-                let decision = slot.and_then(|i| node_batches[i].decision);
+                let decision = nodes.decision_of(*slot);
                 match decision {
-                    Some(_) if !keeps(decision, metric) => Edit::Drop,
+                    Some(_) if !nodes::keeps(decision, metric) => Edit::Drop,
                     Some(Decision::Report { step_offset, .. }) if step_offset != 0 => {
                         // A migration copy under the original key keeps the bytes as sent.
                         let also_original = keep_original && new_key.is_some();
@@ -707,19 +588,6 @@ impl MetricsRewriter {
 /// heartbeat), with their GPUs and limits. `metric_plans` is each metric's index in `plans`.
 /// `None` without a run id. The work is per distinct key; only the few keys whose values matter
 /// (GPU idle time, container limits) are looked at per sample.
-/// Whether a node-wide sample goes on under its batch's decision: not from a standby rank, and
-/// not measured at or before the time the previous reporter covered (a sample without a readable
-/// time goes on, and MLflow answers for it).
-fn keeps(decision: Option<Decision>, metric: &Metric<'_>) -> bool {
-    match decision {
-        Some(Decision::Standby { .. }) => false,
-        Some(Decision::Report { covered_until, .. }) if covered_until >= 0 => {
-            metric.timestamp_ms().is_none_or(|at| at > covered_until)
-        }
-        _ => true,
-    }
-}
-
 fn beat_of(body: &MetricsBody<'_>, plans: &[KeyPlan], metric_plans: &[usize]) -> Option<Beat> {
     let mut beat = Beat {
         run_id: body
