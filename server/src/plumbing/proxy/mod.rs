@@ -107,18 +107,17 @@ impl Forwarder {
         peer: SocketAddr,
         request_id: &HeaderValue,
     ) -> Result<Response, ProxyError> {
-        let repeats_safely =
-            crate::plumbing::route::repeats_safely(request.method(), request.uri().path());
-        let operation = request.uri().path().to_owned();
-        let unknown_outcome = |cause: ProxyError| {
-            if repeats_safely {
-                cause
-            } else {
-                ProxyError::OutcomeUnknown {
-                    operation,
-                    cause: Box::new(cause),
-                }
-            }
+        // A create's path, kept for the answer when its outcome turns out unknown; a request
+        // that repeats safely (every log-batch) copies nothing.
+        let create =
+            (!crate::plumbing::route::repeats_safely(request.method(), request.uri().path()))
+                .then(|| request.uri().path().to_owned());
+        let unknown_outcome = |cause: ProxyError| match create {
+            None => cause,
+            Some(operation) => ProxyError::OutcomeUnknown {
+                operation,
+                cause: Box::new(cause),
+            },
         };
         let (mut parts, body) = request.into_parts();
         let path_and_query = parts
