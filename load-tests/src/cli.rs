@@ -594,6 +594,20 @@ pub struct StackArgs {
 
 impl StackArgs {
     /// How MLflow serves in this benchmark.
+    /// MLflow's backend store for a report: "SQLite (…)" or "PostgreSQL (host/db)", without
+    /// credentials.
+    pub fn backend_label(&self) -> String {
+        match self.mlflow_backend.as_deref() {
+            None => "SQLite (a file in the stack's directory)".to_owned(),
+            Some(uri) if uri.starts_with("postgresql") => {
+                // The URI without credentials: scheme, host and database.
+                let host = uri.rsplit('@').next().unwrap_or(uri);
+                format!("PostgreSQL ({host})")
+            }
+            Some(uri) => uri.split(':').next().unwrap_or(uri).to_owned(),
+        }
+    }
+
     pub fn serving(&self) -> mlscope_tests::MlflowServing {
         mlscope_tests::MlflowServing {
             workers: self.mlflow_workers,

@@ -57,15 +57,32 @@ impl Calm {
     }
 }
 
+/// What the flood got in one phase.
+#[derive(Default, Clone, Copy)]
+struct Flood {
+    ok: u64,
+    refused: u64,
+    failed: u64,
+    seconds: f64,
+}
+
+impl Flood {
+    /// Samples acknowledged per second.
+    fn samples_per_second(&self) -> f64 {
+        (self.ok * FLOOD_METRICS as u64) as f64 / self.seconds.max(0.001)
+    }
+}
+
 struct Outcome {
     target: Target,
     alone: Calm,
     loaded: Calm,
     reads_alone: Calm,
     reads_loaded: Calm,
-    flood_ok: u64,
-    flood_refused: u64,
-    flood_failed: u64,
+    /// The flood with nobody else writing, for `--alone`.
+    flood_alone: Flood,
+    /// The flood beside the calm clients and the reader, for `--duration`.
+    flood: Flood,
     acknowledged: u64,
     stored: u64,
     /// The proxy's learned write limit, sampled every half second under the flood.
@@ -97,7 +114,12 @@ pub(crate) async fn run(
         ("ratio", Align::Right),
         ("UI reads ok (under flood)", Align::Right),
         ("UI read p99 alone → under flood", Align::Right),
-        ("flood batches: ok / 429 / failed", Align::Right),
+        ("flood samples/s alone", Align::Right),
+        ("flood samples/s beside the calm (of alone)", Align::Right),
+        (
+            "flood batches beside the calm: ok / 429 / failed",
+            Align::Right,
+        ),
         ("samples stored ≥ acknowledged", Align::Right),
         ("learned limit: min / median / max", Align::Right),
     ]);
@@ -124,7 +146,14 @@ pub(crate) async fn run(
                 o.reads_loaded.p99_ms(),
                 ratio(&o.reads_alone, &o.reads_loaded)
             ),
-            format!("{} / {} / {}", o.flood_ok, o.flood_refused, o.flood_failed),
+            format!("{:.0}", o.flood_alone.samples_per_second()),
+            format!(
+                "{:.0} ({:.0} %)",
+                o.flood.samples_per_second(),
+                100.0 * o.flood.samples_per_second()
+                    / o.flood_alone.samples_per_second().max(0.001)
+            ),
+            format!("{} / {} / {}", o.flood.ok, o.flood.refused, o.flood.failed),
             format!("{} ≥ {}", o.stored, o.acknowledged),
             if o.limits.is_empty() {
                 "–".to_owned()
@@ -148,8 +177,14 @@ pub(crate) async fn run(
         Some(rate) => format!("with `--client-write-rate {rate}`"),
         None => "with its defaults".to_owned(),
     };
+    let version = match outcomes.first() {
+        Some(o) => crate::mlflow::version(&o.target).await,
+        None => None,
+    };
     let markdown = format!(
-        "## One client flooding writes, ten calm ones (fair-share)\n\n{} flood writers of one client (each into its own run, a tag and {FLOOD_METRICS} metrics per log-batch, no pause) and {} calm clients writing a one-metric log-batch {} times a second each, with a UI reader searching the runs as often, for {:?}; the calm clients' and the reader's p99 alone was measured first, for {:?}, after {WARM_UP:?} of warming up. Through mlscope-proxy {settings}; every client has its own credential and `X-Forwarded-For` address (trusted from loopback). \"Stored\": samples counted back from MLflow, at least those of every write answered 200 (a write that timed out may be stored too). \"failed\": no answer within 30 s.\n\n{}\n{}",
+        "## One client flooding writes, ten calm ones (fair-share)\n\nMLflow {} on {}.\n\n{} flood writers of one client (each into its own run, a tag and {FLOOD_METRICS} metrics per log-batch, no pause; first alone for `--alone`, then beside the others) and {} calm clients writing a one-metric log-batch {} times a second each, with a UI reader searching the runs as often, for {:?}; the calm clients' and the reader's p99 alone was measured first, for {:?}, after {WARM_UP:?} of warming up. Through mlscope-proxy {settings}; every client has its own credential and `X-Forwarded-For` address (trusted from loopback). \"Stored\": samples counted back from MLflow, at least those of every write answered 200 (a write that timed out may be stored too). \"failed\": no answer within 30 s.\n\n{}\n{}",
+        version.as_deref().unwrap_or("(version not reported)"),
+        args.stack.backend_label(),
         args.flood_writers,
         args.calm_clients,
         args.calm_rate,
@@ -211,32 +246,17 @@ async fn one_target(
         calm_phase(&client, &url, &calm_runs, args, args.alone, warm_steps),
         read_phase(&client, &search, &search_body, args, args.alone)
     );
+    // The flood alone first: what MLflow (or the proxy) gives it when nobody else writes.
+    let (flood_alone, next_batches) = flood_phase(
+        &client,
+        &url,
+        &flood_runs,
+        vec![0; flood_runs.len()],
+        args.alone,
+    )
+    .await;
     let stop = Instant::now() + args.duration;
-    let flood = futures_util::future::join_all(flood_runs.iter().map(|run| {
-        let (client, url, run) = (client.clone(), url.clone(), run.clone());
-        async move {
-            let (mut ok, mut refused, mut failed) = (0u64, 0u64, 0u64);
-            let mut batch = 0i64;
-            while Instant::now() < stop {
-                let metrics: Vec<Value> = (0..FLOOD_METRICS as i64)
-                    .map(|j| json!({"key": "flood", "value": j as f64, "timestamp": now_ms(), "step": batch * FLOOD_METRICS as i64 + j}))
-                    .collect();
-                let body = json!({"run_id": run, "metrics": metrics, "tags": [{"key": "batch", "value": batch.to_string()}]});
-                match send(&client, &url, FLOOD_CLIENT, &body).await {
-                    Some(200) => {
-                        ok += 1;
-                        batch += 1;
-                    }
-                    Some(429) => {
-                        refused += 1;
-                        // Straight back, as a hostile client would: no backoff.
-                    }
-                    _ => failed += 1,
-                }
-            }
-            (ok, refused, failed)
-        }
-    }));
+    let flood = flood_phase(&client, &url, &flood_runs, next_batches, args.duration);
     let steps_before =
         warm_steps + (args.alone.as_secs_f64() * args.calm_rate as f64).ceil() as i64 + 1;
     let calm = calm_phase(&client, &url, &calm_runs, args, args.duration, steps_before);
@@ -259,13 +279,11 @@ async fn one_target(
         }
         limits
     };
-    let (flood, loaded, reads_loaded, limits) = tokio::join!(flood, calm, reads, limits);
-    let (flood_ok, flood_refused, flood_failed) = flood
-        .iter()
-        .fold((0, 0, 0), |a, b| (a.0 + b.0, a.1 + b.1, a.2 + b.2));
+    let ((flood, _), loaded, reads_loaded, limits) = tokio::join!(flood, calm, reads, limits);
 
     // Acknowledged means stored: count back every run's samples.
-    let acknowledged = flood_ok * FLOOD_METRICS as u64 + warm.ok + alone.ok + loaded.ok;
+    let acknowledged =
+        (flood_alone.ok + flood.ok) * FLOOD_METRICS as u64 + warm.ok + alone.ok + loaded.ok;
     let mut stored = 0u64;
     for run in &flood_runs {
         stored += count(&client, mlflow, run, "flood").await?;
@@ -279,13 +297,61 @@ async fn one_target(
         loaded,
         reads_alone,
         reads_loaded,
-        flood_ok,
-        flood_refused,
-        flood_failed,
+        flood_alone,
+        flood,
         acknowledged,
         stored,
         limits,
     })
+}
+
+/// The flood's writers, each into its own run from batch `next_batches[i]`, back to back for
+/// `duration`; what they got, and each run's next batch.
+async fn flood_phase(
+    client: &reqwest::Client,
+    url: &str,
+    runs: &[String],
+    next_batches: Vec<i64>,
+    duration: Duration,
+) -> (Flood, Vec<i64>) {
+    let started = Instant::now();
+    let stop = started + duration;
+    let writers = runs.iter().zip(next_batches).map(|(run, first)| {
+        let (client, url, run) = (client.clone(), url.to_owned(), run.clone());
+        async move {
+            let mut flood = Flood::default();
+            let mut batch = first;
+            while Instant::now() < stop {
+                let metrics: Vec<Value> = (0..FLOOD_METRICS as i64)
+                    .map(|j| json!({"key": "flood", "value": j as f64, "timestamp": now_ms(), "step": batch * FLOOD_METRICS as i64 + j}))
+                    .collect();
+                let body = json!({"run_id": run, "metrics": metrics, "tags": [{"key": "batch", "value": batch.to_string()}]});
+                match send(&client, &url, FLOOD_CLIENT, &body).await {
+                    Some(200) => {
+                        flood.ok += 1;
+                        batch += 1;
+                    }
+                    // Straight back, as a hostile client would: no backoff.
+                    Some(429) => flood.refused += 1,
+                    _ => flood.failed += 1,
+                }
+            }
+            (flood, batch)
+        }
+    });
+    let results = futures_util::future::join_all(writers).await;
+    let mut total = Flood {
+        seconds: started.elapsed().as_secs_f64(),
+        ..Flood::default()
+    };
+    let mut next = Vec::with_capacity(results.len());
+    for (flood, batch) in results {
+        total.ok += flood.ok;
+        total.refused += flood.refused;
+        total.failed += flood.failed;
+        next.push(batch);
+    }
+    (total, next)
 }
 
 /// The calm clients, each writing one metric `calm_rate` times a second for `duration`, from

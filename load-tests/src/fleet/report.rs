@@ -79,15 +79,7 @@ pub(crate) fn render(
         retries = args.retries,
         bound = humantime::format_duration(args.p99_bound),
         version = mlflow_version.unwrap_or("(version not reported)"),
-        backend = match args.stack.mlflow_backend.as_deref() {
-            None => "SQLite (a file in the stack's directory)".to_owned(),
-            Some(uri) if uri.starts_with("postgresql") => {
-                // The URI without credentials: scheme, host and database.
-                let host = uri.rsplit('@').next().unwrap_or(uri);
-                format!("PostgreSQL ({host})")
-            }
-            Some(uri) => uri.split(':').next().unwrap_or(uri).to_owned(),
-        },
+        backend = args.stack.backend_label(),
         cpus = std::thread::available_parallelism().map_or(0, |n| n.get()),
     );
 

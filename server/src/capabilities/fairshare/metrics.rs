@@ -43,7 +43,7 @@ impl FairShareMetrics {
         };
         registry.register(
             "fair_share_writes",
-            "Writes to MLflow admitted or refused (429) by the per-client share, by outcome and reason (client_rate, client_samples, team_rate, team_samples, saturation)",
+            "Writes to MLflow admitted, held back to wait for their turn (waited; then admitted or refused) or refused (429) by the per-client share, by outcome and reason (client_rate, client_samples, team_rate, team_samples, saturation)",
             fair_share.writes.clone(),
         );
         registry.register(

@@ -12,6 +12,12 @@
 //!   The only writer is never refused by it, nor writers writing alike, nor anyone while MLflow has
 //!   room.
 //!
+//! A writer that saturation control holds back **waits its turn** first: its write waits (its body
+//! unread) until a write at MLflow is answered and the governor admits it, for at most
+//! `TURN_WAIT`, so the capacity the other writers leave goes to it and a client that ignores
+//! `Retry-After` does not spin. At most `MAX_WAITING_PER_CLIENT` writes of one client and
+//! `MAX_WAITING` in all wait; beyond, and after `TURN_WAIT`, the write is refused.
+//!
 //! A refusal is 429 with `Retry-After` and MLflow's `REQUEST_LIMIT_EXCEEDED`, which MLflow's
 //! client retries; nothing of a refused write reaches MLflow, and its body is read (up to a bound)
 //! before the answer so the client's keep-alive connection stays usable. Reads (GET, searches,
@@ -65,6 +71,15 @@ const MAX_CLIENTS: usize = 50_000;
 const MAX_VERIFIED: usize = 100_000;
 /// Buckets hold this many seconds of their rate.
 const BURST_SECONDS: f64 = 2.0;
+/// Longest a write held back by saturation control waits for its turn before it is refused.
+const TURN_WAIT: Duration = Duration::from_secs(2);
+/// How often a waiting write looks again without being woken (the limit may have grown, or
+/// MLflow stopped being congested, with no answer to wake it).
+const TURN_RECHECK: Duration = Duration::from_millis(100);
+/// Writes of one client waiting for their turn at once; beyond, refused at once.
+const MAX_WAITING_PER_CLIENT: usize = 64;
+/// Writes of all clients waiting for their turn at once; beyond, refused at once.
+const MAX_WAITING: usize = 4096;
 
 use crate::plumbing::writes::WriteWeight;
 
@@ -249,6 +264,10 @@ pub struct FairShare {
     trusted: TrustedProxies,
     shares: Mutex<Shares>,
     governor: Option<Mutex<Governor<ClientKey>>>,
+    /// Woken once per write MLflow answered: a waiting write may have its turn.
+    turn: tokio::sync::Notify,
+    /// Writes waiting for their turn: in all, and per client (at most `MAX_WAITING` entries).
+    waiting: Mutex<(usize, HashMap<ClientKey, usize>)>,
     metrics: FairShareMetrics,
 }
 
@@ -290,6 +309,8 @@ impl FairShare {
             }),
             governor: (config.max_writes_at_mlflow > 0)
                 .then(|| Mutex::new(Governor::new(config.max_writes_at_mlflow, now))),
+            turn: tokio::sync::Notify::new(),
+            waiting: Mutex::new((0, HashMap::new())),
             metrics,
             config: config.clone(),
         };
@@ -420,6 +441,7 @@ impl FairShare {
                     .map(|at| now.saturating_duration_since(*at));
                 governor.answered(client, credit, bytes, latency, samples, now);
                 self.metrics.load(governor.limit(), governor.at_mlflow());
+                self.turn.notify_one();
             }
         }
         let mut shares = self.shares.lock().expect("fair share lock");
@@ -435,6 +457,37 @@ impl FairShare {
             .and_then(|t| t.samples.as_mut())
         {
             bucket.charge(*rate, samples as f64, now);
+        }
+    }
+
+    /// Admits a write of `client`, waiting for its turn when saturation control holds it back
+    /// (see the module's documentation), or says why not.
+    async fn admit_in_turn(&self, client: &ClientKey, team: Option<usize>) -> Result<(), Refusal> {
+        let refusal = match self.admit(client, team, Instant::now()) {
+            Err(refusal @ Refusal::Saturation { .. }) => refusal,
+            other => return other,
+        };
+        let Some(_place) = Waiting::join(self, client) else {
+            return Err(refusal);
+        };
+        self.metrics
+            .write("waited", "saturation", self.team_name(team));
+        let deadline = tokio::time::Instant::now() + TURN_WAIT;
+        loop {
+            let woken = self.turn.notified();
+            tokio::pin!(woken);
+            // Registered before looking, so that an answer between the look and the wait wakes it.
+            woken.as_mut().enable();
+            match self.admit(client, team, Instant::now()) {
+                Err(refusal @ Refusal::Saturation { .. }) => {
+                    let now = tokio::time::Instant::now();
+                    if now >= deadline {
+                        return Err(refusal);
+                    }
+                    let _ = tokio::time::timeout_at(deadline.min(now + TURN_RECHECK), woken).await;
+                }
+                other => return other,
+            }
         }
     }
 
@@ -472,6 +525,45 @@ impl FairShare {
             retry_after: wait.ceil().max(1.0) as u64,
         }
         .into_response()
+    }
+}
+
+/// A write's place among those waiting for their turn; given up when dropped (also when the
+/// client goes away while it waits).
+struct Waiting<'a> {
+    share: &'a FairShare,
+    client: ClientKey,
+}
+
+impl<'a> Waiting<'a> {
+    /// A place for a write of `client`, or `None` when as many as allowed already wait.
+    fn join(share: &'a FairShare, client: &ClientKey) -> Option<Waiting<'a>> {
+        let mut guard = share.waiting.lock().expect("waiting lock");
+        let (total, per_client) = &mut *guard;
+        let own = per_client.get(client).copied().unwrap_or(0);
+        if *total >= MAX_WAITING || own >= MAX_WAITING_PER_CLIENT {
+            return None;
+        }
+        *total += 1;
+        *per_client.entry(client.clone()).or_insert(0) += 1;
+        Some(Waiting {
+            share,
+            client: client.clone(),
+        })
+    }
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        let mut guard = self.share.waiting.lock().expect("waiting lock");
+        let (total, per_client) = &mut *guard;
+        *total = total.saturating_sub(1);
+        if let Some(n) = per_client.get_mut(&self.client) {
+            *n -= 1;
+            if *n == 0 {
+                per_client.remove(&self.client);
+            }
+        }
     }
 }
 
@@ -620,10 +712,9 @@ pub(crate) async fn admit(
             }
         }
     };
-    let now = Instant::now();
     let response = if governs(&request) {
         let bytes = declared_bytes(&request);
-        if let Err(refusal) = share.admit(&client, team, now) {
+        if let Err(refusal) = share.admit_in_turn(&client, team).await {
             let refused = share.refuse(refusal, team);
             return crate::plumbing::error::refuse_unread(request.into_body(), refused).await;
         }
@@ -632,7 +723,7 @@ pub(crate) async fn admit(
             .write("admitted", "none", share.team_name(team));
         let write = Arc::new(WriteState::default());
         if request.body().is_end_stream() {
-            share.forwarded(&write, &client, bytes, now);
+            share.forwarded(&write, &client, bytes, Instant::now());
         }
         let request = request.map(|inner| {
             Body::new(Watched {

@@ -207,3 +207,86 @@ fn the_maps_of_clients_and_credentials_stay_bounded_and_keep_the_recent_ones() {
     let shares = share.shares.lock().unwrap();
     assert_eq!(shares.clients.len(), MAX_CLIENTS);
 }
+
+/// A share whose governor starts (and stays) at one write at MLflow at once, with a calm writer
+/// heard and one heavy write of `flood` at MLflow: the flood's next write is held back.
+fn saturated(flood: &ClientKey, calm: &ClientKey) -> (Arc<FairShare>, WriteState) {
+    let mut c = config(0.0, 0.0);
+    c.max_writes_at_mlflow = 1;
+    let share = share(&c);
+    let now = Instant::now();
+    let calm_write = WriteState::default();
+    share.admit(calm, None, now).unwrap();
+    share.forwarded(&calm_write, calm, 150, now);
+    share.answered(&calm_write, calm, calm, None, 150, 1, Some(true));
+    let flood_write = WriteState::default();
+    share.admit(flood, None, now).unwrap();
+    share.forwarded(&flood_write, flood, 8000, now);
+    assert!(matches!(
+        share.admit(flood, None, now),
+        Err(Refusal::Saturation { .. })
+    ));
+    (share, flood_write)
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_write_held_back_waits_for_its_turn_and_is_refused_only_after_waiting_too_long() {
+    let flood = ClientKey::Address("203.0.113.9".parse().unwrap());
+    let calm = ClientKey::Address("198.51.100.1".parse().unwrap());
+    let (share, flood_write) = saturated(&flood, &calm);
+
+    // The flood's next write waits; MLflow answers its write at MLflow: the waiting one has its
+    // turn then, well before it would be refused.
+    let waiter = tokio::spawn({
+        let (share, flood) = (share.clone(), flood.clone());
+        async move { share.admit_in_turn(&flood, None).await }
+    });
+    tokio::time::sleep(TURN_WAIT / 4).await;
+    assert!(!waiter.is_finished(), "admitted while MLflow had no room");
+    let answered_at = tokio::time::Instant::now();
+    share.answered(&flood_write, &flood, &flood, None, 8000, 100, Some(true));
+    let admitted = tokio::time::timeout(TURN_WAIT / 2, waiter).await;
+    assert!(matches!(admitted, Ok(Ok(Ok(())))));
+    assert!(answered_at.elapsed() < TURN_RECHECK);
+
+    // With nothing answered, a waiting write is refused after `TURN_WAIT`, not before.
+    let (share, _at_mlflow) = saturated(&flood, &calm);
+    let started = tokio::time::Instant::now();
+    let refused = share.admit_in_turn(&flood, None).await;
+    assert!(matches!(refused, Err(Refusal::Saturation { .. })));
+    assert!(started.elapsed() >= TURN_WAIT);
+    assert_eq!(share.waiting.lock().unwrap().0, 0, "the place was given up");
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_writes_waiting_for_their_turn_are_bounded_per_client() {
+    let flood = ClientKey::Address("203.0.113.9".parse().unwrap());
+    let calm = ClientKey::Address("198.51.100.1".parse().unwrap());
+    let (share, _at_mlflow) = saturated(&flood, &calm);
+    let waiters: Vec<_> = (0..MAX_WAITING_PER_CLIENT)
+        .map(|_| {
+            let (share, flood) = (share.clone(), flood.clone());
+            tokio::spawn(async move { share.admit_in_turn(&flood, None).await })
+        })
+        .collect();
+    while share.waiting.lock().unwrap().0 < MAX_WAITING_PER_CLIENT {
+        tokio::task::yield_now().await;
+    }
+    // One more of the same client is refused at once; the calm client is still admitted.
+    let started = tokio::time::Instant::now();
+    assert!(matches!(
+        share.admit_in_turn(&flood, None).await,
+        Err(Refusal::Saturation { .. })
+    ));
+    assert_eq!(started.elapsed(), Duration::ZERO);
+    share.admit_in_turn(&calm, None).await.unwrap();
+    // Clients that go away give their places up.
+    for waiter in &waiters {
+        waiter.abort();
+    }
+    for waiter in waiters {
+        let _ = waiter.await;
+    }
+    assert_eq!(share.waiting.lock().unwrap().0, 0);
+    assert!(share.waiting.lock().unwrap().1.is_empty());
+}
