@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# What a normal training job sends per client (README, "A fair share of MLflow per client";
+# What a normal training job sends per client (docs/security.md, "A fair share of MLflow per client";
 # BENCHMARKS.md): starts a local stack (mlscope-stack, no demo), runs one job of RANKS rank threads
 # with the MLflow client's own log_batch through the proxy, all under one credential (one client
 # for the share): every STEP_S seconds each rank logs 4 training metrics, every 10 s a publish of

@@ -86,7 +86,13 @@ fn wrapped(config: &Config, signals: SignalMask) -> u8 {
     let mut agent = match &config.http {
         Some(http) => Some(Agent::start(config, http)),
         None => {
-            tracing::warn!("MLFLOW_TRACKING_URI or MLFLOW_RUN_ID is not set: running the command without measuring it");
+            tracing::warn!(
+                "{}: running the command without measuring it",
+                config
+                    .unmeasured_because
+                    .as_deref()
+                    .unwrap_or("MLflow's variables are not set")
+            );
             None
         }
     };

@@ -170,6 +170,9 @@ pub use crate::outbox::Auth;
 pub struct Config {
     /// Where to send; `None` only in wrapper mode when MLflow's variables are missing.
     pub http: Option<HttpConfig>,
+    /// Wrapper mode without MLflow's variables: which are missing, e.g. "MLFLOW_RUN_ID (or
+    /// --run-id) is not set", for the warning that the command runs unmeasured.
+    pub unmeasured_because: Option<String>,
     pub node: String,
     pub rank: u32,
     /// The pod (`POD_NAME` from the downward API, else the host name, which Kubernetes sets to
@@ -272,10 +275,19 @@ impl Config {
             .take(253)
             .collect();
         let wrapper = !args.command.is_empty();
-        let http = match (
+        let (tracking_uri, run_id) = (
             args.tracking_uri.filter(|u| !u.is_empty()),
             args.run_id.filter(|r| !r.is_empty()),
-        ) {
+        );
+        let unmeasured_because = match (&tracking_uri, &run_id) {
+            (Some(_), Some(_)) => None,
+            (None, Some(_)) => Some("MLFLOW_TRACKING_URI (or --tracking-uri) is not set"),
+            (Some(_), None) => Some("MLFLOW_RUN_ID (or --run-id) is not set"),
+            (None, None) => {
+                Some("MLFLOW_TRACKING_URI and MLFLOW_RUN_ID (or --tracking-uri and --run-id) are not set")
+            }
+        };
+        let http = match (tracking_uri, run_id) {
             (Some(uri), Some(run_id)) => Some(http_settings(
                 uri,
                 run_id,
@@ -285,13 +297,14 @@ impl Config {
                 env,
             )?),
             _ if wrapper => None,
-            (None, _) => {
-                return Err(invalid(
-                    "MLFLOW_TRACKING_URI (or --tracking-uri) is not set",
-                ))
+            _ => {
+                return Err(invalid(format!(
+                    "{}; without a command to wrap (sidecar mode) the collector needs both",
+                    unmeasured_because.unwrap_or_default()
+                )))
             }
-            (Some(_), None) => return Err(invalid("MLFLOW_RUN_ID (or --run-id) is not set")),
         };
+        let unmeasured_because = unmeasured_because.filter(|_| wrapper).map(str::to_owned);
         let mut names = std::collections::HashSet::new();
         for (name, _) in &args.volumes {
             if !names.insert(name) {
@@ -339,6 +352,7 @@ impl Config {
                 .max(2);
         Ok(Config {
             http,
+            unmeasured_because,
             node,
             rank,
             pod,
@@ -711,6 +725,15 @@ mod tests {
             assert!(matches!(bare(&[]), Err(ConfigError::Invalid(_))));
             let wrapped = bare(&["--", "true"]).unwrap();
             assert!(wrapped.http.is_none());
+            assert_eq!(
+                wrapped.unmeasured_because.as_deref(),
+                Some("MLFLOW_TRACKING_URI and MLFLOW_RUN_ID (or --tracking-uri and --run-id) are not set")
+            );
+            let half = bare(&["--run-id", "abc", "--", "true"]).unwrap();
+            assert_eq!(
+                half.unmeasured_because.as_deref(),
+                Some("MLFLOW_TRACKING_URI (or --tracking-uri) is not set")
+            );
             assert_eq!(wrapped.command, [OsString::from("true")]);
         }
         assert!(matches!(

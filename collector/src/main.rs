@@ -63,10 +63,9 @@ fn main() -> ExitCode {
             } else {
                 "wrapper mode"
             },
-            if config.http.is_some() {
-                ""
-            } else {
-                ", MLflow variables missing: the command would run unmeasured"
+            match &config.unmeasured_because {
+                None => String::new(),
+                Some(why) => format!("; {why}: the command would run unmeasured"),
             }
         );
         return ExitCode::SUCCESS;

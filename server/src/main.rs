@@ -23,9 +23,20 @@ fn main() -> ExitCode {
                 .next()
                 .unwrap_or("invalid arguments")
                 .trim_start_matches("error: ");
-            eprintln!("mlscope-proxy: invalid configuration: {line} (see --help)");
-            for tip in lines.filter(|l| l.trim_start().starts_with("tip:")) {
-                eprintln!("{tip}");
+            // The valid values of an enumerated flag go on the same line.
+            let mut possible = String::new();
+            let mut tips = Vec::new();
+            for l in lines {
+                let l = l.trim_start();
+                if l.starts_with("[possible values:") {
+                    possible = format!(" {l}");
+                } else if l.starts_with("tip:") {
+                    tips.push(l);
+                }
+            }
+            eprintln!("mlscope-proxy: invalid configuration: {line}{possible} (see --help)");
+            for tip in tips {
+                eprintln!("  {tip}");
             }
             return ExitCode::from(EXIT_CONFIG);
         }

@@ -73,7 +73,7 @@ pub struct DataConfig {
 /// Five minutes: a scan of a typical data set (thousands of shards) costs milliseconds, one of
 /// a million local files about 2.5 s of CPU warm (BENCHMARKS.md), under 1 % of a core at this
 /// interval; a path moved mid-run is on the run page minutes after, usually long before the
-/// validation pass that would read it. NFS costs a round trip per file: see the README.
+/// validation pass that would read it. NFS costs a round trip per file: see docs/collector.md.
 pub const DEFAULT_INTERVAL: Duration = Duration::from_secs(300);
 
 impl Default for DataConfig {

@@ -87,6 +87,13 @@ impl FromStr for ListenAddr {
             return Ok(address.into());
         }
         let refuse = |why: &str| Err(format!("{why}; {EXPECTED}"));
+        // A URL where an address belongs: say so, and what to write instead.
+        if let Some((scheme, rest)) = s.split_once("://") {
+            let address = rest.split('/').next().unwrap_or_default();
+            return refuse(&format!(
+                "a listen address takes no scheme ({scheme}://): write {address:?}"
+            ));
+        }
         let Some((host, port)) = s.rsplit_once(':') else {
             return refuse("no port");
         };
@@ -183,6 +190,11 @@ mod tests {
             ("::1", "needs brackets"),
             ("[localhost]:5001", "brackets hold an IPv6 address"),
             ("local host:5001", "not a host name"),
+            (
+                "http://127.0.0.1:5001",
+                "takes no scheme (http://): write \"127.0.0.1:5001\"",
+            ),
+            ("https://[::1]:443/", "write \"[::1]:443\""),
         ] {
             let error = written.parse::<ListenAddr>().unwrap_err();
             assert!(error.contains(why), "{written}: {error}");

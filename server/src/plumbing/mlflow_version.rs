@@ -49,17 +49,33 @@ impl LearnedVersion {
     /// Asks MLflow's `/version` until it answers with a version: at once, then every 30 s.
     pub fn spawn_learner(&self, forwarder: Forwarder) -> tokio::task::JoinHandle<()> {
         let this = self.clone();
+        let url = forwarder.upstream().url().to_string();
         let mlflow = MlflowClient::new(forwarder);
         tokio::spawn(async move {
+            // Attempts without an answer: the first is said at once (a wrong `--upstream` is
+            // otherwise seen only as clients' 502s), then every ten (five minutes).
+            let mut unanswered = 0u32;
             loop {
                 match mlflow.version().await {
                     Ok(version) => {
+                        if unanswered > 0 {
+                            tracing::info!(upstream = %url, "MLflow answers now");
+                        }
                         tracing::info!(%version, "MLflow's version learned from its /version");
                         crate::plumbing::error::classify_like_mlflow(version >= CLASSIFIED_ERRORS);
                         this.set(version);
                         return;
                     }
-                    Err(MlflowError::Unanswered(_)) => {}
+                    Err(MlflowError::Unanswered(error)) => {
+                        if unanswered % 10 == 0 {
+                            tracing::warn!(
+                                upstream = %url,
+                                %error,
+                                "MLflow does not answer at the upstream URL: clients get 502 Bad Gateway until it does; check --upstream (MLSCOPE_UPSTREAM) if it should be up"
+                            );
+                        }
+                        unanswered += 1;
+                    }
                     Err(error) => {
                         tracing::debug!(%error, "MLflow's /version gave no version; asking again in 30 s")
                     }

@@ -17,12 +17,28 @@ use crate::shell::state::AppState;
 
 pub(crate) fn router(state: AppState) -> Router {
     Router::new()
+        .route("/", get(index))
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
         .route("/runs/{run_id}/scopes", get(run_scopes))
         .route("/runs/{run_id}/health", get(run_health))
         .with_state(state)
+}
+
+/// What the admin port serves, for a person who opens it in a browser.
+async fn index() -> Response {
+    const PAGE: &str = concat!(
+        "<!doctype html><html><head><meta charset=\"utf-8\"><title>mlscope-proxy admin</title></head><body>",
+        "<h1>mlscope-proxy: admin port</h1><p>Probes, metrics and per-run views; MLflow clients use the proxy's other port.</p><ul>",
+        "<li><a href=\"/healthz\">/healthz</a>: the process is alive</li>",
+        "<li><a href=\"/readyz\">/readyz</a>: ready for traffic (MLflow, the state store and the artifact store each checked)</li>",
+        "<li><a href=\"/metrics\">/metrics</a>: Prometheus metrics</li>",
+        "<li>/runs/<i>RUN_ID</i>/health: a run's health, ranks, nodes and GPU bill</li>",
+        "<li>/runs/<i>RUN_ID</i>/scopes: a run's scoped writers and each node's reporter</li>",
+        "</ul></body></html>\n"
+    );
+    ([(header::CONTENT_TYPE, "text/html; charset=utf-8")], PAGE).into_response()
 }
 
 /// The process is alive and serving.

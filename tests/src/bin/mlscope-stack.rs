@@ -51,7 +51,7 @@ struct Args {
     /// [default: the project's, scripts/setup's MLSCOPE_VENV].
     #[arg(long, env = "MLSCOPE_STACK_MLFLOW_VENV", value_name = "DIR")]
     mlflow_venv: Option<PathBuf>,
-    /// Extra arguments for mlscope-proxy, e.g. `--proxy-arg=--log-format=text`.
+    /// Extra arguments for mlscope-proxy, e.g. `--proxy-arg=--log-format=json`.
     #[arg(long = "proxy-arg", allow_hyphen_values = true)]
     proxy_args: Vec<String>,
     /// Forward artifact requests to MLflow instead of serving them from SeaweedFS in the proxy.
@@ -247,11 +247,25 @@ impl Demo {
             }),
         )?;
         let now = now_ms()?;
+        // Each start's run has a name of its own: the runs of a kept data directory are numbered.
+        let earlier = mlflow_post(
+            &client,
+            &proxy.url,
+            "runs/search",
+            json!({ "experiment_ids": [experiment_id], "max_results": 1000 }),
+        )
+        .ok()
+        .and_then(|found| found["runs"].as_array().map(Vec::len))
+        .unwrap_or(0);
         let run = mlflow_post(
             &client,
             &proxy.url,
             "runs/create",
-            json!({ "experiment_id": experiment_id, "start_time": now, "run_name": "rank-0-collector-and-mlflow-monitor" }),
+            json!({
+                "experiment_id": experiment_id,
+                "start_time": now,
+                "run_name": format!("demo-{}-rank-0-collector-and-mlflow-monitor", earlier + 1),
+            }),
         )?;
         let run_id = run["run"]["info"]["run_id"]
             .as_str()
@@ -300,7 +314,9 @@ impl Demo {
             eprintln!("mlscope-stack: the demo checkpoint was not stored: {error}");
         }
         println!(
-            "demo run ({}):                     {}/#/experiments/{}/runs/{run_id}",
+            // MLflow 3's UI opens an experiment in its GenAI view unless the URL asks for the
+            // machine-learning one (the experiment's kind tag alone did not do it).
+            "demo run ({}):                     {}/#/experiments/{}/runs/{run_id}?workflowType=machine_learning",
             Self::EXPERIMENT,
             proxy.url,
             json_id(&experiment_id)

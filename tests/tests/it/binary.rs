@@ -63,6 +63,24 @@ fn invalid_configuration_exits_64_with_a_one_line_reason() {
         .output()
         .unwrap();
     assert_eq!(output.status.code(), Some(64));
+    // A refusal says what to write instead: an enumerated flag's valid values, a URL given where
+    // an address belongs.
+    for (args, says) in [
+        (
+            ["--log-format", "text"],
+            "[possible values: pretty, json]",
+        ),
+        (
+            ["--listen", "http://127.0.0.1:5001"],
+            "a listen address takes no scheme (http://): write \"127.0.0.1:5001\"",
+        ),
+    ] {
+        let output = Command::new(proxy_binary()).args(args).output().unwrap();
+        assert_eq!(output.status.code(), Some(64), "{args:?}");
+        let stderr = String::from_utf8(output.stderr).unwrap();
+        assert_eq!(stderr.trim_end().lines().count(), 1, "{args:?}: {stderr}");
+        assert!(stderr.contains(says), "{args:?}: {stderr}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread")]

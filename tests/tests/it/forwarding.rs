@@ -389,6 +389,55 @@ async fn an_unreachable_upstream_is_a_502_in_mlflow_error_json() {
     assert_eq!(ready["store"]["ok"], true);
 }
 
+/// A proxy started with `--upstream` pointing at nothing says so in its log at once (before, it
+/// started silently and users saw only their client's "too many 502 error responses"); its admin
+/// port's `/` lists what it serves.
+#[tokio::test]
+async fn a_proxy_whose_upstream_does_not_answer_says_so_at_start() {
+    let closed = TcpListener::bind("127.0.0.1:0")
+        .await
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let proxy =
+        mlscope_tests::spawn_proxy(&format!("http://{closed}"), &[], dir.path()).unwrap();
+    let log = || std::fs::read_to_string(&proxy.log_path).unwrap_or_default();
+    eventually(
+        Duration::from_secs(60),
+        "the proxy's warning that MLflow does not answer",
+        async || {
+            let log = log();
+            let warning = log
+                .lines()
+                .find(|l| l.contains("MLflow does not answer at the upstream URL"));
+            match warning {
+                Some(line) => {
+                    let line: Value = serde_json::from_str(line).map_err(|e| e.to_string())?;
+                    assert_eq!(line["level"], "WARN", "{line}");
+                    assert!(
+                        line.to_string().contains(&closed.to_string()),
+                        "the warning names the URL: {line}"
+                    );
+                    Ok(())
+                }
+                None => Err(log.lines().take(5).collect::<Vec<_>>().join("\n")),
+            }
+        },
+    )
+    .await;
+    let index = reqwest::get(format!("{}/", proxy.admin_url)).await.unwrap();
+    assert_eq!(index.status(), 200);
+    assert!(index.headers()["content-type"]
+        .to_str()
+        .unwrap()
+        .starts_with("text/html"));
+    let page = index.text().await.unwrap();
+    for path in ["/healthz", "/readyz", "/metrics", "/runs/"] {
+        assert!(page.contains(path), "{path}: {page}");
+    }
+}
+
 #[tokio::test]
 async fn an_upstream_that_resets_the_connection_is_a_502() {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();

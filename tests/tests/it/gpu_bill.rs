@@ -3,7 +3,7 @@
 //! and placement tags) sent with controlled timestamps, so that the run's length and each GPU's
 //! idle time are known. A run its client ends through the proxy, a rank that went silent, a run
 //! the sweep judged lost and a run two replicas on one PostgreSQL share are each billed once, as
-//! the README defines; a live run's idle GPUs are named in a tag that goes once they work.
+//! docs/run-health.md defines; a live run's idle GPUs are named in a tag that goes once they work.
 
 use std::collections::BTreeMap;
 use std::time::Duration;

@@ -68,7 +68,7 @@ fn corpus() -> Vec<String> {
     paths
 }
 
-/// Why the gateway may refuse what MLflow on Linux accepts, each documented in the README:
+/// Why the gateway may refuse what MLflow on Linux accepts, each documented in docs/artifacts.md:
 /// judged on the raw path decoded until it stops changing.
 fn stricter_on_purpose(raw: &str) -> Option<&'static str> {
     let mut bytes = raw.as_bytes().to_vec();

@@ -278,6 +278,42 @@ fn the_quick_start_stack_keeps_its_runs_and_artifacts_across_a_restart() {
     );
 }
 
+/// A mistyped option of `scripts/up` is answered in one line, before anything is set up or built
+/// (a `cargo` that fails and an environment that cannot be created prove neither ran).
+#[test]
+fn scripts_up_refuses_a_mistyped_option_before_setup_or_build() {
+    let root = mlscope_tests::repo_root();
+    let bin = tempfile::tempdir().unwrap();
+    let cargo = bin.path().join("cargo");
+    fs::write(&cargo, "#!/bin/sh\nexit 99\n").unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    fs::set_permissions(&cargo, fs::Permissions::from_mode(0o755)).unwrap();
+    let run = |args: &[&str]| {
+        Command::new("bash")
+            .arg(root.join("scripts/up"))
+            .args(args)
+            .env("PATH", format!("{}:/usr/bin:/bin", bin.path().display()))
+            .env("MLSCOPE_VENV", "/nonexistent/venv")
+            .output()
+            .unwrap()
+    };
+    for (args, says) in [
+        (
+            &["--prxy-port", "5002"][..],
+            "unknown option '--prxy-port'; did you mean '--proxy-port'?",
+        ),
+        (&["--fresh=yes"][..], "--fresh takes no value"),
+        (&["--no-demo", "--proxy-port"][..], "--proxy-port needs a value"),
+        (&["--fresh", "demo"][..], "unexpected argument 'demo'"),
+    ] {
+        let out = run(args);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(64), "{args:?}: {out:?}");
+        assert_eq!(stderr.lines().count(), 1, "{args:?}: {stderr}");
+        assert!(stderr.contains(says), "{args:?}: {stderr}");
+    }
+}
+
 #[test]
 fn scripts_up_help_answers_at_once_with_the_stacks_options() {
     let root = mlscope_tests::repo_root();

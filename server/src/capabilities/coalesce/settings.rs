@@ -68,10 +68,10 @@ pub struct CoalesceOptions {
     /// writes to one run overlap, it sends one at a time [default: 8].
     #[arg(long, env = "MLSCOPE_COALESCE_IN_FLIGHT_PER_RUN", value_name = "N")]
     pub coalesce_in_flight_per_run: Option<usize>,
-    /// Items (metrics, params, tags) queued per run before new requests for it get 503 [default: 50000].
+    /// Items (metrics, params, tags) queued per run before new requests for it get 429 [default: 50000].
     #[arg(long, env = "MLSCOPE_COALESCE_MAX_PENDING_PER_RUN", value_name = "N")]
     pub coalesce_max_pending_per_run: Option<usize>,
-    /// Bytes of metric bodies queued over all runs before new requests get 503 [default: 64MiB].
+    /// Bytes of metric bodies queued over all runs before new requests get 429 [default: 64MiB].
     #[arg(long, env = "MLSCOPE_COALESCE_MAX_PENDING", value_parser = crate::plumbing::settings::parse_size, value_name = "SIZE")]
     #[serde(default, deserialize_with = "crate::plumbing::settings::size")]
     pub coalesce_max_pending: Option<usize>,

@@ -73,8 +73,7 @@ const MAX_VERIFIED: usize = 100_000;
 const BURST_SECONDS: f64 = 2.0;
 /// Longest a write held back by saturation control waits for its turn before it is refused.
 const TURN_WAIT: Duration = Duration::from_secs(2);
-/// How often a waiting write looks again without being woken (the limit may have grown, or
-/// MLflow stopped being congested, with no answer to wake it).
+/// How often a waiting write looks whether nothing is at MLflow (then no answer comes to wake it).
 const TURN_RECHECK: Duration = Duration::from_millis(100);
 /// Writes of one client waiting for their turn at once; beyond, refused at once.
 const MAX_WAITING_PER_CLIENT: usize = 64;
@@ -473,22 +472,37 @@ impl FairShare {
         self.metrics
             .write("waited", "saturation", self.team_name(team));
         let deadline = tokio::time::Instant::now() + TURN_WAIT;
+        let mut look = false;
         loop {
             let woken = self.turn.notified();
             tokio::pin!(woken);
             // Registered before looking, so that an answer between the look and the wait wakes it.
             woken.as_mut().enable();
-            match self.admit(client, team, Instant::now()) {
-                Err(refusal @ Refusal::Saturation { .. }) => {
-                    let now = tokio::time::Instant::now();
-                    if now >= deadline {
-                        return Err(refusal);
+            let now = tokio::time::Instant::now();
+            if look || now >= deadline {
+                match self.admit(client, team, Instant::now()) {
+                    Err(refusal @ Refusal::Saturation { .. }) if now >= deadline => {
+                        return Err(refusal)
                     }
-                    let _ = tokio::time::timeout_at(deadline.min(now + TURN_RECHECK), woken).await;
+                    Err(Refusal::Saturation { .. }) => {}
+                    other => return other,
                 }
-                other => return other,
             }
+            // One answer wakes one waiting write: one goes in as one comes out, never a herd of
+            // them at once. Without an answer, it looks again only when nothing is at MLflow (no
+            // answer is coming) or its wait is over.
+            let answered = tokio::time::timeout_at(deadline.min(now + TURN_RECHECK), woken)
+                .await
+                .is_ok();
+            look = answered || self.nothing_at_mlflow();
         }
+    }
+
+    /// Whether no write is at MLflow now.
+    fn nothing_at_mlflow(&self) -> bool {
+        self.governor
+            .as_ref()
+            .is_none_or(|g| g.lock().expect("governor lock").at_mlflow() == 0)
     }
 
     fn team_name(&self, team: Option<usize>) -> Option<&str> {

@@ -2,7 +2,7 @@
 //! Pure: the store keeps the inputs (each rank's first and last sample, each GPU's idle window),
 //! this computes the figures for the tags, the health view and the fleet counters.
 //!
-//! The definition (README, "The GPU bill"):
+//! The definition (docs/run-health.md, "The GPU bill"):
 //! - a rank is billed from its first to its last system sample, by the samples' own timestamps
 //!   (the sender's clock, the one its idle clock runs on), clipped to the run's start and end
 //!   where they are known; gaps between samples count as held (the GPUs stayed allocated), time
