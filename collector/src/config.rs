@@ -146,6 +146,11 @@ struct Args {
     /// the reason when not. Nothing is measured, sent or run.
     #[arg(long)]
     check_config: bool,
+    /// Copy this binary into DIR (as DIR/mlscope-collector) and exit: how an init container hands
+    /// the collector to a training container that runs under it (the proxy's injection webhook
+    /// does this).
+    #[arg(long, value_name = "DIR", conflicts_with_all = ["check_config", "command"])]
+    install_to: Option<PathBuf>,
     /// Wrapper mode: the training command and its arguments, after `--`.
     #[arg(last = true, value_name = "COMMAND")]
     command: Vec<OsString>,
@@ -200,6 +205,8 @@ pub struct Config {
     pub gpu_idle_below: f64,
     /// `--check-config`: report the configuration and exit.
     pub check_only: bool,
+    /// `--install-to`: copy the binary there and exit.
+    pub install_to: Option<PathBuf>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -211,15 +218,7 @@ pub enum ConfigError {
 }
 
 /// The launcher variables that carry the global rank, in the order they are tried.
-pub const RANK_VARIABLES: [&str; 7] = [
-    "RANK",
-    "OMPI_COMM_WORLD_RANK",
-    "PMI_RANK",
-    "PMIX_RANK",
-    "SLURM_PROCID",
-    "MV2_COMM_WORLD_RANK",
-    "JOB_COMPLETION_INDEX",
-];
+pub use mlscope_scopes::RANK_VARIABLES;
 
 impl Config {
     /// Flags from the command line, everything else from the process environment.
@@ -296,7 +295,7 @@ impl Config {
                 args.request_timeout,
                 env,
             )?),
-            _ if wrapper => None,
+            _ if wrapper || args.install_to.is_some() => None,
             _ => {
                 return Err(invalid(format!(
                     "{}; without a command to wrap (sidecar mode) the collector needs both",
@@ -371,6 +370,7 @@ impl Config {
             leftovers,
             gpu_idle_below: args.gpu_idle_below,
             check_only: args.check_config,
+            install_to: args.install_to,
         })
     }
 }

@@ -32,3 +32,16 @@ pub mod telemetry;
 pub mod wrapper;
 
 pub use agent::run;
+
+/// Copies the running binary into `dir` as `mlscope-collector` (executable by all), through a
+/// temporary name so that a training container never sees half a binary; the path written.
+pub fn install(dir: &std::path::Path) -> std::io::Result<std::path::PathBuf> {
+    use std::os::unix::fs::PermissionsExt;
+    let source = std::env::current_exe()?;
+    let target = dir.join("mlscope-collector");
+    let partial = dir.join(".mlscope-collector.partial");
+    std::fs::copy(&source, &partial)?;
+    std::fs::set_permissions(&partial, std::fs::Permissions::from_mode(0o755))?;
+    std::fs::rename(&partial, &target)?;
+    Ok(target)
+}

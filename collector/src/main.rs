@@ -41,6 +41,21 @@ fn main() -> ExitCode {
             return ExitCode::from(EXIT_CONFIG);
         }
     };
+    if let Some(dir) = &config.install_to {
+        return match mlscope_collector::install(dir) {
+            Ok(path) => {
+                println!("mlscope-collector: installed {}", path.display());
+                ExitCode::SUCCESS
+            }
+            Err(error) => {
+                eprintln!(
+                    "mlscope-collector: cannot install into {}: {error}",
+                    dir.display()
+                );
+                ExitCode::FAILURE
+            }
+        };
+    }
     if config.check_only {
         let data = match config.data.paths.len() {
             0 => String::new(),

@@ -182,7 +182,7 @@ pub(crate) async fn run(
         None => None,
     };
     let markdown = format!(
-        "## One client flooding writes, ten calm ones (fair-share)\n\nMLflow {} on {}.\n\n{} flood writers of one client (each into its own run, a tag and {FLOOD_METRICS} metrics per log-batch, no pause; first alone for `--alone`, then beside the others) and {} calm clients writing a one-metric log-batch {} times a second each, with a UI reader searching the runs as often, for {:?}; the calm clients' and the reader's p99 alone was measured first, for {:?}, after {WARM_UP:?} of warming up. Through mlscope-proxy {settings}; every client has its own credential and `X-Forwarded-For` address (trusted from loopback). \"Stored\": samples counted back from MLflow, at least those of every write answered 200 (a write that timed out may be stored too). \"failed\": no answer within 30 s.\n\n{}\n{}",
+        "## One client flooding writes, ten calm ones (fair-share)\n\nMLflow {} on {}.\n\n{} flood writers of one client (each into its own run, a tag and {FLOOD_METRICS} metrics per log-batch, no pause; first alone for `--alone`, then, once the calm clients write, beside them) and {} calm clients writing a one-metric log-batch {} times a second each, with a UI reader searching the runs as often, for {:?}; the calm clients' and the reader's p99 alone was measured first, for {:?}, after {WARM_UP:?} of warming up. Through mlscope-proxy {settings}; every client has its own credential and `X-Forwarded-For` address (trusted from loopback). \"Stored\": samples counted back from MLflow, at least those of every write answered 200 (a write that timed out may be stored too). \"failed\": no answer within 30 s.\n\n{}\n{}",
         version.as_deref().unwrap_or("(version not reported)"),
         args.stack.backend_label(),
         args.flood_writers,
@@ -235,8 +235,20 @@ async fn one_target(
     let search = format!("{}/ajax-api/2.0/mlflow/runs/search", target.base_url);
     let search_body = json!({"experiment_ids": [experiment], "max_results": 25});
 
+    // The flood alone first: what MLflow (or the proxy) gives it when nobody else writes. It
+    // ends with its last answer, so nothing of it is at MLflow when the calm clients start.
+    let (flood_alone, next_batches) = flood_phase(
+        &client,
+        &url,
+        &flood_runs,
+        vec![0; flood_runs.len()],
+        args.alone,
+    )
+    .await;
+
     // The calm clients warm up (connections, MLflow's first lookups of each run; not counted),
-    // run alone, then under the flood; steps continue across the phases.
+    // run alone, then under the flood, which starts while they write (as a flood does that meets
+    // clients already at work); steps continue across the phases.
     let warm_steps = (WARM_UP.as_secs_f64() * args.calm_rate as f64).ceil() as i64 + 1;
     let (warm, _) = tokio::join!(
         calm_phase(&client, &url, &calm_runs, args, WARM_UP, 0),
@@ -246,15 +258,6 @@ async fn one_target(
         calm_phase(&client, &url, &calm_runs, args, args.alone, warm_steps),
         read_phase(&client, &search, &search_body, args, args.alone)
     );
-    // The flood alone first: what MLflow (or the proxy) gives it when nobody else writes.
-    let (flood_alone, next_batches) = flood_phase(
-        &client,
-        &url,
-        &flood_runs,
-        vec![0; flood_runs.len()],
-        args.alone,
-    )
-    .await;
     let stop = Instant::now() + args.duration;
     let flood = flood_phase(&client, &url, &flood_runs, next_batches, args.duration);
     let steps_before =

@@ -11,6 +11,18 @@ use regex::Regex;
 /// The prefix MLflow's system-metrics monitor puts in front of every key.
 pub const SYSTEM_PREFIX: &str = "system/";
 
+/// The launcher variables that carry a process's global rank, in the order the collector tries
+/// them (the proxy's injection webhook copies them to the collector's sidecar).
+pub const RANK_VARIABLES: [&str; 7] = [
+    "RANK",
+    "OMPI_COMM_WORLD_RANK",
+    "PMI_RANK",
+    "PMIX_RANK",
+    "SLURM_PROCID",
+    "MV2_COMM_WORLD_RANK",
+    "JOB_COMPLETION_INDEX",
+];
+
 /// What a value describes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Scope {

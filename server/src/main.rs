@@ -58,6 +58,28 @@ fn main() -> ExitCode {
             );
             return ExitCode::SUCCESS;
         }
+        Invocation::Inject(args) if args.check_config => {
+            println!(
+                "mlscope-proxy inject: configuration ok (listen {}, collector image {})",
+                args.listen, args.collector_image
+            );
+            return ExitCode::SUCCESS;
+        }
+        Invocation::Inject(args) => {
+            mlscope_proxy::plumbing::telemetry::init_logging(
+                mlscope_proxy::plumbing::telemetry::LogFormat::Json,
+                "info",
+            );
+            return match runtime
+                .block_on(mlscope_proxy::shell::inject::run(&args, shutdown_signal()))
+            {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("mlscope-proxy inject: {e:#}");
+                    ExitCode::FAILURE
+                }
+            };
+        }
         Invocation::Relocate(config, args) => {
             mlscope_proxy::plumbing::telemetry::init_logging(config.log.format, "warn");
             return match runtime.block_on(mlscope_proxy::shell::relocate::run(&config, &args)) {

@@ -127,10 +127,59 @@ KUSTOMIZATION = {
     "additionalProperties": False,
 }
 
+# cert-manager's Issuer and Certificate (cert-manager.io/v1), the fields the webhook's manifests use.
+ISSUER = {
+    "type": "object",
+    "required": ["apiVersion", "kind", "metadata", "spec"],
+    "properties": {
+        "apiVersion": {"const": "cert-manager.io/v1"},
+        "metadata": {"type": "object", "required": ["name"]},
+        "spec": {
+            "type": "object",
+            "additionalProperties": False,
+            "minProperties": 1,
+            "maxProperties": 1,
+            "properties": {"selfSigned": {"type": "object"}, "ca": {"type": "object"}},
+        },
+    },
+}
+
+CERTIFICATE = {
+    "type": "object",
+    "required": ["apiVersion", "kind", "metadata", "spec"],
+    "properties": {
+        "apiVersion": {"const": "cert-manager.io/v1"},
+        "metadata": {"type": "object", "required": ["name"]},
+        "spec": {
+            "type": "object",
+            "additionalProperties": False,
+            "required": ["secretName", "issuerRef"],
+            "properties": {
+                "secretName": {"type": "string"},
+                "dnsNames": {"type": "array", "items": {"type": "string"}},
+                "issuerRef": {
+                    "type": "object",
+                    "additionalProperties": False,
+                    "required": ["name"],
+                    "properties": {
+                        "name": {"type": "string"},
+                        "kind": {"enum": ["Issuer", "ClusterIssuer"]},
+                        "group": {"type": "string"},
+                    },
+                },
+                "duration": {"type": "string", "pattern": "^[0-9]+(h|m|s)$"},
+                "renewBefore": {"type": "string", "pattern": "^[0-9]+(h|m|s)$"},
+            },
+        },
+    },
+}
+
 OWN_SCHEMAS = {
     "ServiceMonitor": SERVICE_MONITOR,
     "PrometheusRule": PROMETHEUS_RULE,
     "Kustomization": KUSTOMIZATION,
+    "Issuer": ISSUER,
+    "Certificate": CERTIFICATE,
 }
 
 # Placeholder values for environment variables a manifest takes from Secrets or the downward API.
@@ -183,13 +232,13 @@ def validate_manifests(root):
 
 
 def check_kustomization(root):
-    base = root / "deploy/kubernetes"
-    kustomization = yaml.safe_load((base / "kustomization.yaml").read_text())
-    listed = set(kustomization["resources"])
-    present = {p.name for p in base.glob("*.yaml")} - {"kustomization.yaml", "secrets.example.yaml"}
-    if listed != present:
-        fail(f"kustomization resources {sorted(listed)} differ from the manifests {sorted(present)}")
-    ok(f"kustomization lists all {len(listed)} manifests")
+    for base in [root / "deploy/kubernetes", root / "deploy/kubernetes/inject"]:
+        kustomization = yaml.safe_load((base / "kustomization.yaml").read_text())
+        listed = set(kustomization["resources"])
+        present = {p.name for p in base.glob("*.yaml")} - {"kustomization.yaml", "secrets.example.yaml"}
+        if listed != present:
+            fail(f"{base.relative_to(root)}: kustomization resources {sorted(listed)} differ from the manifests {sorted(present)}")
+        ok(f"{base.relative_to(root)}: kustomization lists all {len(listed)} manifests")
 
 
 def containers(doc):
@@ -250,8 +299,8 @@ def check_binaries(root, proxy, collector):
                     fail(f"{label}: {' '.join(command)} exited {result.returncode}: {result.stderr.strip() or result.stdout.strip()}")
                 ok(f"{label}: {result.stdout.strip()}")
                 checked += 1
-    if checked < 3:
-        fail(f"only {checked} containers run mlscope binaries; expected the proxy and both collector examples")
+    if checked < 4:
+        fail(f"only {checked} containers run mlscope binaries; expected the proxy, the webhook and both collector examples")
 
 
 def exported_series(exposition_path):

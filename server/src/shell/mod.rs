@@ -8,6 +8,7 @@ pub mod config;
 mod floors;
 #[cfg(test)]
 mod fuzz;
+pub mod inject;
 pub mod relocate;
 pub(crate) mod serve;
 pub(crate) mod state;

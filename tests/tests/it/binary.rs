@@ -66,10 +66,7 @@ fn invalid_configuration_exits_64_with_a_one_line_reason() {
     // A refusal says what to write instead: an enumerated flag's valid values, a URL given where
     // an address belongs.
     for (args, says) in [
-        (
-            ["--log-format", "text"],
-            "[possible values: pretty, json]",
-        ),
+        (["--log-format", "text"], "[possible values: pretty, json]"),
         (
             ["--listen", "http://127.0.0.1:5001"],
             "a listen address takes no scheme (http://): write \"127.0.0.1:5001\"",

@@ -43,6 +43,9 @@ async fn deploy_manifests_dashboard_and_alerts_hold_against_kubernetes_and_the_b
         "training-job-sidecar.yaml container mlscope-collector: mlscope-collector: configuration ok",
         "training-job-wrapper.yaml container train: mlscope-collector: configuration ok",
         "proxy-deployment.yaml container mlscope-proxy: mlscope-proxy: configuration ok",
+        "inject-deployment.yaml container mlscope-inject: mlscope-proxy inject: configuration ok",
+        "inject-webhook.yaml#0 MutatingWebhookConfiguration/mlscope-inject valid",
+        "inject-certificate.yaml#1 Certificate/mlscope-inject valid (own schema)",
         "all deploy checks passed",
     ] {
         assert!(stdout.contains(expected), "{expected:?} not in:\n{stdout}");

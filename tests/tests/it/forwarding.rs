@@ -400,8 +400,7 @@ async fn a_proxy_whose_upstream_does_not_answer_says_so_at_start() {
         .local_addr()
         .unwrap();
     let dir = tempfile::tempdir().unwrap();
-    let proxy =
-        mlscope_tests::spawn_proxy(&format!("http://{closed}"), &[], dir.path()).unwrap();
+    let proxy = mlscope_tests::spawn_proxy(&format!("http://{closed}"), &[], dir.path()).unwrap();
     let log = || std::fs::read_to_string(&proxy.log_path).unwrap_or_default();
     eventually(
         Duration::from_secs(60),

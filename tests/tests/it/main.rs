@@ -19,6 +19,7 @@ mod gpu_basis;
 mod gpu_bill;
 mod health;
 mod hostile;
+mod inject;
 mod legacy_listing;
 mod mlflow;
 mod nginx_gateway;

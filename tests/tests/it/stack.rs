@@ -303,7 +303,10 @@ fn scripts_up_refuses_a_mistyped_option_before_setup_or_build() {
             "unknown option '--prxy-port'; did you mean '--proxy-port'?",
         ),
         (&["--fresh=yes"][..], "--fresh takes no value"),
-        (&["--no-demo", "--proxy-port"][..], "--proxy-port needs a value"),
+        (
+            &["--no-demo", "--proxy-port"][..],
+            "--proxy-port needs a value",
+        ),
         (&["--fresh", "demo"][..], "unexpected argument 'demo'"),
     ] {
         let out = run(args);

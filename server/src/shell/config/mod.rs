@@ -26,8 +26,10 @@ use crate::plumbing::telemetry::{LogConfig, LogOptions};
 use crate::shell::serve::{ServeConfig, ServeOptions};
 
 mod file;
+mod inject;
 mod relocate;
 
+pub use inject::InjectArgs;
 pub use relocate::RelocateArgs;
 
 #[cfg(test)]
@@ -184,6 +186,9 @@ enum Command {
     /// Copy stray objects (e.g. checkpoints written outside MLflow's layout) into a run's
     /// artifact path with server-side copies; originals are kept unless --delete-source.
     Relocate(RelocateArgs),
+    /// Serve the Kubernetes admission webhook that injects mlscope-collector into the pods
+    /// annotated `mlscope.io/inject` (none of the proxy's settings apply).
+    Inject(InjectArgs),
 }
 
 /// What the command line asks for.
@@ -195,6 +200,8 @@ pub enum Invocation {
     Relocate(Config, RelocateArgs),
     /// `--check-config`: the configuration was accepted; nothing is started.
     Check(Config),
+    /// `inject`: the collector's injection webhook.
+    Inject(InjectArgs),
 }
 
 impl Config {
@@ -207,9 +214,9 @@ impl Config {
     {
         match Self::invocation(args)? {
             Invocation::Serve(config) => Ok(config),
-            Invocation::Relocate(..) | Invocation::Check(_) => Err(ConfigError::Invalid(
-                "a subcommand was given where serving was expected".into(),
-            )),
+            Invocation::Relocate(..) | Invocation::Check(_) | Invocation::Inject(_) => Err(
+                ConfigError::Invalid("a subcommand was given where serving was expected".into()),
+            ),
         }
     }
 
@@ -227,6 +234,9 @@ impl Config {
             settings: _,
             command,
         } = Cli::from_arg_matches(&matches)?;
+        if let Some(Command::Inject(args)) = command {
+            return Ok(Invocation::Inject(args));
+        }
         let mut settings = match &path {
             Some(path) => file::read(path)?,
             None => Settings::default(),
@@ -241,6 +251,8 @@ impl Config {
             None if check_config => Invocation::Check(config),
             None => Invocation::Serve(config),
             Some(Command::Relocate(args)) => Invocation::Relocate(config, args),
+            // Answered above, before the settings are read.
+            Some(Command::Inject(args)) => Invocation::Inject(args),
         })
     }
 
@@ -466,7 +478,9 @@ mod tests {
                 assert_eq!(config.artifacts.s3.quirks.name, "minio");
                 assert_eq!(args.run_id, "abc");
             }
-            Invocation::Serve(_) | Invocation::Check(_) => panic!("relocate was not recognised"),
+            Invocation::Serve(_) | Invocation::Check(_) | Invocation::Inject(_) => {
+                panic!("relocate was not recognised")
+            }
         }
     }
 
