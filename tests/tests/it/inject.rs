@@ -85,7 +85,7 @@ fn apply(mut doc: Value, patch: &[Value]) -> Value {
         let (parent, last) = path.rsplit_once('/').unwrap();
         let target = doc
             .pointer_mut(parent)
-            .unwrap_or_else(|| panic!("{parent} in {doc}"));
+            .unwrap_or_else(|| panic!("{parent}"));
         let value = op["value"].clone();
         match (op["op"].as_str().unwrap(), target) {
             ("add", Value::Array(a)) if last == "-" => a.push(value),

@@ -190,6 +190,7 @@ fn restricted() -> Value {
         "allowPrivilegeEscalation": false,
         "readOnlyRootFilesystem": true,
         "capabilities": {"drop": ["ALL"]},
+        "seccompProfile": {"type": "RuntimeDefault"},
     })
 }
 
