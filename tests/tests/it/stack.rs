@@ -188,7 +188,10 @@ fn the_quick_start_stack_keeps_its_runs_and_artifacts_across_a_restart() {
 
     let (mut first, text) = start_quick_stack(data.path(), &log);
     let demo = printed(&text, "demo run (mlscope-demo):");
-    let first_run = demo.rsplit('/').next().unwrap().to_owned();
+    // The run's page: `.../runs/<id>?workflowType=machine_learning` (MLflow's ML view).
+    let (page, view) = demo.split_once('?').unwrap_or((demo, ""));
+    assert_eq!(view, "workflowType=machine_learning", "{demo}");
+    let first_run = page.rsplit('/').next().unwrap().to_owned();
     let proxy = printed(&text, "MLflow UI and API (through mlscope):").to_owned();
     // The collector's samples reach MLflow before the stop.
     eventually_blocking(
