@@ -78,26 +78,6 @@ fn https(ca: &str, url: &str, body: Option<&Value>) -> Result<(u16, String), Str
     ))
 }
 
-/// Applies RFC 6902 `add` and `replace` operations, as the API server does with the patch.
-fn apply(mut doc: Value, patch: &[Value]) -> Value {
-    for op in patch {
-        let path = op["path"].as_str().unwrap();
-        let (parent, last) = path.rsplit_once('/').unwrap();
-        let target = doc
-            .pointer_mut(parent)
-            .unwrap_or_else(|| panic!("{parent}"));
-        let value = op["value"].clone();
-        match (op["op"].as_str().unwrap(), target) {
-            ("add", Value::Array(a)) if last == "-" => a.push(value),
-            ("add" | "replace", Value::Object(o)) => {
-                o.insert(last.to_owned(), value);
-            }
-            (op, t) => panic!("{op} at {path} in {t}"),
-        }
-    }
-    doc
-}
-
 /// A container's environment as the kubelet gives it: values, and the downward API's fields.
 fn environment(container: &Value, pod: &Value, node: &str) -> BTreeMap<String, String> {
     let mut env = BTreeMap::new();
@@ -231,10 +211,11 @@ async fn an_annotated_pod_gets_the_collector_and_its_rank_ends_on_the_run() {
             .decode(answer["response"]["patch"].as_str().unwrap())
             .unwrap()
     };
-    let patched = apply(
+    let patched = mlscope_proxy::shell::inject::patch::apply(
         pod.clone(),
         &serde_json::from_slice::<Vec<Value>>(&patch).unwrap(),
-    );
+    )
+    .unwrap();
 
     // The kubelet: the install init container (the collector image's entrypoint is the
     // collector), then the training container with the volume mounted.

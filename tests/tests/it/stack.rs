@@ -281,16 +281,23 @@ fn the_quick_start_stack_keeps_its_runs_and_artifacts_across_a_restart() {
     );
 }
 
-/// A mistyped option of `scripts/up` is answered in one line, before anything is set up or built
-/// (a `cargo` that fails and an environment that cannot be created prove neither ran).
-#[test]
-fn scripts_up_refuses_a_mistyped_option_before_setup_or_build() {
-    let root = mlscope_tests::repo_root();
+/// A directory holding a `cargo` that fails: on `PATH` with an environment that cannot be created
+/// (`MLSCOPE_VENV=/nonexistent/venv`), a script that succeeds neither built nor set anything up.
+fn failing_cargo() -> tempfile::TempDir {
     let bin = tempfile::tempdir().unwrap();
     let cargo = bin.path().join("cargo");
     fs::write(&cargo, "#!/bin/sh\nexit 99\n").unwrap();
     use std::os::unix::fs::PermissionsExt;
     fs::set_permissions(&cargo, fs::Permissions::from_mode(0o755)).unwrap();
+    bin
+}
+
+/// A mistyped option of `scripts/up` is answered in one line, before anything is set up or built
+/// (a `cargo` that fails and an environment that cannot be created prove neither ran).
+#[test]
+fn scripts_up_refuses_a_mistyped_option_before_setup_or_build() {
+    let root = mlscope_tests::repo_root();
+    let bin = failing_cargo();
     let run = |args: &[&str]| {
         Command::new("bash")
             .arg(root.join("scripts/up"))
@@ -325,11 +332,7 @@ fn scripts_up_help_answers_at_once_with_the_stacks_options() {
     let root = mlscope_tests::repo_root();
     // A `cargo` that fails and an environment that cannot be created: `--help` succeeds only if
     // it neither builds nor sets anything up.
-    let bin = tempfile::tempdir().unwrap();
-    let cargo = bin.path().join("cargo");
-    fs::write(&cargo, "#!/bin/sh\nexit 99\n").unwrap();
-    use std::os::unix::fs::PermissionsExt;
-    fs::set_permissions(&cargo, fs::Permissions::from_mode(0o755)).unwrap();
+    let bin = failing_cargo();
     let up = Command::new("bash")
         .arg(root.join("scripts/up"))
         .arg("--help")

@@ -275,6 +275,34 @@ fn wrapper_patch(pod: &Value, measured: &Value, index: usize, config: &InjectCon
     patch
 }
 
+/// Applies the `add` and `replace` operations of a JSON Patch (RFC 6902) to `doc`, as the API
+/// server will: the webhook checks its own patch with it before answering (a patch the API server
+/// cannot apply would fail the pod's creation), and the tests read the patched pod through it.
+/// Paths are taken as written (the webhook writes no `~` escapes).
+pub fn apply(mut doc: Value, patch: &[Value]) -> Result<Value, String> {
+    for op in patch {
+        let path = op["path"].as_str().ok_or("an operation without a path")?;
+        let (parent, last) = path
+            .rsplit_once('/')
+            .ok_or_else(|| format!("path {path:?}"))?;
+        let target = doc
+            .pointer_mut(parent)
+            .ok_or_else(|| format!("{path}: {parent:?} does not exist"))?;
+        let value = op["value"].clone();
+        match (op["op"].as_str().unwrap_or_default(), target) {
+            ("add", Value::Array(list)) if last == "-" => list.push(value),
+            ("add", Value::Object(object)) => {
+                object.insert(last.to_owned(), value);
+            }
+            ("replace", Value::Object(object)) if object.contains_key(last) => {
+                object.insert(last.to_owned(), value);
+            }
+            (op, _) => return Err(format!("{op} at {path} does not apply")),
+        }
+    }
+    Ok(doc)
+}
+
 /// The AdmissionReview answer to `review` (admission.k8s.io/v1): always allowed (a webhook that
 /// cannot inject must never keep a training pod from starting), with the patch when injecting and
 /// a warning when a pod that asked is left alone. `Err` when the review is not one.
@@ -288,13 +316,23 @@ pub fn review(review: &Value, config: &InjectConfig) -> Result<(Value, Option<Mo
     let mut injected = None;
     if kind == "Pod" && request["operation"] == "CREATE" {
         match decide(&request["object"], config) {
-            Decision::Inject { patch, mode } => {
-                use base64::Engine as _;
-                let patch = serde_json::to_vec(&patch).map_err(|e| e.to_string())?;
-                response["patchType"] = json!("JSONPatch");
-                response["patch"] = json!(base64::engine::general_purpose::STANDARD.encode(patch));
-                injected = Some(mode);
-            }
+            Decision::Inject { patch, mode } => match apply(request["object"].clone(), &patch) {
+                Ok(_) => {
+                    use base64::Engine as _;
+                    let patch = serde_json::to_vec(&patch).map_err(|e| e.to_string())?;
+                    response["patchType"] = json!("JSONPatch");
+                    response["patch"] =
+                        json!(base64::engine::general_purpose::STANDARD.encode(patch));
+                    injected = Some(mode);
+                }
+                // Never a patch that would fail the pod's creation: left alone, and said why.
+                Err(why) => {
+                    response["warnings"] = json!([format!(
+                        "mlscope: the {} patch does not apply to this pod ({why}); the pod is created without mlscope-collector",
+                        mode.label()
+                    )]);
+                }
+            },
             Decision::Leave {
                 warning: Some(warning),
             } => response["warnings"] = json!([warning]),
@@ -319,26 +357,6 @@ mod tests {
             image: "registry.example/mlscope-collector:0.1.0".into(),
             collector_args: vec!["--interval".into(), "10".into()],
         }
-    }
-
-    /// Applies RFC 6902 `add` and `replace` operations, as the API server does with the patch.
-    pub(crate) fn apply(mut doc: Value, patch: &[Value]) -> Value {
-        for op in patch {
-            let path = op["path"].as_str().unwrap();
-            let (parent, last) = path.rsplit_once('/').unwrap();
-            let target = doc
-                .pointer_mut(parent)
-                .unwrap_or_else(|| panic!("{parent}"));
-            let value = op["value"].clone();
-            match (op["op"].as_str().unwrap(), target) {
-                ("add", Value::Array(a)) if last == "-" => a.push(value),
-                ("add" | "replace", Value::Object(o)) => {
-                    o.insert(last.to_owned(), value);
-                }
-                (op, t) => panic!("{op} at {path} in {t}"),
-            }
-        }
-        doc
     }
 
     fn pod(annotation: &str, container: Value) -> Value {
@@ -370,7 +388,7 @@ mod tests {
             panic!("not injected")
         };
         assert_eq!(mode, Mode::Wrapper);
-        let injected = apply(pod, &patch);
+        let injected = apply(pod, &patch).unwrap();
         let train = &injected["spec"]["containers"][0];
         assert_eq!(
             train["command"],
@@ -412,7 +430,7 @@ mod tests {
             panic!("not injected")
         };
         assert_eq!(mode, Mode::Sidecar);
-        let injected = apply(pod, &patch);
+        let injected = apply(pod, &patch).unwrap();
         let init = injected["spec"]["initContainers"].as_array().unwrap();
         assert_eq!(
             init[0]["name"], "fetch-data",
