@@ -18,7 +18,6 @@ use std::time::{Duration, SystemTime};
 
 use anyhow::Context as _;
 use axum::extract::State;
-use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
@@ -164,12 +163,11 @@ async fn reload(certificate: Arc<RwLock<Certificate>>, cert: PathBuf, key: PathB
 
 async fn mutate(State(config): State<Arc<InjectConfig>>, Json(review): Json<Value>) -> Response {
     let request = &review["request"];
-    let namespace = request["namespace"].as_str().unwrap_or_default().to_owned();
+    let namespace = request["namespace"].as_str().unwrap_or_default();
     let name = request["object"]["metadata"]["name"]
         .as_str()
         .or(request["object"]["metadata"]["generateName"].as_str())
-        .unwrap_or_default()
-        .to_owned();
+        .unwrap_or_default();
     match patch::review(&review, &config) {
         Ok((answer, mode)) => {
             let warnings = &answer["response"]["warnings"];
@@ -184,10 +182,6 @@ async fn mutate(State(config): State<Arc<InjectConfig>>, Json(review): Json<Valu
             }
             Json(answer).into_response()
         }
-        Err(message) => (
-            StatusCode::BAD_REQUEST,
-            Json(serde_json::json!({"error_code": "INVALID_PARAMETER_VALUE", "message": message})),
-        )
-            .into_response(),
+        Err(message) => crate::plumbing::error::Error::InvalidParameter(message).into_response(),
     }
 }
