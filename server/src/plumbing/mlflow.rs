@@ -476,6 +476,30 @@ impl MlflowClient {
             .await
     }
 
+    /// `PUT mlflow-artifacts/artifacts/{path}`: a file of `content_type` into MLflow's proxied
+    /// artifact store (`path` as MLflow's artifact API names it, its segments not yet encoded).
+    pub(crate) async fn put_artifact(
+        &self,
+        caller: &Caller,
+        path: &str,
+        content_type: &'static str,
+        body: Bytes,
+    ) -> Result<(), MlflowError> {
+        let path = artifact_request_path(path);
+        let mut headers = caller.headers().clone();
+        headers.insert(
+            header::HOST,
+            HeaderValue::from_str(self.forwarder.upstream().authority.as_str())
+                .map_err(request_error)?,
+        );
+        headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
+        let response = self
+            .forwarder
+            .ask(Method::PUT, &path, headers, body)
+            .await?;
+        checked(response.status(), &path, response.body())
+    }
+
     /// `server-info` (API 3.0), answered to anyone.
     pub(crate) async fn server_info(&self) -> Result<ServerInfo, MlflowError> {
         let path = format!("{API_3}/server-info");
@@ -544,6 +568,16 @@ impl MlflowClient {
         };
         Ok(self.forwarder.ask(method, path, headers, body).await?)
     }
+}
+
+/// The request path of an artifact `path` in MLflow's artifact API, each segment encoded.
+pub(crate) fn artifact_request_path(path: &str) -> String {
+    let segments: Vec<String> = path
+        .trim_matches('/')
+        .split('/')
+        .map(percent_encode)
+        .collect();
+    format!("{ARTIFACTS_API}artifacts/{}", segments.join("/"))
 }
 
 fn request_error(error: impl std::fmt::Display) -> MlflowError {

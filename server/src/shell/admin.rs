@@ -23,6 +23,7 @@ pub(crate) fn router(state: AppState) -> Router {
         .route("/metrics", get(metrics))
         .route("/runs/{run_id}/scopes", get(run_scopes))
         .route("/runs/{run_id}/health", get(run_health))
+        .route("/runs/{run_id}/report", get(run_report))
         .with_state(state)
 }
 
@@ -34,6 +35,7 @@ async fn index() -> Response {
         "<li><a href=\"/healthz\">/healthz</a>: the process is alive</li>",
         "<li><a href=\"/readyz\">/readyz</a>: ready for traffic (MLflow, the state store and the artifact store each checked)</li>",
         "<li><a href=\"/metrics\">/metrics</a>: Prometheus metrics</li>",
+        "<li>/runs/<i>RUN_ID</i>/report: a run's report, what it used and wasted, with advice (a page; JSON with <code>Accept: application/json</code>)</li>",
         "<li>/runs/<i>RUN_ID</i>/health: a run's health, ranks, nodes and GPU bill</li>",
         "<li>/runs/<i>RUN_ID</i>/scopes: a run's scoped writers and each node's reporter</li>",
         "</ul></body></html>\n"
@@ -180,6 +182,39 @@ async fn run_health(
     let now = crate::plumbing::store::unix_millis(std::time::SystemTime::now());
     match state.health.view(&run_id, now, offset, limit).await {
         Ok(Some(view)) => Json(view).into_response(),
+        Ok(None) => Error::NotFound(format!(
+            "no heartbeat of run {run_id} is known: no system metrics of it passed through this proxy's replicas (or they are older than --state-retention)"
+        ))
+        .into_response(),
+        Err(error) => {
+            Error::Unavailable(format!("the state store could not be read: {error}")).into_response()
+        }
+    }
+}
+
+/// The run's report: the page its ended run gets as `mlscope/report.html`, live; JSON when the
+/// client asks for it (`Accept: application/json`).
+async fn run_report(
+    State(state): State<AppState>,
+    Path(run_id): Path<String>,
+    headers: axum::http::HeaderMap,
+) -> Response {
+    if !state.health.config().enabled {
+        return Error::NotFound("run health is off on this proxy (--run-health false)".into())
+            .into_response();
+    }
+    let now = crate::plumbing::store::unix_millis(std::time::SystemTime::now());
+    let json = headers
+        .get(header::ACCEPT)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|accept| accept.contains("application/json") && !accept.contains("text/html"));
+    match state.health.report(&run_id, now).await {
+        Ok(Some(report)) if json => Json(report).into_response(),
+        Ok(Some(report)) => (
+            [(header::CONTENT_TYPE, "text/html; charset=utf-8")],
+            crate::capabilities::health::report_page(&report),
+        )
+            .into_response(),
         Ok(None) => Error::NotFound(format!(
             "no heartbeat of run {run_id} is known: no system metrics of it passed through this proxy's replicas (or they are older than --state-retention)"
         ))

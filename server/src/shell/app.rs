@@ -239,6 +239,7 @@ async fn sweep(state: AppState, retention: Duration) {
                     replicas = store.replicas,
                     run_ranks = health.run_ranks,
                     verdicts = health.verdicts,
+                    usage = health.usage,
                     "expired state swept"
                 );
             }

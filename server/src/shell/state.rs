@@ -104,6 +104,9 @@ impl AppState {
             }
             None => None,
         };
+        if let Some(gateway) = &artifacts {
+            health.write_reports_through(crate::capabilities::artifacts::router(gateway.clone()));
+        }
         let fair_share = crate::capabilities::fairshare::FairShare::new(
             &config.fair_share,
             config.trusted_proxies.clone(),

@@ -3,6 +3,7 @@
 //! (GPUs and their idleness, container limits, how a rank ended, placement). The scope contract
 //! builds it while it reads the body; run health records it once MLflow accepted the write.
 
+use super::usage::Series;
 use super::{basis, findings};
 
 /// GPU indexes read from keys (`gpu_<i>_...`): beyond this an index is not a real device.
@@ -17,6 +18,9 @@ pub struct Beat {
     pub workspace: Option<String>,
     /// What its collectors' tags reported the run stood on (data changes, leftovers).
     pub findings: Vec<findings::Finding>,
+    /// The run's own step as of this request: the highest step of its metrics outside
+    /// `system/`, with that sample's timestamp (the report says at which step a peak came).
+    pub step: Option<(i64, i64)>,
 }
 
 /// One (node, rank) of a [`Beat`]: `node` is `""` and `rank` `-1` where the sender named none.
@@ -43,6 +47,8 @@ pub struct RankBeat {
     pub sampled_between: Option<(i64, i64)>,
     /// Each idle-clock reading: (GPU index, timestamp, idle seconds).
     pub idle_readings: Vec<(i64, i64, f64)>,
+    /// Each reading of a series the run's report keeps: (series, timestamp, value).
+    pub usage: Vec<(Series, i64, f64)>,
 }
 
 impl Beat {
@@ -73,9 +79,18 @@ impl Beat {
             name,
             "container_memory_limit_megabytes" | "container_cpu_limit_cores"
         ) || gpu_name(name).is_some_and(|(_, suffix)| suffix == "idle_seconds")
+            || Series::of_metric(name).is_some()
     }
 
-    /// Reads one system metric of a rank: GPU count and idleness, container limits.
+    /// Notes a sample of the run's own metrics (outside `system/`): its step, when higher.
+    pub fn observe_step(&mut self, step: i64, at_ms: i64) {
+        if self.step.is_none_or(|(s, _)| step > s) {
+            self.step = Some((step, at_ms));
+        }
+    }
+
+    /// Reads one system metric of a rank: GPU count and idleness, container limits, and the
+    /// series of its report.
     /// `at_ms` is the sample's timestamp, when its value is read (idle clocks are billed by it).
     pub fn observe_metric(
         &mut self,
@@ -87,6 +102,10 @@ impl Beat {
     ) {
         let entry = self.rank_mut(node, rank);
         entry.sampled = true;
+        if let (Some(series), Some(at), true) = (Series::of_metric(name), at_ms, value.is_finite())
+        {
+            entry.usage.push((series, at, value));
+        }
         if let Some((index, suffix)) = gpu_name(name) {
             entry.gpus = entry.gpus.max(index + 1);
             if suffix == "idle_seconds" && value.is_finite() && value >= 0.0 {

@@ -4,7 +4,8 @@
 use serde_json::{json, Value};
 
 use super::bill::IdleWindow;
-use super::store::{FindingRow, GpuIdleRow, RankRow, SUPERSEDE_AFTER_MS};
+use super::store::{FindingRow, GpuIdleRow, HistogramRow, RankRow, SeriesRow, SUPERSEDE_AFTER_MS};
+use super::usage::{Gathered, Series, BASE_WIDTH_MS};
 use super::{findings, Beat, Health};
 
 /// Ranks with unflushed heartbeats a replica holds before new ones are dropped (and counted).
@@ -42,6 +43,7 @@ impl Health {
                 }
             }
         }
+        self.record_usage(&beat, &at);
         let mut pending = self.inner.pending.lock().expect("health lock");
         for rank in beat.ranks {
             let key = (beat.run_id.clone(), rank.node.clone(), rank.rank);
@@ -107,6 +109,27 @@ impl Health {
         }
     }
 
+    /// Adds the readings of a beat to the report's series (`at`: a sample's time as counted).
+    fn record_usage(&self, beat: &Beat, at: &dyn Fn(i64) -> i64) {
+        let readings = beat.ranks.iter().flat_map(|r| {
+            r.usage
+                .iter()
+                .map(move |&(series, ms, value)| (r.node.as_str(), r.rank, series, ms, value))
+        });
+        let step = beat
+            .step
+            .map(|(step, ms)| ("", -1, Series::Step, ms, step as f64));
+        let mut pending = self.inner.pending_usage.lock().expect("health lock");
+        for (node, rank, series, ms, value) in readings.chain(step) {
+            let key = (beat.run_id.clone(), node.to_owned(), rank, series);
+            if !pending.contains_key(&key) && pending.len() >= MAX_PENDING_RANKS {
+                self.inner.metrics.heartbeat_dropped();
+                continue;
+            }
+            pending.entry(key).or_default().add(series, at(ms), value);
+        }
+    }
+
     /// Records that MLflow accepted a write to `run_id` at `now_ms`: a sign of life for the run
     /// even when it carried no system samples (a training loop logging its loss). Memory only;
     /// a run the store has no ranks of is not added by it.
@@ -127,6 +150,65 @@ impl Health {
         self.flush_ranks().await;
         self.flush_idle().await;
         self.flush_findings().await;
+        self.flush_usage().await;
+    }
+
+    async fn flush_usage(&self) {
+        let gathered: Vec<((String, String, i64, Series), Gathered)> = self
+            .inner
+            .pending_usage
+            .lock()
+            .expect("health lock")
+            .drain()
+            .collect();
+        if gathered.is_empty() {
+            return;
+        }
+        let (mut series, mut histograms) = (Vec::new(), Vec::new());
+        for ((run_id, node, rank, kind), g) in &gathered {
+            for (&start, b) in &g.buckets {
+                series.push(SeriesRow {
+                    run_id: run_id.clone(),
+                    node: node.clone(),
+                    rank: *rank,
+                    series: kind.name().to_owned(),
+                    bucket_ms: start,
+                    width_ms: BASE_WIDTH_MS,
+                    n: b.n,
+                    total: b.total,
+                    peak: b.peak,
+                    peak_ms: b.peak_ms,
+                    low: b.low,
+                });
+            }
+            let last_ms = g.buckets.keys().next_back().copied().unwrap_or_default();
+            for (&bucket, &n) in &g.histogram {
+                histograms.push(HistogramRow {
+                    run_id: run_id.clone(),
+                    node: node.clone(),
+                    rank: *rank,
+                    series: kind.name().to_owned(),
+                    bucket: i64::from(bucket),
+                    n,
+                    last_ms,
+                });
+            }
+        }
+        if let Err(error) = self.inner.store.record_usage(&series, &histograms).await {
+            tracing::warn!(%error, buckets = series.len(), "recording what ranks used failed; kept for the next flush");
+            self.inner.metrics.health_error("store");
+            let mut pending = self.inner.pending_usage.lock().expect("health lock");
+            for (key, g) in gathered {
+                let room = pending.len() < MAX_PENDING_RANKS;
+                match pending.get_mut(&key) {
+                    Some(newer) => newer.merge(g),
+                    None if room => {
+                        pending.insert(key, g);
+                    }
+                    None => {}
+                }
+            }
+        }
     }
 
     async fn flush_findings(&self) {

@@ -53,6 +53,7 @@ pub(crate) struct HealthMetrics {
     sweep_errors: Family<ReasonLabels, Counter>,
     gpu_seconds: Family<GpuLabels, Counter<f64, AtomicU64>>,
     runs_billed: Counter,
+    reports: Family<ReasonLabels, Counter>,
     findings: Family<KindLabels, Counter>,
     /// GPU models that have a label; beyond [`MAX_GPU_MODELS`] they count as `other`.
     gpu_models: Arc<Mutex<HashSet<String>>>,
@@ -70,6 +71,7 @@ impl HealthMetrics {
             sweep_errors: Family::default(),
             gpu_seconds: Family::default(),
             runs_billed: Counter::default(),
+            reports: Family::default(),
             findings: Family::default(),
             gpu_models: Default::default(),
         };
@@ -87,6 +89,11 @@ impl HealthMetrics {
             "runs_billed",
             "Runs with GPUs whose bill this replica wrote (each run is billed by one replica, once)",
             health.runs_billed.clone(),
+        );
+        registry.register(
+            "run_reports",
+            "Run reports this replica wrote into ended runs (reason=written), or could not (reason=failed: the run carries mlscope.report_error); each run's report is written by one replica, once",
+            health.reports.clone(),
         );
         registry.register(
             "run_gpus_allocated",
@@ -168,6 +175,11 @@ impl HealthMetrics {
 
     pub(crate) fn run_billed(&self) {
         self.runs_billed.inc();
+    }
+
+    /// A run's report written (`written`) or not (`failed`).
+    pub(crate) fn report(&self, reason: &'static str) {
+        self.reports.get_or_create(&ReasonLabels { reason }).inc();
     }
 
     pub(crate) fn heartbeat_dropped(&self) {

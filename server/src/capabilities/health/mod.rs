@@ -19,7 +19,9 @@ pub mod basis;
 pub mod bill;
 pub mod findings;
 pub mod judge;
+pub mod report;
 pub mod store;
+pub mod usage;
 
 mod beat;
 mod buffer;
@@ -47,8 +49,14 @@ use store::{FindingRow, HealthStore, RankRow};
 
 pub use beat::{Beat, RankBeat};
 pub use idle::IDLE_TAG;
+pub use report::{RunReport, REPORT_PATH};
 pub use settings::{HealthConfig, HealthOptions, StaleAction};
 pub use update::update_run;
+
+/// A run's report as its HTML page.
+pub fn report_page(report: &RunReport) -> String {
+    report::render::html(report)
+}
 pub use view::{GpuHealth, RankHealth, RunHealth};
 
 use bill::clip_of;
@@ -82,8 +90,12 @@ struct Inner {
     pending_idle: Mutex<HashMap<(String, String, i64, i64), IdleWindow>>,
     /// Reports of what runs stood on since the last flush, as heard.
     pending_findings: Mutex<Vec<FindingRow>>,
+    /// What ranks used since the last flush, per (run, node, rank, series): the run's report.
+    pending_usage: Mutex<HashMap<(String, String, i64, usage::Series), usage::Gathered>>,
     /// Runs written to (any accepted metric write) since the last flush, with the latest time.
     writes: Mutex<HashMap<String, i64>>,
+    /// The artifact gateway's routes, when it is on: reports are written through them.
+    artifact_router: std::sync::OnceLock<axum::Router>,
     /// Bills of runs ended by their clients being written to the store in the background.
     queueing: Arc<tokio::sync::Semaphore>,
 }
@@ -108,7 +120,9 @@ impl Health {
                 pending: Mutex::new(HashMap::new()),
                 pending_idle: Mutex::new(HashMap::new()),
                 pending_findings: Mutex::new(Vec::new()),
+                pending_usage: Mutex::new(HashMap::new()),
                 writes: Mutex::new(HashMap::new()),
+                artifact_router: std::sync::OnceLock::new(),
                 queueing: Arc::new(tokio::sync::Semaphore::new(update::MAX_QUEUEING_BILLS)),
             }),
         }

@@ -13,6 +13,8 @@ const SWEEP_LEASE: &str = "stale-run-sweep";
 /// Runs whose ranks all exited 0 asked about at MLflow per sweep (ended there, not through the
 /// proxy, they are billed).
 const MAX_CLEAN_ENDS_PER_SWEEP: usize = 50;
+/// Series of the run report merged into wider buckets per sweep, at most.
+const MAX_COMPACTED_PER_SWEEP: i64 = 200;
 
 impl Health {
     /// Refreshes the gauges and, on the replica holding the sweep lease, judges open runs.
@@ -62,6 +64,16 @@ impl Health {
                 }
                 None => {}
             }
+        }
+        // Series of more than a report's points are merged into wider buckets.
+        if let Err(error) = self
+            .inner
+            .store
+            .compact_series(MAX_COMPACTED_PER_SWEEP)
+            .await
+        {
+            tracing::warn!(%error, "merging the report's series failed");
+            self.inner.metrics.health_error("store");
         }
         let billed = self.bill_due(now_ms).await;
         let live = by_run(&rows)

@@ -5,6 +5,7 @@ use serde::Serialize;
 
 use super::bill::{self, Clip, RunBill};
 use super::judge::{self, judge};
+use super::report::model::unsigned;
 use super::store::BillRow;
 use super::{basis, clip_of, findings, gpu_idle_of, idle_gpus, truncate, Health};
 
@@ -38,8 +39,12 @@ pub struct RunHealth {
     /// Declared data that changed under the run, as its collectors reported it (the newest
     /// reports, with the ranks' leftovers at most `findings::MAX_FINDINGS_PER_RUN`), oldest first.
     pub data_changes: Vec<findings::DataChange>,
-    /// Every rank of the run; `ranks` holds one page of them.
+    /// Every rank of the run (senders that named a rank); `ranks` holds one page of them.
     pub rank_count: usize,
+    /// Senders of the run's system metrics that named no rank (MLflow's own system-metrics
+    /// monitor, or a collector without `--rank`): heard from, but not ranks.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub writers_without_rank: Vec<UnidentifiedWriter>,
     pub ranks: Vec<RankHealth>,
     /// Where the next page starts (`?page_token=`); absent on the last page.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -71,6 +76,14 @@ pub struct RankHealth {
     /// held after (wrapper mode); absent when the rank reported none of it.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub leftovers: Option<findings::Leftovers>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct UnidentifiedWriter {
+    /// The node it named, `""` when none.
+    pub node: String,
+    pub first_heard: String,
+    pub last_heard: String,
 }
 
 #[derive(Debug, Serialize)]
@@ -172,8 +185,9 @@ impl Health {
             idle_seconds,
             ranks: Vec::new(),
         };
-        let end = offset.saturating_add(limit).min(ranks.len());
-        let rank_views: Vec<RankHealth> = ranks
+        let named: Vec<&super::store::RankRow> = ranks.iter().filter(|r| r.rank >= 0).collect();
+        let end = offset.saturating_add(limit).min(named.len());
+        let rank_views: Vec<RankHealth> = named
             .get(offset.min(end)..end)
             .unwrap_or_default()
             .iter()
@@ -194,8 +208,8 @@ impl Health {
                     .iter()
                     .find(|b| b.node == r.node && b.rank == r.rank);
                 RankHealth {
-                    gpu_hours: rank_bill.map_or(0.0, |b| b.gpu_seconds / 3600.0),
-                    gpu_idle_hours: rank_bill.map_or(0.0, |b| b.idle_seconds / 3600.0),
+                    gpu_hours: unsigned(rank_bill.map_or(0.0, |b| b.gpu_seconds / 3600.0)),
+                    gpu_idle_hours: unsigned(rank_bill.map_or(0.0, |b| b.idle_seconds / 3600.0)),
                     node: r.node.clone(),
                     rank: r.rank,
                     pod: r.pod.clone(),
@@ -238,13 +252,22 @@ impl Health {
                 Some(_) => "ended",
                 None => "running",
             },
-            gpu_hours: totals.gpu_hours(),
-            gpu_idle_hours: totals.idle_hours(),
-            gpu_idle_fraction: totals.idle_fraction(),
+            gpu_hours: unsigned(totals.gpu_hours()),
+            gpu_idle_hours: unsigned(totals.idle_hours()),
+            gpu_idle_fraction: unsigned(totals.idle_fraction()),
             data_changes: findings::data_changes(&finding_rows),
-            rank_count: ranks.len(),
+            rank_count: named.len(),
+            writers_without_rank: ranks
+                .iter()
+                .filter(|r| r.rank < 0)
+                .map(|r| UnidentifiedWriter {
+                    node: r.node.clone(),
+                    first_heard: judge::timestamp(r.first_heard_ms),
+                    last_heard: judge::timestamp(r.last_heard_ms),
+                })
+                .collect(),
             ranks: rank_views,
-            next_page_token: (end < ranks.len()).then(|| end.to_string()),
+            next_page_token: (end < named.len()).then(|| end.to_string()),
         }))
     }
 }

@@ -597,6 +597,7 @@ fn beat_of(body: &MetricsBody<'_>, plans: &[KeyPlan], metric_plans: &[usize]) ->
         ranks: Vec::new(),
         workspace: None,
         findings: Vec::new(),
+        step: None,
     };
     // Per key plan: its first metric, and the span of its samples' timestamps (billing), in one
     // pass; the ranks are looked up once per plan, not once per sample.
@@ -606,9 +607,19 @@ fn beat_of(body: &MetricsBody<'_>, plans: &[KeyPlan], metric_plans: &[usize]) ->
         if first[index] == usize::MAX {
             first[index] = metric;
         }
-        if let Some(at) = body.metrics[metric].timestamp_ms() {
-            spans[index] = Some(spans[index].map_or((at, at), |(a, b)| (a.min(at), b.max(at))));
+        let sample = &body.metrics[metric];
+        let Some(at) = sample.timestamp_ms() else {
+            continue;
+        };
+        let scoped = &plans[index].scoped;
+        if matches!(scoped.outcome, KeyOutcome::Untouched) && scoped.name.is_none() {
+            // The run's own metric: its step says how far the run got by `at`.
+            if let Some(step) = sample.step {
+                beat.observe_step(step, at);
+            }
+            continue;
         }
+        spans[index] = Some(spans[index].map_or((at, at), |(a, b)| (a.min(at), b.max(at))));
     }
     let mut valued = vec![false; plans.len()];
     for (index, plan) in plans.iter().enumerate() {

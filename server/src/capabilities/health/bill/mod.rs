@@ -131,6 +131,9 @@ impl Health {
                 return;
             }
         }
+        // Its report, once: this replica holds the bill's claim.
+        self.write_report(run_id, &ranks, &run, &bill, &caller, now_ms)
+            .await;
         // The run ended: its idle-GPU tag goes with it.
         if let Err((reason, error)) = self.clear_idle_tag(run_id, &caller).await {
             tracing::warn!(

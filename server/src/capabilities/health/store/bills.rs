@@ -20,10 +20,12 @@ pub struct BillRow {
     pub failure: Option<String>,
     /// When its client resumed the run after it was billed (it is live again, billed once).
     pub reopened_ms: Option<i64>,
+    /// The run's report: `written`, or why it could not be.
+    pub report: Option<String>,
 }
 
 const BILL_COLUMNS: &str = "run_id, ended_by, end_ms, due_ms, replica, claimed_ms, done, \
-     gpu_seconds, idle_seconds, failure, reopened_ms";
+     gpu_seconds, idle_seconds, failure, reopened_ms, report";
 
 impl HealthStore {
     /// Queues `run_id` for billing once `due_ms` has passed; a run already queued (or billed)
@@ -155,6 +157,19 @@ impl HealthStore {
             .await?
             .rows_affected());
         Ok(affected == 1)
+    }
+
+    /// Records what became of a run's report (`written`, or why not).
+    pub async fn record_report(&self, run_id: &str, state: &str) -> Result<(), StoreError> {
+        let sql = "UPDATE run_bills SET report = $2 WHERE run_id = $1";
+        on_backend!(&self.0, |pool| {
+            sqlx::query(sql)
+                .bind(run_id)
+                .bind(state)
+                .execute(pool)
+                .await?;
+        });
+        Ok(())
     }
 
     pub async fn bill_of(&self, run_id: &str) -> Result<Option<BillRow>, StoreError> {

@@ -8,12 +8,14 @@ mod bills;
 mod findings;
 mod gpu_idle;
 mod ranks;
+mod usage;
 mod verdicts;
 
 pub use bills::BillRow;
 pub use findings::{FindingRow, MAX_FINDINGS_PER_RUN};
 pub use gpu_idle::GpuIdleRow;
 pub use ranks::{RankRow, SUPERSEDE_AFTER_MS};
+pub use usage::{by_rank, HistogramRow, SeriesRow};
 pub use verdicts::VerdictRow;
 
 use std::time::{Duration, SystemTime};
@@ -57,6 +59,18 @@ impl HealthStore {
             .await?,
             idle_tags: delete("DELETE FROM run_idle_tags WHERE written_ms < $1").await?,
             findings: delete("DELETE FROM run_findings WHERE heard_ms < $1").await?,
+            // A live run's early buckets are as old as the run: only a run without heartbeat
+            // rows (deleted above) loses its usage.
+            usage: delete(
+                "DELETE FROM rank_series WHERE bucket_ms < $1 AND NOT EXISTS \
+                 (SELECT 1 FROM run_ranks r WHERE r.run_id = rank_series.run_id)",
+            )
+            .await?
+                + delete(
+                    "DELETE FROM rank_histogram WHERE last_ms < $1 AND NOT EXISTS \
+                     (SELECT 1 FROM run_ranks r WHERE r.run_id = rank_histogram.run_id)",
+                )
+                .await?,
         })
     }
 }
@@ -73,6 +87,8 @@ pub struct HealthSwept {
     pub idle_tags: u64,
     /// What collectors reported about runs (data changes, leftover processes) heard that long ago.
     pub findings: u64,
+    /// The report's buckets and histogram rows of runs gone from the store that long ago.
+    pub usage: u64,
 }
 
 /// A store of run health's own, in a fresh SQLite file of `dir`.
