@@ -662,6 +662,94 @@ mod tests {
         assert_eq!(unsigned(-0.0).to_string(), "0");
     }
 
+    /// Two ranks on one node, 64 GiB limits: rank 0 peaks at 11.2 GiB, rank 1 at 98 % of its limit
+    /// 40 s before it is OOM-killed; the run logged step 41,200 by rank 1's peak.
+    #[test]
+    fn a_report_says_what_peaked_when_and_what_to_ask_for() {
+        let gib = GIB / MB;
+        let limit = 64.0 * gib;
+        let t0 = 1_700_000_000_000i64;
+        let rank = |r: i64, outcome: Option<&str>, ended: Option<i64>| RankRow {
+            run_id: "run".into(),
+            node: "node-a".into(),
+            rank: r,
+            memory_limit_mb: Some(limit),
+            outcome: outcome.map(str::to_owned),
+            ended_ms: ended,
+            bill_first_ms: Some(t0),
+            bill_last_ms: Some(t0 + 600_000),
+            ..RankRow::default()
+        };
+        let oom_at = t0 + 540_000;
+        let ranks = [
+            rank(0, Some("exited"), Some(t0 + 600_000)),
+            rank(1, Some("oom_killed"), Some(oom_at)),
+            RankRow {
+                run_id: "run".into(),
+                rank: -1,
+                ..RankRow::default()
+            },
+        ];
+        let memory = |peak: f64, at: i64| {
+            let mut b: BTreeMap<i64, Bucket> = BTreeMap::new();
+            b.insert(t0, Bucket::of(0.5 * peak, t0));
+            b.insert(at, Bucket::of(peak, at));
+            (1_000, b)
+        };
+        let mut series = RunSeries::new();
+        series.insert(
+            ("node-a".into(), 0, Series::Memory),
+            memory(11.2 * gib, t0 + 100_000),
+        );
+        series.insert(
+            ("node-a".into(), 1, Series::Memory),
+            memory(0.98 * limit, oom_at - 40_000),
+        );
+        let mut steps = BTreeMap::new();
+        steps.insert(t0 + 400_000, Bucket::of(41_200.0, oom_at - 50_000));
+        steps.insert(t0 + 520_000, Bucket::of(45_000.0, oom_at - 10_000));
+        series.insert((String::new(), -1, Series::Step), (1_000, steps));
+        let histograms = BTreeMap::new();
+        let bill = RunBill::default();
+        let report = build(Inputs {
+            run_id: "run",
+            run_name: Some("train".into()),
+            status: Some("FAILED".into()),
+            start_ms: Some(t0),
+            end_ms: Some(t0 + 600_000),
+            live: false,
+            now_ms: t0 + 700_000,
+            outcome: Some("oom_killed".into()),
+            outcome_detail: None,
+            ranks: &ranks,
+            series: &series,
+            histograms: &histograms,
+            bill: &bill,
+            data_changes: Vec::new(),
+            leftovers: &|_, _| None,
+        });
+        assert_eq!(
+            report.summary,
+            "2 ranks · peak memory 62.7 GiB of 64.0 GiB (rank 1, at step 41,200) · ended FAILED oom_killed (rank 1)"
+        );
+        assert_eq!(report.unidentified_writers, 1);
+        assert_eq!(report.ranks[0].co_located, [1]);
+        assert_eq!(report.ranks[1].oom_at_ms, Some(oom_at));
+        assert_eq!(
+            report.advice,
+            [
+                "rank 0: peak working set 11.2 GiB of a 64.0 GiB limit (p95 unknown): 16Gi would have held the peak with 40 % headroom",
+                "rank 1 peaked at 98 % of its 64.0 GiB memory limit (62.7 GiB) at +8 min 20 s, step 41,200, 40 s before it was OOM-killed at +9 min 0 s: give it more than 64.0 GiB or make it use less",
+            ]
+        );
+        let page = super::super::render::html(&report);
+        assert!(
+            page.contains("<svg") && page.contains("rank 1 OOM-killed"),
+            "{page}"
+        );
+        assert!(!page.contains("<script"), "{page}");
+    }
+
     #[test]
     fn the_idle_stretch_is_the_longest_run_of_idle_buckets() {
         let b = |mean: f64| Bucket::of(mean, 0);

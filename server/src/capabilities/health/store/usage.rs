@@ -290,3 +290,101 @@ pub fn by_rank(rows: &[SeriesRow]) -> usage::RunSeries {
         })
         .collect()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::capabilities::health::store::{beat, opened};
+    use crate::capabilities::health::usage::{Gathered, BASE_WIDTH_MS, POINTS};
+
+    fn rows_of(run: &str, rank: i64, g: &Gathered) -> (Vec<SeriesRow>, Vec<HistogramRow>) {
+        let series = g
+            .buckets
+            .iter()
+            .map(|(&start, b)| SeriesRow {
+                run_id: run.into(),
+                node: "n1".into(),
+                rank,
+                series: "memory".into(),
+                bucket_ms: start,
+                width_ms: BASE_WIDTH_MS,
+                n: b.n,
+                total: b.total,
+                peak: b.peak,
+                peak_ms: b.peak_ms,
+                low: b.low,
+            })
+            .collect();
+        let histograms = g
+            .histogram
+            .iter()
+            .map(|(&bucket, &n)| HistogramRow {
+                run_id: run.into(),
+                node: "n1".into(),
+                rank,
+                series: "memory".into(),
+                bucket: i64::from(bucket),
+                n,
+                last_ms: 0,
+            })
+            .collect();
+        (series, histograms)
+    }
+
+    #[tokio::test]
+    async fn two_replicas_samples_add_up_stay_bounded_and_keep_their_peak() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = opened(&dir).await;
+        store.record_ranks(&[beat("r", 0, 0, 0)]).await.unwrap();
+        // An hour at a sample a second, alternately heard by two replicas; the peak at 1234 s.
+        let (mut a, mut b) = (Gathered::default(), Gathered::default());
+        let value = |t: i64| {
+            if t == 1_234 {
+                5_000.0
+            } else {
+                1_000.0 + (t % 100) as f64
+            }
+        };
+        for t in 0..3_600i64 {
+            let g = if t % 2 == 0 { &mut a } else { &mut b };
+            g.add(Series::Memory, t * 1_000, value(t));
+        }
+        for g in [&a, &b] {
+            let (series, histograms) = rows_of("r", 0, g);
+            store.record_usage(&series, &histograms).await.unwrap();
+        }
+        // Samples of a run the store has no ranks of are not kept.
+        let (series, histograms) = rows_of("unknown", 0, &a);
+        store.record_usage(&series, &histograms).await.unwrap();
+        assert!(store.series_of_run("unknown").await.unwrap().is_empty());
+        assert_eq!(store.series_of_run("r").await.unwrap().len(), 3_600);
+
+        assert_eq!(store.compact_series(10).await.unwrap(), 1);
+        let rows = store.series_of_run("r").await.unwrap();
+        assert!(rows.len() as i64 <= POINTS, "{}", rows.len());
+        let merged = by_rank(&rows);
+        let (_, buckets) = &merged[&("n1".to_owned(), 0, Series::Memory)];
+        let n: i64 = buckets.values().map(|b| b.n).sum();
+        let total: f64 = buckets.values().map(|b| b.total).sum();
+        let exact: f64 = (0..3_600).map(value).sum();
+        assert_eq!(n, 3_600);
+        assert!((total - exact).abs() < 1e-6);
+        let top = buckets
+            .values()
+            .max_by(|x, y| x.peak.total_cmp(&y.peak))
+            .unwrap();
+        assert_eq!((top.peak, top.peak_ms), (5_000.0, 1_234_000));
+        // A replica's late sample lands beside the merged rows and is read with them.
+        let mut late = Gathered::default();
+        late.add(Series::Memory, 3_600_500, 6_000.0);
+        let (series, _) = rows_of("r", 0, &late);
+        store.record_usage(&series, &[]).await.unwrap();
+        let merged = by_rank(&store.series_of_run("r").await.unwrap());
+        let (_, buckets) = &merged[&("n1".to_owned(), 0, Series::Memory)];
+        assert_eq!(buckets.values().map(|b| b.n).sum::<i64>(), 3_601);
+        // The histogram counts every sample once, from both replicas.
+        let histogram = store.histograms_of_run("r").await.unwrap();
+        assert_eq!(histogram.iter().map(|h| h.n).sum::<i64>(), 3_600);
+        assert_eq!(store.usage_rows().await.unwrap().1, histogram.len() as i64);
+    }
+}
