@@ -60,6 +60,9 @@ pub enum Command {
     /// Rows MLflow stores for simulated system-metrics monitors of many ranks, with and without
     /// node-series deduplication.
     DedupRows(DedupRowsArgs),
+    /// The run report's cost over a long run: state rows per rank and the proxy's memory at
+    /// checkpoints, a run of many ranks replayed through mlscope-proxy in minutes.
+    ReportCost(ReportCostArgs),
     /// Thousands of connections sending their headers a byte at a time, against MLflow, nginx
     /// and mlscope-proxy: how many each closes, whether a normal client is still served, memory.
     Slowloris(SlowlorisArgs),
@@ -569,6 +572,53 @@ pub struct DedupRowsArgs {
     pub stack: StackArgs,
 }
 
+#[derive(Debug, Args)]
+pub struct ReportCostArgs {
+    /// Ranks of the replayed run.
+    #[arg(long, default_value_t = 8)]
+    pub ranks: u32,
+    /// How long the replayed run lasted, in hours.
+    #[arg(long, default_value_t = 24)]
+    pub hours: u64,
+    /// The collector's sampling interval in the replayed run.
+    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+    pub interval: Duration,
+    /// Checkpoints at which rows and memory are read.
+    #[arg(long, default_value_t = 6)]
+    pub checkpoints: u32,
+    /// A PostgreSQL URL allowed to create databases: the proxy's state goes into one of the
+    /// bench's own there, dropped afterwards.
+    #[arg(
+        long,
+        env = "MLSCOPE_TEST_POSTGRES_URL",
+        default_value = "postgres://postgres@127.0.0.1:5432/postgres"
+    )]
+    pub postgres_admin_url: String,
+    #[command(flatten)]
+    pub stack: StackArgs,
+}
+
+impl ReportCostArgs {
+    fn validate(&self) -> Result<(), String> {
+        if !(1..=256).contains(&self.ranks) {
+            return Err("--ranks must be within 1..=256".into());
+        }
+        if !(1..=24 * 30).contains(&self.hours) {
+            return Err("--hours must be within 1..=720".into());
+        }
+        if self.interval < Duration::from_secs(1) || self.interval > Duration::from_secs(600) {
+            return Err("--interval must be between 1s and 10m".into());
+        }
+        if !(1..=48).contains(&self.checkpoints) {
+            return Err("--checkpoints must be within 1..=48".into());
+        }
+        if self.stack.stub_upstream {
+            return Err("report-cost needs MLflow itself, not --stub-upstream".into());
+        }
+        Ok(())
+    }
+}
+
 #[derive(Debug, Clone, Args)]
 pub struct StackArgs {
     /// MLflow `--backend-store-uri` (default: the harness's SQLite file).
@@ -636,6 +686,7 @@ impl Cli {
             Command::Gateway(args) => args.validate(),
             Command::Rewrite(args) => args.validate(),
             Command::DedupRows(args) => args.validate(),
+            Command::ReportCost(args) => args.validate(),
             Command::Slowloris(args) => args.validate(),
             Command::Fleet(args) => args.validate(),
             Command::K6LogBatch(args) => args.validate(),

@@ -20,6 +20,7 @@ mod monitor;
 mod passthrough;
 mod progress;
 mod prometheus;
+mod report_cost;
 mod rewrite;
 mod slowloris;
 mod stack;
@@ -29,7 +30,8 @@ mod workload;
 
 pub use cli::{
     ArtifactArgs, Cli, ClientFleetArgs, Command, DedupRowsArgs, Endpoint, FairShareArgs, FleetArgs,
-    FleetTarget, GatewayArgs, K6LogBatchArgs, PassthroughArgs, RewriteArgs, SlowlorisArgs,
+    FleetTarget, GatewayArgs, K6LogBatchArgs, PassthroughArgs, ReportCostArgs, RewriteArgs,
+    SlowlorisArgs,
     StackArgs,
 };
 pub use markdown::shell_words;
@@ -111,6 +113,30 @@ pub fn run(cli: &Cli, command_line: &str) -> anyhow::Result<Report> {
                 ..StackPlan::default()
             },
         ),
+        Command::ReportCost(args) => (&args.stack, StackPlan::default()),
+    };
+    // The report-cost bench keeps the proxy's state in a PostgreSQL database of its own, and has
+    // it flush and sweep every second.
+    let report_db = match &cli.command {
+        Command::ReportCost(args) => Some(
+            mlscope_tests::PostgresDatabase::create(&args.postgres_admin_url, "mlscope_report_cost")
+                .context("creating the proxy's state database")?,
+        ),
+        _ => None,
+    };
+    let report_cost_args;
+    let stack_args = match (&cli.command, &report_db) {
+        (Command::ReportCost(args), Some(db)) => {
+            let mut owned = args.stack.clone();
+            owned.proxy_args.extend([
+                format!("--database-url={}", db.url),
+                "--health-flush-interval=1s".to_owned(),
+                "--health-sweep-interval=1s".to_owned(),
+            ]);
+            report_cost_args = owned;
+            &report_cost_args
+        }
+        _ => stack_args,
     };
     // The fair-share bench trusts loopback's X-Forwarded-For, and may set the proxy's write share.
     let fair_share_args;
@@ -147,6 +173,10 @@ pub fn run(cli: &Cli, command_line: &str) -> anyhow::Result<Report> {
             Command::Artifact(args) => artifact::run(args, &stack, command_line).await,
             Command::Gateway(args) => gateway::run(args, &stack, command_line).await,
             Command::DedupRows(args) => dedup_rows::run(args, &stack, command_line).await,
+            Command::ReportCost(args) => {
+                let url = report_db.as_ref().map_or("", |db| db.url.as_str());
+                report_cost::run(args, &stack, url, command_line).await
+            }
             Command::Slowloris(args) => slowloris::run(args, &stack, command_line).await,
             Command::Fleet(args) => fleet::run(args, stack.clone(), command_line).await,
             Command::K6LogBatch(args) => workload::k6::run(args, &stack, command_line).await,

@@ -463,7 +463,7 @@ impl BenchStack {
         self.replicas.as_ref().map(|r| r.database.url.clone())
     }
 
-    fn proxy(&self) -> &ProxyProcess {
+    pub(crate) fn proxy(&self) -> &ProxyProcess {
         self.own_proxy
             .as_ref()
             .or(self.stack.proxy.as_ref())
