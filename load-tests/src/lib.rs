@@ -31,8 +31,7 @@ mod workload;
 pub use cli::{
     ArtifactArgs, Cli, ClientFleetArgs, Command, DedupRowsArgs, Endpoint, FairShareArgs, FleetArgs,
     FleetTarget, GatewayArgs, K6LogBatchArgs, PassthroughArgs, ReportCostArgs, RewriteArgs,
-    SlowlorisArgs,
-    StackArgs,
+    SlowlorisArgs, StackArgs,
 };
 pub use markdown::shell_words;
 pub use units::ByteSize;
@@ -119,8 +118,11 @@ pub fn run(cli: &Cli, command_line: &str) -> anyhow::Result<Report> {
     // it flush and sweep every second.
     let report_db = match &cli.command {
         Command::ReportCost(args) => Some(
-            mlscope_tests::PostgresDatabase::create(&args.postgres_admin_url, "mlscope_report_cost")
-                .context("creating the proxy's state database")?,
+            mlscope_tests::PostgresDatabase::create(
+                &args.postgres_admin_url,
+                "mlscope_report_cost",
+            )
+            .context("creating the proxy's state database")?,
         ),
         _ => None,
     };

@@ -173,10 +173,14 @@ fn batch(
             ("gpu_0_utilization_percentage", 95.0),
             ("container_oom_kill_count", 0.0),
         ] {
-            metrics.push(json!({"key": format!("system/{key}"), "value": value, "timestamp": at, "step": p}));
+            metrics.push(
+                json!({"key": format!("system/{key}"), "value": value, "timestamp": at, "step": p}),
+            );
         }
         if rank == 0 {
-            metrics.push(json!({"key": "loss", "value": 1.0 / (p as f64 + 1.0), "timestamp": at, "step": p}));
+            metrics.push(
+                json!({"key": "loss", "value": 1.0 / (p as f64 + 1.0), "timestamp": at, "step": p}),
+            );
         }
     }
     json!({"run_id": run_id, "metrics": metrics})
@@ -202,7 +206,8 @@ async fn settled(database_url: &str) -> anyhow::Result<(u64, u64, u64)> {
 }
 
 async fn counts(database_url: &str) -> anyhow::Result<(u64, u64, u64)> {
-    let query = "SELECT (SELECT count(*) FROM rank_series), (SELECT count(*) FROM rank_histogram), \
+    let query =
+        "SELECT (SELECT count(*) FROM rank_series), (SELECT count(*) FROM rank_histogram), \
                  (SELECT coalesce(max(c), 0) FROM (SELECT count(*) AS c FROM rank_series \
                  GROUP BY run_id, node, rank, series) s)";
     let output = tokio::process::Command::new("psql")

@@ -70,7 +70,8 @@ async fn submit(
         if beat.ranks.is_empty() {
             health.touch(&beat.run_id, now);
         }
-        if !beat.ranks.is_empty() || !beat.findings.is_empty() {
+        // A batch of the run's own metrics only still says its step (the report's "at step").
+        if !beat.ranks.is_empty() || !beat.findings.is_empty() || beat.step.is_some() {
             health.record(beat, now);
         }
     }

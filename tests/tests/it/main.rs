@@ -28,6 +28,7 @@ mod path_differential;
 mod python_client;
 mod relocate;
 mod replicas;
+mod report;
 mod retries;
 mod s3_quirks;
 mod stack;

@@ -131,9 +131,6 @@ impl Health {
                 return;
             }
         }
-        // Its report, once: this replica holds the bill's claim.
-        self.write_report(run_id, &ranks, &run, &bill, &caller, now_ms)
-            .await;
         // The run ended: its idle-GPU tag goes with it.
         if let Err((reason, error)) = self.clear_idle_tag(run_id, &caller).await {
             tracing::warn!(
@@ -168,6 +165,9 @@ impl Health {
                     gpu_idle_hours = bill.idle_hours(),
                     "run billed"
                 );
+                // Its report, once: this replica finished the bill, no other will take it over.
+                self.write_report(run_id, &ranks, &run, &bill, &caller, now_ms)
+                    .await;
             }
             // Another replica took the claim over meanwhile: it counts the run.
             Ok(false) => {}

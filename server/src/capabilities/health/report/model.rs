@@ -170,10 +170,7 @@ pub struct Inputs<'a> {
 pub fn build(inputs: Inputs<'_>) -> RunReport {
     let ranks: Vec<&RankRow> = inputs.ranks.iter().filter(|r| r.rank >= 0).collect();
     let unidentified_writers = inputs.ranks.len() - ranks.len();
-    let steps = inputs
-        .series
-        .get(&(String::new(), -1, Series::Step))
-        .map(|(_, b)| b);
+    let steps = inputs.series.get(&(String::new(), -1, Series::Step));
     let get = |r: &RankRow, s: Series| inputs.series.get(&(r.node.clone(), r.rank, s));
     let mut reports = Vec::new();
     for r in &ranks {
@@ -191,7 +188,7 @@ pub fn build(inputs: Inputs<'_>) -> RunReport {
                 peak_mb: peak.peak,
                 peak_at: timestamp(peak.peak_ms),
                 peak_ms: peak.peak_ms,
-                peak_step: steps.and_then(|s| step_at(s, peak.peak_ms)),
+                peak_step: steps.and_then(|(width, s)| step_at(s, *width, peak.peak_ms)),
                 p95_mb: histogram.and_then(|h| super::super::usage::quantile(h, 0.95)),
                 mean_mb: total / samples as f64,
                 peak_fraction: limit.filter(|l| *l > 0.0).map(|l| peak.peak / l),
@@ -220,8 +217,8 @@ pub fn build(inputs: Inputs<'_>) -> RunReport {
             activity_mean_percent: activity
                 .and_then(|(_, (_, b))| totals(b))
                 .map(|(_, n, t)| t / n as f64),
-            gpu_hours: bill.map_or(0.0, |b| b.gpu_seconds / 3600.0),
-            idle_hours: bill.map_or(0.0, |b| b.idle_seconds / 3600.0),
+            gpu_hours: unsigned(bill.map_or(0.0, |b| b.gpu_seconds / 3600.0)),
+            idle_hours: unsigned(bill.map_or(0.0, |b| b.idle_seconds / 3600.0)),
             idle_stretch_ms: activity.and_then(|(_, (width, b))| idle_stretch(b, *width)),
         });
         let oom = get(r, Series::OomKills);
@@ -326,12 +323,18 @@ fn totals(buckets: &BTreeMap<i64, Bucket>) -> Option<(Bucket, i64, f64)> {
     all.filter(|a| a.n > 0).map(|a| (a, a.n, a.total))
 }
 
-/// The highest step the run had logged by `at_ms`.
-fn step_at(steps: &BTreeMap<i64, Bucket>, at_ms: i64) -> Option<i64> {
+/// The highest step the run had logged by `at_ms`, to within the bucket that holds `at_ms`: a
+/// bucket whose highest step came later still says the run was at least at its lowest step.
+fn step_at(steps: &BTreeMap<i64, Bucket>, width: i64, at_ms: i64) -> Option<i64> {
     steps
-        .values()
-        .filter(|b| b.peak_ms <= at_ms)
-        .map(|b| b.peak)
+        .iter()
+        .filter_map(|(&start, b)| {
+            if b.peak_ms <= at_ms {
+                Some(b.peak)
+            } else {
+                (start <= at_ms && at_ms < start + width).then_some(b.low)
+            }
+        })
         .fold(None, |max: Option<f64>, s| {
             Some(max.map_or(s, |m| m.max(s)))
         })

@@ -150,7 +150,9 @@ fn charts(page: &mut String, report: &RunReport) {
         .map(|(i, r)| Line::of(r, i, &r.charts.cpu, |p| p.mean))
         .collect();
     if !cpu.is_empty() {
-        page.push_str("<h2>CPU used, share of the limit</h2>");
+        page.push_str(
+            "<h2>CPU used, share of the limit (of the CPUs it may run on, without one)</h2>",
+        );
         chart(page, report, &cpu, &[], &[], ChartUnit::Percent);
     }
     if report.ranks.len() > MAX_LINES {
@@ -243,7 +245,7 @@ fn chart(
     let py = |y: f64| TOP + (1.0 - (y / y_max).clamp(0.0, 1.0)) * (H - TOP - BOTTOM);
     let _ = write!(
         page,
-        "<svg viewBox=\"0 0 {W} {H}\" width=\"{W}\" height=\"{H}\" role=\"img\" xmlns=\"http://www.w3.org/2000/svg\" font-family=\"sans-serif\" font-size=\"11\">"
+        "<svg viewBox=\"0 0 {W} {H}\" width=\"100%\" style=\"max-width:{W}px\" role=\"img\" xmlns=\"http://www.w3.org/2000/svg\" font-family=\"sans-serif\" font-size=\"11\">"
     );
     for i in 0..=4 {
         let y = y_max * f64::from(i) / 4.0;
@@ -259,9 +261,10 @@ fn chart(
     }
     for i in 0..=5 {
         let t = x0 + (x1 - x0) * i / 5;
+        let anchor = if i == 5 { "end" } else { "middle" };
         let _ = write!(
             page,
-            "<text x=\"{:.1}\" y=\"{}\" text-anchor=\"middle\">{}</text>",
+            "<text x=\"{:.1}\" y=\"{}\" text-anchor=\"{anchor}\">{}</text>",
             px(t),
             H - BOTTOM + 16.0,
             esc(&model::since(report, t))
