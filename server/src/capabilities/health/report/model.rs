@@ -29,6 +29,8 @@ pub const GPU_IDLE_SHARE: f64 = 0.1;
 pub const GPU_IDLE_BELOW: f64 = 5.0;
 pub const STRAGGLER: f64 = 0.7;
 pub const STRAGGLER_MEDIAN_FLOOR: f64 = 20.0;
+/// Idle buckets this close (or three buckets) are one idle stretch: a few sampling intervals.
+const IDLE_GAP_MS: i64 = 30_000;
 
 /// Bytes in the collector's megabyte (MLflow's unit: 10^6).
 const MB: f64 = 1e6;
@@ -358,10 +360,13 @@ fn oom_moment(rank: &RankRow, kills: Option<&BTreeMap<i64, Bucket>>) -> Option<i
 fn idle_stretch(buckets: &BTreeMap<i64, Bucket>, width: i64) -> Option<(i64, i64)> {
     let mut best: Option<(i64, i64)> = None;
     let mut current: Option<(i64, i64)> = None;
+    // Samples come every few seconds: buckets apart by less than a few sampling intervals are
+    // one stretch.
+    let gap = (3 * width).max(IDLE_GAP_MS);
     for (&start, b) in buckets {
         if b.mean() < GPU_IDLE_BELOW {
             current = Some(match current {
-                Some((from, to)) if to >= start => (from, start + width),
+                Some((from, to)) if start - to <= gap => (from, start + width),
                 _ => (start, start + width),
             });
             let c = current.unwrap_or_default();
@@ -417,6 +422,15 @@ pub fn request_for(mb: f64) -> (f64, String) {
         if step > 1e9 {
             return (mb, format!("{gib:.0}Gi"));
         }
+    }
+}
+
+/// GPU-hours with the precision a person reads: two decimals below 10.
+pub fn gpu_hours(h: f64) -> String {
+    if h < 10.0 {
+        format!("{h:.2}")
+    } else {
+        format!("{h:.1}")
     }
 }
 
@@ -481,7 +495,10 @@ fn advice(report: &RunReport) -> Vec<String> {
                 size(limit),
                 size(m.peak_mb),
                 since(report, m.peak_ms),
-                duration(((oom - m.peak_ms).max(0)) as f64 / 1e3),
+                match oom - m.peak_ms {
+                    ms if ms < 1_000 => "under a second".to_owned(),
+                    ms => duration(ms as f64 / 1e3),
+                },
                 since(report, oom),
                 size(limit)
             ));
@@ -549,10 +566,10 @@ fn advice(report: &RunReport) -> Vec<String> {
                 })
                 .unwrap_or_default();
             out.push(format!(
-                "GPUs idle {} of the run ({:.1} of {:.1} GPU-hours){stretch}",
+                "GPUs idle {} of the run ({} of {} GPU-hours){stretch}",
                 percent(g.idle_fraction),
-                g.idle_hours,
-                g.gpu_hours
+                gpu_hours(g.idle_hours),
+                gpu_hours(g.gpu_hours)
             ));
         }
         let mut means: Vec<(i64, f64)> = report
@@ -613,8 +630,9 @@ fn summary(report: &RunReport) -> String {
             .map(|b| format!("GPUs {b:.0} % busy, "))
             .unwrap_or_else(|| "GPUs: ".into());
         parts.push(format!(
-            "{busy}{:.1} of {:.1} GPU-hours idle",
-            g.idle_hours, g.gpu_hours
+            "{busy}{} of {} GPU-hours idle",
+            gpu_hours(g.idle_hours),
+            gpu_hours(g.gpu_hours)
         ));
     }
     if report.live {
@@ -767,6 +785,19 @@ mod tests {
         ]
         .into_iter()
         .collect();
-        assert_eq!(idle_stretch(&buckets, 10), Some((30, 60)));
+        // With samples seconds apart, idle buckets a few intervals apart are one stretch.
+        assert_eq!(idle_stretch(&buckets, 10), Some((30, 80)));
+        let apart: BTreeMap<i64, Bucket> = [
+            (0, b(0.0)),
+            (10_000, b(1.0)),
+            (20_000, b(90.0)),
+            (100_000, b(0.0)),
+            (120_000, b(0.0)),
+            (140_000, b(2.0)),
+            (200_000, b(0.0)),
+        ]
+        .into_iter()
+        .collect();
+        assert_eq!(idle_stretch(&apart, 1_000), Some((100_000, 141_000)));
     }
 }

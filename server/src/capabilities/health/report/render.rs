@@ -390,10 +390,15 @@ fn ranks_table(page: &mut String, report: &RunReport) {
         );
     }
     page.push_str("</table>");
+    // A rank that left nothing running (`0`) is not worth a line.
     let leftovers: Vec<&RankReport> = report
         .ranks
         .iter()
-        .filter(|r| r.leftovers.is_some())
+        .filter(|r| {
+            r.leftovers.as_ref().is_some_and(|l| {
+                l.processes.as_deref().is_some_and(|p| p != "0") || !l.gpu_memory_left.is_empty()
+            })
+        })
         .collect();
     if !leftovers.is_empty() {
         page.push_str("<h2>Left running when ranks exited</h2><ul>");
