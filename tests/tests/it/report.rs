@@ -741,3 +741,85 @@ async fn a_two_rank_run_with_an_oom_killed_rank_gets_one_report_whose_figures_ma
     drop(cgroup_1);
     drop(cgroup_0);
 }
+
+/// A run whose artifact root MLflow does not serve (an experiment created with its own
+/// `s3://` location) cannot take the page: its end goes through as MLflow answers it, and the
+/// run says why it has no report, where the live one is, and counts it as failed, once.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_run_whose_artifacts_mlflow_does_not_serve_ends_normally_and_says_why_it_has_no_report() {
+    let stack = TestStack::shared();
+    let mlflow = stack.mlflow.url.as_str();
+    let dir = tempfile::tempdir().unwrap();
+    let proxy = health_proxy(dir.path(), mlflow, "10m", &[]);
+    let name = format!("report-elsewhere-{}", uuid::Uuid::new_v4().simple());
+    let experiment = post(
+        mlflow,
+        "experiments/create",
+        json!({"name": name, "artifact_location": "s3://elsewhere/artifacts"}),
+    )
+    .await;
+    let run = post(
+        mlflow,
+        "runs/create",
+        json!({"experiment_id": experiment["experiment_id"], "start_time": now_ms()}),
+    )
+    .await;
+    let run_id = run["run"]["info"]["run_id"].as_str().unwrap().to_owned();
+    // One rank's samples, as its collector sends them.
+    for value in [10.0, 20.0] {
+        send_gpu(&proxy.url, &run_id, 0, value, value == 10.0).await;
+    }
+    eventually(
+        Duration::from_secs(30),
+        "the rank in the run's live report",
+        async || match report_json(&proxy, &run_id).await {
+            (200, report) if report["ranks"].as_array().is_some_and(|r| r.len() == 1) => Ok(()),
+            (code, report) => Err(format!("{code} {report}")),
+        },
+    )
+    .await;
+    let ended = post(
+        &proxy.url,
+        "runs/update",
+        json!({"run_id": run_id, "status": "FINISHED", "end_time": now_ms()}),
+    )
+    .await;
+    assert_eq!(ended["run_info"]["status"], "FINISHED", "{ended}");
+    let tags = eventually(
+        Duration::from_secs(60),
+        "mlscope.report_error on the run",
+        async || {
+            let tags = run_tags(mlflow, &run_id).await;
+            match tags.get("mlscope.report_error") {
+                Some(_) => Ok(tags),
+                None => Err(format!("{tags:?}")),
+            }
+        },
+    )
+    .await;
+    let error = &tags["mlscope.report_error"];
+    assert!(
+        error.contains("s3://elsewhere/artifacts")
+            && error.contains(&format!("/runs/{run_id}/report")),
+        "{error}"
+    );
+    assert!(!tags.contains_key("mlscope.summary"), "{tags:?}");
+    assert_eq!(
+        get_run(mlflow, &run_id).await["run"]["info"]["status"],
+        "FINISHED"
+    );
+    let failed = r#"mlscope_run_reports_total{reason="failed"}"#;
+    let written = r#"mlscope_run_reports_total{reason="written"}"#;
+    assert_eq!(counter(&[&proxy], failed).await, 1.0);
+    assert_eq!(counter(&[&proxy], written).await, 0.0);
+    // The live report still answers.
+    let (code, report) = report_json(&proxy, &run_id).await;
+    assert_eq!(code, 200, "{report}");
+    assert!(
+        report["summary"]
+            .as_str()
+            .unwrap()
+            .ends_with("ended FINISHED"),
+        "{report}"
+    );
+}
