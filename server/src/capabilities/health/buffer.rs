@@ -5,7 +5,7 @@ use serde_json::{json, Value};
 
 use super::bill::IdleWindow;
 use super::store::{FindingRow, GpuIdleRow, HistogramRow, RankRow, SeriesRow, SUPERSEDE_AFTER_MS};
-use super::usage::{Gathered, Series, BASE_WIDTH_MS};
+use super::usage::{Gathered, Series};
 use super::{findings, Beat, Health};
 
 /// Ranks with unflushed heartbeats a replica holds before new ones are dropped (and counted).
@@ -173,7 +173,7 @@ impl Health {
                     rank: *rank,
                     series: kind.name().to_owned(),
                     bucket_ms: start,
-                    width_ms: BASE_WIDTH_MS,
+                    width_ms: g.width_ms,
                     n: b.n,
                     total: b.total,
                     peak: b.peak,

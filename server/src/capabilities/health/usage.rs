@@ -16,8 +16,13 @@ pub const BASE_WIDTH_MS: i64 = 1_000;
 pub const POINTS: i64 = 240;
 /// Ratio of one histogram bucket's upper bound to its lower bound.
 const GAMMA: f64 = 1.02;
-/// Values below this (in the series' unit) share the lowest histogram bucket.
+/// Values below this (in the series' unit) share the lowest histogram bucket, values above the
+/// highest: a histogram has at most about 1,400 buckets whatever a sender sends.
 const HISTOGRAM_FLOOR: f64 = 0.01;
+const HISTOGRAM_CEILING: f64 = 1e10;
+/// Buckets one replica gathers for one (run, node, rank, series) between flushes at most; beyond,
+/// they are merged into buckets twice as wide (samples stamped far apart cannot grow memory).
+pub const MAX_GATHERED_BUCKETS: usize = 1_024;
 
 /// A series the report keeps, by the scoped metric it is read from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -169,7 +174,7 @@ pub fn rebucket(
 
 /// The histogram bucket of `value`: bucket `i` holds `(GAMMA^(i-1), GAMMA^i]`.
 pub fn histogram_bucket(value: f64) -> i32 {
-    let value = value.max(HISTOGRAM_FLOOR);
+    let value = value.clamp(HISTOGRAM_FLOOR, HISTOGRAM_CEILING);
     (value.ln() / GAMMA.ln()).ceil() as i32
 }
 
@@ -201,36 +206,65 @@ pub fn quantile(histogram: &[(i32, i64)], q: f64) -> Option<f64> {
 pub type RunSeries = BTreeMap<(String, i64, Series), (i64, BTreeMap<i64, Bucket>)>;
 
 /// What one replica gathered for one (run, node, rank, series) since its last flush.
-#[derive(Debug, Clone, Default, PartialEq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Gathered {
-    /// By bucket start, `BASE_WIDTH_MS` wide.
+    /// The buckets' width: `BASE_WIDTH_MS`, or wider once `MAX_GATHERED_BUCKETS` were reached.
+    pub width_ms: i64,
+    /// By bucket start.
     pub buckets: BTreeMap<i64, Bucket>,
     /// By histogram bucket (series with one).
     pub histogram: BTreeMap<i32, i64>,
+}
+
+impl Default for Gathered {
+    fn default() -> Self {
+        Gathered {
+            width_ms: BASE_WIDTH_MS,
+            buckets: BTreeMap::new(),
+            histogram: BTreeMap::new(),
+        }
+    }
 }
 
 impl Gathered {
     pub fn add(&mut self, series: Series, at_ms: i64, value: f64) {
         let bucket = Bucket::of(value, at_ms);
         self.buckets
-            .entry(bucket_start(at_ms, BASE_WIDTH_MS))
+            .entry(bucket_start(at_ms, self.width_ms))
             .and_modify(|b| b.merge(&bucket))
             .or_insert(bucket);
         if series.has_histogram() {
             *self.histogram.entry(histogram_bucket(value)).or_default() += 1;
         }
+        self.bound();
     }
 
     /// Adds what `other` gathered (a failed flush's, kept for the next).
     pub fn merge(&mut self, other: Gathered) {
-        for (start, bucket) in other.buckets {
-            self.buckets
-                .entry(start)
-                .and_modify(|b| b.merge(&bucket))
-                .or_insert(bucket);
-        }
+        let width = self.width_ms.max(other.width_ms);
+        let mine = std::mem::take(&mut self.buckets);
+        self.buckets = rebucket(
+            mine.into_iter().map(|(s, b)| (s, self.width_ms, b)).chain(
+                other
+                    .buckets
+                    .into_iter()
+                    .map(|(s, b)| (s, other.width_ms, b)),
+            ),
+            width,
+        );
+        self.width_ms = width;
         for (bucket, n) in other.histogram {
             *self.histogram.entry(bucket).or_default() += n;
+        }
+        self.bound();
+    }
+
+    /// Widens the buckets until at most `MAX_GATHERED_BUCKETS` remain.
+    fn bound(&mut self) {
+        while self.buckets.len() > MAX_GATHERED_BUCKETS && self.width_ms < i64::MAX / 4 {
+            self.width_ms *= 2;
+            let narrow = std::mem::take(&mut self.buckets);
+            self.buckets = rebucket(narrow.into_iter().map(|(s, b)| (s, 0, b)), self.width_ms);
         }
     }
 }
@@ -274,6 +308,23 @@ mod tests {
             assert!((got - exact).abs() / exact <= 0.01, "{q}: {got} vs {exact}");
         }
         assert_eq!(quantile(&[], 0.95), None);
+        // Whatever a sender sends, the histogram and the buckets gathered between flushes stay
+        // bounded, and every sample is still counted.
+        let mut wild = Gathered::default();
+        for i in 0..100_000i64 {
+            wild.add(
+                Series::Memory,
+                i * 86_400_000,
+                10f64.powi((i % 600) as i32 - 300),
+            );
+        }
+        assert!(wild.histogram.len() < 1_500, "{}", wild.histogram.len());
+        assert!(
+            wild.buckets.len() <= MAX_GATHERED_BUCKETS,
+            "{}",
+            wild.buckets.len()
+        );
+        assert_eq!(wild.buckets.values().map(|b| b.n).sum::<i64>(), 100_000);
         // Rows: one per 2 % step, about 470 for four orders of magnitude.
         assert!(histogram.len() < 480, "{}", histogram.len());
     }

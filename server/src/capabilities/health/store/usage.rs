@@ -307,7 +307,7 @@ mod tests {
                 rank,
                 series: "memory".into(),
                 bucket_ms: start,
-                width_ms: BASE_WIDTH_MS,
+                width_ms: g.width_ms,
                 n: b.n,
                 total: b.total,
                 peak: b.peak,
@@ -357,7 +357,13 @@ mod tests {
         let (series, histograms) = rows_of("unknown", 0, &a);
         store.record_usage(&series, &histograms).await.unwrap();
         assert!(store.series_of_run("unknown").await.unwrap().is_empty());
-        assert_eq!(store.series_of_run("r").await.unwrap().len(), 3_600);
+        // Each replica gathered 1,800 samples 2 s apart, more buckets than it keeps between
+        // flushes: 4 s buckets, which the two replicas' samples share.
+        assert_eq!(
+            (a.width_ms, b.width_ms),
+            (4 * BASE_WIDTH_MS, 4 * BASE_WIDTH_MS)
+        );
+        assert_eq!(store.series_of_run("r").await.unwrap().len(), 900);
 
         assert_eq!(store.compact_series(10).await.unwrap(), 1);
         let rows = store.series_of_run("r").await.unwrap();
