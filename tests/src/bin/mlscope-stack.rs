@@ -324,6 +324,10 @@ impl Demo {
         println!("  system/<node>/node_*, rootfs_* and system/rank-0/container_*, network_*: mlscope-collector (through the proxy)");
         println!("  system/cpu_utilization_percentage, system_memory_*, disk_*, network_*: MLflow's own monitor (straight to MLflow)");
         println!("  artifacts/checkpoints/epoch_0.txt: uploaded through the proxy");
+        println!(
+            "  its report, live (written into the run as mlscope/report.html when it ends): {}/runs/{run_id}/report",
+            proxy.admin_url
+        );
         Ok(Demo {
             collector: Some(collector),
             mlflow_monitor: Some(monitor),
