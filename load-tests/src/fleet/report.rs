@@ -394,6 +394,7 @@ pub(crate) fn json(args: &FleetArgs, mlflow_version: Option<&str>, outcomes: &[O
                     "queued_requests": r.queued_requests,
                     "in_flight": r.in_flight,
                     "state_rows": r.state_rows,
+                    "report_rows": r.report_rows,
                 })).collect::<Vec<_>>(),
             })
         })

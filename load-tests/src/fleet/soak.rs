@@ -18,7 +18,11 @@ pub(crate) struct Sample {
     pub(crate) open_fds: u64,
     pub(crate) queued_requests: f64,
     pub(crate) in_flight: f64,
+    /// Rows of every state table but the run report's series and histograms.
     pub(crate) state_rows: Option<u64>,
+    /// Rows of the run report's series and histograms: they grow with a run's first minutes, to
+    /// a bound (240 buckets per series), not flat (`mlscope-bench report-cost` measures them).
+    pub(crate) report_rows: Option<u64>,
 }
 
 /// Samples in the background until [`Sampler::finish`].
@@ -64,7 +68,8 @@ impl Sampler {
                     }
                 }
                 if let Some(url) = &state_database {
-                    sample.state_rows = state_rows(url).await;
+                    sample.state_rows = state_rows(url, false).await;
+                    sample.report_rows = state_rows(url, true).await;
                 }
                 samples.push(sample);
                 if last {
@@ -93,11 +98,16 @@ fn open_fds(pid: u32) -> Option<u64> {
     Some(std::fs::read_dir(format!("/proc/{pid}/fd")).ok()?.count() as u64)
 }
 
-/// Rows in every table of the state database's public schema, counted exactly with psql.
-async fn state_rows(url: &str) -> Option<u64> {
-    let query = "SELECT sum((xpath('/row/c/text()', query_to_xml(format('SELECT count(*) AS c FROM %I', table_name), false, true, '')))[1]::text::bigint) FROM information_schema.tables WHERE table_schema = 'public' AND table_name <> '_sqlx_migrations'";
+/// The run report's tables.
+const REPORT_TABLES: &str = "('rank_series', 'rank_histogram')";
+
+/// Rows in the tables of the state database's public schema, counted exactly with psql: the run
+/// report's (`report`), or every other one.
+async fn state_rows(url: &str, report: bool) -> Option<u64> {
+    let which = if report { "IN" } else { "NOT IN" };
+    let query = format!("SELECT coalesce(sum((xpath('/row/c/text()', query_to_xml(format('SELECT count(*) AS c FROM %I', table_name), false, true, '')))[1]::text::bigint), 0) FROM information_schema.tables WHERE table_schema = 'public' AND table_name <> '_sqlx_migrations' AND table_name {which} {REPORT_TABLES}");
     let output = tokio::process::Command::new("psql")
-        .args([url, "-At", "-c", query])
+        .args([url, "-At", "-c", &query])
         .output()
         .await
         .ok()?;
@@ -149,6 +159,19 @@ pub(crate) fn table(samples: &[Sample]) -> String {
             samples
                 .iter()
                 .filter_map(|s| s.state_rows)
+                .max()
+                .unwrap_or(0),
+            rows(last)
+        ));
+    }
+    if first.report_rows.is_some() {
+        let rows = |s: &Sample| s.report_rows.map_or("–".into(), |r| r.to_string());
+        out.push_str(&format!(
+            "| run report rows (bounded: 240 buckets per series) | {} | {} | {} |\n",
+            rows(first),
+            samples
+                .iter()
+                .filter_map(|s| s.report_rows)
                 .max()
                 .unwrap_or(0),
             rows(last)

@@ -20,6 +20,7 @@ mod gpu_bill;
 mod health;
 mod hostile;
 mod inject;
+mod inject_workloads;
 mod legacy_listing;
 mod mlflow;
 mod nginx_gateway;

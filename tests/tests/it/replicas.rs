@@ -93,6 +93,13 @@ fn a_steady_fleet_through_two_replicas_leaves_the_proxies_as_it_found_them() {
         last["state_rows"], middle["state_rows"],
         "state rows grew after every rank was heard: {report}"
     );
+    // The run report's rows grow with the run's first minutes, to a bound: 240 buckets for each
+    // of a rank's seven series (and the run's step), a histogram row per 2 % of its working set.
+    let bound = 16.0 * 8.0 * (240.0 + 60.0);
+    assert!(
+        value(last, "report_rows") <= bound,
+        "run report rows beyond {bound}: {report}"
+    );
     assert!(
         value(last, "rss_bytes") <= value(middle, "rss_bytes") + 64.0 * 1024.0 * 1024.0,
         "{report}"

@@ -4,7 +4,7 @@
 use serde_json::{json, Value};
 
 use super::bill::IdleWindow;
-use super::store::{FindingRow, GpuIdleRow, HistogramRow, RankRow, SeriesRow, SUPERSEDE_AFTER_MS};
+use super::store::{rows_of, FindingRow, GpuIdleRow, RankRow, SUPERSEDE_AFTER_MS};
 use super::usage::{Gathered, Series};
 use super::{findings, Beat, Health};
 
@@ -166,33 +166,9 @@ impl Health {
         }
         let (mut series, mut histograms) = (Vec::new(), Vec::new());
         for ((run_id, node, rank, kind), g) in &gathered {
-            for (&start, b) in &g.buckets {
-                series.push(SeriesRow {
-                    run_id: run_id.clone(),
-                    node: node.clone(),
-                    rank: *rank,
-                    series: kind.name().to_owned(),
-                    bucket_ms: start,
-                    width_ms: g.width_ms,
-                    n: b.n,
-                    total: b.total,
-                    peak: b.peak,
-                    peak_ms: b.peak_ms,
-                    low: b.low,
-                });
-            }
-            let last_ms = g.buckets.keys().next_back().copied().unwrap_or_default();
-            for (&bucket, &n) in &g.histogram {
-                histograms.push(HistogramRow {
-                    run_id: run_id.clone(),
-                    node: node.clone(),
-                    rank: *rank,
-                    series: kind.name().to_owned(),
-                    bucket: i64::from(bucket),
-                    n,
-                    last_ms,
-                });
-            }
+            let (buckets, histogram) = rows_of((run_id, node, *rank), *kind, g);
+            series.extend(buckets);
+            histograms.extend(histogram);
         }
         if let Err(error) = self.inner.store.record_usage(&series, &histograms).await {
             tracing::warn!(%error, buckets = series.len(), "recording what ranks used failed; kept for the next flush");

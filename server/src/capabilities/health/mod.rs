@@ -59,7 +59,6 @@ pub fn report_page(report: &RunReport) -> String {
 }
 pub use view::{GpuHealth, RankHealth, RunHealth};
 
-use bill::clip_of;
 use idle::{gpu_idle_of, idle_gpus};
 
 /// Live runs that get per-run gauges; beyond it only the count is exported.

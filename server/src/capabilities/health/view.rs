@@ -3,11 +3,11 @@
 
 use serde::Serialize;
 
-use super::bill::{self, Clip, RunBill};
+use super::bill::RunBill;
 use super::judge::{self, judge};
 use super::report::model::unsigned;
 use super::store::BillRow;
-use super::{basis, clip_of, findings, gpu_idle_of, idle_gpus, truncate, Health};
+use super::{basis, findings, gpu_idle_of, idle_gpus, truncate, Health};
 
 /// `GET /runs/{run_id}/health`.
 #[derive(Debug, Serialize)]
@@ -123,13 +123,10 @@ impl Health {
         let config = &self.inner.config;
         let idle_after = config.gpu_idle_after.as_secs_f64();
         let judgement = judge(&ranks, now_ms, config.stale_after);
-        // The bill so far (a live run), or as billed (an ended one: the figures of its tags).
-        let billed = self
-            .inner
-            .store
-            .bill_of(run_id)
-            .await
-            .map_err(|e| e.to_string())?;
+        // The bill so far (a live run), or as billed (an ended one: the figures of its tags),
+        // clipped as the bill is (MLflow's start and end of the run), so a rank's figures here
+        // are those of its tags.
+        let (_, billed, run_bill) = self.bill_so_far(run_id, &ranks, now_ms).await?;
         let state = match (&verdict, &judgement) {
             (Some(v), _) if v.done == 1 => "judged",
             (Some(_), _) => "being_judged",
@@ -148,29 +145,12 @@ impl Health {
                 .filter(|s| s.is_some_and(|s| s >= idle_after))
                 .count();
         }
-        let idle_rows = self
-            .inner
-            .store
-            .gpu_idle_of_run(run_id)
-            .await
-            .map_err(|e| e.to_string())?;
         let finding_rows = self
             .inner
             .store
             .findings_of_run(run_id)
             .await
             .map_err(|e| e.to_string())?;
-        // Clipped as the bill is (MLflow's start and end of the run), so a rank's figures here
-        // are those of its tags; without MLflow's answer, to the queued end only.
-        let queued_end = billed.as_ref().and_then(|b| b.end_ms);
-        let clip = match self.get_run(&self.run_caller(&ranks), run_id).await {
-            Ok(run) => clip_of(&run, queued_end, now_ms),
-            Err((_, error)) => {
-                tracing::debug!(run_id, error, "run health view without MLflow's start time");
-                Clip::new(None, queued_end, now_ms)
-            }
-        };
-        let run_bill = bill::bill(&ranks, &idle_rows, clip);
         let (gpu_seconds, idle_seconds) = match &billed {
             Some(BillRow {
                 done: 1,

@@ -199,6 +199,38 @@ impl Health {
     }
 }
 
+impl Health {
+    /// The run as MLflow answers it (when it does), its bill row, and its bill so far, clipped as
+    /// its bill is (MLflow's start and end of it; without MLflow's answer, the queued end): for
+    /// the admin views of a run.
+    pub(super) async fn bill_so_far(
+        &self,
+        run_id: &str,
+        ranks: &[RankRow],
+        now_ms: i64,
+    ) -> Result<(Option<Run>, Option<BillRow>, RunBill), String> {
+        let store = &self.inner.store;
+        let billed = store.bill_of(run_id).await.map_err(|e| e.to_string())?;
+        let idle = store
+            .gpu_idle_of_run(run_id)
+            .await
+            .map_err(|e| e.to_string())?;
+        let queued_end = billed.as_ref().and_then(|b| b.end_ms);
+        let run = match self.get_run(&self.run_caller(ranks), run_id).await {
+            Ok(run) => Some(run),
+            Err((_, error)) => {
+                tracing::debug!(run_id, error, "a run's view without MLflow's start time");
+                None
+            }
+        };
+        let clip = match &run {
+            Some(run) => clip_of(run, queued_end, now_ms),
+            None => Clip::new(None, queued_end, now_ms),
+        };
+        Ok((run, billed, figures::bill(ranks, &idle, clip)))
+    }
+}
+
 /// The tags of a billed run: totals under `mlscope.` with what idleness was judged on
 /// (`basis`, [`basis::BASIS_TAG`]), and per rank (the first [`MAX_RANK_TAGS`]) under
 /// `mlscope/rank-<r>/`, as the sweep's other tags.

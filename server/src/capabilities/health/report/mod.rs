@@ -18,11 +18,11 @@ use bytes::Bytes;
 use http::{header, HeaderValue, Method, Request};
 use tower::ServiceExt as _;
 
-use super::bill::{self, RunBill};
+use super::bill::RunBill;
 use super::calls::REJECTED;
 use super::store::{self as rows, RankRow};
 use super::usage::Series;
-use super::{clip_of, findings, truncate, Health};
+use super::{findings, truncate, Health};
 use crate::plumbing::mlflow::{Caller, Run};
 
 pub use model::RunReport;
@@ -55,25 +55,7 @@ impl Health {
         if ranks.is_empty() {
             return Ok(None);
         }
-        let run = self.get_run(&self.run_caller(&ranks), run_id).await.ok();
-        let billed = self
-            .inner
-            .store
-            .bill_of(run_id)
-            .await
-            .map_err(|e| e.to_string())?;
-        let queued_end = billed.as_ref().and_then(|b| b.end_ms);
-        let clip = match &run {
-            Some(run) => clip_of(run, queued_end, now_ms),
-            None => bill::Clip::new(None, queued_end, now_ms),
-        };
-        let idle = self
-            .inner
-            .store
-            .gpu_idle_of_run(run_id)
-            .await
-            .map_err(|e| e.to_string())?;
-        let run_bill = bill::bill(&ranks, &idle, clip);
+        let (run, billed, run_bill) = self.bill_so_far(run_id, &ranks, now_ms).await?;
         let ended = billed.is_some_and(|b| b.reopened_ms.is_none());
         self.assemble(run_id, &ranks, run.as_ref(), &run_bill, !ended, now_ms)
             .await

@@ -190,7 +190,7 @@ pub fn build(inputs: Inputs<'_>) -> RunReport {
                 peak_mb: peak.peak,
                 peak_at: timestamp(peak.peak_ms),
                 peak_ms: peak.peak_ms,
-                peak_step: steps.and_then(|(width, s)| step_at(s, *width, peak.peak_ms)),
+                peak_step: steps.and_then(|(_, s)| step_at(s, peak.peak_ms)),
                 p95_mb: histogram.and_then(|h| super::super::usage::quantile(h, 0.95)),
                 mean_mb: total / samples as f64,
                 peak_fraction: limit.filter(|l| *l > 0.0).map(|l| peak.peak / l),
@@ -325,18 +325,14 @@ fn totals(buckets: &BTreeMap<i64, Bucket>) -> Option<(Bucket, i64, f64)> {
     all.filter(|a| a.n > 0).map(|a| (a, a.n, a.total))
 }
 
-/// The highest step the run had logged by `at_ms`, to within the bucket that holds `at_ms`: a
-/// bucket whose highest step came later still says the run was at least at its lowest step.
-fn step_at(steps: &BTreeMap<i64, Bucket>, width: i64, at_ms: i64) -> Option<i64> {
+/// The highest step the run had logged by `at_ms`, as far as its buckets tell: a bucket whose
+/// highest step came after `at_ms` says nothing of when its lower steps came, so it is left out
+/// (never a step the run had not reached; at most one bucket's steps short).
+fn step_at(steps: &BTreeMap<i64, Bucket>, at_ms: i64) -> Option<i64> {
     steps
-        .iter()
-        .filter_map(|(&start, b)| {
-            if b.peak_ms <= at_ms {
-                Some(b.peak)
-            } else {
-                (start <= at_ms && at_ms < start + width).then_some(b.low)
-            }
-        })
+        .values()
+        .filter(|b| b.peak_ms <= at_ms)
+        .map(|b| b.peak)
         .fold(None, |max: Option<f64>, s| {
             Some(max.map_or(s, |m| m.max(s)))
         })

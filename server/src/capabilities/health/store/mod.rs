@@ -15,7 +15,7 @@ pub use bills::BillRow;
 pub use findings::{FindingRow, MAX_FINDINGS_PER_RUN};
 pub use gpu_idle::GpuIdleRow;
 pub use ranks::{RankRow, SUPERSEDE_AFTER_MS};
-pub use usage::{by_rank, HistogramRow, SeriesRow};
+pub use usage::{by_rank, rows_of, HistogramRow, SeriesRow};
 pub use verdicts::VerdictRow;
 
 use std::time::{Duration, SystemTime};

@@ -23,6 +23,27 @@ pub struct SeriesRow {
 }
 
 impl SeriesRow {
+    pub fn new(
+        (run_id, node, rank, series): (&str, &str, i64, &str),
+        bucket_ms: i64,
+        width_ms: i64,
+        b: &Bucket,
+    ) -> SeriesRow {
+        SeriesRow {
+            run_id: run_id.to_owned(),
+            node: node.to_owned(),
+            rank,
+            series: series.to_owned(),
+            bucket_ms,
+            width_ms,
+            n: b.n,
+            total: b.total,
+            peak: b.peak,
+            peak_ms: b.peak_ms,
+            low: b.low,
+        }
+    }
+
     pub fn bucket(&self) -> Bucket {
         Bucket {
             n: self.n,
@@ -44,6 +65,40 @@ pub struct HistogramRow {
     pub bucket: i64,
     pub n: i64,
     pub last_ms: i64,
+}
+
+/// The rows of what one replica gathered for (run, node, rank) and `series`.
+pub fn rows_of(
+    (run_id, node, rank): (&str, &str, i64),
+    series: Series,
+    gathered: &usage::Gathered,
+) -> (Vec<SeriesRow>, Vec<HistogramRow>) {
+    let key = (run_id, node, rank, series.name());
+    let buckets = gathered
+        .buckets
+        .iter()
+        .map(|(&start, b)| SeriesRow::new(key, start, gathered.width_ms, b))
+        .collect();
+    let last_ms = gathered
+        .buckets
+        .keys()
+        .next_back()
+        .copied()
+        .unwrap_or_default();
+    let histogram = gathered
+        .histogram
+        .iter()
+        .map(|(&bucket, &n)| HistogramRow {
+            run_id: run_id.to_owned(),
+            node: node.to_owned(),
+            rank,
+            series: series.name().to_owned(),
+            bucket: i64::from(bucket),
+            n,
+            last_ms,
+        })
+        .collect();
+    (buckets, histogram)
 }
 
 const SERIES_COLUMNS: &str =
@@ -197,19 +252,7 @@ impl HealthStore {
                     width,
                 );
                 for (start, bucket) in merged {
-                    let row = SeriesRow {
-                        run_id: run_id.clone(),
-                        node: node.clone(),
-                        rank: *rank,
-                        series: series.clone(),
-                        bucket_ms: start,
-                        width_ms: width,
-                        n: bucket.n,
-                        total: bucket.total,
-                        peak: bucket.peak,
-                        peak_ms: bucket.peak_ms,
-                        low: bucket.low,
-                    };
+                    let row = SeriesRow::new((run_id, node, *rank, series), start, width, &bucket);
                     bind_series(sqlx::query(&add), &row)
                         .execute(&mut *tx)
                         .await?;
@@ -298,37 +341,7 @@ mod tests {
     use crate::capabilities::health::usage::{Gathered, BASE_WIDTH_MS, POINTS};
 
     fn rows_of(run: &str, rank: i64, g: &Gathered) -> (Vec<SeriesRow>, Vec<HistogramRow>) {
-        let series = g
-            .buckets
-            .iter()
-            .map(|(&start, b)| SeriesRow {
-                run_id: run.into(),
-                node: "n1".into(),
-                rank,
-                series: "memory".into(),
-                bucket_ms: start,
-                width_ms: g.width_ms,
-                n: b.n,
-                total: b.total,
-                peak: b.peak,
-                peak_ms: b.peak_ms,
-                low: b.low,
-            })
-            .collect();
-        let histograms = g
-            .histogram
-            .iter()
-            .map(|(&bucket, &n)| HistogramRow {
-                run_id: run.into(),
-                node: "n1".into(),
-                rank,
-                series: "memory".into(),
-                bucket: i64::from(bucket),
-                n,
-                last_ms: 0,
-            })
-            .collect();
-        (series, histograms)
+        super::rows_of((run, "n1", rank), Series::Memory, g)
     }
 
     #[tokio::test]
