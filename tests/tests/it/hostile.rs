@@ -981,6 +981,7 @@ async fn under_a_flood_of_heavy_batches_the_heaviest_client_gives_way_and_nothin
         async move {
             let client = http();
             let (mut ok, mut refused, mut other) = (0i64, Vec::new(), Vec::new());
+            let mut unanswered = 0i64;
             eventually(
                 Duration::from_secs(60),
                 "the calm client and the reader active",
@@ -996,13 +997,23 @@ async fn under_a_flood_of_heavy_batches_the_heaviest_client_gives_way_and_nothin
                 let metrics: Vec<Value> = (0..METRICS)
                     .map(|j| json!({"key": "flood", "value": j, "timestamp": now_ms(), "step": ok * METRICS + j}))
                     .collect();
-                let response = client
+                let sent = client
                     .post(&url)
                     .header("x-forwarded-for", "203.0.113.9")
                     .json(&json!({"run_id": run, "metrics": metrics, "tags": [{"key": "batch", "value": ok.to_string()}]}))
                     .send()
-                    .await
-                    .unwrap();
+                    .await;
+                // A heavy batch MLflow itself takes longer than the client's 60 s to answer
+                // (seen once with the whole suite sharing MLflow's SQLite): unacknowledged, so
+                // nothing the proxy promised; kept apart, and it may be stored or not.
+                let response = match sent {
+                    Ok(response) => response,
+                    Err(error) if error.is_timeout() => {
+                        unanswered += 1;
+                        continue;
+                    }
+                    Err(error) => panic!("{error}"),
+                };
                 let retry_after = response.headers().get("retry-after").is_some();
                 match error_code(response).await {
                     (StatusCode::OK, _) => ok += 1,
@@ -1013,7 +1024,7 @@ async fn under_a_flood_of_heavy_batches_the_heaviest_client_gives_way_and_nothin
                     (status, code) => other.push((status, code)),
                 }
             }
-            (run, ok, refused, other)
+            (run, ok, refused, other, unanswered)
         }
     }));
     let calm = async {
@@ -1053,7 +1064,7 @@ async fn under_a_flood_of_heavy_batches_the_heaviest_client_gives_way_and_nothin
             .collect::<Vec<_>>()
     );
     let mut refusals = 0;
-    for (run, ok, refused, other) in &flood {
+    for (run, ok, refused, other, unanswered) in &flood {
         assert!(
             other.is_empty(),
             "neither 5xx nor another refusal: {other:?}"
@@ -1065,11 +1076,12 @@ async fn under_a_flood_of_heavy_batches_the_heaviest_client_gives_way_and_nothin
             "{refused:?}"
         );
         refusals += refused.len();
-        // Acknowledged means stored: every batch answered 200 is in MLflow, once.
-        assert_eq!(
-            history(mlflow, run, "flood").await.len() as i64,
-            ok * METRICS,
-            "run {run}"
+        // Acknowledged means stored: every batch answered 200 is in MLflow, once (a batch that
+        // got no answer may be stored too, once).
+        let stored = history(mlflow, run, "flood").await.len() as i64;
+        assert!(
+            stored >= ok * METRICS && stored <= (ok + unanswered) * METRICS,
+            "run {run}: {stored} stored, {ok} batches acknowledged, {unanswered} unanswered"
         );
     }
     assert_eq!(
