@@ -16,6 +16,7 @@ use anyhow::{bail, Context as _};
 use serde_json::{json, Value};
 
 use crate::cli::ReportCostArgs;
+use crate::fleet::rss_bytes;
 use crate::mlflow::{self, unix_millis};
 use crate::stack::{BenchStack, TargetKind};
 use crate::{http, progress, Report};
@@ -245,11 +246,4 @@ async fn live_report(admin_url: &str, run_id: &str) -> anyhow::Result<(Value, u1
         bail!("/runs/{run_id}/report answered {status}: {body}");
     }
     Ok((body, ms))
-}
-
-fn rss_bytes(pid: u32) -> Option<u64> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
-    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kib * 1024)
 }

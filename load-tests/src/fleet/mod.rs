@@ -30,6 +30,8 @@ mod load;
 mod plan;
 mod report;
 mod soak;
+
+pub(crate) use soak::rss_bytes;
 mod verify;
 
 use load::*;

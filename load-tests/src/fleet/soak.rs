@@ -87,7 +87,8 @@ impl Sampler {
     }
 }
 
-fn rss_bytes(pid: u32) -> Option<u64> {
+/// The resident set of process `pid` now (`VmRSS`), in bytes.
+pub(crate) fn rss_bytes(pid: u32) -> Option<u64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
     let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
     let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;

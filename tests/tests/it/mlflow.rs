@@ -117,8 +117,8 @@ pub(crate) async fn metric_keys(mlflow: &str, run_id: &str) -> BTreeSet<String> 
         .unwrap_or_default()
 }
 
-/// `(step, timestamp)` of every point of a series, in timestamp order.
-pub(crate) async fn history(mlflow: &str, run_id: &str, key: &str) -> Vec<(i64, i64)> {
+/// `(timestamp, value, step)` of every point of a series MLflow stored, in timestamp order.
+pub(crate) async fn points(mlflow: &str, run_id: &str, key: &str) -> Vec<(i64, f64, i64)> {
     let page = response_json(
         http()
             .get(format!("{mlflow}/api/2.0/mlflow/metrics/get-history"))
@@ -129,19 +129,29 @@ pub(crate) async fn history(mlflow: &str, run_id: &str, key: &str) -> Vec<(i64, 
             ]),
     )
     .await;
-    let mut points: Vec<(i64, i64)> = page["metrics"]
+    let mut points: Vec<(i64, f64, i64)> = page["metrics"]
         .as_array()
         .map(|m| {
             m.iter()
                 .map(|p| {
                     (
-                        p["step"].as_i64().unwrap_or(0),
                         p["timestamp"].as_i64().unwrap(),
+                        p["value"].as_f64().unwrap_or(f64::NAN),
+                        p["step"].as_i64().unwrap_or(0),
                     )
                 })
                 .collect()
         })
         .unwrap_or_default();
-    points.sort_by_key(|&(step, ts)| (ts, step));
+    points.sort_by_key(|&(ts, _, step)| (ts, step));
     points
+}
+
+/// `(step, timestamp)` of every point of a series, in timestamp order.
+pub(crate) async fn history(mlflow: &str, run_id: &str, key: &str) -> Vec<(i64, i64)> {
+    points(mlflow, run_id, key)
+        .await
+        .into_iter()
+        .map(|(ts, _, step)| (step, ts))
+        .collect()
 }

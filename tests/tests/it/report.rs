@@ -18,7 +18,7 @@ use serde_json::{json, Value};
 
 use crate::collector::{start_collector_with, wait_exit};
 use crate::health::{counter, health_proxy, health_view, wait_for_status};
-use crate::mlflow::{create_run, get_run, http, now_ms, post, response_json, run_tags};
+use crate::mlflow::{create_run, get_run, http, now_ms, points, post, response_json, run_tags};
 
 const MIB: u64 = 1 << 20;
 const GIB_MB: f64 = (1u64 << 30) as f64 / 1e6;
@@ -55,36 +55,6 @@ more = b'y' * (256 << 20)
 
 /// The GPU activity each rank's collector reports, alternating: rank 0 busy, rank 1 lagging.
 const GPU_ACTIVITY: [[f64; 2]; 2] = [[75.0, 85.0], [8.0, 12.0]];
-
-/// `(timestamp, value, step)` of every point of a series MLflow stored, in timestamp order.
-async fn points(mlflow: &str, run_id: &str, key: &str) -> Vec<(i64, f64, i64)> {
-    let page = response_json(
-        http()
-            .get(format!("{mlflow}/api/2.0/mlflow/metrics/get-history"))
-            .query(&[
-                ("run_id", run_id),
-                ("metric_key", key),
-                ("max_results", "25000"),
-            ]),
-    )
-    .await;
-    let mut points: Vec<(i64, f64, i64)> = page["metrics"]
-        .as_array()
-        .map(|m| {
-            m.iter()
-                .map(|p| {
-                    (
-                        p["timestamp"].as_i64().unwrap(),
-                        p["value"].as_f64().unwrap(),
-                        p["step"].as_i64().unwrap_or(0),
-                    )
-                })
-                .collect()
-        })
-        .unwrap_or_default();
-    points.sort_by_key(|&(ts, _, step)| (ts, step));
-    points
-}
 
 fn mean(values: &[f64]) -> f64 {
     values.iter().sum::<f64>() / values.len() as f64
