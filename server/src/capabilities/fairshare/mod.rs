@@ -7,8 +7,9 @@
 //! - **per-team quotas** from the configuration file: a team's members share the team's buckets,
 //!   on top of their own;
 //! - **saturation control** ([`governor`]): how many writes MLflow takes at once is learned from
-//!   its latency; once that many are at MLflow, a writer taking more than its share of them (the
-//!   limit divided among the writers) and writing more than twice the others is refused first.
+//!   the latency of the light writes beside them; once that many are at MLflow, a writer taking
+//!   more than its share of them (what the other writers leave, at least an equal split) and
+//!   writing more than twice the others is refused first.
 //!   The only writer is never refused by it, nor writers writing alike, nor anyone while MLflow has
 //!   room.
 //!
@@ -531,7 +532,7 @@ impl FairShare {
                 "team {team_name:?} is using all of its samples per second (its quota in mlscope-proxy's configuration); retry after {wait:.1} s"
             ),
             Refusal::Saturation { limit, writers } => format!(
-                "MLflow is taking as many writes at once as it answers without queueing (about {limit}, learned from its latency), shared by {writers} writing clients, and this client takes more than its share and writes more than twice the others; retry after 1 s, or send fewer writes at once"
+                "MLflow is taking as many writes at once as it can without slowing the other clients' light writes (about {limit}, learned from their latency), shared by {writers} writing clients, and this client has what the others leave of them and writes more than twice the others; retry after 1 s, or send fewer writes at once"
             ),
         };
         Error::OverShare {
