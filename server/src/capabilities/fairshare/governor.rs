@@ -426,7 +426,14 @@ mod tests {
             }
             // The heavy writes are answered at the window's end (theirs is no light latency).
             for _ in 0..heavy {
-                g.answered(&"flood", &"flood", 8000, Some(WINDOW), 100, *now + WINDOW - MS);
+                g.answered(
+                    &"flood",
+                    &"flood",
+                    8000,
+                    Some(WINDOW),
+                    100,
+                    *now + WINDOW - MS,
+                );
             }
             *now += WINDOW;
             // Only the window closes (an abandoned write).
@@ -494,7 +501,14 @@ mod tests {
         g.forwarded(&"c1", 150, now);
         // The flood has written before, so it is a writer, and writes until it is held back.
         g.forwarded(&"flood", 8000, start);
-        g.answered(&"flood", &"flood", 8000, Some(50 * MS), 100, start + 50 * MS);
+        g.answered(
+            &"flood",
+            &"flood",
+            8000,
+            Some(50 * MS),
+            100,
+            start + 50 * MS,
+        );
         let mut admitted = 0;
         while g.admit(&"flood", now) == Verdict::Admitted {
             g.forwarded(&"flood", 8000, now);
