@@ -7,15 +7,17 @@
 //!   client trickling its body is never taken for MLflow being slow. A write of more than
 //!   `HEAVY_BYTES` is **heavy**; one answered with at most `LIGHT_SAMPLES` samples is **light**
 //!   (what a calm client or a training step sends).
-//! - **The limit aims at a latency budget for light writes.** Their mean latency in windows
-//!   (`WINDOW`) with no heavy write at MLflow is their own latency: the **baseline** is the median
-//!   of the last `QUIET_KEPT` such windows (before there is one, the fastest window of the last
-//!   five minutes). A window with heavy writes at MLflow whose light writes answered on average
-//!   more than `BUDGET` times the baseline (and `SLACK` more) lowers the limit by a fifth, more
-//!   than `OVERRUN` times halves it; one within `GROW_BELOW` times the baseline, with the heavy
-//!   writes using the limit, raises it by `GROW_STEP`, up to the ceiling. Without light writes
-//!   there is nobody to protect and no evidence: the limit holds. It starts at `INITIAL_LIMIT`
-//!   and never goes below one.
+//! - **The limit aims at a latency budget for light writes**, on their mean and on their tail.
+//!   Their latencies answered with no heavy write at MLflow are their own: the **baseline** is the
+//!   mean and the 90th percentile of the last `QUIET_KEPT` of them (before there are
+//!   `QUIET_ENOUGH`, the fastest window of the last five minutes, and twice that). In windows
+//!   (`WINDOW`) with heavy writes at MLflow: light writes answered on average more than `OVERRUN`
+//!   times the baseline mean halve the limit; more than `BUDGET` times it, or one of them slower
+//!   than `TAIL_BUDGET` times the baseline's 90th percentile, lower it by a fifth (each with
+//!   `SLACK` more); within `GROW_BELOW` times the mean and `TAIL_GROW_BELOW` times the 90th
+//!   percentile, with the heavy writes using the limit, it grows by `GROW_STEP`, up to the
+//!   ceiling. Without light writes there is nobody to protect and no evidence: the limit holds.
+//!   It starts at `INITIAL_LIMIT` and never goes below one.
 //! - **Writers** are the clients with a write MLflow answered in the last `ACTIVE_FOR`;
 //!   readers are not counted (the proxy never refuses a read, and a reader does not make a
 //!   writer's share smaller). A writer's **load** is the larger of its writes at MLflow now and
@@ -47,15 +49,19 @@ const WINDOW: Duration = Duration::from_millis(500);
 const BASELINE_SPAN: Duration = Duration::from_secs(300);
 /// Windows with fewer light answers than this say nothing (one answer is no evidence).
 const MIN_ANSWERS: u32 = 3;
-/// Quiet windows (no heavy write at MLflow) whose median is the baseline.
-const QUIET_KEPT: usize = 32;
-/// Light writes slower than this many times the baseline (and `SLACK` more) with heavy writes at
-/// MLflow lower the limit by a fifth; slower than `OVERRUN` times, they halve it.
+/// Quiet light latencies (no heavy write at MLflow) kept for the baseline, and how many make one.
+const QUIET_KEPT: usize = 256;
+const QUIET_ENOUGH: usize = 20;
+/// A window's light writes slower on average than this many times the baseline mean, or one of
+/// them slower than `TAIL_BUDGET` times its 90th percentile (each `SLACK` more), with heavy writes
+/// at MLflow, lower the limit by a fifth; slower on average than `OVERRUN` times, they halve it.
 const BUDGET: f64 = 1.5;
+const TAIL_BUDGET: f64 = 2.0;
 const OVERRUN: f64 = 3.0;
 const SLACK: Duration = Duration::from_millis(5);
-/// Light writes within this many times the baseline (and `SLACK`) let the limit grow.
+/// Light writes within these (and `SLACK`) let the limit grow.
 const GROW_BELOW: f64 = 1.25;
+const TAIL_GROW_BELOW: f64 = 1.5;
 /// What a window within budget adds to the limit.
 const GROW_STEP: f64 = 0.5;
 /// A write of more bytes than this is heavy: its presence at MLflow is what the light writes are
@@ -166,7 +172,7 @@ pub(crate) struct Governor<K> {
     /// The last count of writers, their total weight and their total load, with more than
     /// `EXACT_UP_TO` clients.
     census: Option<(Instant, Census)>,
-    /// Mean light latency (seconds) of the last quiet windows, oldest first.
+    /// The last light latencies (seconds) answered with no heavy write at MLflow, oldest first.
     quiet: VecDeque<f64>,
     /// (window end, mean light latency in seconds) of every window of the last `BASELINE_SPAN`
     /// with evidence, oldest first: the fallback baseline before any quiet window.
@@ -194,6 +200,7 @@ struct Window {
     started: Instant,
     answered: u32,
     latency_sum: f64,
+    latency_max: f64,
     heavy_peak: usize,
 }
 
@@ -203,6 +210,7 @@ impl Window {
             started: now,
             answered: 0,
             latency_sum: 0.0,
+            latency_max: 0.0,
             heavy_peak: heavy_at_mlflow,
         }
     }
@@ -347,20 +355,30 @@ impl<K: Hash + Eq + Clone> Governor<K> {
             self.close_window(now);
         }
         if let Some(latency) = latency.filter(|_| samples <= LIGHT_SAMPLES) {
+            let latency = latency.as_secs_f64();
             self.window.answered += 1;
-            self.window.latency_sum += latency.as_secs_f64();
+            self.window.latency_sum += latency;
+            self.window.latency_max = self.window.latency_max.max(latency);
+            if self.heavy_at_mlflow == 0 && self.window.heavy_peak == 0 {
+                if self.quiet.len() == QUIET_KEPT {
+                    self.quiet.pop_front();
+                }
+                self.quiet.push_back(latency);
+            }
         }
     }
 
-    /// The light writes' own latency: the median of the last quiet windows, else the fastest
-    /// window of the last `BASELINE_SPAN`.
-    fn baseline(&self) -> Option<f64> {
-        if self.quiet.is_empty() {
-            return self.means.iter().map(|(_, m)| *m).reduce(f64::min);
+    /// The light writes' own latency, mean and 90th percentile: of the last quiet ones, else the
+    /// fastest window of the last `BASELINE_SPAN` (and twice that).
+    fn baseline(&self) -> Option<(f64, f64)> {
+        if self.quiet.len() < QUIET_ENOUGH {
+            let fastest = self.means.iter().map(|(_, m)| *m).reduce(f64::min)?;
+            return Some((fastest, 2.0 * fastest));
         }
         let mut quiet: Vec<f64> = self.quiet.iter().copied().collect();
         quiet.sort_by(f64::total_cmp);
-        Some(quiet[quiet.len() / 2])
+        let mean = quiet.iter().sum::<f64>() / quiet.len() as f64;
+        Some((mean, quiet[quiet.len() * 9 / 10]))
     }
 
     fn close_window(&mut self, now: Instant) {
@@ -379,22 +397,21 @@ impl<K: Hash + Eq + Clone> Governor<K> {
         }
         self.means.push_back((now, mean));
         if window.heavy_peak == 0 {
-            if self.quiet.len() == QUIET_KEPT {
-                self.quiet.pop_front();
-            }
-            self.quiet.push_back(mean);
             return;
         }
-        let Some(baseline) = self.baseline() else {
+        let Some((base, tail)) = self.baseline() else {
             return;
         };
         let slack = SLACK.as_secs_f64();
         let in_use = window.heavy_peak as f64 >= (self.limit * 0.75).min(self.limit - 0.5);
-        if mean > OVERRUN * baseline + slack {
+        if mean > OVERRUN * base + slack {
             self.limit = (self.limit / 2.0).max(MIN_LIMIT);
-        } else if mean > BUDGET * baseline + slack {
+        } else if mean > BUDGET * base + slack || window.latency_max > TAIL_BUDGET * tail + slack {
             self.limit = (self.limit * 0.8).max(MIN_LIMIT);
-        } else if mean <= GROW_BELOW * baseline + slack && in_use {
+        } else if mean <= GROW_BELOW * base + slack
+            && window.latency_max <= TAIL_GROW_BELOW * tail + slack
+            && in_use
+        {
             self.limit = (self.limit + GROW_STEP).min(self.max_limit);
         }
     }
@@ -477,12 +494,32 @@ mod tests {
         assert_eq!(g.limit(), 4);
         // Light writes slow without anything heavy at MLflow are MLflow's own pace, not
         // contention: the baseline follows them.
-        load(&mut g, &mut now, 40, 0, 5, 100 * MS);
+        load(&mut g, &mut now, 60, 0, 5, 100 * MS);
         load(&mut g, &mut now, 4, 6, 5, 110 * MS);
         assert_eq!(g.limit(), 6);
         // Two light answers in a window are no evidence.
         load(&mut g, &mut now, 10, 6, 2, 400 * MS);
         assert_eq!(g.limit(), 6);
+        // The tail counts: four light writes as fast as ever and one of them three times slower
+        // than their 90th percentile (the mean within budget) lower the limit by a fifth.
+        for _ in 0..6 {
+            g.forwarded(&"flood", 8000, now);
+        }
+        for latency in [100, 100, 100, 100, 300] {
+            g.forwarded(&"calm", 150, now);
+            g.answered(
+                &"calm",
+                &"calm",
+                150,
+                Some(latency * MS),
+                1,
+                now + latency * MS,
+            );
+        }
+        now += WINDOW;
+        g.forwarded(&"calm", 0, now);
+        g.answered(&"calm", &"calm", 0, None, 1, now);
+        assert_eq!(g.limit(), 4);
     }
 
     #[test]
