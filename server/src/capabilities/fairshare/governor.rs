@@ -92,8 +92,8 @@ const CENSUS_EVERY: Duration = Duration::from_millis(20);
 #[derive(Debug, PartialEq)]
 pub(crate) enum Verdict {
     Admitted,
-    /// The writes at MLflow are at the limit, another client writes, and this one takes more than
-    /// its share and weighs more than twice the others.
+    /// The writes at MLflow are at the limit, another client writes, and one more write would
+    /// take this one past its share while it weighs more than twice the others.
     Heaviest {
         limit: usize,
         writers: usize,
