@@ -1103,6 +1103,20 @@ impl DirRemover {
     }
 }
 
+/// A new temporary directory that is removed a few seconds after this process exits, by a
+/// [`DirRemover`] left running, not when a test ends. For the state of a server run inside the
+/// test process: its tasks (and its database's threads) stop only with the test's runtime, and a
+/// directory removed under them can be written again before it is gone.
+pub fn dir_removed_at_exit() -> Result<PathBuf> {
+    let path = tempfile::tempdir()
+        .context("creating a temporary directory")?
+        .keep();
+    // The remover waits for its standard input to close: with the handle leaked, that is when
+    // this process exits, however it exits.
+    std::mem::forget(DirRemover::spawn(&path)?);
+    Ok(path)
+}
+
 impl Drop for DirRemover {
     fn drop(&mut self) {
         // The stack was dropped properly and its directory is gone already.

@@ -319,7 +319,9 @@ mod tests {
             database.as_str(),
         ])
         .unwrap();
-        let app = app(AppState::new(&config).await.unwrap(), 64);
+        let state = AppState::new(&config).await.unwrap();
+        let store = state.store.clone();
+        let app = app(state, 64);
         let batch = r#"{"run_id":"r1","metrics":[{"key":"system/cpu_utilization_percentage","value":1,"timestamp":1,"step":0}]}"#;
         for prefix in ["/api/2.0/mlflow", "/ajax-api/2.0/mlflow"] {
             let path = format!("{prefix}/runs/log-batch");
@@ -365,5 +367,7 @@ mod tests {
             .find(|(_, p, _)| p == "/api/2.0/mlflow/experiments/create")
             .unwrap();
         assert_eq!((created.0.as_str(), created.2.as_str()), ("POST", other));
+        // Closed before its directory is removed, so that no connection opens one again.
+        store.close().await;
     }
 }

@@ -9,6 +9,7 @@ use mlscope_tests::{eventually, spawn_proxy, ProxyProcess, TestStack};
 use serde_json::{json, Value};
 
 use crate::mlflow::{create_run, http, response_json, scrape};
+use crate::relay::{Relay, Rules};
 
 /// Every point of every series of a run: key -> sorted `(step, timestamp, value)`.
 pub(crate) async fn histories(
@@ -315,8 +316,18 @@ async fn a_client_that_goes_away_loses_nothing_of_the_others() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_full_queue_answers_429_with_retry_after_and_keeps_what_it_queued() {
     let stack = TestStack::shared();
-    let proxy = spawn_proxy(
+    // The opener is held between the proxy and MLflow until the test has seen the queue fill, so
+    // that what is queued behind it is still waiting when the next request comes, however slow
+    // the machine.
+    let relay = Relay::start(
         &stack.mlflow.url,
+        Rules::holding(|_, path, body| {
+            path.ends_with("/runs/log-batch") && body.windows(8).any(|w| w == b"\"opener/")
+        }),
+    )
+    .await;
+    let proxy = spawn_proxy(
+        &relay.url,
         &[
             "--coalesce-window",
             "20ms",
@@ -336,28 +347,26 @@ async fn a_full_queue_answers_429_with_retry_after_and_keeps_what_it_queued() {
         json!({"run_id": run_id, "metrics": metrics})
     };
     let proxy = &proxy;
+    let relay = &relay;
     let send = |body: Value| {
         let url = format!("{}/api/2.0/mlflow/runs/log-batch", proxy.url);
-        async move {
-            after_the_opener(proxy).await;
-            http().post(url).json(&body).send().await.unwrap()
-        }
+        async move { http().post(url).json(&body).send().await.unwrap() }
     };
     // Behind the opener, the first 600 metrics fit the run's queue of 1000; the next 600 do not.
-    let (opened, first, second) = tokio::join!(
-        open_with_a_full_batch(&proxy.url, &run_id),
-        send(batch("queued")),
-        async {
-            // Once the first is queued behind the opener.
+    let (opened, (first, second)) =
+        tokio::join!(open_with_a_full_batch(&proxy.url, &run_id), async {
+            relay.until_held(1).await;
+            let first = tokio::spawn(send(batch("queued")));
             until_the_coalescer_holds(
                 proxy,
                 "mlscope_coalesce_queued_requests ",
                 "a request in its queue",
             )
             .await;
-            send(batch("refused")).await
-        }
-    );
+            let second = send(batch("refused")).await;
+            relay.release();
+            (first.await.unwrap(), second)
+        });
     assert_eq!(opened, (200, "{}".to_owned()));
     assert_eq!(first.status(), 200);
     assert_eq!(second.status(), 429);

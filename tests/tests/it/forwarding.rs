@@ -150,14 +150,14 @@ struct Proxy {
     addr: SocketAddr,
     shutdown: Option<oneshot::Sender<()>>,
     done: tokio::task::JoinHandle<anyhow::Result<()>>,
-    _dir: tempfile::TempDir,
 }
 
 async fn start_proxy(upstream: &str, tweak: impl FnOnce(&mut Config)) -> Proxy {
-    let dir = tempfile::tempdir().unwrap();
+    // The proxy runs until the test's runtime ends, after the test's locals are dropped.
+    let dir = mlscope_tests::dir_removed_at_exit().unwrap();
     let mut config = Config::default();
     config.forwarder.upstream = mlscope_proxy::plumbing::proxy::Upstream::parse(upstream).unwrap();
-    config.store.database_url = format!("sqlite://{}/state.db", dir.path().display());
+    config.store.database_url = format!("sqlite://{}/state.db", dir.display());
     tweak(&mut config);
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let admin = TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -192,7 +192,6 @@ async fn start_proxy(upstream: &str, tweak: impl FnOnce(&mut Config)) -> Proxy {
         addr,
         shutdown: Some(tx),
         done,
-        _dir: dir,
     }
 }
 

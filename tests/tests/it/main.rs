@@ -27,6 +27,7 @@ mod nginx_gateway;
 mod objects;
 mod path_differential;
 mod python_client;
+mod relay;
 mod relocate;
 mod replicas;
 mod report;

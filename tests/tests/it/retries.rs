@@ -6,120 +6,19 @@
 //! - Batches merged by the coalescer, whose acknowledgements the client never got, are sent again
 //!   by the client and stored once each.
 
-use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::OnceLock;
 
-use bytes::Bytes;
-use http_body_util::{BodyExt, Full};
-use hyper::service::service_fn;
-use hyper_util::client::legacy::Client;
-use hyper_util::rt::{TokioExecutor, TokioIo};
 use mlscope_tests::{spawn_proxy, TestStack};
 use serde_json::json;
 
 use crate::coalesce::histories;
 use crate::mlflow::{create_run, http, post, response_json};
 use crate::python_client::python;
+use crate::relay::{Relay, Rules};
 
 fn stack() -> &'static TestStack {
     static STACK: OnceLock<Result<TestStack, String>> = OnceLock::new();
     crate::module_stack(&STACK, "retries' MLflow")
-}
-
-/// Which answers a [`LossyRelay`] loses: `(method, path, how many such requests came before)`.
-type Loses = dyn Fn(&http::Method, &str, usize) -> bool + Send + Sync;
-
-/// An HTTP/1.1 relay in front of `target` that loses the answers `loses` picks: it sends the
-/// request on, waits for the whole answer, and closes the connection instead of passing it back,
-/// as a network or a load balancer does when an acknowledgement is lost on its way back.
-struct LossyRelay {
-    url: String,
-    lost: Arc<AtomicUsize>,
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl LossyRelay {
-    async fn start(target: &str, loses: Arc<Loses>) -> LossyRelay {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let url = format!("http://{}", listener.local_addr().unwrap());
-        let lost = Arc::new(AtomicUsize::new(0));
-        let seen: Arc<std::sync::Mutex<BTreeMap<String, usize>>> = Arc::default();
-        let client: Client<_, Full<Bytes>> = Client::builder(TokioExecutor::new()).build_http();
-        let target = target.to_owned();
-        let counted = lost.clone();
-        let task = tokio::spawn(async move {
-            while let Ok((stream, _)) = listener.accept().await {
-                let (client, target, loses, lost, seen) = (
-                    client.clone(),
-                    target.clone(),
-                    loses.clone(),
-                    counted.clone(),
-                    seen.clone(),
-                );
-                tokio::spawn(async move {
-                    let service =
-                        service_fn(move |request: http::Request<hyper::body::Incoming>| {
-                            let (client, target, loses, lost, seen) = (
-                                client.clone(),
-                                target.clone(),
-                                loses.clone(),
-                                lost.clone(),
-                                seen.clone(),
-                            );
-                            async move {
-                                let (mut parts, body) = request.into_parts();
-                                let path = parts.uri.path().to_owned();
-                                let before = {
-                                    let mut seen = seen.lock().unwrap();
-                                    let n = seen.entry(path.clone()).or_default();
-                                    *n += 1;
-                                    *n - 1
-                                };
-                                let body = body.collect().await.map_err(io_error)?.to_bytes();
-                                let pq = parts.uri.path_and_query().map_or("/", |pq| pq.as_str());
-                                parts.uri = format!("{target}{pq}").parse().unwrap();
-                                let answer = client
-                                    .request(http::Request::from_parts(
-                                        parts.clone(),
-                                        Full::new(body),
-                                    ))
-                                    .await
-                                    .map_err(io_error)?;
-                                let (head, body) = answer.into_parts();
-                                let body = body.collect().await.map_err(io_error)?.to_bytes();
-                                if loses(&parts.method, &path, before) {
-                                    lost.fetch_add(1, Ordering::SeqCst);
-                                    return Err(io_error("acknowledgement lost on purpose"));
-                                }
-                                Ok::<_, std::io::Error>(http::Response::from_parts(
-                                    head,
-                                    Full::new(body),
-                                ))
-                            }
-                        });
-                    let _ = hyper::server::conn::http1::Builder::new()
-                        .serve_connection(TokioIo::new(stream), service)
-                        .await;
-                });
-            }
-        });
-        LossyRelay { url, lost, task }
-    }
-
-    fn lost(&self) -> usize {
-        self.lost.load(Ordering::SeqCst)
-    }
-}
-
-impl Drop for LossyRelay {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
-}
-
-fn io_error(error: impl std::fmt::Display) -> std::io::Error {
-    std::io::Error::other(error.to_string())
 }
 
 /// Runs `tests/python/retry_client.py` under `policy` with `envs`; its output lines.
@@ -172,9 +71,9 @@ async fn a_create_whose_answer_mlflow_never_gave_is_not_retried_by_either_client
     for policy in ["3.17", "3.18"] {
         // Between the proxy and MLflow: the first runs/create reaches MLflow, which creates the
         // run, and its answer is lost.
-        let relay = LossyRelay::start(
+        let relay = Relay::start(
             &stack.mlflow.url,
-            Arc::new(|method: &http::Method, path: &str, before: usize| {
+            Rules::losing(|method, path, before| {
                 method == http::Method::POST && path.ends_with("/runs/create") && before == 0
             }),
         )
@@ -231,11 +130,9 @@ async fn merged_batches_sent_again_after_lost_acknowledgements_are_stored_once()
             dir.path(),
         )
         .expect("starting the proxy");
-        let relay = LossyRelay::start(
+        let relay = Relay::start(
             &proxy.url,
-            Arc::new(|_: &http::Method, path: &str, before: usize| {
-                path.ends_with("/runs/log-batch") && before % 4 == 1
-            }),
+            Rules::losing(|_, path, before| path.ends_with("/runs/log-batch") && before % 4 == 1),
         )
         .await;
         let run_id = create_run(&stack.mlflow.url, &format!("retries-batches-{policy}")).await;

@@ -336,6 +336,7 @@ mod tests {
                 .len(),
             1
         );
+        store.close().await;
     }
 
     /// Runs against the PostgreSQL server the project's CI starts (127.0.0.1:5432, trust auth),
