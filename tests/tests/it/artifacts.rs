@@ -933,10 +933,14 @@ print("ok", flush=True)
     // `load_model` downloads the model into a directory of its own that MLflow keeps for the
     // loaded model's lifetime and never removes: it goes into one the test removes.
     let scratch = tempfile::tempdir().unwrap();
+    // The gateway is shared with the other artifact tests, from the same address: while the
+    // 600 MiB upload holds most of its upload slots, a file of this client's may be answered
+    // 429 "retry with backoff", and the client retries as MLflow's client does by default.
     let child = python(
         g.proxy(),
         &[
-            ("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0"),
+            ("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "5"),
+            ("MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR", "1"),
             ("TMPDIR", scratch.path().to_str().unwrap()),
         ],
     )

@@ -749,6 +749,11 @@ async fn admin_in(
 /// Two workspaces, an experiment with a run in `team-a`, and the users with their grants.
 /// Returns `(experiment_id, run_id)`.
 async fn setup_workspaces(mlflow: &str) -> (String, String) {
+    // Tests set up the same workspaces and users on one MLflow at once: two assigning the same
+    // role at the same moment get a constraint error from MLflow's database, not "already
+    // exists". One setup at a time.
+    static SETUP: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+    let _one_at_a_time = SETUP.lock().await;
     for workspace in [TEAM_A, TEAM_B] {
         admin_in(
             mlflow,
