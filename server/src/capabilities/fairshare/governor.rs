@@ -55,13 +55,13 @@ const QUIET_ENOUGH: usize = 20;
 /// A window's light writes slower on average than this many times the baseline mean, or one of
 /// them slower than `TAIL_BUDGET` times its 90th percentile (each `SLACK` more), with heavy writes
 /// at MLflow, lower the limit by a fifth; slower on average than `OVERRUN` times, they halve it.
-const BUDGET: f64 = 1.5;
-const TAIL_BUDGET: f64 = 2.0;
+const BUDGET: f64 = 1.25;
+const TAIL_BUDGET: f64 = 1.5;
 const OVERRUN: f64 = 3.0;
 const SLACK: Duration = Duration::from_millis(5);
 /// Light writes within these (and `SLACK`) let the limit grow.
-const GROW_BELOW: f64 = 1.25;
-const TAIL_GROW_BELOW: f64 = 1.5;
+const GROW_BELOW: f64 = 1.1;
+const TAIL_GROW_BELOW: f64 = 1.25;
 /// What a window within budget adds to the limit.
 const GROW_STEP: f64 = 0.5;
 /// A write of more bytes than this is heavy: its presence at MLflow is what the light writes are
@@ -467,15 +467,15 @@ mod tests {
         // Light writes alone: their own latency (20 ms) is the baseline; nothing heavy, no change.
         load(&mut g, &mut now, 10, 0, 5, 20 * MS);
         assert_eq!(g.limit(), 4);
-        // Heavy writes using the limit, light ones answered within 1.25× their own: it grows by
+        // Heavy writes using the limit, light ones answered within 1.1× their own: it grows by
         // half a write per window, to its ceiling.
         for _ in 0..130 {
             let limit = g.limit();
             load(&mut g, &mut now, 1, limit, 5, 22 * MS);
         }
         assert_eq!(g.limit(), 64);
-        // Within budget (1.5× and 5 ms) but above 1.25×: it holds.
-        load(&mut g, &mut now, 10, 64, 5, 33 * MS);
+        // Within budget (1.25× and 5 ms) but above 1.1×: it holds.
+        load(&mut g, &mut now, 10, 64, 5, 29 * MS);
         assert_eq!(g.limit(), 64);
         // Over budget: a fifth less per window.
         load(&mut g, &mut now, 1, 64, 5, 40 * MS);
