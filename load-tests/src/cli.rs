@@ -101,6 +101,11 @@ pub struct FairShareArgs {
     /// How long the calm clients run alone first (their unloaded p99).
     #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
     pub alone: Duration,
+    /// How many times the calm clients' windows alone and under the flood alternate (N: each
+    /// window 1/N of `--alone` or `--duration`), so that both p99s come from the same stretch of
+    /// time and a busy machine's drift between the phases cancels out.
+    #[arg(long, default_value_t = 1)]
+    pub alternate: u32,
     /// mlscope-proxy's `--client-write-rate` for the run [default: the proxy's own].
     #[arg(long)]
     pub client_write_rate: Option<f64>,
@@ -120,6 +125,9 @@ impl FairShareArgs {
         }
         if !(1..=50).contains(&self.calm_rate) {
             return Err("--calm-rate must be within 1..=50".into());
+        }
+        if !(1..=20).contains(&self.alternate) {
+            return Err("--alternate must be within 1..=20".into());
         }
         for (flag, d) in [("--duration", self.duration), ("--alone", self.alone)] {
             if d < Duration::from_secs(1) || d > Duration::from_secs(600) {

@@ -50,6 +50,19 @@ struct Calm {
 }
 
 impl Calm {
+    /// Adds what another window of the same phase saw.
+    fn merge(&mut self, other: Calm) {
+        self.sent += other.sent;
+        self.ok += other.ok;
+        match (&mut self.latency, other.latency) {
+            (Some(mine), Some(theirs)) => {
+                let _ = mine.add(&theirs);
+            }
+            (mine @ None, theirs) => *mine = theirs,
+            (Some(_), None) => {}
+        }
+    }
+
     fn p99_ms(&self) -> f64 {
         self.latency
             .as_ref()
@@ -67,6 +80,14 @@ struct Flood {
 }
 
 impl Flood {
+    /// Adds what another window of the same phase got.
+    fn merge(&mut self, other: Flood) {
+        self.ok += other.ok;
+        self.refused += other.refused;
+        self.failed += other.failed;
+        self.seconds += other.seconds;
+    }
+
     /// Samples acknowledged per second.
     fn samples_per_second(&self) -> f64 {
         (self.ok * FLOOD_METRICS as u64) as f64 / self.seconds.max(0.001)
@@ -182,7 +203,7 @@ pub(crate) async fn run(
         None => None,
     };
     let markdown = format!(
-        "## One client flooding writes, ten calm ones (fair-share)\n\nMLflow {} on {}.\n\n{} flood writers of one client (each into its own run, a tag and {FLOOD_METRICS} metrics per log-batch, no pause; first alone for `--alone`, then, once the calm clients write, beside them) and {} calm clients writing a one-metric log-batch {} times a second each, with a UI reader searching the runs as often, for {:?}; the calm clients' and the reader's p99 alone was measured first, for {:?}, after {WARM_UP:?} of warming up. Through mlscope-proxy {settings}; every client has its own credential and `X-Forwarded-For` address (trusted from loopback). \"Stored\": samples counted back from MLflow, at least those of every write answered 200 (a write that timed out may be stored too). \"failed\": no answer within 30 s.\n\n{}\n{}",
+        "## One client flooding writes, ten calm ones (fair-share)\n\nMLflow {} on {}.\n\n{} flood writers of one client (each into its own run, a tag and {FLOOD_METRICS} metrics per log-batch, no pause; first alone for `--alone`, then, once the calm clients write, beside them) and {} calm clients writing a one-metric log-batch {} times a second each, with a UI reader searching the runs as often, for {:?}; the calm clients' and the reader's p99 alone was measured first, for {:?}, after {WARM_UP:?} of warming up{}. Through mlscope-proxy {settings}; every client has its own credential and `X-Forwarded-For` address (trusted from loopback). \"Stored\": samples counted back from MLflow, at least those of every write answered 200 (a write that timed out may be stored too). \"failed\": no answer within 30 s.\n\n{}\n{}",
         version.as_deref().unwrap_or("(version not reported)"),
         args.stack.backend_label(),
         args.flood_writers,
@@ -190,6 +211,12 @@ pub(crate) async fn run(
         args.calm_rate,
         args.duration,
         args.alone,
+        match args.alternate {
+            0 | 1 => String::new(),
+            n => format!(
+                "; the calm clients alone and under the flood alternated {n} times, each window 1/{n} of its phase, the p99 read over all windows of a phase"
+            ),
+        },
         table.render(),
         command_block(command_line)
     );
@@ -248,41 +275,63 @@ async fn one_target(
 
     // The calm clients warm up (connections, MLflow's first lookups of each run; not counted),
     // run alone, then under the flood, which starts while they write (as a flood does that meets
-    // clients already at work); steps continue across the phases.
-    let warm_steps = (WARM_UP.as_secs_f64() * args.calm_rate as f64).ceil() as i64 + 1;
+    // clients already at work); steps continue across the phases. With `--alternate N` the two
+    // phases alternate N times, each a Nth of `--alone` and `--duration`: the p99 alone and
+    // under the flood are then read from the same stretch of the machine's time.
+    let steps_in = |d: Duration| (d.as_secs_f64() * args.calm_rate as f64).ceil() as i64 + 1;
     let (warm, _) = tokio::join!(
         calm_phase(&client, &url, &calm_runs, args, WARM_UP, 0),
         read_phase(&client, &search, &search_body, args, WARM_UP)
     );
-    let (alone, reads_alone) = tokio::join!(
-        calm_phase(&client, &url, &calm_runs, args, args.alone, warm_steps),
-        read_phase(&client, &search, &search_body, args, args.alone)
-    );
-    let stop = Instant::now() + args.duration;
-    let flood = flood_phase(&client, &url, &flood_runs, next_batches, args.duration);
-    let steps_before =
-        warm_steps + (args.alone.as_secs_f64() * args.calm_rate as f64).ceil() as i64 + 1;
-    let calm = calm_phase(&client, &url, &calm_runs, args, args.duration, steps_before);
-    let reads = read_phase(&client, &search, &search_body, args, args.duration);
+    let rounds = args.alternate.max(1);
+    let (alone_each, flood_each) = (args.alone / rounds, args.duration / rounds);
+    let mut step = steps_in(WARM_UP);
+    let mut next_batches = next_batches;
+    let (mut alone, mut reads_alone) = (Calm::default(), Calm::default());
+    let (mut loaded, mut reads_loaded) = (Calm::default(), Calm::default());
+    let mut flood = Flood::default();
+    let mut limits = Vec::new();
     let admin = stack
         .admin_url(target.kind)
         .filter(|_| target.kind == TargetKind::Proxy);
-    let limits = async {
-        let mut limits = Vec::new();
-        if let Some(admin) = &admin {
-            while Instant::now() < stop {
-                tokio::time::sleep(Duration::from_millis(500)).await;
-                if let Some(text) = crate::prometheus::scrape(&client, admin).await {
-                    limits.push(crate::prometheus::sum(
-                        &text,
-                        "mlscope_fair_share_write_limit ",
-                    ));
+    for _ in 0..rounds {
+        let (calm, reads) = tokio::join!(
+            calm_phase(&client, &url, &calm_runs, args, alone_each, step),
+            read_phase(&client, &search, &search_body, args, alone_each)
+        );
+        alone.merge(calm);
+        reads_alone.merge(reads);
+        step += steps_in(alone_each);
+
+        let stop = Instant::now() + flood_each;
+        let flooding = flood_phase(&client, &url, &flood_runs, next_batches, flood_each);
+        let calm = calm_phase(&client, &url, &calm_runs, args, flood_each, step);
+        let reads = read_phase(&client, &search, &search_body, args, flood_each);
+        let sampled = async {
+            let mut limits = Vec::new();
+            if let Some(admin) = &admin {
+                while Instant::now() < stop {
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                    if let Some(text) = crate::prometheus::scrape(&client, admin).await {
+                        limits.push(crate::prometheus::sum(
+                            &text,
+                            "mlscope_fair_share_write_limit ",
+                        ));
+                    }
                 }
             }
-        }
-        limits
-    };
-    let ((flood, _), loaded, reads_loaded, limits) = tokio::join!(flood, calm, reads, limits);
+            limits
+        };
+        // The flood's phase ends with its writers' last answers: nothing of it is at MLflow
+        // when the next window alone starts.
+        let ((got, next), calm, reads, sampled) = tokio::join!(flooding, calm, reads, sampled);
+        next_batches = next;
+        flood.merge(got);
+        loaded.merge(calm);
+        reads_loaded.merge(reads);
+        limits.extend(sampled);
+        step += steps_in(flood_each);
+    }
 
     // Acknowledged means stored: count back every run's samples.
     let acknowledged =

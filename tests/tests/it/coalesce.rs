@@ -142,15 +142,52 @@ pub(crate) async fn after_the_opener(proxy: &ProxyProcess) {
 
 /// Waits until the coalescer gauge `series` of the proxy's `/metrics` is at least 1.
 async fn until_the_coalescer_holds(proxy: &ProxyProcess, series: &str, what: &str) {
+    until_the_coalescer_holds_at_least(proxy, series, 1.0, what).await;
+}
+
+/// Waits until the coalescer gauge `series` of the proxy's `/metrics` is at least `n`.
+async fn until_the_coalescer_holds_at_least(
+    proxy: &ProxyProcess,
+    series: &str,
+    n: f64,
+    what: &str,
+) {
     eventually(
         std::time::Duration::from_secs(30),
-        format_args!("the coalescer holds {what} ({series}>= 1)"),
+        format_args!("the coalescer holds {what} ({series}>= {n})"),
         async || match counter(&scrape(&proxy.admin_url).await, series) {
-            n if n >= 1.0 => Ok(()),
-            n => Err(format!("{series}{n}")),
+            held if held >= n => Ok(()),
+            held => Err(format!("{series}{held}")),
         },
     )
     .await;
+}
+
+/// A coalescing proxy (`window`, one batch of a run at MLflow at a time, `extra` arguments)
+/// whose way to MLflow passes a relay that holds the opener ([`open_with_a_full_batch`]) until
+/// [`Relay::release`]: what is sent behind it queues however fast or slow the machine is.
+async fn behind_a_held_opener(
+    stack: &TestStack,
+    window: &str,
+    extra: &[&str],
+) -> (Relay, ProxyProcess) {
+    let relay = Relay::start(
+        &stack.mlflow.url,
+        Rules::holding(|_, path, body| {
+            path.ends_with("/runs/log-batch") && body.windows(8).any(|w| w == b"\"opener/")
+        }),
+    )
+    .await;
+    let mut args = vec![
+        "--coalesce-window",
+        window,
+        "--coalesce-in-flight-per-run",
+        "1",
+    ];
+    args.extend_from_slice(extra);
+    let proxy =
+        spawn_proxy(&relay.url, &args, stack.dir.path()).expect("starting a coalescing proxy");
+    (relay, proxy)
 }
 
 pub(crate) fn counter(metrics: &str, line_start: &str) -> f64 {
@@ -203,7 +240,7 @@ async fn merged_and_unmerged_writes_store_identical_histories() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn an_invalid_metric_fails_only_its_sender_with_mlflows_own_answer() {
     let stack = TestStack::shared();
-    let proxy = coalescing_proxy(stack, "20ms");
+    let (relay, proxy) = behind_a_held_opener(stack, "20ms", &[]).await;
     let run_id = create_run(&stack.mlflow.url, "coalesce-invalid").await;
     // Parsed by MLflow as written, so it may join a batch, and refused by its validation.
     let bad = json!({"run_id": run_id, "metrics": [
@@ -222,30 +259,39 @@ async fn an_invalid_metric_fails_only_its_sender_with_mlflows_own_answer() {
     let direct = (direct.status().as_u16(), direct.text().await.unwrap());
     assert_eq!(direct.0, 400, "{}", direct.1);
 
-    let proxy = &proxy;
-    let good = (0..8).map(|c| {
-        let body = json!({"run_id": run_id, "metrics": [{"key": format!("client{c}"), "value": c, "timestamp": 10 + c, "step": 0}]});
+    let (proxy, relay) = (&proxy, &relay);
+    let send = |body: Value| {
         let url = format!("{}/api/2.0/mlflow/runs/log-batch", proxy.url);
-        async move {
-            after_the_opener(proxy).await;
+        tokio::spawn(async move {
             let response = http().post(url).json(&body).send().await.unwrap();
             (response.status().as_u16(), response.text().await.unwrap())
-        }
-    });
-    let bad_send = async {
-        after_the_opener(proxy).await;
-        let response = http()
-            .post(format!("{}/api/2.0/mlflow/runs/log-batch", proxy.url))
-            .json(&bad)
-            .send()
-            .await
-            .unwrap();
-        (response.status().as_u16(), response.text().await.unwrap())
+        })
     };
-    let (opened, answers, bad_answer) = tokio::join!(
+    // Eight good requests and the bad one queue behind the held opener, so that they leave in
+    // one batch once it is answered.
+    let (opened, (answers, bad_answer)) = tokio::join!(
         open_with_a_full_batch(&proxy.url, &run_id),
-        join_all(good),
-        bad_send
+        async {
+            relay.until_held(1).await;
+            let good: Vec<_> = (0..8)
+                .map(|c| send(json!({"run_id": run_id, "metrics": [{"key": format!("client{c}"), "value": c, "timestamp": 10 + c, "step": 0}]})))
+                .collect();
+            let bad = send(bad.clone());
+            until_the_coalescer_holds_at_least(
+                proxy,
+                "mlscope_coalesce_queued_requests ",
+                9.0,
+                "the nine requests in its queue",
+            )
+            .await;
+            relay.release();
+            let answers: Vec<_> = join_all(good)
+                .await
+                .into_iter()
+                .map(Result::unwrap)
+                .collect();
+            (answers, bad.await.unwrap())
+        }
     );
     assert_eq!(opened, (200, "{}".to_owned()));
     for (c, answer) in answers.iter().enumerate() {
@@ -270,35 +316,46 @@ async fn an_invalid_metric_fails_only_its_sender_with_mlflows_own_answer() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_client_that_goes_away_loses_nothing_of_the_others() {
     let stack = TestStack::shared();
-    let proxy = coalescing_proxy(stack, "20ms");
+    let (relay, proxy) = behind_a_held_opener(stack, "20ms", &[]).await;
     let run_id = create_run(&stack.mlflow.url, "coalesce-disconnect").await;
     let url = format!("{}/api/2.0/mlflow/runs/log-batch", proxy.url);
     let body = |c: i64| json!({"run_id": run_id, "metrics": [{"key": format!("client{c}"), "value": c, "timestamp": 10 + c, "step": 0}]});
-    // The leaver's request gathers behind the opener with the others, and its connection closes
-    // before their batch leaves.
-    let proxy = &proxy;
-    let leaver = async {
-        after_the_opener(proxy).await;
-        http()
-            .post(url.clone())
-            .json(&body(99))
-            .timeout(std::time::Duration::from_millis(60))
-            .send()
-            .await
-    };
-    let stayers = (0..6).map(|c| {
-        let request = http().post(url.clone()).json(&body(c));
-        async move {
-            after_the_opener(proxy).await;
-            let response = request.send().await.unwrap();
-            (response.status().as_u16(), response.text().await.unwrap())
-        }
-    });
-    let (opened, left, answers) = tokio::join!(
-        open_with_a_full_batch(&proxy.url, &run_id),
-        leaver,
-        join_all(stayers)
-    );
+    // The leaver's request gathers behind the held opener with the others, and its connection
+    // closes before their batch leaves.
+    let (proxy, relay) = (&proxy, &relay);
+    let (opened, (left, answers)) =
+        tokio::join!(open_with_a_full_batch(&proxy.url, &run_id), async {
+            relay.until_held(1).await;
+            let stayers: Vec<_> = (0..6)
+                .map(|c| {
+                    let request = http().post(url.clone()).json(&body(c));
+                    tokio::spawn(async move {
+                        let response = request.send().await.unwrap();
+                        (response.status().as_u16(), response.text().await.unwrap())
+                    })
+                })
+                .collect();
+            until_the_coalescer_holds_at_least(
+                proxy,
+                "mlscope_coalesce_queued_requests ",
+                6.0,
+                "the six stayers in its queue",
+            )
+            .await;
+            let left = http()
+                .post(url.clone())
+                .json(&body(99))
+                .timeout(std::time::Duration::from_millis(60))
+                .send()
+                .await;
+            relay.release();
+            let answers: Vec<_> = join_all(stayers)
+                .await
+                .into_iter()
+                .map(Result::unwrap)
+                .collect();
+            (left, answers)
+        });
     assert_eq!(opened, (200, "{}".to_owned()));
     assert!(
         left.is_err(),
@@ -316,29 +373,10 @@ async fn a_client_that_goes_away_loses_nothing_of_the_others() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_full_queue_answers_429_with_retry_after_and_keeps_what_it_queued() {
     let stack = TestStack::shared();
-    // The opener is held between the proxy and MLflow until the test has seen the queue fill, so
-    // that what is queued behind it is still waiting when the next request comes, however slow
-    // the machine.
-    let relay = Relay::start(
-        &stack.mlflow.url,
-        Rules::holding(|_, path, body| {
-            path.ends_with("/runs/log-batch") && body.windows(8).any(|w| w == b"\"opener/")
-        }),
-    )
-    .await;
-    let proxy = spawn_proxy(
-        &relay.url,
-        &[
-            "--coalesce-window",
-            "20ms",
-            "--coalesce-in-flight-per-run",
-            "1",
-            "--coalesce-max-pending-per-run",
-            "1000",
-        ],
-        stack.dir.path(),
-    )
-    .expect("starting a coalescing proxy");
+    // The opener is held until the test has seen the queue fill, so that what is queued behind
+    // it is still waiting when the next request comes.
+    let (relay, proxy) =
+        behind_a_held_opener(stack, "20ms", &["--coalesce-max-pending-per-run", "1000"]).await;
     let run_id = create_run(&stack.mlflow.url, "coalesce-full").await;
     let batch = |name: &str| {
         let metrics: Vec<Value> = (0..600)
