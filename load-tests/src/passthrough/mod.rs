@@ -9,6 +9,7 @@
 //! target alike, which a run of "all of direct, then all of nginx, then all of the proxy" cannot
 //! promise.
 
+mod breakdown;
 mod open_loop;
 mod report;
 mod workload;
@@ -38,6 +39,9 @@ pub(crate) struct RunFacts {
 /// Measurements per (endpoint, rate, target).
 type Results = BTreeMap<(Endpoint, u32, TargetKind), Measurements>;
 
+/// The proxy's own request log per (endpoint, rate): where its time went.
+type Breakdowns = BTreeMap<(Endpoint, u32), breakdown::Breakdown>;
+
 /// Runs the benchmark against `stack`. Failed requests make the run a failure: latency compared
 /// across targets means little when one of them was answering errors.
 pub(crate) async fn run(
@@ -65,6 +69,8 @@ pub(crate) async fn run(
     let planned = planned_load_time(args, targets.len());
     let bar = progress::timed_bar(planned);
     let mut results = Results::new();
+    let mut breakdowns = Breakdowns::new();
+    let proxy_log = stack.proxy_log_path().to_path_buf();
 
     for &endpoint in &endpoints {
         if !args.warmup.is_zero() {
@@ -82,6 +88,7 @@ pub(crate) async fn run(
             }
         }
         for &rate in &rates {
+            let log_from = breakdown::log_size(&proxy_log);
             for (round, &slice) in slices.iter().enumerate() {
                 for turn in 0..targets.len() {
                     let index = (round + turn) % targets.len();
@@ -102,6 +109,13 @@ pub(crate) async fn run(
                     bar.inc(millis(slice));
                 }
             }
+            // The proxy writes its log lines as it answers; a moment for the last ones.
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            let mut found = breakdown::Breakdown::new();
+            found
+                .read(&proxy_log, log_from, endpoint_path_suffix(endpoint))
+                .with_context(|| format!("reading the proxy's log {}", proxy_log.display()))?;
+            breakdowns.insert((endpoint, rate), found);
         }
     }
     bar.finish_and_clear();
@@ -125,7 +139,7 @@ pub(crate) async fn run(
         })
         .collect();
     Ok(Report {
-        markdown: report::render(args, &facts, &results),
+        markdown: report::render(args, &facts, &results, &breakdowns),
         problems,
     })
 }
@@ -157,6 +171,14 @@ pub(crate) fn endpoint_name(endpoint: Endpoint) -> &'static str {
     match endpoint {
         Endpoint::LogBatch => "log-batch",
         Endpoint::RunsGet => "runs/get",
+    }
+}
+
+/// How the proxy's log names an endpoint's requests (the end of their path).
+fn endpoint_path_suffix(endpoint: Endpoint) -> &'static str {
+    match endpoint {
+        Endpoint::LogBatch => "/runs/log-batch",
+        Endpoint::RunsGet => "/runs/get",
     }
 }
 

@@ -2,9 +2,10 @@
 
 use std::fmt::Write as _;
 
+use super::breakdown;
 use super::open_loop::Measurements;
 use super::workload::BatchContent;
-use super::{endpoint_name, Results, RunFacts};
+use super::{endpoint_name, Breakdowns, Results, RunFacts};
 use crate::cli::{Endpoint, PassthroughArgs};
 use crate::markdown::{command_block, Align, Table};
 use crate::stack::TargetKind;
@@ -16,7 +17,12 @@ const PERCENTILES: [(&str, f64); 3] = [("p50", 0.50), ("p99", 0.99), ("p99.9", 0
 /// Below this many samples p99.9 is simply the slowest request, which the report says.
 const SAMPLES_FOR_P999: u64 = 1_000;
 
-pub(crate) fn render(args: &PassthroughArgs, facts: &RunFacts, results: &Results) -> String {
+pub(crate) fn render(
+    args: &PassthroughArgs,
+    facts: &RunFacts,
+    results: &Results,
+    breakdowns: &Breakdowns,
+) -> String {
     let mut out = String::new();
     let _ = writeln!(out, "### Pass-through overhead\n");
     out.push_str(&command_block(&facts.command_line));
@@ -118,6 +124,7 @@ pub(crate) fn render(args: &PassthroughArgs, facts: &RunFacts, results: &Results
     if let Some(scoping) = scoping_cost(facts, results) {
         out.push_str(&scoping);
     }
+    out.push_str(&inside_the_proxy(facts, results, breakdowns));
     if !error_notes.is_empty() {
         let _ = writeln!(out, "\nErrors:");
         for note in error_notes {
@@ -125,6 +132,64 @@ pub(crate) fn render(args: &PassthroughArgs, facts: &RunFacts, results: &Results
         }
     }
     out
+}
+
+/// Where the proxy's time went, from its own request log: per endpoint and rate, the time
+/// inside it (head to head), MLflow's part, and what is left (its own), beside what the client
+/// saw it add.
+fn inside_the_proxy(facts: &RunFacts, results: &Results, breakdowns: &Breakdowns) -> String {
+    let mut table = Table::new(&[
+        ("endpoint", Align::Left),
+        ("rate req/s", Align::Right),
+        ("requests logged", Align::Right),
+        ("added, client's view p50 / p99 ms", Align::Right),
+        ("inside the proxy p50 / p99 ms", Align::Right),
+        ("upstream's part p50 / p99 ms", Align::Right),
+        ("the proxy's own p50 / p99 ms", Align::Right),
+    ]);
+    let mut rows = 0;
+    for (&(endpoint, rate), found) in breakdowns {
+        if found.requests() == 0 {
+            continue;
+        }
+        let added = |q| {
+            let proxy = results.get(&(endpoint, rate, TargetKind::Proxy));
+            let direct = results.get(&(endpoint, rate, TargetKind::Direct));
+            match proxy {
+                Some(proxy) => added_latency(TargetKind::Proxy, proxy, direct, q),
+                None => "n/a".into(),
+            }
+        };
+        let pair = |h: &hdrhistogram::Histogram<u64>| {
+            format!(
+                "{:.2} / {:.2}",
+                breakdown::ms(h, 0.5),
+                breakdown::ms(h, 0.99)
+            )
+        };
+        table.row(vec![
+            endpoint_label(endpoint, &facts.content),
+            rate.to_string(),
+            found.requests().to_string(),
+            format!("{} / {}", added(0.5), added(0.99)),
+            pair(&found.inside),
+            pair(&found.upstream),
+            pair(&found.own),
+        ]);
+        rows += 1;
+    }
+    if rows == 0 {
+        return String::new();
+    }
+    format!(
+        "\nInside mlscope-proxy, from its request log (`latency_ms`: the request's head reaching \
+         its layers to the answer's head leaving them; `upstream_ms`: from handing the request to \
+         the connection pool to the upstream's answer head, or for a merged batch its whole body). \
+         \"Own\" is the difference: layers, bookkeeping, queues and task hand-overs. What the client \
+         saw added beyond \"inside\" is the extra hop itself: the kernel and hyper reading and \
+         writing on both sides.\n\n{}",
+        table.render()
+    )
 }
 
 fn endpoint_label(endpoint: Endpoint, content: &BatchContent) -> String {
@@ -240,7 +305,7 @@ mod tests {
             rounds: 4,
             slice: Duration::from_secs(5),
         };
-        let report = render(&args, &facts, &results);
+        let report = render(&args, &facts, &results, &Breakdowns::new());
         assert!(
             report.contains("```sh\nmlscope-bench passthrough --rates 20\n```"),
             "{report}"
@@ -287,7 +352,7 @@ mod tests {
             rounds: 2,
             slice: Duration::from_secs(5),
         };
-        let report = render(&args, &facts, &results);
+        let report = render(&args, &facts, &results, &Breakdowns::new());
         assert!(report.contains("| POST runs/log-batch (13 system metrics) | 20 | mlscope-proxy (scoping off) | 10 | 0 | 4.30 | 4.30 | 4.30 | +0.30 | +0.30 | +0.30 |"), "{report}");
         assert!(
             report.contains(

@@ -13,7 +13,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tracing::Instrument;
 
 use crate::plumbing::error::{Error, ProxyError};
-use crate::plumbing::proxy::{request_id, AnsweredBy, Guarded, X_REQUEST_ID};
+use crate::plumbing::proxy::{request_id, AnsweredBy, Guarded, UpstreamTime, X_REQUEST_ID};
 use crate::plumbing::route::RouteClass;
 use crate::plumbing::telemetry::{Metrics, RequestLabels, RouteLabels};
 
@@ -57,9 +57,15 @@ pub(crate) async fn observe(
             .extensions()
             .get::<AnsweredBy>()
             .map_or(AnsweredBy::PROXY.0, |a| a.0);
+        // MLflow's share of it, where MLflow answered (the rest is the proxy's own).
+        let upstream_ms = response
+            .extensions()
+            .get::<UpstreamTime>()
+            .map(|t| t.0.as_secs_f64() * 1e3);
         tracing::info!(
             status,
             latency_ms = elapsed.as_secs_f64() * 1e3,
+            upstream_ms,
             answered_by,
             "answered"
         );

@@ -74,7 +74,7 @@ use crate::plumbing::identity::{NODE_HEADER, RANK_HEADER};
 use crate::plumbing::mlflow::{self, Caller, MlflowError, MlflowVersion, RunTag};
 use crate::plumbing::mlflow_version::LearnedVersion;
 use crate::plumbing::proxy::is_json;
-use crate::plumbing::proxy::{request_id, Forwarder};
+use crate::plumbing::proxy::{request_id, Forwarder, UpstreamTime};
 use crate::plumbing::telemetry::Metrics;
 use claims::{Claims, Settled};
 use concurrency::Concurrency;
@@ -573,6 +573,7 @@ impl Inner {
         };
         *request.headers_mut() = headers;
         let id = request_id(request.headers());
+        let asked = Instant::now();
         let answer = match self.forwarder.send(request, first.original.peer, id).await {
             Ok(response) => response,
             Err(e) => return self.split(batch, &e.to_string()).await,
@@ -595,11 +596,13 @@ impl Inner {
         }
         self.metrics.outcome("merged");
         self.stored(run_id, &batch, items, now.elapsed());
+        let upstream = UpstreamTime(asked.elapsed());
         for member in batch {
             let mut response = Response::new(Body::from(body.clone()));
             *response.status_mut() = parts.status;
             *response.headers_mut() = parts.headers.clone();
             response.headers_mut().remove(header::CONTENT_LENGTH);
+            response.extensions_mut().insert(upstream);
             let _ = member.reply.send(response);
         }
     }

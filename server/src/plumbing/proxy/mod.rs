@@ -7,7 +7,7 @@ mod headers;
 use std::error::Error as StdError;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use axum::body::Body;
 use axum::extract::{ConnectInfo, Request, State};
@@ -47,6 +47,13 @@ impl AnsweredBy {
     /// The artifact gateway's response, served from the object store.
     pub const ARTIFACT_STORE: Self = Self("artifact_store");
 }
+
+/// How long MLflow took to answer a forwarded request, from handing it to the connection pool to
+/// the answer's head (for a merged batch, to the end of its body): the request log line's
+/// `upstream_ms`, so that what the proxy itself adds (`latency_ms` less this) is read per request
+/// rather than guessed from end-to-end percentiles.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct UpstreamTime(pub Duration);
 
 /// Why one of the proxy's own requests to MLflow ([`Forwarder::ask`]) got no answer; the kind
 /// decides whether it is sent again.
@@ -146,6 +153,7 @@ impl Forwarder {
             StreamingBody::new(body, self.timeouts.body_idle, Direction::Request),
         );
 
+        let asked = Instant::now();
         let response = match tokio::time::timeout(
             self.timeouts.response_headers,
             self.client.request(upstream_request),
@@ -170,6 +178,7 @@ impl Forwarder {
         let (mut parts, body) = response.into_parts();
         strip_hop_by_hop(&mut parts.headers);
         parts.extensions.insert(AnsweredBy::UPSTREAM);
+        parts.extensions.insert(UpstreamTime(asked.elapsed()));
         let body = StreamingBody::new(body, self.timeouts.body_idle, Direction::Response);
         Ok(Response::from_parts(parts, Body::new(body)))
     }
