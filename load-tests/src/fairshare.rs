@@ -211,11 +211,13 @@ pub(crate) async fn run(
         args.calm_rate,
         args.duration,
         args.alone,
-        match args.alternate {
-            0 | 1 => String::new(),
-            n => format!(
-                "; the calm clients alone and under the flood alternated {n} times, each window 1/{n} of its phase, the p99 read over all windows of a phase"
-            ),
+        if args.alternate > 1 {
+            format!(
+                "; the calm clients alone and under the flood alternated {n} times, each window 1/{n} of its phase, the p99 read over all windows of a phase",
+                n = args.alternate
+            )
+        } else {
+            String::new()
         },
         table.render(),
         command_block(command_line)
@@ -283,7 +285,7 @@ async fn one_target(
         calm_phase(&client, &url, &calm_runs, args, WARM_UP, 0),
         read_phase(&client, &search, &search_body, args, WARM_UP)
     );
-    let rounds = args.alternate.max(1);
+    let rounds = args.alternate;
     let (alone_each, flood_each) = (args.alone / rounds, args.duration / rounds);
     let mut step = steps_in(WARM_UP);
     let mut next_batches = next_batches;

@@ -36,9 +36,9 @@ impl Breakdown {
         self.own.len()
     }
 
-    /// Reads the log lines written from byte `from` on, for requests whose path ends with
-    /// `path_suffix` and which MLflow answered (the proxy's own answers have no MLflow part).
-    pub(crate) fn read(&mut self, log: &Path, from: u64, path_suffix: &str) -> std::io::Result<()> {
+    /// Reads the log lines written from byte `from` on, for requests to `path` which MLflow
+    /// answered (the proxy's own answers have no MLflow part).
+    pub(crate) fn read(&mut self, log: &Path, from: u64, path: &str) -> std::io::Result<()> {
         let mut file = File::open(log)?;
         file.seek(SeekFrom::Start(from))?;
         for line in BufReader::new(file).lines() {
@@ -46,10 +46,7 @@ impl Breakdown {
             let Ok(entry) = serde_json::from_str::<Value>(&line) else {
                 continue;
             };
-            if !entry["span"]["path"]
-                .as_str()
-                .is_some_and(|p| p.ends_with(path_suffix))
-            {
+            if entry["span"]["path"] != path {
                 continue;
             }
             let (Some(latency), Some(upstream)) =
@@ -92,13 +89,17 @@ mod tests {
         ];
         std::fs::write(&log, lines.join("\n")).unwrap();
         let mut breakdown = Breakdown::new();
-        breakdown.read(&log, 0, "runs/log-batch").unwrap();
+        breakdown
+            .read(&log, 0, "/api/2.0/mlflow/runs/log-batch")
+            .unwrap();
         assert_eq!(breakdown.requests(), 1);
         assert!((ms(&breakdown.own, 0.5) - 0.4).abs() < 0.01);
         assert!((ms(&breakdown.upstream, 0.5) - 0.5).abs() < 0.01);
         // From an offset: only what was written after it.
         let mut later = Breakdown::new();
-        later.read(&log, log_size(&log), "runs/log-batch").unwrap();
+        later
+            .read(&log, log_size(&log), "/api/2.0/mlflow/runs/log-batch")
+            .unwrap();
         assert_eq!(later.requests(), 0);
     }
 }

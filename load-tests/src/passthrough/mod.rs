@@ -113,7 +113,7 @@ pub(crate) async fn run(
             tokio::time::sleep(Duration::from_millis(200)).await;
             let mut found = breakdown::Breakdown::new();
             found
-                .read(&proxy_log, log_from, endpoint_path_suffix(endpoint))
+                .read(&proxy_log, log_from, endpoint_path(endpoint))
                 .with_context(|| format!("reading the proxy's log {}", proxy_log.display()))?;
             breakdowns.insert((endpoint, rate), found);
         }
@@ -174,11 +174,11 @@ pub(crate) fn endpoint_name(endpoint: Endpoint) -> &'static str {
     }
 }
 
-/// How the proxy's log names an endpoint's requests (the end of their path).
-fn endpoint_path_suffix(endpoint: Endpoint) -> &'static str {
+/// The path of an endpoint's requests (as the workload sends them and the proxy logs them).
+pub(crate) fn endpoint_path(endpoint: Endpoint) -> &'static str {
     match endpoint {
-        Endpoint::LogBatch => "/runs/log-batch",
-        Endpoint::RunsGet => "/runs/get",
+        Endpoint::LogBatch => "/api/2.0/mlflow/runs/log-batch",
+        Endpoint::RunsGet => "/api/2.0/mlflow/runs/get",
     }
 }
 

@@ -10,6 +10,7 @@ use std::sync::Arc;
 
 use serde_json::{json, Value};
 
+use super::endpoint_path;
 use super::open_loop::RequestError;
 use crate::cli::Endpoint;
 use crate::http;
@@ -117,7 +118,7 @@ impl Workload {
             Endpoint::LogBatch => {
                 let step = self.next_step.fetch_add(1, Ordering::Relaxed);
                 self.client
-                    .post(format!("{}/api/2.0/mlflow/runs/log-batch", self.base_url))
+                    .post(format!("{}{}", self.base_url, endpoint_path(endpoint)))
                     .json(&log_batch_body(
                         &self.run_id,
                         &self.content,
@@ -127,7 +128,7 @@ impl Workload {
             }
             Endpoint::RunsGet => self
                 .client
-                .get(format!("{}/api/2.0/mlflow/runs/get", self.base_url))
+                .get(format!("{}{}", self.base_url, endpoint_path(endpoint)))
                 .query(&[("run_id", &*self.run_id)]),
         };
         async move {

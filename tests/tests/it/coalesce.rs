@@ -137,21 +137,16 @@ async fn open_with_a_full_batch(proxy: &str, run_id: &str) -> (u16, String) {
 /// Waits until the opener is at MLflow: the proxy's coalescer holds a queue for its run (the
 /// proxy's only run).
 pub(crate) async fn after_the_opener(proxy: &ProxyProcess) {
-    until_the_coalescer_holds(proxy, "mlscope_coalesce_runs ", "the opener's run").await;
+    until_the_coalescer_holds(proxy, "mlscope_coalesce_runs ", 1.0, "the opener's run").await;
 }
 
-/// Waits until the coalescer gauge `series` of the proxy's `/metrics` is at least 1.
-async fn until_the_coalescer_holds(proxy: &ProxyProcess, series: &str, what: &str) {
-    until_the_coalescer_holds_at_least(proxy, series, 1.0, what).await;
+/// Waits until `n` requests wait in the proxy's coalescer queues.
+async fn until_queued(proxy: &ProxyProcess, n: f64, what: &str) {
+    until_the_coalescer_holds(proxy, "mlscope_coalesce_queued_requests ", n, what).await;
 }
 
 /// Waits until the coalescer gauge `series` of the proxy's `/metrics` is at least `n`.
-async fn until_the_coalescer_holds_at_least(
-    proxy: &ProxyProcess,
-    series: &str,
-    n: f64,
-    what: &str,
-) {
+async fn until_the_coalescer_holds(proxy: &ProxyProcess, series: &str, n: f64, what: &str) {
     eventually(
         std::time::Duration::from_secs(30),
         format_args!("the coalescer holds {what} ({series}>= {n})"),
@@ -188,6 +183,23 @@ async fn behind_a_held_opener(
     let proxy =
         spawn_proxy(&relay.url, &args, stack.dir.path()).expect("starting a coalescing proxy");
     (relay, proxy)
+}
+
+/// Sends `request` (a log-batch) on a task of its own: its status and body, once answered.
+fn spawn_send(request: reqwest::RequestBuilder) -> tokio::task::JoinHandle<(u16, String)> {
+    tokio::spawn(async move {
+        let response = request.send().await.unwrap();
+        (response.status().as_u16(), response.text().await.unwrap())
+    })
+}
+
+/// The answers of requests sent with [`spawn_send`], in their order.
+async fn answers_of(sent: Vec<tokio::task::JoinHandle<(u16, String)>>) -> Vec<(u16, String)> {
+    join_all(sent)
+        .await
+        .into_iter()
+        .map(Result::unwrap)
+        .collect()
 }
 
 pub(crate) fn counter(metrics: &str, line_start: &str) -> f64 {
@@ -260,13 +272,8 @@ async fn an_invalid_metric_fails_only_its_sender_with_mlflows_own_answer() {
     assert_eq!(direct.0, 400, "{}", direct.1);
 
     let (proxy, relay) = (&proxy, &relay);
-    let send = |body: Value| {
-        let url = format!("{}/api/2.0/mlflow/runs/log-batch", proxy.url);
-        tokio::spawn(async move {
-            let response = http().post(url).json(&body).send().await.unwrap();
-            (response.status().as_u16(), response.text().await.unwrap())
-        })
-    };
+    let url = format!("{}/api/2.0/mlflow/runs/log-batch", proxy.url);
+    let send = |body: Value| spawn_send(http().post(&url).json(&body));
     // Eight good requests and the bad one queue behind the held opener, so that they leave in
     // one batch once it is answered.
     let (opened, (answers, bad_answer)) = tokio::join!(
@@ -277,20 +284,9 @@ async fn an_invalid_metric_fails_only_its_sender_with_mlflows_own_answer() {
                 .map(|c| send(json!({"run_id": run_id, "metrics": [{"key": format!("client{c}"), "value": c, "timestamp": 10 + c, "step": 0}]})))
                 .collect();
             let bad = send(bad.clone());
-            until_the_coalescer_holds_at_least(
-                proxy,
-                "mlscope_coalesce_queued_requests ",
-                9.0,
-                "the nine requests in its queue",
-            )
-            .await;
+            until_queued(proxy, 9.0, "the nine requests in its queue").await;
             relay.release();
-            let answers: Vec<_> = join_all(good)
-                .await
-                .into_iter()
-                .map(Result::unwrap)
-                .collect();
-            (answers, bad.await.unwrap())
+            (answers_of(good).await, bad.await.unwrap())
         }
     );
     assert_eq!(opened, (200, "{}".to_owned()));
@@ -327,21 +323,9 @@ async fn a_client_that_goes_away_loses_nothing_of_the_others() {
         tokio::join!(open_with_a_full_batch(&proxy.url, &run_id), async {
             relay.until_held(1).await;
             let stayers: Vec<_> = (0..6)
-                .map(|c| {
-                    let request = http().post(url.clone()).json(&body(c));
-                    tokio::spawn(async move {
-                        let response = request.send().await.unwrap();
-                        (response.status().as_u16(), response.text().await.unwrap())
-                    })
-                })
+                .map(|c| spawn_send(http().post(url.clone()).json(&body(c))))
                 .collect();
-            until_the_coalescer_holds_at_least(
-                proxy,
-                "mlscope_coalesce_queued_requests ",
-                6.0,
-                "the six stayers in its queue",
-            )
-            .await;
+            until_queued(proxy, 6.0, "the six stayers in its queue").await;
             let left = http()
                 .post(url.clone())
                 .json(&body(99))
@@ -349,12 +333,7 @@ async fn a_client_that_goes_away_loses_nothing_of_the_others() {
                 .send()
                 .await;
             relay.release();
-            let answers: Vec<_> = join_all(stayers)
-                .await
-                .into_iter()
-                .map(Result::unwrap)
-                .collect();
-            (left, answers)
+            (left, answers_of(stayers).await)
         });
     assert_eq!(opened, (200, "{}".to_owned()));
     assert!(
@@ -395,12 +374,7 @@ async fn a_full_queue_answers_429_with_retry_after_and_keeps_what_it_queued() {
         tokio::join!(open_with_a_full_batch(&proxy.url, &run_id), async {
             relay.until_held(1).await;
             let first = tokio::spawn(send(batch("queued")));
-            until_the_coalescer_holds(
-                proxy,
-                "mlscope_coalesce_queued_requests ",
-                "a request in its queue",
-            )
-            .await;
+            until_queued(proxy, 1.0, "a request in its queue").await;
             let second = send(batch("refused")).await;
             relay.release();
             (first.await.unwrap(), second)
