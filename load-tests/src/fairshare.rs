@@ -71,12 +71,15 @@ impl Calm {
 }
 
 /// What the flood got in one phase.
-#[derive(Default, Clone, Copy)]
+#[derive(Default, Clone)]
 struct Flood {
     ok: u64,
     refused: u64,
     failed: u64,
     seconds: f64,
+    /// Every answer other than 200: (writer, batch, what came back), so that a batch stored
+    /// although it was not acknowledged can be traced to the answer its writer got.
+    not_ok: Vec<(usize, i64, String)>,
 }
 
 impl Flood {
@@ -86,6 +89,7 @@ impl Flood {
         self.refused += other.refused;
         self.failed += other.failed;
         self.seconds += other.seconds;
+        self.not_ok.extend(other.not_ok);
     }
 
     /// Samples acknowledged per second.
@@ -106,6 +110,9 @@ struct Outcome {
     flood: Flood,
     acknowledged: u64,
     stored: u64,
+    /// Flood batches MLflow holds more than once, each with the answers its writer got for it
+    /// before the 200 (the writer sends a batch again, with new timestamps, after any other).
+    twice: Vec<(usize, i64, Vec<String>)>,
     /// The proxy's learned write limit, sampled every half second under the flood.
     limits: Vec<f64>,
 }
@@ -141,10 +148,14 @@ pub(crate) async fn run(
             "flood batches beside the calm: ok / 429 / failed",
             Align::Right,
         ),
-        ("samples stored ≥ acknowledged", Align::Right),
+        (
+            "samples stored ≥ acknowledged (flood batches stored twice)",
+            Align::Right,
+        ),
         ("learned limit: min / median / max", Align::Right),
     ]);
     let mut problems = Vec::new();
+    let mut twice = Vec::new();
     for o in &outcomes {
         let ratio = |alone: &Calm, loaded: &Calm| loaded.p99_ms() / alone.p99_ms().max(0.001);
         let ok = |c: &Calm| {
@@ -175,7 +186,7 @@ pub(crate) async fn run(
                     / o.flood_alone.samples_per_second().max(0.001)
             ),
             format!("{} / {} / {}", o.flood.ok, o.flood.refused, o.flood.failed),
-            format!("{} ≥ {}", o.stored, o.acknowledged),
+            format!("{} ≥ {} ({})", o.stored, o.acknowledged, o.twice.len()),
             if o.limits.is_empty() {
                 "–".to_owned()
             } else {
@@ -184,6 +195,24 @@ pub(crate) async fn run(
                 format!("{} / {} / {}", l[0], l[l.len() / 2], l[l.len() - 1])
             },
         ]);
+        for (writer, batch, answers) in &o.twice {
+            let said = if answers.is_empty() {
+                "no answer other than 200 recorded".to_owned()
+            } else {
+                answers.join(" | ")
+            };
+            twice.push(format!(
+                "- {}: flood writer {writer}, batch {batch}, answered before its 200: {said}",
+                o.target.kind.label()
+            ));
+            // Refused means not stored: a 4xx tells the client to send it again.
+            if answers.iter().any(|a| a.starts_with('4')) {
+                problems.push(format!(
+                    "{}: flood writer {writer}'s batch {batch} was refused ({said}) and stored",
+                    o.target.kind.label()
+                ));
+            }
+        }
         // Writes that timed out may have been stored too: stored can exceed acknowledged.
         if o.stored < o.acknowledged {
             problems.push(format!(
@@ -203,7 +232,7 @@ pub(crate) async fn run(
         None => None,
     };
     let markdown = format!(
-        "## One client flooding writes, ten calm ones (fair-share)\n\nMLflow {} on {}.\n\n{} flood writers of one client (each into its own run, a tag and {FLOOD_METRICS} metrics per log-batch, no pause; first alone for `--alone`, then, once the calm clients write, beside them) and {} calm clients writing a one-metric log-batch {} times a second each, with a UI reader searching the runs as often, for {:?}; the calm clients' and the reader's p99 alone was measured first, for {:?}, after {WARM_UP:?} of warming up{}. Through mlscope-proxy {settings}; every client has its own credential and `X-Forwarded-For` address (trusted from loopback). \"Stored\": samples counted back from MLflow, at least those of every write answered 200 (a write that timed out may be stored too). \"failed\": no answer within 30 s.\n\n{}\n{}",
+        "## One client flooding writes, ten calm ones (fair-share)\n\nMLflow {} on {}.\n\n{} flood writers of one client (each into its own run, a tag and {FLOOD_METRICS} metrics per log-batch, no pause; first alone for `--alone`, then, once the calm clients write, beside them) and {} calm clients writing a one-metric log-batch {} times a second each, with a UI reader searching the runs as often, for {:?}; the calm clients' and the reader's p99 alone was measured first, for {:?}, after {WARM_UP:?} of warming up{}. Through mlscope-proxy {settings}; every client has its own credential and `X-Forwarded-For` address (trusted from loopback). \"Stored\": samples counted back from MLflow, at least those of every write answered 200 (a write that timed out may be stored too). \"failed\": no answer within 30 s.\n\n{}\n{}{}",
         version.as_deref().unwrap_or("(version not reported)"),
         args.stack.backend_label(),
         args.flood_writers,
@@ -220,6 +249,14 @@ pub(crate) async fn run(
             String::new()
         },
         table.render(),
+        if twice.is_empty() {
+            String::new()
+        } else {
+            format!(
+                "Flood batches MLflow holds twice (a writer sends a batch again, with new timestamps, after any answer but 200):\n\n{}\n\n",
+                twice.join("\n")
+            )
+        },
         command_block(command_line)
     );
     Ok(Report { markdown, problems })
@@ -339,11 +376,22 @@ async fn one_target(
     let acknowledged =
         (flood_alone.ok + flood.ok) * FLOOD_METRICS as u64 + warm.ok + alone.ok + loaded.ok;
     let mut stored = 0u64;
-    for run in &flood_runs {
-        stored += count(&client, mlflow, run, "flood").await?;
+    let mut twice = Vec::new();
+    let not_ok: Vec<_> = flood_alone.not_ok.iter().chain(&flood.not_ok).collect();
+    for (writer, run) in flood_runs.iter().enumerate() {
+        let steps = stored_steps(&client, mlflow, run, "flood").await?;
+        stored += steps.len() as u64;
+        for batch in batches_stored_twice(&steps) {
+            let answers = not_ok
+                .iter()
+                .filter(|(w, b, _)| (*w, *b) == (writer, batch))
+                .map(|(_, _, what)| what.clone())
+                .collect();
+            twice.push((writer, batch, answers));
+        }
     }
     for run in &calm_runs {
-        stored += count(&client, mlflow, run, "calm").await?;
+        stored += stored_steps(&client, mlflow, run, "calm").await?.len() as u64;
     }
     Ok(Outcome {
         target,
@@ -355,8 +403,22 @@ async fn one_target(
         flood,
         acknowledged,
         stored,
+        twice,
         limits,
     })
+}
+
+/// The flood batches some step of which MLflow holds more than once.
+fn batches_stored_twice(steps: &[i64]) -> Vec<i64> {
+    let mut seen = std::collections::HashSet::new();
+    let mut twice: Vec<i64> = steps
+        .iter()
+        .filter(|step| !seen.insert(**step))
+        .map(|step| step / FLOOD_METRICS as i64)
+        .collect();
+    twice.sort_unstable();
+    twice.dedup();
+    twice
 }
 
 /// The flood's writers, each into its own run from batch `next_batches[i]`, back to back for
@@ -370,7 +432,7 @@ async fn flood_phase(
 ) -> (Flood, Vec<i64>) {
     let started = Instant::now();
     let stop = started + duration;
-    let writers = runs.iter().zip(next_batches).map(|(run, first)| {
+    let writers = runs.iter().zip(next_batches).enumerate().map(|(writer, (run, first))| {
         let (client, url, run) = (client.clone(), url.to_owned(), run.clone());
         async move {
             let mut flood = Flood::default();
@@ -380,15 +442,22 @@ async fn flood_phase(
                     .map(|j| json!({"key": "flood", "value": j as f64, "timestamp": now_ms(), "step": batch * FLOOD_METRICS as i64 + j}))
                     .collect();
                 let body = json!({"run_id": run, "metrics": metrics, "tags": [{"key": "batch", "value": batch.to_string()}]});
-                match send(&client, &url, FLOOD_CLIENT, &body).await {
+                let answer = send_read(&client, &url, FLOOD_CLIENT, &body).await;
+                match answer.as_ref().map(|(status, _)| *status) {
                     Some(200) => {
                         flood.ok += 1;
                         batch += 1;
+                        continue;
                     }
                     // Straight back, as a hostile client would: no backoff.
                     Some(429) => flood.refused += 1,
                     _ => flood.failed += 1,
                 }
+                let what = answer.map_or_else(
+                    || "no answer".to_owned(),
+                    |(status, body)| format!("{status} {}", body.chars().take(120).collect::<String>()),
+                );
+                flood.not_ok.push((writer, batch, what));
             }
             (flood, batch)
         }
@@ -403,6 +472,7 @@ async fn flood_phase(
         total.ok += flood.ok;
         total.refused += flood.refused;
         total.failed += flood.failed;
+        total.not_ok.extend(flood.not_ok);
         next.push(batch);
     }
     (total, next)
@@ -489,6 +559,18 @@ async fn read_phase(
 
 /// POSTs `body` as `who`; the status, `None` when no answer came.
 async fn send(client: &reqwest::Client, url: &str, who: Client<'_>, body: &Value) -> Option<u16> {
+    send_read(client, url, who, body)
+        .await
+        .map(|(status, _)| status)
+}
+
+/// As [`send`], with the answer's body.
+async fn send_read(
+    client: &reqwest::Client,
+    url: &str,
+    who: Client<'_>,
+    body: &Value,
+) -> Option<(u16, String)> {
     let response = client
         .post(url)
         .header("x-forwarded-for", who.address)
@@ -499,8 +581,8 @@ async fn send(client: &reqwest::Client, url: &str, who: Client<'_>, body: &Value
         .await
         .ok()?;
     let status = response.status().as_u16();
-    let _ = response.bytes().await;
-    Some(status)
+    let body = response.text().await.unwrap_or_default();
+    Some((status, body))
 }
 
 async fn create(
@@ -522,14 +604,14 @@ async fn create(
     Ok(response.json().await?)
 }
 
-/// Samples of `key` MLflow stores for `run`, every page.
-async fn count(
+/// The steps of every sample of `key` MLflow stores for `run`, every page.
+async fn stored_steps(
     client: &reqwest::Client,
     mlflow: &str,
     run: &str,
     key: &str,
-) -> anyhow::Result<u64> {
-    let mut total = 0u64;
+) -> anyhow::Result<Vec<i64>> {
+    let mut steps = Vec::new();
     let mut token: Option<String> = None;
     loop {
         let mut query = vec![
@@ -547,10 +629,16 @@ async fn count(
             .await?
             .json()
             .await?;
-        total += page["metrics"].as_array().map_or(0, |m| m.len() as u64);
+        steps.extend(
+            page["metrics"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|m| m["step"].as_i64().unwrap_or(-1)),
+        );
         match page["next_page_token"].as_str() {
             Some(next) if !next.is_empty() => token = Some(next.to_owned()),
-            _ => return Ok(total),
+            _ => return Ok(steps),
         }
     }
 }

@@ -52,6 +52,7 @@ mod settings;
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -129,6 +130,36 @@ struct RunQueue {
     timer: bool,
 }
 
+/// A batch taken from its run's queue to be sent, and what it holds at MLflow.
+struct Formed {
+    batch: Vec<Member>,
+    claims: Arc<Claims>,
+}
+
+/// A batch of a run on its way to MLflow: when it is done, or abandoned (its client went away
+/// while it was sent on the client's own task), its place at MLflow is given back and the run's
+/// queue goes on.
+struct Sending {
+    this: Arc<Inner>,
+    run_id: Arc<str>,
+    claims: Arc<Claims>,
+}
+
+impl Drop for Sending {
+    fn drop(&mut self) {
+        let Sending {
+            this,
+            run_id,
+            claims,
+        } = self;
+        if let Some(run) = this.runs.lock().expect("coalescer lock").get_mut(run_id) {
+            run.in_flight -= 1;
+            run.at_mlflow.retain(|c| !Arc::ptr_eq(c, claims));
+        }
+        Inner::pump(this, run_id);
+    }
+}
+
 /// One client request waiting in a batch.
 struct Member {
     merge: MergeKey,
@@ -139,6 +170,8 @@ struct Member {
     /// The request as the rewriter prepared it, to be sent alone if the batch fails.
     original: Original,
     enqueued: Instant,
+    /// Which request this is, among all the coalescer queued.
+    ticket: u64,
     reply: oneshot::Sender<Response>,
     _budget: OwnedSemaphorePermit,
 }
@@ -161,6 +194,7 @@ impl Member {
         (parts, body, peer): (http::request::Parts, Bytes, SocketAddr),
         budget: OwnedSemaphorePermit,
     ) -> (Member, oneshot::Receiver<Response>) {
+        static TICKETS: AtomicU64 = AtomicU64::new(0);
         let (reply, answer) = oneshot::channel();
         let member = Member {
             merge: MergeKey {
@@ -177,6 +211,7 @@ impl Member {
                 peer,
             },
             enqueued: Instant::now(),
+            ticket: TICKETS.fetch_add(1, Ordering::Relaxed),
             reply,
             _budget: budget,
         };
@@ -413,10 +448,26 @@ impl Inner {
         member: Member,
         answer: oneshot::Receiver<Response>,
     ) -> Response {
-        if Inner::enqueue(this, run_id, member).is_err() {
-            return this.reject("pending_per_run", "its limit of queued writes for this run");
+        let ticket = member.ticket;
+        match Inner::enqueue(this, run_id.clone(), member, ticket) {
+            Err(_) => {
+                return this.reject("pending_per_run", "its limit of queued writes for this run")
+            }
+            // Its batch is itself alone: sent on this request's own task, with no hand-over to
+            // another task and back. A client that goes away takes it along, as it would a
+            // request forwarded as it came; the run's next batch goes meanwhile.
+            Ok(Some(own)) => {
+                let sending = Sending {
+                    this: this.clone(),
+                    run_id,
+                    claims: own.claims,
+                };
+                this.send(&sending.run_id, own.batch).await;
+            }
+            // A batch shared with others is sent by its own task: a client that goes away loses
+            // only its answer.
+            Ok(None) => {}
         }
-        // The batch is sent by its own task: a client that goes away loses only its answer.
         answer.await.unwrap_or_else(|_| {
             Error::Unavailable(
                 "mlscope-proxy lost this request's batch while shutting down; retry".into(),
@@ -425,7 +476,14 @@ impl Inner {
         })
     }
 
-    fn enqueue(this: &Arc<Inner>, run_id: Arc<str>, member: Member) -> Result<(), Box<Member>> {
+    /// Queues `member` and sends what is ready; the batch of `own` (a ticket) alone, when it is
+    /// ready, is handed back to be sent by the caller.
+    fn enqueue(
+        this: &Arc<Inner>,
+        run_id: Arc<str>,
+        member: Member,
+        own: u64,
+    ) -> Result<Option<Formed>, Box<Member>> {
         {
             let mut runs = this.runs.lock().expect("coalescer lock");
             let run = runs.entry(run_id.clone()).or_insert_with(|| {
@@ -440,28 +498,34 @@ impl Inner {
             run.queue.push_back(member);
             this.metrics.queued(1);
         }
-        Inner::pump(this, &run_id);
-        Ok(())
+        Ok(Inner::pump_keeping(this, &run_id, Some(own)))
     }
 
     /// Sends what is ready of the run's queue, or arms the timer for when it will be.
     fn pump(this: &Arc<Inner>, run_id: &Arc<str>) {
+        Inner::pump_keeping(this, run_id, None);
+    }
+
+    /// As [`Inner::pump`]; a batch of the request `own` (a ticket) alone is not given a task but
+    /// handed back, to be sent by the caller.
+    fn pump_keeping(this: &Arc<Inner>, run_id: &Arc<str>, own: Option<u64>) -> Option<Formed> {
+        let mut kept = None;
         loop {
             let mut runs = this.runs.lock().expect("coalescer lock");
             let Some(run) = runs.get_mut(run_id) else {
-                return;
+                return kept;
             };
             let Some(oldest) = run.queue.front().map(|m| m.enqueued) else {
                 if run.in_flight == 0 && !run.timer {
                     runs.remove(run_id);
                     this.metrics.runs(-1);
                 }
-                return;
+                return kept;
             };
             let limit = this.concurrency.lock().expect("coalescer lock").limit();
             if run.in_flight >= limit {
                 // The batch at MLflow pumps again when it returns.
-                return;
+                return kept;
             }
             let members = plan(&run.queue);
             let claims = {
@@ -475,7 +539,7 @@ impl Inner {
                 if claims.conflicts(&run.at_mlflow, settled) {
                     // A param or tag another batch at MLflow writes: it waits until that one
                     // is stored.
-                    return;
+                    return kept;
                 }
                 Arc::new(claims)
             };
@@ -506,7 +570,7 @@ impl Inner {
                         .in_current_span(),
                     );
                 }
-                return;
+                return kept;
             }
             let batch: Vec<Member> = run.queue.drain(..members).collect();
             run.items -= batch.iter().map(|m| m.writes.items()).sum::<usize>();
@@ -514,17 +578,21 @@ impl Inner {
             run.in_flight += 1;
             run.at_mlflow.push(claims.clone());
             drop(runs);
-            let this = this.clone();
-            let run_id = run_id.clone();
+            if let [only] = batch.as_slice() {
+                if Some(only.ticket) == own && kept.is_none() {
+                    kept = Some(Formed { batch, claims });
+                    continue;
+                }
+            }
+            let sending = Sending {
+                this: this.clone(),
+                run_id: run_id.clone(),
+                claims,
+            };
             // Sent in the span of the request that completed the batch (its request id).
             tokio::spawn(
                 async move {
-                    this.send(&run_id, batch).await;
-                    if let Some(run) = this.runs.lock().expect("coalescer lock").get_mut(&run_id) {
-                        run.in_flight -= 1;
-                        run.at_mlflow.retain(|c| !Arc::ptr_eq(c, &claims));
-                    }
-                    Inner::pump(&this, &run_id);
+                    sending.this.send(&sending.run_id, batch).await;
                 }
                 .in_current_span(),
             );

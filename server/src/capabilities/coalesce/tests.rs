@@ -335,3 +335,27 @@ async fn a_batch_mlflow_refuses_is_split_and_each_write_gets_its_own_answer_in_o
         ]
     );
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_lone_write_whose_client_goes_away_at_mlflow_gives_its_runs_place_back() {
+    let stand_in = StandIn::new(StatusCode::OK);
+    let coalescer = coalescer(&stand_in, 1);
+    // An idle run's write goes at once, alone, on its client's own task; the client goes away
+    // while MLflow holds it.
+    let gone = submit(&coalescer, metric(0));
+    stand_in.received(1).await;
+    gone.abort();
+    assert!(gone.await.unwrap_err().is_cancelled());
+    // The run's one place at MLflow is free again: the next write goes at once, not after a
+    // batch nobody waits for.
+    let next = submit(&coalescer, metric(1));
+    // On the paused clock: an hour passes at once when nothing else can happen.
+    tokio::time::timeout(Duration::from_secs(3600), stand_in.received(2))
+        .await
+        .expect("the next write waited for the abandoned one");
+    stand_in.gate.add_permits(1);
+    assert_eq!(next.await.unwrap(), StatusCode::OK);
+    let log = stand_in.log();
+    assert_eq!((log[1].0, steps(&log[1].1)), ("alone", vec![1]));
+    assert!(coalescer.inner.runs.lock().unwrap().is_empty());
+}

@@ -17,7 +17,19 @@
 //!   `SLACK` more); within `GROW_BELOW` times the mean and `TAIL_GROW_BELOW` times the 90th
 //!   percentile, with the heavy writes using the limit, it grows by `GROW_STEP`, up to the
 //!   ceiling. Without light writes there is nobody to protect and no evidence: the limit holds.
-//!   It starts at `INITIAL_LIMIT` and never goes below one.
+//!   It starts at `INITIAL_LIMIT` and never goes below one. MLflow takes whole writes: as many
+//!   are let through at once as the limit holds whole (what [`Governor::limit`] reports).
+//! - **The limit rises only where MLflow does more with it.** A write at MLflow beyond what its
+//!   workers and cores can work on at once adds latency, not throughput: on a small machine the
+//!   light writes pay for it before their budget notices. So the governor keeps, for each whole
+//!   limit it ran at with the heavy writes using it, their **yield** (bytes of heavy writes MLflow
+//!   answered per second, an average over the windows at that limit). Growth to a limit whose
+//!   recent yield (`YIELD_FRESH`) shows that its last write added less than `MARGINAL` of what a
+//!   write there adds on average stops below it, and a limit found so steps down one (at least
+//!   `YIELD_WINDOWS` windows at each). A limit cut for the light writes' sake is measured on the
+//!   way down, so the limit does not climb back where it did not pay; once the yield above is
+//!   stale it is tried again (a second or so every `YIELD_FRESH`), so the governor finds out
+//!   when MLflow's capacity grew.
 //! - **Writers** are the clients with a write MLflow answered in the last `ACTIVE_FOR`;
 //!   readers are not counted (the proxy never refuses a read, and a reader does not make a
 //!   writer's share smaller). A writer's **load** is the larger of its writes at MLflow now and
@@ -69,6 +81,15 @@ const GROW_STEP: f64 = 0.5;
 const HEAVY_BYTES: u64 = 4096;
 /// A write of at most this many samples is light: its latency is the limit's signal.
 const LIGHT_SAMPLES: usize = 10;
+/// One more write at MLflow must add at least this much of what a write there adds on average
+/// (its yield over the limit's), or the limit does not rise to it.
+const MARGINAL: f64 = 0.5;
+/// A limit's yield older than this is stale: that limit may be tried again.
+const YIELD_FRESH: Duration = Duration::from_secs(30);
+/// Windows at a limit before its yield counts.
+const YIELD_WINDOWS: u32 = 4;
+/// Weight of a new window in a limit's yield.
+const YIELD_NEW: f64 = 0.3;
 /// The limit never goes below one write at once.
 const MIN_LIMIT: f64 = 1.0;
 /// Where the limit starts.
@@ -177,6 +198,16 @@ pub(crate) struct Governor<K> {
     /// (window end, mean light latency in seconds) of every window of the last `BASELINE_SPAN`
     /// with evidence, oldest first: the fallback baseline before any quiet window.
     means: VecDeque<(Instant, f64)>,
+    /// The heavy writes' yield at each whole limit (index), once measured.
+    yields: Vec<Option<Yield>>,
+}
+
+/// What MLflow answered of heavy writes per second at one limit, with them using it.
+#[derive(Debug, Clone, Copy)]
+struct Yield {
+    bytes_per_second: f64,
+    windows: u32,
+    at: Instant,
 }
 
 /// The writers other than one client: how many, their total weight, their total load.
@@ -202,6 +233,8 @@ struct Window {
     latency_sum: f64,
     latency_max: f64,
     heavy_peak: usize,
+    /// Bytes of heavy writes MLflow answered in the window.
+    heavy_bytes: f64,
 }
 
 impl Window {
@@ -212,6 +245,7 @@ impl Window {
             latency_sum: 0.0,
             latency_max: 0.0,
             heavy_peak: heavy_at_mlflow,
+            heavy_bytes: 0.0,
         }
     }
 }
@@ -229,6 +263,7 @@ impl<K: Hash + Eq + Clone> Governor<K> {
             census: None,
             quiet: VecDeque::with_capacity(QUIET_KEPT),
             means: VecDeque::new(),
+            yields: vec![None; max_limit as usize + 1],
         }
     }
 
@@ -275,7 +310,9 @@ impl<K: Hash + Eq + Clone> Governor<K> {
 
     /// Whether a write of `client` may go to MLflow now; it counts once [`Governor::forwarded`].
     pub(crate) fn admit(&mut self, client: &K, now: Instant) -> Verdict {
-        if (self.at_mlflow as f64) < self.limit {
+        // The limit is learned in fractions; MLflow takes whole writes, as many as the limit
+        // holds (what `limit()` reports).
+        if self.at_mlflow < self.limit() {
             return Verdict::Admitted;
         }
         let others = self.others(client, now);
@@ -354,6 +391,9 @@ impl<K: Hash + Eq + Clone> Governor<K> {
         if now.saturating_duration_since(self.window.started) >= WINDOW {
             self.close_window(now);
         }
+        if bytes > HEAVY_BYTES && latency.is_some() {
+            self.window.heavy_bytes += bytes as f64;
+        }
         if let Some(latency) = latency.filter(|_| samples <= LIGHT_SAMPLES) {
             let latency = latency.as_secs_f64();
             self.window.answered += 1;
@@ -404,16 +444,74 @@ impl<K: Hash + Eq + Clone> Governor<K> {
         };
         let slack = SLACK.as_secs_f64();
         let in_use = window.heavy_peak as f64 >= (self.limit * 0.75).min(self.limit - 0.5);
+        let level = self.limit();
+        if in_use {
+            let seconds = now.saturating_duration_since(window.started).as_secs_f64();
+            self.measured(level, window.heavy_bytes / seconds.max(1e-3), now);
+        }
+        let grown = (self.limit + GROW_STEP).min(self.max_limit);
         if mean > OVERRUN * base + slack {
             self.limit = (self.limit / 2.0).max(MIN_LIMIT);
         } else if mean > BUDGET * base + slack || window.latency_max > TAIL_BUDGET * tail + slack {
             self.limit = (self.limit * 0.8).max(MIN_LIMIT);
+        } else if level > 1 && self.pays(level, now) == Some(false) {
+            self.limit = (level - 1) as f64;
         } else if mean <= GROW_BELOW * base + slack
             && window.latency_max <= TAIL_GROW_BELOW * tail + slack
             && in_use
+            && self.may_rise_to(grown as usize, level, now)
         {
-            self.limit = (self.limit + GROW_STEP).min(self.max_limit);
+            self.limit = grown;
         }
+    }
+
+    /// Adds a window's yield at limit `level`.
+    fn measured(&mut self, level: usize, bytes_per_second: f64, now: Instant) {
+        let Some(slot) = self.yields.get_mut(level) else {
+            return;
+        };
+        *slot = Some(match *slot {
+            Some(y) if now.saturating_duration_since(y.at) < YIELD_FRESH => Yield {
+                bytes_per_second: y.bytes_per_second * (1.0 - YIELD_NEW)
+                    + bytes_per_second * YIELD_NEW,
+                windows: y.windows + 1,
+                at: now,
+            },
+            _ => Yield {
+                bytes_per_second,
+                windows: 1,
+                at: now,
+            },
+        });
+    }
+
+    /// Whether the limit may grow from whole limit `level` into `next`: within it; else once the
+    /// yield at `level` is known, to a limit whose yield is not (to find out) or is known to pay.
+    fn may_rise_to(&self, next: usize, level: usize, now: Instant) -> bool {
+        next == level
+            || (self.yield_at(level, now).is_some()
+                && (self.yield_at(next, now).is_none() || self.pays(next, now) == Some(true)))
+    }
+
+    /// The yield at limit `level` (bytes per second), when measured over `YIELD_WINDOWS` windows
+    /// and lately.
+    fn yield_at(&self, level: usize, now: Instant) -> Option<f64> {
+        self.yields
+            .get(level)
+            .copied()
+            .flatten()
+            .filter(|y| {
+                y.windows >= YIELD_WINDOWS && now.saturating_duration_since(y.at) < YIELD_FRESH
+            })
+            .map(|y| y.bytes_per_second)
+    }
+
+    /// Whether the last write of limit `level` (over `level - 1`) added at least `MARGINAL` of
+    /// what a write adds on average there, by the yields of both; `None` when either is not known.
+    fn pays(&self, level: usize, now: Instant) -> Option<bool> {
+        let above = self.yield_at(level, now)?;
+        let below = self.yield_at(level.checked_sub(1)?, now)?;
+        Some(above - below >= MARGINAL * above / level as f64)
     }
 }
 
@@ -469,7 +567,8 @@ mod tests {
         assert_eq!(g.limit(), 4);
         // Heavy writes using the limit, light ones answered within 1.1× their own: it grows by
         // half a write per window, to its ceiling.
-        for _ in 0..130 {
+        // (Each limit is measured for `YIELD_WINDOWS` windows before the next is tried.)
+        for _ in 0..300 {
             let limit = g.limit();
             load(&mut g, &mut now, 1, limit, 5, 22 * MS);
         }
@@ -495,7 +594,10 @@ mod tests {
         // Light writes slow without anything heavy at MLflow are MLflow's own pace, not
         // contention: the baseline follows them.
         load(&mut g, &mut now, 60, 0, 5, 100 * MS);
-        load(&mut g, &mut now, 4, 6, 5, 110 * MS);
+        for _ in 0..2 * YIELD_WINDOWS {
+            let limit = g.limit();
+            load(&mut g, &mut now, 1, limit, 5, 110 * MS);
+        }
         assert_eq!(g.limit(), 6);
         // Two light answers in a window are no evidence.
         load(&mut g, &mut now, 10, 6, 2, 400 * MS);
@@ -520,6 +622,60 @@ mod tests {
         g.forwarded(&"calm", 0, now);
         g.answered(&"calm", &"calm", 0, None, 1, now);
         assert_eq!(g.limit(), 4);
+    }
+
+    /// As [`load`], with MLflow saturated: whatever the limit, it answers the same bytes of heavy
+    /// writes per window (48 kB), in as many writes as the limit lets through.
+    fn saturated(g: &mut Governor<&'static str>, now: &mut Instant, windows: u32) -> Vec<usize> {
+        let mut limits = Vec::new();
+        for _ in 0..windows {
+            let heavy = g.limit();
+            let bytes = 48_000 / heavy as u64;
+            for _ in 0..heavy {
+                g.forwarded(&"flood", bytes, *now);
+            }
+            for _ in 0..5 {
+                g.forwarded(&"calm", 150, *now);
+                g.answered(&"calm", &"calm", 150, Some(20 * MS), 1, *now + 20 * MS);
+            }
+            for _ in 0..heavy {
+                g.answered(
+                    &"flood",
+                    &"flood",
+                    bytes,
+                    Some(WINDOW),
+                    100,
+                    *now + WINDOW - MS,
+                );
+            }
+            *now += WINDOW;
+            g.forwarded(&"calm", 0, *now);
+            g.answered(&"calm", &"calm", 0, None, 1, *now);
+            limits.push(g.limit());
+        }
+        limits
+    }
+
+    #[test]
+    fn the_limit_does_not_rise_where_mlflow_does_no_more_with_it() {
+        let mut now = Instant::now();
+        let mut g = Governor::new(64, now);
+        load(&mut g, &mut now, 10, 0, 5, 20 * MS);
+        // The light writes within budget would let it grow; one write more (5) is tried, yields
+        // nothing more, and the limit goes back to 4 and stays there.
+        let limits = saturated(&mut g, &mut now, 20);
+        assert_eq!(limits.iter().max(), Some(&5), "{limits:?}");
+        assert_eq!(limits[limits.len() - 10..], [4; 10], "{limits:?}");
+        // A cut for the light writes' sake (one window over budget) is measured on the way down,
+        // and the limit does not climb back to where it did not pay.
+        load(&mut g, &mut now, 1, 4, 5, 40 * MS);
+        assert_eq!(g.limit(), 3);
+        let limits = saturated(&mut g, &mut now, 10);
+        assert_eq!(limits, [3; 10]);
+        // Once what it knows of 4 is stale (30 s), 4 is tried again, and left again.
+        let limits = saturated(&mut g, &mut now, 70);
+        assert!(limits.contains(&4), "{limits:?}");
+        assert_eq!(limits[limits.len() - 5..], [3; 5], "{limits:?}");
     }
 
     #[test]
