@@ -198,7 +198,8 @@ pub(crate) struct Governor<K> {
     /// (window end, mean light latency in seconds) of every window of the last `BASELINE_SPAN`
     /// with evidence, oldest first: the fallback baseline before any quiet window.
     means: VecDeque<(Instant, f64)>,
-    /// The heavy writes' yield at each whole limit (index), once measured.
+    /// The heavy writes' yield at each whole limit (index), once measured; as long as the highest
+    /// limit measured.
     yields: Vec<Option<Yield>>,
 }
 
@@ -263,7 +264,7 @@ impl<K: Hash + Eq + Clone> Governor<K> {
             census: None,
             quiet: VecDeque::with_capacity(QUIET_KEPT),
             means: VecDeque::new(),
-            yields: vec![None; max_limit as usize + 1],
+            yields: Vec::new(),
         }
     }
 
@@ -467,9 +468,10 @@ impl<K: Hash + Eq + Clone> Governor<K> {
 
     /// Adds a window's yield at limit `level`.
     fn measured(&mut self, level: usize, bytes_per_second: f64, now: Instant) {
-        let Some(slot) = self.yields.get_mut(level) else {
-            return;
-        };
+        if self.yields.len() <= level {
+            self.yields.resize(level + 1, None);
+        }
+        let slot = &mut self.yields[level];
         *slot = Some(match *slot {
             Some(y) if now.saturating_duration_since(y.at) < YIELD_FRESH => Yield {
                 bytes_per_second: y.bytes_per_second * (1.0 - YIELD_NEW)
@@ -532,29 +534,41 @@ mod tests {
         latency: Duration,
     ) {
         for _ in 0..windows {
-            for _ in 0..heavy {
-                g.forwarded(&"flood", 8000, *now);
-            }
-            for _ in 0..light {
-                g.forwarded(&"calm", 150, *now);
-                g.answered(&"calm", &"calm", 150, Some(latency), 1, *now + latency);
-            }
-            // The heavy writes are answered at the window's end (theirs is no light latency).
-            for _ in 0..heavy {
-                g.answered(
-                    &"flood",
-                    &"flood",
-                    8000,
-                    Some(WINDOW),
-                    100,
-                    *now + WINDOW - MS,
-                );
-            }
-            *now += WINDOW;
-            // Only the window closes (an abandoned write).
-            g.forwarded(&"calm", 0, *now);
-            g.answered(&"calm", &"calm", 0, None, 1, *now);
+            window(g, now, (heavy, 8000), light, latency);
         }
+    }
+
+    /// One window: `heavy.0` heavy writes of `heavy.1` bytes at MLflow throughout, `light` light
+    /// writes each answered after `latency`.
+    fn window(
+        g: &mut Governor<&'static str>,
+        now: &mut Instant,
+        (heavy, bytes): (usize, u64),
+        light: usize,
+        latency: Duration,
+    ) {
+        for _ in 0..heavy {
+            g.forwarded(&"flood", bytes, *now);
+        }
+        for _ in 0..light {
+            g.forwarded(&"calm", 150, *now);
+            g.answered(&"calm", &"calm", 150, Some(latency), 1, *now + latency);
+        }
+        // The heavy writes are answered at the window's end (theirs is no light latency).
+        for _ in 0..heavy {
+            g.answered(
+                &"flood",
+                &"flood",
+                bytes,
+                Some(WINDOW),
+                100,
+                *now + WINDOW - MS,
+            );
+        }
+        *now += WINDOW;
+        // Only the window closes (an abandoned write).
+        g.forwarded(&"calm", 0, *now);
+        g.answered(&"calm", &"calm", 0, None, 1, *now);
     }
 
     #[test]
@@ -630,27 +644,7 @@ mod tests {
         let mut limits = Vec::new();
         for _ in 0..windows {
             let heavy = g.limit();
-            let bytes = 48_000 / heavy as u64;
-            for _ in 0..heavy {
-                g.forwarded(&"flood", bytes, *now);
-            }
-            for _ in 0..5 {
-                g.forwarded(&"calm", 150, *now);
-                g.answered(&"calm", &"calm", 150, Some(20 * MS), 1, *now + 20 * MS);
-            }
-            for _ in 0..heavy {
-                g.answered(
-                    &"flood",
-                    &"flood",
-                    bytes,
-                    Some(WINDOW),
-                    100,
-                    *now + WINDOW - MS,
-                );
-            }
-            *now += WINDOW;
-            g.forwarded(&"calm", 0, *now);
-            g.answered(&"calm", &"calm", 0, None, 1, *now);
+            window(g, now, (heavy, 48_000 / heavy as u64), 5, 20 * MS);
             limits.push(g.limit());
         }
         limits
