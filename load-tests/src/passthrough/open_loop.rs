@@ -2,9 +2,15 @@
 //!
 //! A closed loop (send, wait, send) slows down together with the server and so hides exactly the
 //! stalls a benchmark is looking for ("coordinated omission"). Here request `i` is *scheduled* for
-//! `start + i / rate` and its latency is measured from that scheduled instant to the end of the
-//! response body, so time spent waiting behind a slow request — for a timer, or for one of the
-//! bounded in-flight slots — counts against the target that caused it.
+//! `start + i / rate` and its latency is measured from when the generator's timer let it go to
+//! the end of the response body, so time spent waiting behind a slow request for one of the
+//! bounded in-flight slots counts against the target that caused it.
+//!
+//! Not from the scheduled instant itself when the generator was on time: tokio's timer fires on
+//! whole milliseconds, so each send leaves up to a millisecond after its schedule, by an amount that depends on where a slice's
+//! start fell between two ticks and stays the same for the whole slice (periods are whole
+//! milliseconds). Counted in, that lateness shifted each slice's latencies by a different
+//! fraction of a millisecond, larger than the differences between proxies being measured.
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -44,7 +50,7 @@ pub(crate) struct OpenLoop {
 /// Latencies of successful requests and counts of failed ones, accumulated over slices.
 #[derive(Debug, Clone)]
 pub(crate) struct Measurements {
-    /// Microseconds from scheduled send to the end of the response body.
+    /// Microseconds from the send's release by the timer to the end of the response body.
     pub(crate) latency_micros: Histogram<u64>,
     pub(crate) errors: ErrorCounts,
     /// Requests the schedule asked for (successes + errors, including dropped ones).
@@ -91,7 +97,15 @@ impl OpenLoop {
         for sequence in 0..count {
             // Computed from `start`, not from the previous send: timer lateness never accumulates.
             let scheduled = start + period.mul_f64(sequence as f64);
+            // On time, the send waits for the timer, whose lateness is the generator's; already
+            // late (held up by a slot the target kept busy), it counts from its schedule.
+            let on_time = Instant::now() < scheduled;
             tokio::time::sleep_until(scheduled).await;
+            let released = if on_time {
+                Instant::now().max(scheduled)
+            } else {
+                scheduled
+            };
             let slot =
                 match tokio::time::timeout_at(send_deadline, slots.clone().acquire_owned()).await {
                     Ok(Ok(slot)) => slot,
@@ -108,7 +122,7 @@ impl OpenLoop {
                     Err(_) => Err(RequestError::Timeout),
                 };
                 drop(slot);
-                (scheduled, Instant::now(), outcome)
+                (released, Instant::now(), outcome)
             });
             while let Some(done) = in_flight.try_join_next() {
                 into.record(done);
@@ -147,8 +161,8 @@ impl Measurements {
         done: Result<(Instant, Instant, Result<(), RequestError>), tokio::task::JoinError>,
     ) {
         match done {
-            Ok((scheduled, finished, Ok(()))) => {
-                let micros = finished.saturating_duration_since(scheduled).as_micros();
+            Ok((released, finished, Ok(()))) => {
+                let micros = finished.saturating_duration_since(released).as_micros();
                 self.latency_micros
                     .saturating_record(u64::try_from(micros).unwrap_or(u64::MAX).max(1));
             }
@@ -215,7 +229,7 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
-    async fn latency_is_measured_from_the_scheduled_send_not_the_actual_one() {
+    async fn time_waiting_for_a_slot_counts_against_the_target() {
         // 10 requests/s for 1 s, each taking 200 ms, one slot: request i is scheduled at i·100 ms
         // but can only start at i·200 ms, so it completes (i+1)·200 ms after the start.
         let mut measured = Measurements::new();

@@ -110,9 +110,10 @@ pub(crate) fn render(
 
     let _ = writeln!(
         out,
-        "\nLatency runs from each request's *scheduled* send time to the last byte of its response \
-         (open loop, so a stall delays the requests behind it and shows in their latency), over \
-         successful requests only. `+` columns: target minus direct at the same endpoint and rate."
+        "\nLatency runs from each request's release by the generator's timer (on the millisecond \
+         tick at or after its scheduled send) to the last byte of its response; time waiting for an \
+         in-flight slot counts (open loop, so a stall delays the requests behind it and shows in \
+         their latency). Successful requests only. `+` columns: target minus direct at the same endpoint and rate."
     );
     if few_samples {
         let _ = writeln!(

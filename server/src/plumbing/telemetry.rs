@@ -135,9 +135,15 @@ pub struct ReasonLabels {
 /// the request metrics here, and every family a component registers into it when it is built
 /// ([`Metrics::register`]: the coalescer's, the fair share's, the gateway's, run health's), each
 /// component holding the handles of its own.
+///
+/// One allocation shared by every clone: a clone is taken for every request (the layers' state),
+/// and copying each family's handle cost a dozen atomic increments and decrements per request.
 #[derive(Clone)]
-pub struct Metrics {
-    registry: Arc<Mutex<Registry>>,
+pub struct Metrics(Arc<MetricFamilies>);
+
+/// The families behind [`Metrics`].
+pub struct MetricFamilies {
+    registry: Mutex<Registry>,
     pub requests: Family<RequestLabels, Counter>,
     pub latency: Family<RouteLabels, Histogram, fn() -> Histogram>,
     pub upstream_errors: Family<ErrorLabels, Counter>,
@@ -151,6 +157,14 @@ pub struct Metrics {
     bodies_passed_through: Family<ReasonLabels, Counter>,
     bodies_rejected: Family<ReasonLabels, Counter>,
     store_up: Gauge,
+}
+
+impl std::ops::Deref for Metrics {
+    type Target = MetricFamilies;
+
+    fn deref(&self) -> &MetricFamilies {
+        &self.0
+    }
 }
 
 fn latency_histogram() -> Histogram {
@@ -235,8 +249,8 @@ impl Metrics {
             "1 while the state store took this replica's last write (every 15 s and at each /readyz), 0 when it failed",
             store_up.clone(),
         );
-        Self {
-            registry: Arc::new(Mutex::new(registry)),
+        Self(Arc::new(MetricFamilies {
+            registry: Mutex::new(registry),
             store_up,
             requests,
             latency,
@@ -249,7 +263,7 @@ impl Metrics {
             elections,
             bodies_passed_through,
             bodies_rejected,
-        }
+        }))
     }
 
     /// Registers a family a component keeps the handle of (its name under the `mlscope_`

@@ -22,6 +22,7 @@ use crate::capabilities::metric_routes;
 use crate::plumbing::layers::{self, ConcurrencyLimit};
 use crate::plumbing::proxy;
 use crate::shell::config::Config;
+use crate::shell::serve::Serving;
 use crate::shell::state::AppState;
 
 /// The MLflow-facing route table: the requests mlscope changes, each answered by its capability,
@@ -142,17 +143,17 @@ pub async fn run(
     let stopped = move |mut rx: tokio::sync::watch::Receiver<bool>| async move {
         let _ = rx.wait_for(|stop| *stop).await;
     };
-    let main = crate::shell::serve::serve(
+    let mut serving = Serving::start(
         listener,
         app(state.clone(), config.serve.max_in_flight),
         config.serve.inbound,
         state.metrics.clone(),
-        stopped(stop_rx.clone()),
-    );
+        config.serve.threads,
+    )
+    .context("starting the serving threads")?;
     let admin = axum::serve(admin_listener, crate::shell::admin::router(state.clone()))
         .with_graceful_shutdown(stopped(stop_rx))
         .into_future();
-    let mut main = tokio::spawn(main);
     let admin = tokio::spawn(admin);
     let replica_row = tokio::spawn(refresh_replica(state.clone()));
     let sweeper = tokio::spawn(sweep(state.clone(), config.store.state_retention));
@@ -164,23 +165,18 @@ pub async fn run(
     let health = config.health.enabled.then(|| state.health.spawn());
 
     tokio::select! {
-        result = &mut main => {
-            // The server ended on its own: that is an error, not a shutdown.
-            result.context("server task")?;
+        () = serving.stopped() => {
+            // A serving thread ended on its own: that is an error, not a shutdown.
             anyhow::bail!("the MLflow-facing listener stopped serving");
         }
         () = shutdown => {
             tracing::info!(grace = ?config.serve.shutdown_grace, "shutdown requested; draining in-flight requests");
             state.draining.store(true, Ordering::Relaxed);
             let _ = stop_tx.send(true);
-            match tokio::time::timeout(config.serve.shutdown_grace, &mut main).await {
-                Ok(result) => {
-                    result.context("server task")?;
-                    tracing::info!("drained");
-                }
+            match tokio::time::timeout(config.serve.shutdown_grace, serving.drain()).await {
+                Ok(()) => tracing::info!("drained"),
                 Err(_) => {
                     tracing::warn!(in_flight = state.metrics.in_flight.get(), "shutdown grace expired; abandoning in-flight requests");
-                    main.abort();
                 }
             }
         }
@@ -200,6 +196,9 @@ pub async fn run(
     coalescer_adapts.abort();
     let _ = tokio::time::timeout(Duration::from_secs(1), admin).await;
     state.store.close().await;
+    // Only now may the serving threads' runtimes end: the flush above may have used a state-store
+    // connection one of them opened.
+    drop(serving);
     Ok(())
 }
 

@@ -40,6 +40,9 @@ pub struct ServeConfig {
     pub max_in_flight: usize,
     /// How long in-flight requests may run on after SIGTERM/SIGINT.
     pub shutdown_grace: Duration,
+    /// Threads serving the MLflow-facing listener, each accepting and serving its connections
+    /// to the end (see [`Serving`]).
+    pub threads: usize,
 }
 
 impl Default for ServeConfig {
@@ -50,6 +53,7 @@ impl Default for ServeConfig {
             inbound: InboundLimits::default(),
             max_in_flight: 1024,
             shutdown_grace: Duration::from_secs(30),
+            threads: default_threads(),
         }
     }
 }
@@ -65,8 +69,23 @@ impl ServeConfig {
         if self.max_in_flight == 0 {
             return Err("max-in-flight must be at least 1".into());
         }
+        if !(1..=MAX_SERVE_THREADS).contains(&self.threads) {
+            return Err(format!(
+                "serve-threads must be between 1 and {MAX_SERVE_THREADS}, not {}",
+                self.threads
+            ));
+        }
         self.inbound.validate()
     }
+}
+
+/// Most serving threads: far more than any machine's cores, few enough that a typo cannot start
+/// a hundred thousand threads.
+const MAX_SERVE_THREADS: usize = 1024;
+
+/// One serving thread per core this process may use (its cgroup's CPU quota included).
+fn default_threads() -> usize {
+    std::thread::available_parallelism().map_or(1, usize::from)
 }
 
 /// What one client connection may hold. None of it limits a transfer that keeps moving.
@@ -143,6 +162,11 @@ pub(crate) struct ServeOptions {
     #[arg(long, env = "MLSCOPE_SHUTDOWN_GRACE", value_parser = parse_duration, value_name = "DURATION")]
     #[serde(default, with = "humantime_serde")]
     pub shutdown_grace: Option<Duration>,
+    /// Threads serving the MLflow-facing listener; each accepts connections and serves them to
+    /// the end on a runtime and MLflow connection pool of its own [default: one per CPU core
+    /// this process may use].
+    #[arg(long, env = "MLSCOPE_SERVE_THREADS", value_name = "N")]
+    pub serve_threads: Option<usize>,
 }
 
 fn listen_in_file<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<ListenAddr>, D::Error> {
@@ -171,18 +195,156 @@ impl ServeOptions {
             },
             max_in_flight: self.max_in_flight.unwrap_or(d.max_in_flight),
             shutdown_grace: self.shutdown_grace.unwrap_or(d.shutdown_grace),
+            threads: self.serve_threads.unwrap_or(d.threads),
         }
     }
 }
 
-/// Serves `router` on `listener` until `shutdown` resolves, then stops accepting and lets open
-/// connections finish their requests (the caller bounds how long).
-pub(crate) async fn serve(
+/// How far the serving threads are: serving, draining their connections, or free to end.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Phase {
+    Serve,
+    Drain,
+    Release,
+}
+
+/// The MLflow-facing listener served by threads of its own, each with a single-threaded runtime
+/// that accepts connections and serves them to the end, as an event-loop server's workers do.
+///
+/// A connection's request, its trip to MLflow (on the thread's own connection pool, see
+/// [`crate::plumbing::proxy::use_pool`]) and its answer all run on the thread that accepted it:
+/// no other thread is woken and no task moves between cores on the way. On a work-stealing
+/// runtime a request that reads a body woke a parked worker every time (hyper wakes the
+/// connection's own task as its body is taken, and tokio hands a task that wakes itself to the
+/// other workers), which cost tenths of a millisecond at low request rates. Shared state (the
+/// coalescer, the fair share, the state store) is reached from every thread alike; background
+/// work stays on the main runtime.
+///
+/// The threads' runtimes outlive the drain: a state-store connection opened while serving is
+/// driven by the runtime that opened it, so they end only when this is dropped.
+pub(crate) struct Serving {
+    phase: tokio::sync::watch::Sender<Phase>,
+    ended: tokio::sync::mpsc::Receiver<()>,
+    threads: usize,
+    drained: usize,
+}
+
+/// Tells [`Serving`] that its thread stopped serving (drained, failed or panicked).
+struct EndedGuard(tokio::sync::mpsc::Sender<()>);
+
+impl Drop for EndedGuard {
+    fn drop(&mut self) {
+        // The channel holds one message per thread: this never finds it full.
+        let _ = self.0.try_send(());
+    }
+}
+
+impl Serving {
+    /// Starts `threads` serving threads on `listener` (at least one).
+    pub(crate) fn start(
+        listener: TcpListener,
+        router: Router,
+        limits: InboundLimits,
+        metrics: Metrics,
+        threads: usize,
+    ) -> std::io::Result<Serving> {
+        let threads = threads.max(1);
+        let listener = listener.into_std()?;
+        let (phase, _) = tokio::sync::watch::channel(Phase::Serve);
+        let (ended_tx, ended) = tokio::sync::mpsc::channel(threads);
+        // The cap on connections holds for the listener, not per thread.
+        let slots = Arc::new(Semaphore::new(limits.max_connections));
+        for index in 1..=threads {
+            let listener = listener.try_clone()?;
+            let (router, metrics, slots) = (router.clone(), metrics.clone(), slots.clone());
+            let mut phase = phase.subscribe();
+            let ended = EndedGuard(ended_tx.clone());
+            std::thread::Builder::new()
+                .name(format!("mlscope-serve-{index}"))
+                .spawn(move || {
+                    let runtime = match tokio::runtime::Builder::new_current_thread()
+                        .enable_all()
+                        .build()
+                    {
+                        Ok(runtime) => runtime,
+                        Err(e) => {
+                            tracing::error!(error = %e, thread = index, "a serving thread could not start its runtime");
+                            return;
+                        }
+                    };
+                    crate::plumbing::proxy::use_pool(index);
+                    runtime.block_on(async move {
+                        let mut released = phase.clone();
+                        let released = async move {
+                            let _ = released.wait_for(|p| *p == Phase::Release).await;
+                        };
+                        tokio::pin!(released);
+                        let served = async {
+                            let listener = match TcpListener::from_std(listener) {
+                                Ok(listener) => listener,
+                                Err(e) => {
+                                    tracing::error!(error = %e, thread = index, "a serving thread could not watch the listener");
+                                    return;
+                                }
+                            };
+                            let drain = async move {
+                                let _ = phase.wait_for(|p| *p >= Phase::Drain).await;
+                            };
+                            accept(listener, router, limits, metrics, slots, drain).await;
+                        };
+                        tokio::select! {
+                            () = served => {
+                                drop(ended);
+                                released.await;
+                            }
+                            () = &mut released => {}
+                        }
+                    });
+                })?;
+        }
+        Ok(Serving {
+            phase,
+            ended,
+            threads,
+            drained: 0,
+        })
+    }
+
+    /// Resolves when a serving thread stops without having been asked to: serving has failed.
+    pub(crate) async fn stopped(&mut self) {
+        if self.ended.recv().await.is_some() {
+            self.drained += 1;
+        }
+    }
+
+    /// Stops accepting and resolves once every thread's open connections have finished their
+    /// requests (the caller bounds how long).
+    pub(crate) async fn drain(&mut self) {
+        let _ = self.phase.send(Phase::Drain);
+        while self.drained < self.threads {
+            match self.ended.recv().await {
+                Some(()) => self.drained += 1,
+                None => break,
+            }
+        }
+    }
+}
+
+impl Drop for Serving {
+    fn drop(&mut self) {
+        let _ = self.phase.send(Phase::Release);
+    }
+}
+
+/// One serving thread's loop: accepts connections on `listener` and serves `router` on them
+/// until `drain` resolves, then stops accepting and lets open connections finish their requests.
+async fn accept(
     listener: TcpListener,
     router: Router,
     limits: InboundLimits,
     metrics: Metrics,
-    shutdown: impl Future<Output = ()>,
+    slots: Arc<Semaphore>,
+    drain: impl Future<Output = ()>,
 ) {
     let mut builder = Builder::new(TokioExecutor::new());
     builder
@@ -196,15 +358,14 @@ pub(crate) async fn serve(
         .timer(TokioTimer::new())
         .max_header_list_size(u32::try_from(limits.max_header_bytes).unwrap_or(u32::MAX));
     let builder = Arc::new(builder);
-    let slots = Arc::new(Semaphore::new(limits.max_connections));
     let graceful = GracefulShutdown::new();
-    tokio::pin!(shutdown);
+    tokio::pin!(drain);
     loop {
         // Wait for a free slot before accepting: excess connections queue in the kernel's backlog
         // instead of costing memory here.
         let slot = tokio::select! {
             slot = slots.clone().acquire_owned() => slot.expect("the slot semaphore is never closed"),
-            () = &mut shutdown => break,
+            () = &mut drain => break,
         };
         let (stream, peer) = tokio::select! {
             accepted = listener.accept() => match accepted {
@@ -216,7 +377,7 @@ pub(crate) async fn serve(
                     continue;
                 }
             },
-            () = &mut shutdown => break,
+            () = &mut drain => break,
         };
         // Small MLflow responses must not wait for Nagle's algorithm and the client's delayed ACK.
         if let Err(e) = stream.set_nodelay(true) {
@@ -246,4 +407,113 @@ pub(crate) async fn serve(
     }
     drop(listener);
     graceful.shutdown().await;
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+
+    use axum::routing::get;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    use super::*;
+
+    /// Sends `GET path` on a connection of its own and returns the answer's body.
+    async fn get_body(addr: SocketAddr, path: &str) -> String {
+        let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let request = format!("GET {path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n");
+        stream.write_all(request.as_bytes()).await.unwrap();
+        let mut answer = String::new();
+        stream.read_to_string(&mut answer).await.unwrap();
+        assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+        answer
+            .split("\r\n\r\n")
+            .nth(1)
+            .unwrap_or_default()
+            .to_owned()
+    }
+
+    fn thread_name() -> String {
+        std::thread::current().name().unwrap_or_default().to_owned()
+    }
+
+    #[tokio::test]
+    async fn a_thread_held_up_leaves_the_others_serving_and_a_drain_lets_requests_finish() {
+        // `/hold` blocks its whole thread until released, so that other connections can only be
+        // served by another thread. `/slow` waits without blocking, until released.
+        let (entered_tx, mut entered) = tokio::sync::mpsc::unbounded_channel::<()>();
+        let (hold_tx, hold_rx) = std::sync::mpsc::channel::<()>();
+        let hold_rx = Arc::new(Mutex::new(hold_rx));
+        let slow = Arc::new(tokio::sync::Notify::new());
+        let finished = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let router = Router::new()
+            .route("/where", get(|| async { thread_name() }))
+            .route(
+                "/hold",
+                get({
+                    let entered_tx = entered_tx.clone();
+                    move || async move {
+                        let _ = entered_tx.send(());
+                        let _ = hold_rx.lock().unwrap().recv();
+                        thread_name()
+                    }
+                }),
+            )
+            .route(
+                "/slow",
+                get({
+                    let (slow, finished) = (slow.clone(), finished.clone());
+                    move || async move {
+                        let _ = entered_tx.send(());
+                        slow.notified().await;
+                        finished.store(true, std::sync::atomic::Ordering::SeqCst);
+                        "finished"
+                    }
+                }),
+            );
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let mut serving = Serving::start(
+            listener,
+            router,
+            InboundLimits::default(),
+            Metrics::new(),
+            2,
+        )
+        .unwrap();
+
+        let held = tokio::spawn(get_body(addr, "/hold"));
+        entered.recv().await.unwrap();
+        let mut others = std::collections::BTreeSet::new();
+        for _ in 0..5 {
+            others.insert(get_body(addr, "/where").await);
+        }
+        hold_tx.send(()).unwrap();
+        let held_by = held.await.unwrap();
+        assert!(held_by.starts_with("mlscope-serve-"), "{held_by}");
+        assert!(
+            others.len() == 1 && !others.contains(&held_by),
+            "served while {held_by} was held: {others:?}"
+        );
+
+        // A request in flight when the drain starts is answered before the drain ends, and the
+        // listener closes.
+        let in_flight = tokio::spawn(get_body(addr, "/slow"));
+        entered.recv().await.unwrap();
+        let release = async {
+            while tokio::net::TcpStream::connect(addr).await.is_ok() {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+            slow.notify_one();
+        };
+        let drained = async {
+            serving.drain().await;
+            assert!(
+                finished.load(std::sync::atomic::Ordering::SeqCst),
+                "the drain ended with a request in flight"
+            );
+        };
+        tokio::join!(drained, release);
+        assert_eq!(in_flight.await.unwrap(), "finished");
+    }
 }

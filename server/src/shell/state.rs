@@ -19,9 +19,21 @@ use crate::plumbing::store::{Replica, Store};
 use crate::plumbing::telemetry::Metrics;
 use crate::shell::config::Config;
 
-/// Everything a handler may need; cheap to clone.
+/// Everything a handler may need; cheap to clone (one shared allocation: the route table clones
+/// it for every request).
 #[derive(Clone)]
-pub struct AppState {
+pub struct AppState(Arc<Components>);
+
+impl std::ops::Deref for AppState {
+    type Target = Components;
+
+    fn deref(&self) -> &Components {
+        &self.0
+    }
+}
+
+/// The components behind [`AppState`].
+pub struct Components {
     pub forwarder: Forwarder,
     pub store: Store,
     pub metrics: Metrics,
@@ -64,7 +76,8 @@ impl AppState {
                 config.scopes.dedup_config,
             )
         });
-        let forwarder = Forwarder::new(&config.forwarder, metrics.clone());
+        let forwarder =
+            Forwarder::with_pools(&config.forwarder, metrics.clone(), config.serve.threads + 1);
         let authorizer = (dedup.is_some() || config.artifacts.destination.is_some())
             .then(|| Authorizer::new(forwarder.clone(), config.artifacts.authz_cache_ttl));
         let mut rewriter = MetricsRewriter::new(config.scopes.clone(), dedup, metrics.clone())
@@ -112,7 +125,7 @@ impl AppState {
             config.trusted_proxies.clone(),
             metrics.clone(),
         );
-        Ok(Self {
+        Ok(Self(Arc::new(Components {
             forwarder,
             artifacts,
             authorizer,
@@ -125,7 +138,7 @@ impl AppState {
             fair_share,
             upstream_version,
             draining: Arc::new(AtomicBool::new(false)),
-        })
+        })))
     }
 }
 

@@ -70,10 +70,24 @@ pub enum AskError {
     Timeout { upstream: String, after: Duration },
 }
 
-/// The upstream MLflow server and the pooled client that reaches it.
+thread_local! {
+    /// Which of a forwarder's connection pools requests made on this thread use.
+    static POOL: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+/// Makes requests to MLflow made on this thread use connection pool `index` of every forwarder
+/// that has that many (any other thread uses pool 0). A serving thread takes its own, so that a
+/// request, its connection to MLflow and that connection's task stay on one thread.
+pub fn use_pool(index: usize) {
+    POOL.with(|pool| pool.set(index));
+}
+
+/// The upstream MLflow server and the pooled clients that reach it.
 #[derive(Clone)]
 pub struct Forwarder {
-    client: Client<HttpConnector, UpstreamBody>,
+    /// One client (connection pool) per serving thread and one for every other thread; see
+    /// [`use_pool`].
+    clients: Arc<[Client<HttpConnector, UpstreamBody>]>,
     upstream: Arc<Upstream>,
     host_header: HostHeader,
     timeouts: Timeouts,
@@ -81,7 +95,14 @@ pub struct Forwarder {
 }
 
 impl Forwarder {
+    /// A forwarder with one connection pool, shared by every thread.
     pub fn new(config: &ForwarderConfig, metrics: Metrics) -> Self {
+        Self::with_pools(config, metrics, 1)
+    }
+
+    /// A forwarder with `pools` connection pools (at least one): pool 0 for threads that took
+    /// none, and one for each serving thread. Each pool keeps up to `max_idle` idle connections.
+    pub fn with_pools(config: &ForwarderConfig, metrics: Metrics, pools: usize) -> Self {
         let mut connector = HttpConnector::new();
         connector.set_connect_timeout(Some(config.timeouts.connect));
         connector.set_nodelay(true);
@@ -89,17 +110,27 @@ impl Forwarder {
         // Idle connections are dropped before MLflow's server closes them (uvicorn's keep-alive
         // timeout is 5 s): reusing one the server is closing fails the request with "connection
         // closed before message completed".
-        let client = Client::builder(TokioExecutor::new())
-            .pool_idle_timeout(UPSTREAM_IDLE_TIMEOUT)
-            .pool_max_idle_per_host(config.max_idle)
-            .build(connector);
+        let clients = (0..pools.max(1))
+            .map(|_| {
+                Client::builder(TokioExecutor::new())
+                    .pool_idle_timeout(UPSTREAM_IDLE_TIMEOUT)
+                    .pool_max_idle_per_host(config.max_idle)
+                    .build(connector.clone())
+            })
+            .collect();
         Self {
-            client,
+            clients,
             upstream: Arc::new(config.upstream.clone()),
             host_header: config.host_header,
             timeouts: config.timeouts,
             metrics,
         }
+    }
+
+    /// This thread's connection pool.
+    fn client(&self) -> &Client<HttpConnector, UpstreamBody> {
+        let index = POOL.with(std::cell::Cell::get);
+        &self.clients[index % self.clients.len()]
     }
 
     pub fn upstream(&self) -> &Upstream {
@@ -156,7 +187,7 @@ impl Forwarder {
         let asked = Instant::now();
         let response = match tokio::time::timeout(
             self.timeouts.response_headers,
-            self.client.request(upstream_request),
+            self.client().request(upstream_request),
         )
         .await
         {
@@ -232,7 +263,7 @@ impl Forwarder {
         *request.headers_mut() = headers;
         let upstream = || self.upstream.url();
         let exchange = async {
-            let response = self.client.request(request).await.map_err(|e| {
+            let response = self.client().request(request).await.map_err(|e| {
                 let reason = root_cause(&e).to_string();
                 // A pooled connection MLflow was closing as the request went out.
                 if find_in_chain::<hyper::Error>(&e)
@@ -297,7 +328,7 @@ impl Forwarder {
         let request = http::Request::get(uri)
             .body(body)
             .map_err(|e| e.to_string())?;
-        match self.client.request(request).await {
+        match self.client().request(request).await {
             Ok(response) => Ok(response.status()),
             Err(e) => Err(root_cause(&e).to_string()),
         }

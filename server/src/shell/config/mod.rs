@@ -351,6 +351,20 @@ mod tests {
     }
 
     #[test]
+    fn serving_threads_default_to_the_cores_and_none_is_refused() {
+        let cores = std::thread::available_parallelism().map_or(1, usize::from);
+        assert_eq!(Config::from_args(["p"]).unwrap().serve.threads, cores);
+        let c = Config::from_args(["p", "--serve-threads", "3"]).unwrap();
+        assert_eq!(c.serve.threads, 3);
+        let err = Config::from_args(["p", "--serve-threads", "0"]).unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("serve-threads must be between 1 and 1024, not 0"),
+            "{err}"
+        );
+    }
+
+    #[test]
     fn scope_settings_come_from_flags_and_file() {
         let mut file = tempfile::NamedTempFile::new().unwrap();
         writeln!(file, "dedup_failover_timeout = \"45s\"\nmax_inspect_body = \"2MiB\"\nowner_pattern = \"^(?P<node>[a-z]+)/w(?P<rank>\\\\d+)$\"").unwrap();
