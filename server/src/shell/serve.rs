@@ -83,9 +83,12 @@ impl ServeConfig {
 /// a hundred thousand threads.
 const MAX_SERVE_THREADS: usize = 1024;
 
-/// One serving thread per core this process may use (its cgroup's CPU quota included).
+/// One serving thread per core this process may use (its cgroup's CPU quota and affinity
+/// included), within the limit the setting takes.
 fn default_threads() -> usize {
-    std::thread::available_parallelism().map_or(1, usize::from)
+    std::thread::available_parallelism()
+        .map_or(1, usize::from)
+        .min(MAX_SERVE_THREADS)
 }
 
 /// What one client connection may hold. None of it limits a transfer that keeps moving.
