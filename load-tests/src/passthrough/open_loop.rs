@@ -7,9 +7,9 @@
 //! bounded in-flight slots counts against the target that caused it.
 //!
 //! Not from the scheduled instant itself when the generator was on time: tokio's timer fires on
-//! whole milliseconds, so each send leaves up to a millisecond after its schedule, by an amount that depends on where a slice's
-//! start fell between two ticks and stays the same for the whole slice (periods are whole
-//! milliseconds). Counted in, that lateness shifted each slice's latencies by a different
+//! whole milliseconds, so each send leaves up to a millisecond after its schedule, by an amount
+//! that depends on where a slice's start fell between two ticks and stays the same for the whole
+//! slice (periods are whole milliseconds). Counted in, that lateness shifted each slice's latencies by a different
 //! fraction of a millisecond, larger than the differences between proxies being measured.
 
 use std::collections::BTreeMap;
@@ -101,11 +101,7 @@ impl OpenLoop {
             // late (held up by a slot the target kept busy), it counts from its schedule.
             let on_time = Instant::now() < scheduled;
             tokio::time::sleep_until(scheduled).await;
-            let released = if on_time {
-                Instant::now().max(scheduled)
-            } else {
-                scheduled
-            };
+            let released = if on_time { Instant::now() } else { scheduled };
             let slot =
                 match tokio::time::timeout_at(send_deadline, slots.clone().acquire_owned()).await {
                     Ok(Ok(slot)) => slot,

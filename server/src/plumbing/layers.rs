@@ -67,12 +67,14 @@ pub(crate) async fn observe(
         // connection's task has written the response, so the log's write is not on the request's
         // path (nor its occasional stall behind the disk).
         let latency_ms = elapsed.as_secs_f64() * 1e3;
-        tokio::spawn(
-            async move {
-                tracing::info!(status, latency_ms, upstream_ms, answered_by, "answered");
-            }
-            .instrument(line_span),
-        );
+        if tracing::enabled!(tracing::Level::INFO) {
+            tokio::spawn(
+                async move {
+                    tracing::info!(status, latency_ms, upstream_ms, answered_by, "answered");
+                }
+                .instrument(line_span),
+            );
+        }
         response
     }
     .instrument(span)

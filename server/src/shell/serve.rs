@@ -260,49 +260,13 @@ impl Serving {
         for index in 1..=threads {
             let listener = listener.try_clone()?;
             let (router, metrics, slots) = (router.clone(), metrics.clone(), slots.clone());
-            let mut phase = phase.subscribe();
-            let ended = EndedGuard(ended_tx.clone());
+            let (phase, ended) = (phase.subscribe(), EndedGuard(ended_tx.clone()));
             std::thread::Builder::new()
                 .name(format!("mlscope-serve-{index}"))
                 .spawn(move || {
-                    let runtime = match tokio::runtime::Builder::new_current_thread()
-                        .enable_all()
-                        .build()
-                    {
-                        Ok(runtime) => runtime,
-                        Err(e) => {
-                            tracing::error!(error = %e, thread = index, "a serving thread could not start its runtime");
-                            return;
-                        }
-                    };
-                    crate::plumbing::proxy::use_pool(index);
-                    runtime.block_on(async move {
-                        let mut released = phase.clone();
-                        let released = async move {
-                            let _ = released.wait_for(|p| *p == Phase::Release).await;
-                        };
-                        tokio::pin!(released);
-                        let served = async {
-                            let listener = match TcpListener::from_std(listener) {
-                                Ok(listener) => listener,
-                                Err(e) => {
-                                    tracing::error!(error = %e, thread = index, "a serving thread could not watch the listener");
-                                    return;
-                                }
-                            };
-                            let drain = async move {
-                                let _ = phase.wait_for(|p| *p >= Phase::Drain).await;
-                            };
-                            accept(listener, router, limits, metrics, slots, drain).await;
-                        };
-                        tokio::select! {
-                            () = served => {
-                                drop(ended);
-                                released.await;
-                            }
-                            () = &mut released => {}
-                        }
-                    });
+                    serving_thread(
+                        index, listener, router, limits, metrics, slots, phase, ended,
+                    )
                 })?;
         }
         Ok(Serving {
@@ -339,16 +303,67 @@ impl Drop for Serving {
     }
 }
 
+/// One serving thread: its runtime serves until the drain, reports that it has ended, and stays
+/// up (driving what was opened on it) until released.
+#[allow(clippy::too_many_arguments)]
+fn serving_thread(
+    index: usize,
+    listener: std::net::TcpListener,
+    router: Router,
+    limits: InboundLimits,
+    metrics: Metrics,
+    slots: Arc<Semaphore>,
+    mut phase: tokio::sync::watch::Receiver<Phase>,
+    ended: EndedGuard,
+) {
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(e) => {
+            tracing::error!(error = %e, thread = index, "a serving thread could not start its runtime");
+            return;
+        }
+    };
+    crate::plumbing::proxy::use_pool(index);
+    runtime.block_on(async move {
+        let mut release = phase.clone();
+        let released = async move {
+            let _ = release.wait_for(|p| *p == Phase::Release).await;
+        };
+        tokio::pin!(released);
+        let drain = async move {
+            let _ = phase.wait_for(|p| *p >= Phase::Drain).await;
+        };
+        tokio::select! {
+            () = accept(index, listener, router, limits, metrics, slots, drain) => {
+                drop(ended);
+                released.await;
+            }
+            () = &mut released => {}
+        }
+    });
+}
+
 /// One serving thread's loop: accepts connections on `listener` and serves `router` on them
 /// until `drain` resolves, then stops accepting and lets open connections finish their requests.
 async fn accept(
-    listener: TcpListener,
+    index: usize,
+    listener: std::net::TcpListener,
     router: Router,
     limits: InboundLimits,
     metrics: Metrics,
     slots: Arc<Semaphore>,
     drain: impl Future<Output = ()>,
 ) {
+    let listener = match TcpListener::from_std(listener) {
+        Ok(listener) => listener,
+        Err(e) => {
+            tracing::error!(error = %e, thread = index, "a serving thread could not watch the listener");
+            return;
+        }
+    };
     let mut builder = Builder::new(TokioExecutor::new());
     builder
         .http1()
