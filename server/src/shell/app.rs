@@ -196,8 +196,7 @@ pub async fn run(
     coalescer_adapts.abort();
     let _ = tokio::time::timeout(Duration::from_secs(1), admin).await;
     state.store.close().await;
-    // Only now may the serving threads' runtimes end: the flush above may have used a state-store
-    // connection one of them opened.
+    // Only now do the serving threads' runtimes end, with whatever a request left on them.
     drop(serving);
     Ok(())
 }

@@ -161,7 +161,7 @@ impl Gateway {
         trusted_proxies: crate::plumbing::client::TrustedProxies,
     ) -> Option<Gateway> {
         let destination = config.destination.clone()?;
-        let bucket = Bucket::connect(&config.s3, destination).await;
+        let bucket = Bucket::connect(&config.s3, destination, forwarder.pools()).await;
         Some(Gateway {
             workspaces: authz.workspaces().clone(),
             forwarder: forwarder.clone(),

@@ -6,6 +6,7 @@
 
 use std::collections::HashMap;
 use std::fmt;
+use std::sync::Arc;
 use std::time::Duration;
 
 use aws_sdk_s3::config::http::HttpResponse;
@@ -116,7 +117,9 @@ pub struct StoreError {
 /// shared).
 #[derive(Clone, Debug)]
 pub struct Bucket {
-    client: Client,
+    /// One client per connection pool (see [`super::s3::clients`]): [`Bucket::client`] picks
+    /// this thread's.
+    clients: Arc<[Client]>,
     /// Signs presigned URLs (the same as `client` unless a presign endpoint is configured).
     presigner: Client,
     destination: Destination,
@@ -129,11 +132,12 @@ pub struct Bucket {
 const MAX_BATCH_DELETE: usize = 1000;
 
 impl Bucket {
-    /// The destination's bucket, reached as `settings` say.
-    pub async fn connect(settings: &S3Config, destination: Destination) -> Bucket {
-        let (client, presigner) = super::s3::clients(settings).await;
+    /// The destination's bucket, reached as `settings` say, with `pools` connection pools: one
+    /// for each serving thread and one for every other thread (the forwarder's count), or one.
+    pub async fn connect(settings: &S3Config, destination: Destination, pools: usize) -> Bucket {
+        let (clients, presigner) = super::s3::clients(settings, pools).await;
         Bucket {
-            client,
+            clients,
             presigner,
             destination,
             quirks: settings.quirks,
@@ -156,6 +160,12 @@ impl Bucket {
         }
     }
 
+    /// This thread's client: a connection it opens is driven by this thread's runtime, so a
+    /// serving thread never waits on another that is busy.
+    fn client(&self) -> &Client {
+        &self.clients[crate::plumbing::proxy::this_threads_pool(self.clients.len())]
+    }
+
     pub fn name(&self) -> &str {
         &self.destination.bucket
     }
@@ -176,7 +186,7 @@ impl Bucket {
 
     /// Whether the bucket answers (HeadBucket).
     pub async fn check(&self) -> Result<(), StoreError> {
-        self.client
+        self.client()
             .head_bucket()
             .bucket(self.name())
             .send()
@@ -188,7 +198,7 @@ impl Bucket {
     /// HeadObject.
     pub async fn head(&self, key: &str) -> Result<ObjectMeta, StoreError> {
         let out = self
-            .client
+            .client()
             .head_object()
             .bucket(self.name())
             .key(key)
@@ -212,7 +222,7 @@ impl Bucket {
 
     /// GetObject, of the `Range` header's bytes when one is given.
     pub async fn get(&self, key: &str, range: Option<&str>) -> Result<Object, StoreError> {
-        let mut get = self.client.get_object().bucket(self.name()).key(key);
+        let mut get = self.client().get_object().bucket(self.name()).key(key);
         if let Some(range) = range {
             get = get.range(range);
         }
@@ -246,7 +256,7 @@ impl Bucket {
     /// PutObject of `bytes`, with their exact length.
     pub async fn put(&self, key: &str, content_type: &str, bytes: Bytes) -> Result<(), StoreError> {
         let len = bytes.len() as i64;
-        self.client
+        self.client()
             .put_object()
             .bucket(self.name())
             .key(key)
@@ -266,7 +276,7 @@ impl Bucket {
         headers: &ContentHeaders,
     ) -> Result<Option<String>, StoreError> {
         let created = self
-            .client
+            .client()
             .create_multipart_upload()
             .bucket(self.name())
             .key(key)
@@ -292,7 +302,7 @@ impl Bucket {
     ) -> Result<Part, StoreError> {
         let len = bytes.len() as i64;
         let out = self
-            .client
+            .client()
             .upload_part()
             .bucket(self.name())
             .key(key)
@@ -326,7 +336,7 @@ impl Bucket {
                     .build()
             })
             .collect();
-        self.client
+        self.client()
             .complete_multipart_upload()
             .bucket(self.name())
             .key(key)
@@ -344,7 +354,7 @@ impl Bucket {
 
     /// AbortMultipartUpload.
     pub async fn abort_multipart(&self, key: &str, upload_id: &str) -> Result<(), StoreError> {
-        self.client
+        self.client()
             .abort_multipart_upload()
             .bucket(self.name())
             .key(key)
@@ -358,7 +368,7 @@ impl Bucket {
     /// CopyObject of `from`'s `from_key` to `key` here, server-side. Tags are never read or
     /// written (several stores reject GetObjectTagging).
     pub async fn copy(&self, key: &str, from: &Bucket, from_key: &str) -> Result<(), StoreError> {
-        self.client
+        self.client()
             .copy_object()
             .bucket(self.name())
             .key(key)
@@ -381,7 +391,7 @@ impl Bucket {
         (first, last): (u64, u64),
     ) -> Result<Part, StoreError> {
         let out = self
-            .client
+            .client()
             .upload_part_copy()
             .bucket(self.name())
             .key(key)
@@ -403,7 +413,7 @@ impl Bucket {
 
     /// DeleteObject.
     pub async fn delete(&self, key: &str) -> Result<(), StoreError> {
-        self.client
+        self.client()
             .delete_object()
             .bucket(self.name())
             .key(key)
@@ -438,7 +448,7 @@ impl Bucket {
                     message: e.to_string(),
                 })?;
             let out = self
-                .client
+                .client()
                 .delete_objects()
                 .bucket(self.name())
                 .delete(delete)
@@ -490,7 +500,7 @@ impl Bucket {
     /// Whether any object lies under `prefix` (one ListObjectsV2 of at most one key).
     pub async fn has_objects_under(&self, prefix: &str) -> Result<bool, StoreError> {
         let page = self
-            .client
+            .client()
             .list_objects_v2()
             .bucket(self.name())
             .prefix(prefix)
@@ -509,7 +519,7 @@ impl Bucket {
         delimiter: Option<&str>,
         after: Option<&str>,
     ) -> Result<Page, StoreError> {
-        let mut request = self.client.list_objects_v2().bucket(self.name());
+        let mut request = self.client().list_objects_v2().bucket(self.name());
         if let Some(delimiter) = delimiter {
             request = request.delimiter(delimiter);
         }
@@ -538,7 +548,7 @@ impl Bucket {
     pub async fn list_all(&self, prefix: &str) -> Result<Vec<StoredObject>, StoreError> {
         let mut objects = Vec::new();
         let mut pages = self
-            .client
+            .client()
             .list_objects_v2()
             .bucket(self.name())
             .prefix(prefix)

@@ -3,11 +3,13 @@
 //! ([`super::objects`]).
 
 use std::fmt;
+use std::sync::Arc;
 use std::time::Duration;
 
 use aws_config::BehaviorVersion;
 use aws_sdk_s3::config::{
-    Region, RequestChecksumCalculation, ResponseChecksumValidation, StalledStreamProtectionConfig,
+    Region, RequestChecksumCalculation, ResponseChecksumValidation, SharedHttpClient,
+    StalledStreamProtectionConfig,
 };
 use aws_sdk_s3::Client;
 
@@ -103,18 +105,20 @@ impl Default for S3Config {
 /// The HTTP client of every AWS call the proxy makes (S3, and the credential providers' STS,
 /// IMDS and container endpoints): hyper with rustls on ring, trusting the system's roots; plain
 /// `http://` endpoints (a store inside the cluster) need no TLS at all.
-pub fn https_client() -> aws_sdk_s3::config::SharedHttpClient {
+pub fn https_client() -> SharedHttpClient {
     use aws_smithy_http_client::tls::{rustls_provider::CryptoMode, Provider};
     aws_smithy_http_client::Builder::new()
         .tls_provider(Provider::Rustls(CryptoMode::Ring))
         .build_https()
 }
 
-/// The two clients of a store: one for every call, and one that signs presigned URLs (the same
-/// unless a presign endpoint is configured), with the provider's quirks applied: addressing
-/// style, checksums, region, and the stall grace on every operation. Only the object-store
-/// facade ([`super::objects::Bucket`]) holds them.
-pub(super) async fn clients(settings: &S3Config) -> (Client, Client) {
+/// The clients of a store, with the provider's quirks applied (addressing style, checksums,
+/// region, and the stall grace on every operation): `pools` that make calls, each with a
+/// connection pool of its own (one per serving thread and one for every other thread, as
+/// [`crate::plumbing::proxy::Forwarder`]'s), and one that signs presigned URLs (the first of
+/// them unless a presign endpoint is configured). Only the object-store facade
+/// ([`super::objects::Bucket`]) holds them.
+pub(super) async fn clients(settings: &S3Config, pools: usize) -> (Arc<[Client]>, Client) {
     let quirks = settings.quirks;
     let region = settings
         .region
@@ -125,7 +129,7 @@ pub(super) async fn clients(settings: &S3Config) -> (Client, Client) {
         .region(Region::new(region))
         .load()
         .await;
-    let build = |endpoint: Option<&String>| {
+    let build = |endpoint: Option<&String>, http: SharedHttpClient| {
         let (calculation, validation) = match quirks.checksums {
             Checksums::WhenRequired => (
                 RequestChecksumCalculation::WhenRequired,
@@ -137,6 +141,7 @@ pub(super) async fn clients(settings: &S3Config) -> (Client, Client) {
             ),
         };
         let mut builder = aws_sdk_s3::config::Builder::from(&shared)
+            .http_client(http)
             .force_path_style(settings.path_style.unwrap_or(quirks.path_style))
             .request_checksum_calculation(calculation)
             .response_checksum_validation(validation)
@@ -158,12 +163,14 @@ pub(super) async fn clients(settings: &S3Config) -> (Client, Client) {
         }
         Client::from_conf(builder.build())
     };
-    let client = build(settings.endpoint_url.as_ref());
+    let clients: Arc<[Client]> = (0..pools.max(1))
+        .map(|_| build(settings.endpoint_url.as_ref(), https_client()))
+        .collect();
     let presigner = match &settings.presign_endpoint_url {
-        Some(url) => build(Some(url)),
-        None => client.clone(),
+        Some(url) => build(Some(url), https_client()),
+        None => clients[0].clone(),
     };
-    (client, presigner)
+    (clients, presigner)
 }
 
 #[cfg(test)]

@@ -82,6 +82,11 @@ pub fn use_pool(index: usize) {
     POOL.with(|pool| pool.set(index));
 }
 
+/// Which of `pools` connection pools requests made on this thread use (see [`use_pool`]).
+pub(crate) fn this_threads_pool(pools: usize) -> usize {
+    POOL.with(std::cell::Cell::get) % pools.max(1)
+}
+
 /// The upstream MLflow server and the pooled clients that reach it.
 #[derive(Clone)]
 pub struct Forwarder {
@@ -129,8 +134,12 @@ impl Forwarder {
 
     /// This thread's connection pool.
     fn client(&self) -> &Client<HttpConnector, UpstreamBody> {
-        let index = POOL.with(std::cell::Cell::get);
-        &self.clients[index % self.clients.len()]
+        &self.clients[this_threads_pool(self.clients.len())]
+    }
+
+    /// How many connection pools it has: one per serving thread and one for every other thread.
+    pub fn pools(&self) -> usize {
+        self.clients.len()
     }
 
     pub fn upstream(&self) -> &Upstream {

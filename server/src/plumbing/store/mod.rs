@@ -7,14 +7,20 @@
 //! retention sweep. A capability whose rows are its own keeps their statements beside it (run
 //! health: `health::store`), on this [`Store`] with [`on_backend!`].
 
-/// Runs one query on whichever backend the store has.
+/// Runs one query on whichever backend the store has, in the context of the store's runtime
+/// (see [`Store::at_home`]); a [`StoreError`] (`?` in the body) ends the caller with it.
 macro_rules! on_backend {
-    ($store:expr, |$pool:ident| $body:expr) => {
-        match $store {
-            $crate::plumbing::store::Store::Sqlite($pool) => $body,
-            $crate::plumbing::store::Store::Postgres($pool) => $body,
-        }
-    };
+    ($store:expr, |$pool:ident| $body:expr) => {{
+        let store: &$crate::plumbing::store::Store = $store;
+        store
+            .at_home(async {
+                Ok::<_, $crate::plumbing::store::StoreError>(match store.pools() {
+                    $crate::plumbing::store::Pools::Sqlite($pool) => $body,
+                    $crate::plumbing::store::Pools::Postgres($pool) => $body,
+                })
+            })
+            .await?
+    }};
 }
 pub(crate) use on_backend;
 
@@ -127,12 +133,46 @@ impl StoreOptions {
     }
 }
 
-/// The state store, one variant per backend. Queries that differ between dialects are written
-/// once per variant; everything else goes through the shared methods below.
+/// The state store: its connection pool and the runtime that drives the pool's connections.
 #[derive(Debug, Clone)]
-pub enum Store {
+pub struct Store {
+    pools: Pools,
+    /// The runtime the store was opened on (the main runtime). Every query runs in its context,
+    /// so whichever thread asks, a connection is opened, driven and handed back there: a serving
+    /// thread busy with a large body never holds up a query on a connection it happened to open.
+    home: tokio::runtime::Handle,
+}
+
+/// The pool, one variant per backend. Queries that differ between dialects are written once per
+/// variant; everything else goes through the shared methods below.
+#[derive(Debug, Clone)]
+pub(crate) enum Pools {
     Sqlite(SqlitePool),
     Postgres(PgPool),
+}
+
+pin_project_lite::pin_project! {
+    /// A future polled in the context of the store's home runtime: the I/O it registers, the
+    /// timers it arms and the tasks it spawns belong to that runtime, while the future itself
+    /// stays on the task that awaits it.
+    pub(crate) struct AtHome<'a, F> {
+        home: &'a tokio::runtime::Handle,
+        #[pin]
+        future: F,
+    }
+}
+
+impl<F: std::future::Future> std::future::Future for AtHome<'_, F> {
+    type Output = F::Output;
+
+    fn poll(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<F::Output> {
+        let this = self.project();
+        let _home = this.home.enter();
+        this.future.poll(cx)
+    }
 }
 
 /// Longest wait for a pooled connection, a lock (SQLite's busy timeout) or a statement
@@ -143,7 +183,7 @@ impl Store {
     /// Opens (creating an SQLite file when needed) and migrates the store. Every acquire and
     /// statement is bounded by [`SQL_TIMEOUT`].
     pub async fn open(url: &str) -> Result<Self, StoreError> {
-        let store = match StoreUrl::parse(url)? {
+        let pools = match StoreUrl::parse(url)? {
             StoreUrl::Sqlite(url) => {
                 let options = SqliteConnectOptions::from_str(&url)
                     .map_err(|source| StoreError::Connect {
@@ -170,7 +210,7 @@ impl Store {
                         backend: "sqlite",
                         source,
                     })?;
-                Store::Sqlite(pool)
+                Pools::Sqlite(pool)
             }
             StoreUrl::Postgres(url) => {
                 // Every statement is bounded on the server too, so a stuck lock never holds a
@@ -197,16 +237,31 @@ impl Store {
                         backend: "postgres",
                         source,
                     })?;
-                Store::Postgres(pool)
+                Pools::Postgres(pool)
             }
         };
-        Ok(store)
+        Ok(Store {
+            pools,
+            home: tokio::runtime::Handle::current(),
+        })
     }
 
     pub fn backend(&self) -> &'static str {
-        match self {
-            Store::Sqlite(_) => "sqlite",
-            Store::Postgres(_) => "postgres",
+        match self.pools {
+            Pools::Sqlite(_) => "sqlite",
+            Pools::Postgres(_) => "postgres",
+        }
+    }
+
+    pub(crate) fn pools(&self) -> &Pools {
+        &self.pools
+    }
+
+    /// `future`, polled in the context of the runtime the store was opened on (`home`).
+    pub(crate) fn at_home<F: std::future::Future>(&self, future: F) -> AtHome<'_, F> {
+        AtHome {
+            home: &self.home,
+            future,
         }
     }
 
@@ -239,7 +294,13 @@ impl Store {
     }
 
     pub async fn close(&self) {
-        on_backend!(self, |pool| pool.close().await)
+        self.at_home(async {
+            match &self.pools {
+                Pools::Sqlite(pool) => pool.close().await,
+                Pools::Postgres(pool) => pool.close().await,
+            }
+        })
+        .await
     }
 }
 
@@ -359,6 +420,80 @@ mod tests {
         a.close().await;
         b.close().await;
         db.drop().await;
+    }
+
+    /// Eight queries at once on `store`, each holding its connection a moment: the pool grows
+    /// to all its connections.
+    async fn fill_the_pool(store: &Store) {
+        let queries = (0..8).map(|_| async {
+            on_backend!(store, |pool| sqlx::query("SELECT pg_sleep(0.05)")
+                .execute(pool)
+                .await?
+                .rows_affected());
+            Ok::<_, StoreError>(())
+        });
+        for done in futures_util::future::join_all(queries).await {
+            done.unwrap();
+        }
+    }
+
+    fn current_thread() -> tokio::runtime::Runtime {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+    }
+
+    /// A serving thread runs a runtime of its own. The connections a query asked on it opens
+    /// must not depend on that thread: when it is busy (here: stopped outright), the other
+    /// threads' queries on those connections still complete. PostgreSQL, because a SQLite
+    /// connection has a thread of its own anyway.
+    #[test]
+    fn connections_opened_for_a_stopped_thread_keep_serving_the_others() {
+        let home = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap();
+        let db = home.block_on(TestDatabase::create());
+        let store = home.block_on(Store::open(&db.url)).unwrap();
+
+        let (grown, has_grown) = std::sync::mpsc::channel();
+        let (release, released) = std::sync::mpsc::channel::<()>();
+        let stopped = std::thread::spawn({
+            let store = store.clone();
+            move || {
+                let runtime = current_thread();
+                runtime.block_on(fill_the_pool(&store));
+                grown.send(()).unwrap();
+                // The runtime is kept but nothing polls it: a thread held up by other work.
+                released.recv().unwrap();
+                drop(runtime);
+            }
+        });
+        has_grown.recv().unwrap();
+
+        let (done, is_done) = std::sync::mpsc::channel();
+        let other = std::thread::spawn({
+            let store = store.clone();
+            move || {
+                current_thread().block_on(fill_the_pool(&store));
+                done.send(()).unwrap();
+            }
+        });
+        // Bounded only so that a failure ends: the queries take a fraction of a second.
+        let finished = is_done.recv_timeout(Duration::from_secs(60));
+        release.send(()).unwrap();
+        assert!(
+            finished.is_ok(),
+            "queries on connections opened for a stopped thread waited for that thread"
+        );
+        stopped.join().unwrap();
+        other.join().unwrap();
+        home.block_on(async {
+            store.close().await;
+            db.drop().await;
+        });
     }
 
     #[test]

@@ -704,7 +704,7 @@ pub async fn run(
         bucket: target.bucket.clone(),
         prefix: String::new(),
     });
-    let store = Bucket::connect(&config.artifacts.s3, bucket_destination).await;
+    let store = Bucket::connect(&config.artifacts.s3, bucket_destination, 1).await;
     let max_single_copy = args
         .max_single_copy
         .unwrap_or(store.quirks().max_single_copy);
