@@ -33,7 +33,11 @@ pub(crate) async fn observe(
         .headers_mut()
         .insert(X_REQUEST_ID.clone(), id.clone());
     // The path is the client's: bounded in the log (the request head is bounded too).
-    let path: String = request.uri().path().chars().take(512).collect();
+    let path = request.uri().path();
+    let path = path
+        .char_indices()
+        .nth(512)
+        .map_or(path, |(end, _)| &path[..end]);
     let span = tracing::info_span!("request", request_id = id.to_str().unwrap_or_default(), route = route.as_str(), method = %method, path);
     let line_span = span.clone();
     async move {
@@ -307,8 +311,8 @@ mod tests {
         let capture = Capture::default();
         let writer = capture.clone();
         let subscriber = tracing_subscriber::fmt()
-            .json()
-            .flatten_event(true)
+            .fmt_fields(crate::plumbing::json_lines::SpanFields)
+            .event_format(crate::plumbing::json_lines::JsonLines::new())
             .with_writer(move || writer.clone())
             .finish();
         let _default = tracing::subscriber::set_default(subscriber);

@@ -6,6 +6,7 @@ pub(crate) mod client;
 pub(crate) mod credential;
 pub mod error;
 pub(crate) mod identity;
+pub(crate) mod json_lines;
 pub(crate) mod layers;
 pub(crate) mod listen;
 pub(crate) mod mlflow;

@@ -88,10 +88,8 @@ pub fn init_logging(format: LogFormat, filter: &str) {
     };
     match format {
         LogFormat::Json => builder
-            .json()
-            .flatten_event(true)
-            .with_current_span(true)
-            .with_span_list(false)
+            .fmt_fields(crate::plumbing::json_lines::SpanFields)
+            .event_format(crate::plumbing::json_lines::JsonLines::new())
             .init(),
         LogFormat::Pretty => builder.compact().init(),
     }

@@ -45,10 +45,32 @@ pub fn request_id(headers: &HeaderMap) -> HeaderValue {
         .get(&X_REQUEST_ID)
         .filter(|v| !v.is_empty() && v.len() <= 128 && v.to_str().is_ok())
         .cloned()
-        .unwrap_or_else(|| {
-            HeaderValue::try_from(uuid::Uuid::new_v4().to_string())
-                .expect("a UUID is a valid header value")
-        })
+        .unwrap_or_else(new_request_id)
+}
+
+/// A new request id: a version-4 UUID whose random bits come from a generator each thread seeds
+/// once from the system's randomness. Ids are for finding a request's lines, not secrets, and
+/// asking the kernel for randomness on every request was a system call on its path.
+fn new_request_id() -> HeaderValue {
+    thread_local! {
+        static STATE: std::cell::Cell<u64> = std::cell::Cell::new(uuid::Uuid::new_v4().as_u64_pair().0);
+    }
+    let (high, low) = STATE.with(|state| (split_mix(state), split_mix(state)));
+    let bits = (u128::from(high) << 64 | u128::from(low)).to_le_bytes();
+    let id = uuid::Builder::from_random_bytes(bits).into_uuid();
+    let mut text = [0u8; uuid::fmt::Hyphenated::LENGTH];
+    HeaderValue::from_str(id.hyphenated().encode_lower(&mut text))
+        .expect("a UUID is a valid header value")
+}
+
+/// SplitMix64: the next of a sequence that visits every 64-bit value once.
+fn split_mix(state: &std::cell::Cell<u64>) -> u64 {
+    let next = state.get().wrapping_add(0x9E37_79B9_7F4A_7C15);
+    state.set(next);
+    let mut z = next;
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
 }
 
 /// Prepares a client request's headers for the upstream.
@@ -193,5 +215,31 @@ mod tests {
             long.as_str()
         );
         assert_eq!(request_id(&HeaderMap::new()).len(), 36);
+    }
+
+    /// New ids are version-4 UUIDs, different on every request and on every thread.
+    #[test]
+    fn new_request_ids_are_uuids_and_never_repeat() {
+        let made = |n: usize| -> Vec<String> {
+            (0..n)
+                .map(|_| request_id(&HeaderMap::new()).to_str().unwrap().to_owned())
+                .collect()
+        };
+        let mut ids = made(10_000);
+        let others: Vec<_> = (0..4)
+            .map(|_| std::thread::spawn(move || made(1_000)))
+            .collect();
+        for other in others {
+            ids.extend(other.join().unwrap());
+        }
+        for id in &ids {
+            let uuid = uuid::Uuid::parse_str(id).unwrap();
+            assert_eq!(uuid.get_version_num(), 4, "{id}");
+            assert_eq!(uuid.get_variant(), uuid::Variant::RFC4122, "{id}");
+        }
+        let count = ids.len();
+        ids.sort();
+        ids.dedup();
+        assert_eq!(ids.len(), count);
     }
 }
