@@ -223,8 +223,9 @@ enum Phase {
 /// coalescer, the fair share, the state store) is reached from every thread alike; background
 /// work stays on the main runtime.
 ///
-/// The threads' runtimes outlive the drain: a state-store connection opened while serving is
-/// driven by the runtime that opened it, so they end only when this is dropped.
+/// The threads' runtimes outlive the drain, and end only when this is dropped: what a request
+/// spawned on one (a merged batch's timer, an S3 connection of its pool) is driven there. The
+/// state store's connections are not: they belong to the main runtime (`Store::at_home`).
 pub(crate) struct Serving {
     phase: tokio::sync::watch::Sender<Phase>,
     ended: tokio::sync::mpsc::Receiver<()>,
