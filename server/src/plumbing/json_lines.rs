@@ -253,12 +253,13 @@ impl<W: fmt::Write> fmt::Write for Escaped<'_, W> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use tracing_subscriber::fmt::MakeWriter;
 
+    /// A log writer that keeps what it is given, for tests to read.
     #[derive(Clone, Default)]
-    struct Capture(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+    pub(crate) struct Capture(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
 
     impl std::io::Write for Capture {
         fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
@@ -278,10 +279,15 @@ mod tests {
     }
 
     impl Capture {
+        /// Everything written so far.
+        pub(crate) fn text(&self) -> String {
+            String::from_utf8(self.0.lock().unwrap().clone()).unwrap()
+        }
+
         /// Every line written, parsed, with its timestamp checked and taken out.
         fn lines(&self) -> Vec<serde_json::Value> {
-            let text = String::from_utf8(self.0.lock().unwrap().clone()).unwrap();
-            text.lines()
+            self.text()
+                .lines()
                 .map(|line| {
                     let mut value: serde_json::Value =
                         serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {line}"));

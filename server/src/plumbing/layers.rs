@@ -297,23 +297,11 @@ mod tests {
 
     /// The request log lines written while `f` runs, as JSON.
     async fn logged<F: std::future::Future>(f: F) -> Vec<serde_json::Value> {
-        #[derive(Clone, Default)]
-        struct Capture(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
-        impl std::io::Write for Capture {
-            fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
-                self.0.lock().unwrap().extend_from_slice(bytes);
-                Ok(bytes.len())
-            }
-            fn flush(&mut self) -> std::io::Result<()> {
-                Ok(())
-            }
-        }
-        let capture = Capture::default();
-        let writer = capture.clone();
+        let capture = crate::plumbing::json_lines::tests::Capture::default();
         let subscriber = tracing_subscriber::fmt()
             .fmt_fields(crate::plumbing::json_lines::SpanFields)
             .event_format(crate::plumbing::json_lines::JsonLines::new())
-            .with_writer(move || writer.clone())
+            .with_writer(capture.clone())
             .finish();
         let _default = tracing::subscriber::set_default(subscriber);
         f.await;
@@ -321,7 +309,7 @@ mod tests {
         for _ in 0..8 {
             tokio::task::yield_now().await;
         }
-        let text = String::from_utf8(capture.0.lock().unwrap().clone()).unwrap();
+        let text = capture.text();
         text.lines()
             .map(|line| serde_json::from_str(line).unwrap())
             .collect()
