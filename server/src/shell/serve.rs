@@ -259,16 +259,18 @@ impl Serving {
         // The cap on connections holds for the listener, not per thread.
         let slots = Arc::new(Semaphore::new(limits.max_connections));
         for index in 1..=threads {
-            let listener = listener.try_clone()?;
-            let (router, metrics, slots) = (router.clone(), metrics.clone(), slots.clone());
+            let served = Served {
+                index,
+                listener: listener.try_clone()?,
+                router: router.clone(),
+                limits,
+                metrics: metrics.clone(),
+                slots: slots.clone(),
+            };
             let (phase, ended) = (phase.subscribe(), EndedGuard(ended_tx.clone()));
             std::thread::Builder::new()
                 .name(format!("mlscope-serve-{index}"))
-                .spawn(move || {
-                    serving_thread(
-                        index, listener, router, limits, metrics, slots, phase, ended,
-                    )
-                })?;
+                .spawn(move || serving_thread(served, phase, ended))?;
         }
         Ok(Serving {
             phase,
@@ -304,19 +306,26 @@ impl Drop for Serving {
     }
 }
 
-/// One serving thread: its runtime serves until the drain, reports that it has ended, and stays
-/// up (driving what was opened on it) until released.
-#[allow(clippy::too_many_arguments)]
-fn serving_thread(
+/// What one serving thread serves: its number (and connection pool), its clone of the listener,
+/// the routes, what a client connection may hold, the metrics, and the connection slots every
+/// thread shares.
+struct Served {
     index: usize,
     listener: std::net::TcpListener,
     router: Router,
     limits: InboundLimits,
     metrics: Metrics,
     slots: Arc<Semaphore>,
+}
+
+/// One serving thread: its runtime serves until the drain, reports that it has ended, and stays
+/// up (driving what was opened on it) until released.
+fn serving_thread(
+    served: Served,
     mut phase: tokio::sync::watch::Receiver<Phase>,
     ended: EndedGuard,
 ) {
+    let index = served.index;
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -338,7 +347,7 @@ fn serving_thread(
             let _ = phase.wait_for(|p| *p >= Phase::Drain).await;
         };
         tokio::select! {
-            () = accept(index, listener, router, limits, metrics, slots, drain) => {
+            () = accept(served, drain) => {
                 drop(ended);
                 released.await;
             }
@@ -349,15 +358,15 @@ fn serving_thread(
 
 /// One serving thread's loop: accepts connections on `listener` and serves `router` on them
 /// until `drain` resolves, then stops accepting and lets open connections finish their requests.
-async fn accept(
-    index: usize,
-    listener: std::net::TcpListener,
-    router: Router,
-    limits: InboundLimits,
-    metrics: Metrics,
-    slots: Arc<Semaphore>,
-    drain: impl Future<Output = ()>,
-) {
+async fn accept(served: Served, drain: impl Future<Output = ()>) {
+    let Served {
+        index,
+        listener,
+        router,
+        limits,
+        metrics,
+        slots,
+    } = served;
     let listener = match TcpListener::from_std(listener) {
         Ok(listener) => listener,
         Err(e) => {
