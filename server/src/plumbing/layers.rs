@@ -1,12 +1,18 @@
-//! Cross-cutting concerns of the MLflow-facing router, as layers every route gets (so no route can
-//! escape a limit): ambiguous requests refused, the request id, one span and one log line per
-//! request, request metrics, the concurrency limit, and the browser-protection headers MLflow sets.
+//! Cross-cutting concerns of the MLflow-facing router, as steps every request goes through (so no
+//! route can escape a limit): ambiguous requests refused, the request id, one span and one log
+//! line per request, request metrics, the concurrency limit, and the browser-protection headers
+//! MLflow sets.
+//!
+//! Each step is a function of the request and what comes after it (`next`), not a layer of its
+//! own: the route table composes them, with the capabilities' steps, into one layer
+//! (`shell::app`). An axum middleware layer clones everything beneath it for every request, so a
+//! stack of them costs in proportion to the square of its depth; one layer costs one clone.
 
+use std::future::Future;
 use std::time::Instant;
 
 use axum::body::Body;
-use axum::extract::{Request, State};
-use axum::middleware::Next;
+use axum::extract::Request;
 use axum::response::{IntoResponse, Response};
 use http::{header, HeaderValue, Method};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
@@ -20,11 +26,11 @@ use crate::plumbing::telemetry::{Metrics, RequestLabels, RouteLabels};
 /// Request id (the client's own when sane, else a new one, sent upstream and back), a span
 /// carrying it with the route class, method and path, one log line per request and the request
 /// metrics.
-pub(crate) async fn observe(
-    State(metrics): State<Metrics>,
-    mut request: Request,
-    next: Next,
-) -> Response {
+pub(crate) async fn observe<F, R>(metrics: &Metrics, mut request: Request, next: F) -> Response
+where
+    F: FnOnce(Request) -> R,
+    R: Future<Output = Response>,
+{
     let started = Instant::now();
     let route = RouteClass::of(request.uri().path());
     let method = request.method().clone();
@@ -41,7 +47,7 @@ pub(crate) async fn observe(
     let span = tracing::info_span!("request", request_id = id.to_str().unwrap_or_default(), route = route.as_str(), method = %method, path);
     let line_span = span.clone();
     async move {
-        let mut response = next.run(request).await;
+        let mut response = next(request).await;
         response.headers_mut().insert(X_REQUEST_ID.clone(), id);
         let status = response.status().as_u16();
         let elapsed = started.elapsed();
@@ -111,11 +117,15 @@ impl ConcurrencyLimit {
     }
 }
 
-pub(crate) async fn limit_concurrency(
-    State(limit): State<ConcurrencyLimit>,
+pub(crate) async fn limit_concurrency<F, R>(
+    limit: &ConcurrencyLimit,
     request: Request,
-    next: Next,
-) -> Response {
+    next: F,
+) -> Response
+where
+    F: FnOnce(Request) -> R,
+    R: Future<Output = Response>,
+{
     let write_permit = if crate::plumbing::route::is_write(request.method(), request.uri().path()) {
         match limit.write_permits.clone().try_acquire_owned() {
             Ok(permit) => Some(permit),
@@ -128,7 +138,7 @@ pub(crate) async fn limit_concurrency(
         return limit.refuse(request).await;
     };
     let guard = InFlight::new(&limit.metrics, permit, write_permit);
-    let response = next.run(request).await;
+    let response = next(request).await;
     let (parts, body) = response.into_parts();
     Response::from_parts(parts, Body::new(Guarded::new(body, Box::new(guard))))
 }
@@ -177,7 +187,11 @@ impl Drop for InFlight {
 /// Requests whose meaning depends on who reads them, refused before anyone does: two `Host`
 /// headers (MLflow answers 400), and transfer codings other than `chunked` (a `gzip, chunked`
 /// body would be stored or forwarded still compressed; MLflow's server refuses it).
-pub(crate) async fn refuse_ambiguous(request: Request, next: Next) -> Response {
+pub(crate) async fn refuse_ambiguous<F, R>(request: Request, next: F) -> Response
+where
+    F: FnOnce(Request) -> R,
+    R: Future<Output = Response>,
+{
     if request.headers().get_all(header::HOST).iter().count() > 1 {
         tracing::info!("request with two Host headers refused");
         return Error::BadRequest(
@@ -199,7 +213,7 @@ pub(crate) async fn refuse_ambiguous(request: Request, next: Next) -> Response {
         )
         .into_response();
     }
-    next.run(request).await
+    next(request).await
 }
 
 /// The request with the path MLflow's server routes on: uvicorn and werkzeug percent-decode the
@@ -245,8 +259,12 @@ pub(crate) fn as_mlflow_routes(uri: &http::Uri) -> Option<http::Uri> {
 /// The headers MLflow's server (3.5+) puts on every answer, added to those the proxy writes
 /// itself (errors, the gateway's answers) so that mlscope in front weakens no browser
 /// protection. Answers forwarded from MLflow already carry them and are left as they are.
-pub(crate) async fn security_headers(request: Request, next: Next) -> Response {
-    let mut response = next.run(request).await;
+pub(crate) async fn security_headers<F, R>(request: Request, next: F) -> Response
+where
+    F: FnOnce(Request) -> R,
+    R: Future<Output = Response>,
+{
+    let mut response = next(request).await;
     let headers = response.headers_mut();
     if !headers.contains_key(header::X_CONTENT_TYPE_OPTIONS) {
         headers.insert(
@@ -329,7 +347,12 @@ mod tests {
         let peer = std::net::SocketAddr::from(([127, 0, 0, 1], 1));
         let router = axum::Router::new()
             .fallback(move |request: Request| async move { forwarder.forward(request, peer).await })
-            .layer(axum::middleware::from_fn_with_state(metrics, observe));
+            .layer(axum::middleware::from_fn(
+                move |request: Request, next: axum::middleware::Next| {
+                    let metrics = metrics.clone();
+                    async move { observe(&metrics, request, |request| next.run(request)).await }
+                },
+            ));
         let mut status = 0;
         let lines = logged(async {
             let request = http::Request::get("/api/2.0/mlflow/experiments/get?experiment_id=0")

@@ -4,6 +4,7 @@
 
 use std::future::{Future, IntoFuture};
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
@@ -17,6 +18,7 @@ use tokio::net::TcpListener;
 
 use crate::capabilities::artifacts::{self, legacy_listing};
 use crate::capabilities::authz::{AuthMode, Authorizer};
+use crate::capabilities::fairshare::{self, FairShare};
 use crate::capabilities::health;
 use crate::capabilities::metric_routes;
 use crate::plumbing::layers::{self, ConcurrencyLimit};
@@ -27,9 +29,7 @@ use crate::shell::state::AppState;
 
 /// The MLflow-facing route table: the requests mlscope changes, each answered by its capability,
 /// and forwarding to MLflow as the fallback for everything else (methods a route does not take
-/// included). Every route gets the same layers, outermost first: request id, span, log line and
-/// metrics; the concurrency limit (with a quarter kept for reads); refusal of ambiguous requests;
-/// MLflow's browser-protection headers; each client's share of MLflow's writes.
+/// included). Every route goes through the same steps ([`front_steps`]).
 pub fn app(state: AppState, max_in_flight: usize) -> Router {
     let mut writes = Router::new();
     // System-metric scoping and node deduplication.
@@ -69,32 +69,14 @@ pub fn app(state: AppState, max_in_flight: usize) -> Router {
     router = router
         .fallback(proxy::forward)
         .method_not_allowed_fallback(proxy::forward);
-    if let Some(authz) = &state.authorizer {
-        // A 401 on anything forwarded tells the authorizer that MLflow authenticates.
-        router = router.layer(middleware::from_fn_with_state(
-            authz.mode().clone(),
-            watch_unauthorized,
-        ));
-    }
-    // Each client's share of MLflow's writes, on every route (reads count as activity).
-    if let Some(share) = &state.fair_share {
-        router = router.layer(middleware::from_fn_with_state(
-            share.clone(),
-            crate::capabilities::fairshare::admit,
-        ));
-    }
-    let limit = ConcurrencyLimit::new(max_in_flight, state.metrics.clone());
+    let front = Front(Arc::new(FrontSteps {
+        metrics: state.metrics.clone(),
+        limit: ConcurrencyLimit::new(max_in_flight, state.metrics.clone()),
+        fair_share: state.fair_share.clone(),
+        auth: state.authorizer.as_ref().map(|authz| authz.mode().clone()),
+    }));
     let routed = router
-        .layer(middleware::from_fn(layers::security_headers))
-        .layer(middleware::from_fn(layers::refuse_ambiguous))
-        .layer(middleware::from_fn_with_state(
-            limit,
-            layers::limit_concurrency,
-        ))
-        .layer(middleware::from_fn_with_state(
-            state.metrics.clone(),
-            layers::observe,
-        ))
+        .layer(middleware::from_fn_with_state(front, front_steps))
         .with_state(state);
     // Routing happens on the path MLflow's server routes on (decoded once), so no spelling of
     // a path escapes the route that handles it.
@@ -105,19 +87,54 @@ pub fn app(state: AppState, max_in_flight: usize) -> Router {
     )
 }
 
+/// What the steps every route goes through hold, shared by every request.
+#[derive(Clone)]
+struct Front(Arc<FrontSteps>);
+
+struct FrontSteps {
+    metrics: crate::plumbing::telemetry::Metrics,
+    limit: ConcurrencyLimit,
+    fair_share: Option<Arc<FairShare>>,
+    /// Present where the authorizer runs.
+    auth: Option<AuthMode>,
+}
+
+/// The steps every route goes through, as one layer (see `plumbing::layers` for why one),
+/// outermost first: request id, span, log line and metrics; the concurrency limit (with a quarter
+/// kept for reads); refusal of ambiguous requests; MLflow's browser-protection headers; each
+/// client's share of MLflow's writes (reads count as activity); and, where the authorizer runs,
+/// a 401 from MLflow on anything forwarded telling it that MLflow authenticates.
+async fn front_steps(State(front): State<Front>, request: Request, next: Next) -> Response {
+    let steps = &*front.0;
+    let routed = move |request: Request| async move {
+        let response = next.run(request).await;
+        if let Some(auth) = &steps.auth {
+            watch_unauthorized(auth, &response);
+        }
+        response
+    };
+    layers::observe(&steps.metrics, request, |request| {
+        layers::limit_concurrency(&steps.limit, request, |request| {
+            layers::refuse_ambiguous(request, |request| {
+                layers::security_headers(request, |request| async move {
+                    match &steps.fair_share {
+                        Some(share) => fairshare::admit(share, request, routed).await,
+                        None => routed(request).await,
+                    }
+                })
+            })
+        })
+    })
+    .await
+}
+
 /// A 401 from MLflow on any forwarded request means it authenticates: from then on the
 /// authorizer asks it about every gateway request and node-metric write, without waiting for its
 /// next detection.
-async fn watch_unauthorized(
-    State(mode): State<AuthMode>,
-    request: Request,
-    next: Next,
-) -> Response {
-    let response = next.run(request).await;
+fn watch_unauthorized(mode: &AuthMode, response: &Response) {
     if response.status() == StatusCode::UNAUTHORIZED {
         mode.saw_unauthorized();
     }
-    response
 }
 
 /// Serves both listeners until `shutdown` resolves, then stops accepting, lets in-flight requests

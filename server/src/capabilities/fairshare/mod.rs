@@ -46,8 +46,7 @@ use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use axum::body::Body;
-use axum::extract::{Request, State};
-use axum::middleware::Next;
+use axum::extract::Request;
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use http::{header, StatusCode};
@@ -704,13 +703,13 @@ fn authenticated(path: &str, status: StatusCode) -> bool {
     api && !open && !refused && (status.is_success() || status.is_client_error())
 }
 
-/// The layer on every route: writes admitted or refused by the share, credentials learned from
-/// MLflow's answers.
-pub(crate) async fn admit(
-    State(share): State<Arc<FairShare>>,
-    request: Request,
-    next: Next,
-) -> Response {
+/// The step on every route (`shell::app` composes the steps): writes admitted or refused by the
+/// share, credentials learned from MLflow's answers.
+pub(crate) async fn admit<F, R>(share: &Arc<FairShare>, request: Request, next: F) -> Response
+where
+    F: FnOnce(Request) -> R,
+    R: std::future::Future<Output = Response>,
+{
     let peer = crate::plumbing::client::peer_of(request.extensions()).ip();
     let credential = Credential::of(request.headers());
     let address = share.trusted.client(peer, request.headers());
@@ -757,7 +756,7 @@ pub(crate) async fn admit(
             bytes,
             done: false,
         };
-        let response = next.run(request).await;
+        let response = next(request).await;
         let weight = response
             .extensions()
             .get::<WriteWeight>()
@@ -779,7 +778,7 @@ pub(crate) async fn admit(
         );
         response
     } else {
-        let response = next.run(request).await;
+        let response = next(request).await;
         learn(&response);
         response
     };
