@@ -66,9 +66,10 @@ fn main() -> ExitCode {
             return ExitCode::SUCCESS;
         }
         Invocation::Inject(args) => {
-            mlscope_proxy::plumbing::telemetry::init_logging(
+            let _log = mlscope_proxy::plumbing::telemetry::init_logging(
                 mlscope_proxy::plumbing::telemetry::LogFormat::Json,
                 "info",
+                std::time::Duration::ZERO,
             );
             return match runtime
                 .block_on(mlscope_proxy::shell::inject::run(&args, shutdown_signal()))
@@ -81,7 +82,11 @@ fn main() -> ExitCode {
             };
         }
         Invocation::Relocate(config, args) => {
-            mlscope_proxy::plumbing::telemetry::init_logging(config.log.format, "warn");
+            let _log = mlscope_proxy::plumbing::telemetry::init_logging(
+                config.log.format,
+                "warn",
+                std::time::Duration::ZERO,
+            );
             return match runtime.block_on(mlscope_proxy::shell::relocate::run(&config, &args)) {
                 Ok(code) => code,
                 Err(e) => {
@@ -91,7 +96,11 @@ fn main() -> ExitCode {
             };
         }
     };
-    mlscope_proxy::plumbing::telemetry::init_logging(config.log.format, &config.log.level);
+    let _log = mlscope_proxy::plumbing::telemetry::init_logging(
+        config.log.format,
+        &config.log.level,
+        config.log.flush_interval,
+    );
     match runtime.block_on(serve(config)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

@@ -109,7 +109,8 @@ pub(crate) async fn run(
                     bar.inc(millis(slice));
                 }
             }
-            // The proxy writes its log lines as it answers; a moment for the last ones.
+            // The proxy writes its request lines within its log flush interval (100 ms unless
+            // configured): a moment for the last ones.
             tokio::time::sleep(Duration::from_millis(200)).await;
             let mut found = breakdown::Breakdown::new();
             found

@@ -9,6 +9,7 @@ pub(crate) mod identity;
 pub(crate) mod json_lines;
 pub(crate) mod layers;
 pub(crate) mod listen;
+pub(crate) mod log_writer;
 pub(crate) mod mlflow;
 pub(crate) mod mlflow_version;
 pub mod proxy;

@@ -6,6 +6,7 @@
 use std::io::IsTerminal;
 use std::sync::atomic::AtomicI64;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -16,6 +17,8 @@ use prometheus_client::registry::{Metric, Registry};
 use tracing_subscriber::EnvFilter;
 
 use crate::plumbing::error::UpstreamErrorKind;
+pub use crate::plumbing::log_writer::LogFlush;
+use crate::plumbing::log_writer::LogWriter;
 use crate::plumbing::route::RouteClass;
 
 /// How log lines are written.
@@ -32,19 +35,32 @@ pub struct LogConfig {
     pub format: LogFormat,
     /// `tracing` filter directive, e.g. `info` or `mlscope_proxy=debug,info`.
     pub level: String,
+    /// How long `INFO` and lower lines may wait to be written together (zero: each at once); see
+    /// [`crate::plumbing::log_writer`].
+    pub flush_interval: Duration,
 }
+
+/// The longest flush interval accepted: beyond it a line would come too late to watch a proxy by.
+const MAX_FLUSH_INTERVAL: Duration = Duration::from_secs(10);
 
 impl Default for LogConfig {
     fn default() -> Self {
         Self {
             format: LogFormat::Pretty,
             level: "info".to_owned(),
+            flush_interval: Duration::from_millis(100),
         }
     }
 }
 
 impl LogConfig {
     pub fn validate(&self) -> Result<(), String> {
+        if self.flush_interval > MAX_FLUSH_INTERVAL {
+            return Err(format!(
+                "log-flush-interval {:?} is longer than {MAX_FLUSH_INTERVAL:?}: lines would come too late to watch the proxy by; use 0s to write each line at once",
+                self.flush_interval
+            ));
+        }
         EnvFilter::try_new(&self.level)
             .map(drop)
             .map_err(|e| format!("log-level {:?}: {e}", self.level))
@@ -60,6 +76,11 @@ pub struct LogOptions {
     /// Log filter, e.g. `info` or `mlscope_proxy=debug` [default: info].
     #[arg(long, env = "MLSCOPE_LOG", value_name = "FILTER")]
     pub log_level: Option<String>,
+    /// How long INFO and lower lines may wait to be written together; WARN and ERROR lines go
+    /// at once, after them; 0s writes every line at once [default: 100ms].
+    #[arg(long, env = "MLSCOPE_LOG_FLUSH_INTERVAL", value_parser = crate::plumbing::settings::parse_duration, value_name = "DURATION")]
+    #[serde(default, with = "humantime_serde")]
+    pub log_flush_interval: Option<Duration>,
 }
 
 impl LogOptions {
@@ -69,16 +90,20 @@ impl LogOptions {
         LogConfig {
             format: self.log_format.unwrap_or(d.format),
             level: self.log_level.unwrap_or(d.level),
+            flush_interval: self.log_flush_interval.unwrap_or(d.flush_interval),
         }
     }
 }
 
-/// Installs the global `tracing` subscriber. Called once by `main`; tests leave it alone.
-pub fn init_logging(format: LogFormat, filter: &str) {
+/// Installs the global `tracing` subscriber, writing to standard error with lines batched for
+/// `flush_interval` (see [`crate::plumbing::log_writer`]). Called once by `main`, which keeps the
+/// returned guard until it returns; tests leave it alone.
+pub fn init_logging(format: LogFormat, filter: &str, flush_interval: Duration) -> LogFlush {
     let filter = EnvFilter::try_new(filter).unwrap_or_else(|_| EnvFilter::new("info"));
+    let writer = LogWriter::stderr(flush_interval);
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr);
+        .with_writer(writer.clone());
     // Where colour may be used, tracing-subscriber's default applies: colour unless NO_COLOR
     // (https://no-color.org) is set to a non-empty value.
     let builder = if may_colour(format, std::io::stderr().is_terminal()) {
@@ -93,6 +118,7 @@ pub fn init_logging(format: LogFormat, filter: &str) {
             .init(),
         LogFormat::Pretty => builder.compact().init(),
     }
+    LogFlush::install(writer)
 }
 
 /// Colour is for a person reading a terminal: logs redirected to a file or collected from a

@@ -348,6 +348,12 @@ mod tests {
         assert!(err.to_string().contains("mysql"), "{err}");
         let err = Config::from_args(["p", "--connect-timeout", "soon"]).unwrap_err();
         assert!(matches!(err, ConfigError::Cli(_)));
+        let err = Config::from_args(["p", "--log-flush-interval", "1m"]).unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("log-flush-interval 60s is longer than 10s"),
+            "{err}"
+        );
     }
 
     #[test]
@@ -603,6 +609,15 @@ mod tests {
             flag_value: "error",
             read: |c| c.log.level.clone(),
             expected: ["info", "debug", "warn", "error"],
+        },
+        Layered {
+            flag: "--log-flush-interval",
+            env: "MLSCOPE_LOG_FLUSH_INTERVAL",
+            file: "log_flush_interval = \"1s\"",
+            env_value: "2s",
+            flag_value: "0s",
+            read: |c| format!("{:?}", c.log.flush_interval),
+            expected: ["100ms", "1s", "2s", "0ns"],
         },
         Layered {
             flag: "--inspect-body-deadline",
