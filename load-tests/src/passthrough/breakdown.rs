@@ -8,6 +8,7 @@
 use std::fs::File;
 use std::io::{BufRead, BufReader, Seek, SeekFrom};
 use std::path::Path;
+use std::time::SystemTime;
 
 use hdrhistogram::Histogram;
 use serde_json::Value;
@@ -37,8 +38,15 @@ impl Breakdown {
     }
 
     /// Reads the log lines written from byte `from` on, for requests to `path` which MLflow
-    /// answered (the proxy's own answers have no MLflow part).
-    pub(crate) fn read(&mut self, log: &Path, from: u64, path: &str) -> std::io::Result<()> {
+    /// answered (the proxy's own answers have no MLflow part) at `since` or later: the proxy
+    /// writes its request lines in batches, so lines of the warm-up may follow `from`.
+    pub(crate) fn read(
+        &mut self,
+        log: &Path,
+        from: u64,
+        path: &str,
+        since: SystemTime,
+    ) -> std::io::Result<()> {
         let mut file = File::open(log)?;
         file.seek(SeekFrom::Start(from))?;
         for line in BufReader::new(file).lines() {
@@ -47,6 +55,12 @@ impl Breakdown {
                 continue;
             };
             if entry["span"]["path"] != path {
+                continue;
+            }
+            let logged = entry["timestamp"]
+                .as_str()
+                .and_then(|t| humantime::parse_rfc3339_weak(t).ok());
+            if logged.is_some_and(|logged| logged < since) {
                 continue;
             }
             let (Some(latency), Some(upstream)) =
@@ -82,15 +96,18 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let log = dir.path().join("proxy.log");
         let lines = [
-            r#"{"latency_ms":0.9,"upstream_ms":0.5,"span":{"path":"/api/2.0/mlflow/runs/log-batch"}}"#,
+            r#"{"timestamp":"2026-12-05T19:00:00.000100Z","latency_ms":0.9,"upstream_ms":0.5,"span":{"path":"/api/2.0/mlflow/runs/log-batch"}}"#,
+            // Before the stretch began (a warm-up line written with the batch after it).
+            r#"{"timestamp":"2026-12-05T18:59:59.999900Z","latency_ms":7.0,"upstream_ms":0.5,"span":{"path":"/api/2.0/mlflow/runs/log-batch"}}"#,
             r#"{"latency_ms":2.0,"span":{"path":"/api/2.0/mlflow/runs/log-batch"}}"#,
             r#"{"latency_ms":3.0,"upstream_ms":1.0,"span":{"path":"/api/2.0/mlflow/runs/get"}}"#,
             "not json",
         ];
         std::fs::write(&log, lines.join("\n")).unwrap();
+        let since = humantime::parse_rfc3339("2026-12-05T19:00:00Z").unwrap();
         let mut breakdown = Breakdown::new();
         breakdown
-            .read(&log, 0, "/api/2.0/mlflow/runs/log-batch")
+            .read(&log, 0, "/api/2.0/mlflow/runs/log-batch", since)
             .unwrap();
         assert_eq!(breakdown.requests(), 1);
         assert!((ms(&breakdown.own, 0.5) - 0.4).abs() < 0.01);
@@ -98,7 +115,12 @@ mod tests {
         // From an offset: only what was written after it.
         let mut later = Breakdown::new();
         later
-            .read(&log, log_size(&log), "/api/2.0/mlflow/runs/log-batch")
+            .read(
+                &log,
+                log_size(&log),
+                "/api/2.0/mlflow/runs/log-batch",
+                since,
+            )
             .unwrap();
         assert_eq!(later.requests(), 0);
     }

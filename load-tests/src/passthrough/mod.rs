@@ -89,6 +89,7 @@ pub(crate) async fn run(
         }
         for &rate in &rates {
             let log_from = breakdown::log_size(&proxy_log);
+            let since = std::time::SystemTime::now();
             for (round, &slice) in slices.iter().enumerate() {
                 for turn in 0..targets.len() {
                     let index = (round + turn) % targets.len();
@@ -114,7 +115,7 @@ pub(crate) async fn run(
             tokio::time::sleep(Duration::from_millis(200)).await;
             let mut found = breakdown::Breakdown::new();
             found
-                .read(&proxy_log, log_from, endpoint_path(endpoint))
+                .read(&proxy_log, log_from, endpoint_path(endpoint), since)
                 .with_context(|| format!("reading the proxy's log {}", proxy_log.display()))?;
             breakdowns.insert((endpoint, rate), found);
         }
