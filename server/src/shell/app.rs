@@ -69,12 +69,12 @@ pub fn app(state: AppState, max_in_flight: usize) -> Router {
     router = router
         .fallback(proxy::forward)
         .method_not_allowed_fallback(proxy::forward);
-    let front = Front(Arc::new(FrontSteps {
+    let front = Arc::new(FrontSteps {
         metrics: state.metrics.clone(),
         limit: ConcurrencyLimit::new(max_in_flight, state.metrics.clone()),
         fair_share: state.fair_share.clone(),
         auth: state.authorizer.as_ref().map(|authz| authz.mode().clone()),
-    }));
+    });
     let routed = router
         .layer(middleware::from_fn_with_state(front, front_steps))
         .with_state(state);
@@ -88,9 +88,6 @@ pub fn app(state: AppState, max_in_flight: usize) -> Router {
 }
 
 /// What the steps every route goes through hold, shared by every request.
-#[derive(Clone)]
-struct Front(Arc<FrontSteps>);
-
 struct FrontSteps {
     metrics: crate::plumbing::telemetry::Metrics,
     limit: ConcurrencyLimit,
@@ -104,8 +101,12 @@ struct FrontSteps {
 /// kept for reads); refusal of ambiguous requests; MLflow's browser-protection headers; each
 /// client's share of MLflow's writes (reads count as activity); and, where the authorizer runs,
 /// a 401 from MLflow on anything forwarded telling it that MLflow authenticates.
-async fn front_steps(State(front): State<Front>, request: Request, next: Next) -> Response {
-    let steps = &*front.0;
+async fn front_steps(
+    State(steps): State<Arc<FrontSteps>>,
+    request: Request,
+    next: Next,
+) -> Response {
+    let steps = &*steps;
     let routed = move |request: Request| async move {
         let response = next.run(request).await;
         if let Some(auth) = &steps.auth {
