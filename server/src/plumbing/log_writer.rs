@@ -268,8 +268,7 @@ mod tests {
         line(&writer, Level::ERROR, "five");
         line(&writer, Level::INFO, "six");
         assert_eq!(capture.text(), "one\ntwo\nthree\nfour\nfive\n");
-        LogFlush::install(writer.clone());
-        drop(LogFlush(writer));
+        drop(LogFlush::install(writer));
         assert_eq!(capture.text(), "one\ntwo\nthree\nfour\nfive\nsix\n");
     }
 

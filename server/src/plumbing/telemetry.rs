@@ -130,7 +130,7 @@ fn may_colour(format: LogFormat, stderr_is_terminal: bool) -> bool {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RequestLabels {
     pub route: RouteClass,
-    pub method: String,
+    pub method: &'static str,
     pub status: u16,
 }
 

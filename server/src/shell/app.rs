@@ -2,13 +2,17 @@
 //! `run`, which serves both listeners until a shutdown future resolves and then drains within the
 //! configured deadline.
 
+use std::convert::Infallible;
 use std::future::{Future, IntoFuture};
+use std::net::SocketAddr;
+use std::pin::Pin;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
+use std::task::{self, Poll};
 use std::time::Duration;
 
 use anyhow::Context;
-use axum::extract::{Request, State};
+use axum::extract::{ConnectInfo, Request, State};
 use axum::middleware::{self, Next};
 use axum::response::Response;
 use axum::routing::{get, post};
@@ -27,42 +31,43 @@ use crate::shell::config::Config;
 use crate::shell::serve::Serving;
 use crate::shell::state::AppState;
 
-/// The MLflow-facing route table: the requests mlscope changes, each answered by its capability,
-/// and forwarding to MLflow as the fallback for everything else (methods a route does not take
-/// included). Every route goes through the same steps ([`front_steps`]).
-pub fn app(state: AppState, max_in_flight: usize) -> Router {
-    let mut writes = Router::new();
-    // System-metric scoping and node deduplication.
-    for prefix in ["/api/2.0/mlflow", "/ajax-api/2.0/mlflow", "/api/3.0/mlflow"] {
-        writes = writes
-            .route(
-                &format!("{prefix}/runs/log-batch"),
-                post(metric_routes::log_batch),
-            )
-            .route(
-                &format!("{prefix}/runs/log-metric"),
-                post(metric_routes::log_metric),
-            )
+/// MLflow's API prefixes, under each of which the proxy answers its writes.
+const API_PREFIXES: [&str; 3] = ["/api/2.0/mlflow", "/ajax-api/2.0/mlflow", "/api/3.0/mlflow"];
+
+/// The MLflow-facing service: the route table for the requests mlscope changes, each answered
+/// by its capability, and forwarding to MLflow for everything else (methods a route does not
+/// take included). Every request goes through the same steps ([`front`]).
+pub fn app(state: AppState, max_in_flight: usize) -> Mlflow {
+    let mut intercepted = Intercepted::default();
+    let mut router = Router::new();
+    for prefix in API_PREFIXES {
+        let routes = [
+            // System-metric scoping and node deduplication.
+            ("runs/log-batch", post(metric_routes::log_batch)),
+            ("runs/log-metric", post(metric_routes::log_metric)),
             // Write coalescing: params and tags join their run's queue (and are signs of life).
-            .route(
-                &format!("{prefix}/runs/log-parameter"),
-                post(metric_routes::log_pair),
-            )
-            .route(
-                &format!("{prefix}/runs/set-tag"),
-                post(metric_routes::log_pair),
-            )
+            ("runs/log-parameter", post(metric_routes::log_pair)),
+            ("runs/set-tag", post(metric_routes::log_pair)),
             // Run health: a run its client ended is billed.
-            .route(&format!("{prefix}/runs/update"), post(health::update_run));
+            ("runs/update", post(health::update_run)),
+        ];
+        for (route, handler) in routes {
+            let path = format!("{prefix}/{route}");
+            router = router.route(&path, handler);
+            intercepted.paths.insert(path);
+        }
     }
-    let mut router = Router::new().merge(writes);
     match &state.artifacts {
         // The artifact API, answered from the store.
-        Some(gateway) => router = router.merge(artifacts::router(gateway.clone())),
+        Some(gateway) => {
+            router = router.merge(artifacts::router(gateway.clone()));
+            intercepted.prefixes.extend(artifacts::PREFIXES);
+        }
         // Listings of MLflow servers before 3.16, with directory markers removed.
         None => {
             for path in legacy_listing::PATHS {
                 router = router.route(path, get(legacy_listing::forward_filtered));
+                intercepted.paths.insert(path.to_owned());
             }
         }
     }
@@ -75,16 +80,81 @@ pub fn app(state: AppState, max_in_flight: usize) -> Router {
         fair_share: state.fair_share.clone(),
         auth: state.authorizer.as_ref().map(|authz| authz.mode().clone()),
     });
-    let routed = router
-        .layer(middleware::from_fn_with_state(front, front_steps))
+    let forwarder = state.forwarder.clone();
+    let router = router
+        .layer(middleware::from_fn_with_state(front.clone(), front_steps))
         .with_state(state);
-    // Routing happens on the path MLflow's server routes on (decoded once), so no spelling of
-    // a path escapes the route that handles it.
-    Router::new().fallback_service(
-        tower::ServiceBuilder::new()
-            .map_request(layers::route_as_mlflow)
-            .service(routed),
-    )
+    Mlflow {
+        router,
+        lane: Arc::new(Lane {
+            intercepted,
+            front,
+            forwarder,
+        }),
+    }
+}
+
+/// The paths the route table answers itself (exactly, or everything under a prefix); every
+/// other path only reaches the route table's fallback, forwarding.
+#[derive(Default)]
+struct Intercepted {
+    paths: std::collections::HashSet<String>,
+    prefixes: Vec<&'static str>,
+}
+
+impl Intercepted {
+    fn covers(&self, path: &str) -> bool {
+        self.paths.contains(path) || self.prefixes.iter().any(|p| path.starts_with(p))
+    }
+}
+
+/// The MLflow-facing service. A request whose path no capability answers is forwarded straight
+/// through the same steps, without the route table: it would only reach the table's fallback,
+/// and routing it (two routers, the layer's clone of the boxed route beneath it, the handler's
+/// extractors) was a tenth of a forwarded request's CPU. Every other request goes through the
+/// route table.
+#[derive(Clone)]
+pub struct Mlflow {
+    router: Router,
+    lane: Arc<Lane>,
+}
+
+/// What the forwarding lane needs: which paths are not its own, the steps, and the forwarder.
+struct Lane {
+    intercepted: Intercepted,
+    front: Arc<FrontSteps>,
+    forwarder: proxy::Forwarder,
+}
+
+impl tower::Service<Request> for Mlflow {
+    type Response = Response;
+    type Error = Infallible;
+    type Future = Pin<Box<dyn Future<Output = Result<Response, Infallible>> + Send>>;
+
+    fn poll_ready(&mut self, _: &mut task::Context<'_>) -> Poll<Result<(), Infallible>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: Request) -> Self::Future {
+        // Routing happens on the path MLflow's server routes on (decoded once), so no spelling
+        // of a path escapes the route that handles it.
+        let request = layers::route_as_mlflow(request);
+        let peer = request
+            .extensions()
+            .get::<ConnectInfo<SocketAddr>>()
+            .map(|ConnectInfo(peer)| *peer);
+        match peer {
+            Some(peer) if !self.lane.intercepted.covers(request.uri().path()) => {
+                let lane = self.lane.clone();
+                Box::pin(async move {
+                    let forwarder = &lane.forwarder;
+                    let forward = |request| forwarder.forward(request, peer);
+                    Ok(front(&lane.front, request, forward).await)
+                })
+            }
+            _ => Box::pin(tower::Service::call(&mut self.router, request)),
+        }
+    }
 }
 
 /// What the steps every route goes through hold, shared by every request.
@@ -96,19 +166,28 @@ struct FrontSteps {
     auth: Option<AuthMode>,
 }
 
-/// The steps every route goes through, as one layer (see `plumbing::layers` for why one),
-/// outermost first: request id, span, log line and metrics; the concurrency limit (with a quarter
-/// kept for reads); refusal of ambiguous requests; MLflow's browser-protection headers; each
-/// client's share of MLflow's writes (reads count as activity); and, where the authorizer runs,
-/// a 401 from MLflow on anything forwarded telling it that MLflow authenticates.
+/// The steps of [`front`] as the route table's one layer.
 async fn front_steps(
     State(steps): State<Arc<FrontSteps>>,
     request: Request,
     next: Next,
 ) -> Response {
-    let steps = &*steps;
+    front(&steps, request, |request| next.run(request)).await
+}
+
+/// The steps every request goes through, composed (see `plumbing::layers` for why not as layers
+/// of their own), outermost first: request id, span, log line and metrics; the concurrency limit
+/// (with a quarter kept for reads); refusal of ambiguous requests; MLflow's browser-protection
+/// headers; each client's share of MLflow's writes (reads count as activity); and, where the
+/// authorizer runs, a 401 from MLflow on anything forwarded telling it that MLflow
+/// authenticates. `routed` answers the request once the steps let it through.
+async fn front<F, R>(steps: &FrontSteps, request: Request, routed: F) -> Response
+where
+    F: FnOnce(Request) -> R,
+    R: Future<Output = Response>,
+{
     let routed = move |request: Request| async move {
-        let response = next.run(request).await;
+        let response = routed(request).await;
         if let Some(auth) = &steps.auth {
             watch_unauthorized(auth, &response);
         }

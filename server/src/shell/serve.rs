@@ -13,7 +13,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::extract::ConnectInfo;
-use axum::Router;
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto::Builder;
@@ -245,9 +244,9 @@ impl Drop for EndedGuard {
 
 impl Serving {
     /// Starts `threads` serving threads on `listener` (at least one).
-    pub(crate) fn start(
+    pub(crate) fn start<S: HttpService>(
         listener: TcpListener,
-        router: Router,
+        router: S,
         limits: InboundLimits,
         metrics: Metrics,
         threads: usize,
@@ -309,10 +308,10 @@ impl Drop for Serving {
 /// What one serving thread serves: its number (and connection pool), its clone of the listener,
 /// the routes, what a client connection may hold, the metrics, and the connection slots every
 /// thread shares.
-struct Served {
+struct Served<S> {
     index: usize,
     listener: std::net::TcpListener,
-    router: Router,
+    router: S,
     limits: InboundLimits,
     metrics: Metrics,
     slots: Arc<Semaphore>,
@@ -320,8 +319,8 @@ struct Served {
 
 /// One serving thread: its runtime serves until the drain, reports that it has ended, and stays
 /// up (driving what was opened on it) until released.
-fn serving_thread(
-    served: Served,
+fn serving_thread<S: HttpService>(
+    served: Served<S>,
     mut phase: tokio::sync::watch::Receiver<Phase>,
     ended: EndedGuard,
 ) {
@@ -338,6 +337,7 @@ fn serving_thread(
     };
     crate::plumbing::proxy::use_pool(index);
     runtime.block_on(async move {
+        tokio::spawn(timer_tick());
         let mut release = phase.clone();
         let released = async move {
             let _ = release.wait_for(|p| *p == Phase::Release).await;
@@ -356,9 +356,57 @@ fn serving_thread(
     });
 }
 
+/// How often a serving thread's timer tick fires: shorter than the timers every request sets
+/// (the header-read timeout, 15 s by default; the upstream's response timeout, 120 s).
+const TIMER_TICK: Duration = Duration::from_secs(1);
+
+/// Keeps a timer due within [`TIMER_TICK`] on the serving thread's runtime, so that the timers a
+/// request sets do not wake the thread's own driver.
+///
+/// Tokio's timer, when a timer is set that falls due before the driver's next planned wake-up,
+/// wakes the driver (an `eventfd` write), even on its own thread while it runs: the thread's next
+/// park returns at once and parks again. Every request sets such timers (hyper's header-read
+/// timer for the connection's next request, the upstream's response timeout), and between
+/// requests at low rates the driver plans no wake-up at all, so each request cost one more
+/// system-call round and context switch after its answer. With a timer always due within a
+/// second, the longer timers fall after the planned wake-up and wake nothing; the tick itself
+/// costs one wake-up a second.
+async fn timer_tick() {
+    let mut tick = tokio::time::interval(TIMER_TICK);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+    }
+}
+
+/// What the serving threads serve: the MLflow-facing service (`shell::app::app`), or any router.
+pub(crate) trait HttpService:
+    tower::Service<
+        axum::extract::Request,
+        Response = axum::response::Response,
+        Error = std::convert::Infallible,
+        Future: Send + 'static,
+    > + Clone
+    + Send
+    + 'static
+{
+}
+
+impl<S> HttpService for S where
+    S: tower::Service<
+            axum::extract::Request,
+            Response = axum::response::Response,
+            Error = std::convert::Infallible,
+            Future: Send + 'static,
+        > + Clone
+        + Send
+        + 'static
+{
+}
+
 /// One serving thread's loop: accepts connections on `listener` and serves `router` on them
 /// until `drain` resolves, then stops accepting and lets open connections finish their requests.
-async fn accept(served: Served, drain: impl Future<Output = ()>) {
+async fn accept<S: HttpService>(served: Served<S>, drain: impl Future<Output = ()>) {
     let Served {
         index,
         listener,
@@ -442,6 +490,7 @@ mod tests {
     use std::sync::Mutex;
 
     use axum::routing::get;
+    use axum::Router;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
     use super::*;

@@ -37,6 +37,7 @@ use crate::plumbing::settings::{parse_duration, parse_size};
 pub use handlers::Gateway;
 pub use metrics::GatewayMetrics;
 pub use routes::router;
+pub(crate) use routes::PREFIXES;
 
 use quirks::Quirks;
 use s3::{Destination, S3Config};

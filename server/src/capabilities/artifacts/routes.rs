@@ -15,7 +15,7 @@ use super::handlers::{first_query_value, Gateway};
 use crate::capabilities::authz::Action;
 
 /// The artifact API's prefixes: the REST API and its `/ajax-api` twin (the UI's).
-const PREFIXES: [&str; 2] = [
+pub(crate) const PREFIXES: [&str; 2] = [
     "/api/2.0/mlflow-artifacts/",
     "/ajax-api/2.0/mlflow-artifacts/",
 ];

@@ -41,7 +41,12 @@ pin_project_lite::pin_project! {
         inner: B,
         idle: Duration,
         direction: Direction,
-        sleep: Pin<Box<Sleep>>,
+        // The idle timer, set when the body waits after its start or a frame. A body whose
+        // frames are ready whenever they are asked for (most bodies arrive whole, with their
+        // head) never sets one.
+        sleep: Option<Pin<Box<Sleep>>>,
+        // Whether `sleep` counts the current wait (set since the last frame).
+        waiting: bool,
     }
 }
 
@@ -95,7 +100,8 @@ impl<B> StreamingBody<B> {
             inner,
             idle,
             direction,
-            sleep: Box::pin(tokio::time::sleep(idle)),
+            sleep: None,
+            waiting: false,
         }
     }
 }
@@ -115,13 +121,25 @@ where
         let this = self.project();
         match this.inner.poll_frame(cx) {
             Poll::Ready(Some(Ok(frame))) => {
-                this.sleep.as_mut().reset(Instant::now() + *this.idle);
+                *this.waiting = false;
                 Poll::Ready(Some(Ok(frame)))
             }
             Poll::Ready(Some(Err(e))) => Poll::Ready(Some(Err(e.into()))),
             Poll::Ready(None) => Poll::Ready(None),
             Poll::Pending => {
-                ready!(this.sleep.as_mut().poll(cx));
+                // The pause counts from when the body first waits for its next frame, not from
+                // the last one: a reader that takes its time (a client slow to read the answer)
+                // is not the body's pause.
+                let sleep = match this.sleep {
+                    Some(sleep) if *this.waiting => sleep,
+                    Some(sleep) => {
+                        sleep.as_mut().reset(Instant::now() + *this.idle);
+                        sleep
+                    }
+                    None => this.sleep.insert(Box::pin(tokio::time::sleep(*this.idle))),
+                };
+                *this.waiting = true;
+                ready!(sleep.as_mut().poll(cx));
                 Poll::Ready(Some(Err(Box::new(IdleTimeoutError {
                     direction: *this.direction,
                     after: *this.idle,
@@ -210,6 +228,31 @@ mod tests {
         let err = body.collect().await.unwrap_err();
         let idle = find_idle_timeout(err.as_ref()).expect("idle timeout error");
         assert_eq!(idle.direction, Direction::Response);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_reader_that_takes_its_time_is_not_the_bodys_pause() {
+        // The next chunk comes 3 s after it is asked for; the reader asks 10 s after the first.
+        let chunks = stream::unfold(0, |i| async move {
+            match i {
+                0 => {}
+                1 => tokio::time::sleep(Duration::from_secs(3)).await,
+                _ => return None,
+            }
+            Some((
+                Ok::<_, Infallible>(Frame::data(Bytes::from_static(b"x"))),
+                i + 1,
+            ))
+        });
+        let mut body = std::pin::pin!(StreamingBody::new(
+            StreamBody::new(chunks),
+            Duration::from_secs(5),
+            Direction::Response,
+        ));
+        assert!(body.frame().await.unwrap().is_ok());
+        tokio::time::sleep(Duration::from_secs(10)).await;
+        assert!(body.frame().await.unwrap().is_ok(), "cut while the reader paused");
+        assert!(body.frame().await.is_none());
     }
 
     #[tokio::test]
