@@ -3,6 +3,7 @@
 
 mod body;
 mod headers;
+mod pool;
 
 use std::error::Error as StdError;
 use std::net::SocketAddr;
@@ -13,9 +14,6 @@ use axum::body::Body;
 use axum::extract::{ConnectInfo, Request, State};
 use axum::response::{IntoResponse, Response};
 use http::HeaderValue;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::client::legacy::Client;
-use hyper_util::rt::TokioExecutor;
 
 pub(crate) use body::read_up_to;
 pub use body::{find_idle_timeout, Direction, Guard, Guarded, IdleTimeoutError, StreamingBody};
@@ -28,9 +26,8 @@ use crate::plumbing::telemetry::{ErrorLabels, Metrics};
 pub use settings::{ForwarderConfig, ForwarderOptions, HostHeader, Timeouts, Upstream};
 
 type UpstreamBody = StreamingBody<Body>;
-
-/// How long an idle pooled connection to MLflow is kept: below uvicorn's 5 s keep-alive timeout.
-const UPSTREAM_IDLE_TIMEOUT: Duration = Duration::from_secs(4);
+type Pool = pool::Pool;
+use pool::SendError;
 
 /// Who wrote a response, for the request log line's `answered_by`. The forwarder marks every
 /// response MLflow sent as it receives it; a response without a mark was made by the proxy
@@ -90,9 +87,9 @@ pub(crate) fn this_threads_pool(pools: usize) -> usize {
 /// The upstream MLflow server and the pooled clients that reach it.
 #[derive(Clone)]
 pub struct Forwarder {
-    /// One client (connection pool) per serving thread and one for every other thread; see
+    /// One connection pool per serving thread and one for every other thread; see
     /// [`use_pool`].
-    clients: Arc<[Client<HttpConnector, UpstreamBody>]>,
+    pools: Arc<[Arc<Pool>]>,
     upstream: Arc<Upstream>,
     host_header: HostHeader,
     timeouts: Timeouts,
@@ -108,23 +105,17 @@ impl Forwarder {
     /// A forwarder with `pools` connection pools (at least one): pool 0 for threads that took
     /// none, and one for each serving thread. Each pool keeps up to `max_idle` idle connections.
     pub fn with_pools(config: &ForwarderConfig, metrics: Metrics, pools: usize) -> Self {
-        let mut connector = HttpConnector::new();
-        connector.set_connect_timeout(Some(config.timeouts.connect));
-        connector.set_nodelay(true);
-        connector.set_keepalive(Some(Duration::from_secs(60)));
-        // Idle connections are dropped before MLflow's server closes them (uvicorn's keep-alive
-        // timeout is 5 s): reusing one the server is closing fails the request with "connection
-        // closed before message completed".
-        let clients = (0..pools.max(1))
+        let pools = (0..pools.max(1))
             .map(|_| {
-                Client::builder(TokioExecutor::new())
-                    .pool_idle_timeout(UPSTREAM_IDLE_TIMEOUT)
-                    .pool_max_idle_per_host(config.max_idle)
-                    .build(connector.clone())
+                Arc::new(Pool::new(
+                    &config.upstream.authority,
+                    config.max_idle,
+                    config.timeouts.connect,
+                ))
             })
             .collect();
         Self {
-            clients,
+            pools,
             upstream: Arc::new(config.upstream.clone()),
             host_header: config.host_header,
             timeouts: config.timeouts,
@@ -133,13 +124,13 @@ impl Forwarder {
     }
 
     /// This thread's connection pool.
-    fn client(&self) -> &Client<HttpConnector, UpstreamBody> {
-        &self.clients[this_threads_pool(self.clients.len())]
+    fn pool(&self) -> &Arc<Pool> {
+        &self.pools[this_threads_pool(self.pools.len())]
     }
 
     /// How many connection pools it has: one per serving thread and one for every other thread.
     pub fn pools(&self) -> usize {
-        self.clients.len()
+        self.pools.len()
     }
 
     pub fn upstream(&self) -> &Upstream {
@@ -196,7 +187,7 @@ impl Forwarder {
         let asked = Instant::now();
         let response = match tokio::time::timeout(
             self.timeouts.response_headers,
-            self.client().request(upstream_request),
+            self.pool().send(upstream_request),
         )
         .await
         {
@@ -272,12 +263,10 @@ impl Forwarder {
         *request.headers_mut() = headers;
         let upstream = || self.upstream.url();
         let exchange = async {
-            let response = self.client().request(request).await.map_err(|e| {
+            let response = self.pool().send(request).await.map_err(|e| {
                 let reason = root_cause(&e).to_string();
                 // A pooled connection MLflow was closing as the request went out.
-                if find_in_chain::<hyper::Error>(&e)
-                    .is_some_and(hyper::Error::is_incomplete_message)
-                {
+                if matches!(&e, SendError::Exchange(e) if e.is_incomplete_message()) {
                     AskError::Closed {
                         upstream: upstream(),
                         reason,
@@ -337,42 +326,45 @@ impl Forwarder {
         let request = http::Request::get(uri)
             .body(body)
             .map_err(|e| e.to_string())?;
-        match self.client().request(request).await {
+        match self.pool().send(request).await {
             Ok(response) => Ok(response.status()),
             Err(e) => Err(root_cause(&e).to_string()),
         }
     }
 
-    fn classify(&self, error: &hyper_util::client::legacy::Error) -> ProxyError {
+    fn classify(&self, error: &SendError) -> ProxyError {
         let upstream = self.upstream.url();
-        if let Some(idle) = find_idle_timeout(error) {
-            return ProxyError::ClientBodyIdle { after: idle.after };
-        }
-        let root = root_cause(error);
-        if error.is_connect() {
-            if root
-                .downcast_ref::<std::io::Error>()
-                .is_some_and(|io| io.kind() == std::io::ErrorKind::TimedOut)
-                || root.to_string().contains("timed out")
-            {
+        let hyper_error = match error {
+            SendError::ConnectTimeout(_) => {
                 return ProxyError::UpstreamConnectTimeout {
                     upstream,
                     after: self.timeouts.connect,
-                };
+                }
             }
-            return ProxyError::UpstreamConnect {
-                upstream,
-                reason: root.to_string(),
-            };
+            SendError::Connect(e) if e.kind() == std::io::ErrorKind::TimedOut => {
+                return ProxyError::UpstreamConnectTimeout {
+                    upstream,
+                    after: self.timeouts.connect,
+                }
+            }
+            SendError::Connect(e) => {
+                return ProxyError::UpstreamConnect {
+                    upstream,
+                    reason: e.to_string(),
+                }
+            }
+            SendError::Exchange(e) => e,
+        };
+        if let Some(idle) = find_idle_timeout(hyper_error) {
+            return ProxyError::ClientBodyIdle { after: idle.after };
         }
+        let root = root_cause(hyper_error);
         // A request body that failed on the client's side (disconnect, bad chunking) surfaces
         // here as a hyper "user body" error.
-        if let Some(hyper_error) = find_in_chain::<hyper::Error>(error) {
-            if hyper_error.is_user() {
-                return ProxyError::ClientBody {
-                    reason: root.to_string(),
-                };
-            }
+        if hyper_error.is_user() {
+            return ProxyError::ClientBody {
+                reason: root.to_string(),
+            };
         }
         ProxyError::UpstreamReset {
             upstream,
@@ -387,17 +379,6 @@ fn root_cause<'a>(error: &'a (dyn StdError + 'static)) -> &'a (dyn StdError + 's
         current = source;
     }
     current
-}
-
-fn find_in_chain<'a, T: StdError + 'static>(error: &'a (dyn StdError + 'static)) -> Option<&'a T> {
-    let mut current = Some(error);
-    while let Some(e) = current {
-        if let Some(found) = e.downcast_ref::<T>() {
-            return Some(found);
-        }
-        current = e.source();
-    }
-    None
 }
 
 /// The fallback of the route table: every request no capability intercepts goes to MLflow as it

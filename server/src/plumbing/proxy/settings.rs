@@ -59,13 +59,15 @@ impl Upstream {
         })
     }
 
-    /// The upstream URI for a client request's path and query, kept byte for byte.
+    /// The request target sent to the upstream for a client request's path and query (origin
+    /// form: the upstream's base path, then the client's path and query byte for byte).
     pub fn uri_for(&self, path_and_query: &str) -> Result<http::Uri, http::Error> {
-        http::Uri::builder()
-            .scheme("http")
-            .authority(self.authority.clone())
-            .path_and_query(format!("{}{}", self.base_path, path_and_query))
-            .build()
+        let target = if self.base_path.is_empty() {
+            http::uri::PathAndQuery::try_from(path_and_query)?
+        } else {
+            http::uri::PathAndQuery::try_from(format!("{}{}", self.base_path, path_and_query))?
+        };
+        Ok(http::Uri::from(target))
     }
 
     pub fn url(&self) -> String {

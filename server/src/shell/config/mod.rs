@@ -737,7 +737,12 @@ mod tests {
             .unwrap();
         assert_eq!(
             uri.to_string(),
-            "http://127.0.0.1:5000/api/2.0/mlflow/runs/get?run_id=a%2Fb&x=%20+y"
+            "/api/2.0/mlflow/runs/get?run_id=a%2Fb&x=%20+y"
+        );
+        let u = Upstream::parse("http://mlflow:5000/under/").unwrap();
+        assert_eq!(
+            u.uri_for("/api/2.0/mlflow/runs/get?x=%2F").unwrap().to_string(),
+            "/under/api/2.0/mlflow/runs/get?x=%2F"
         );
     }
 }

@@ -1,0 +1,212 @@
+//! Keep-alive connections to MLflow, one pool per serving thread (see [`super::use_pool`]).
+//!
+//! A request takes the most recently used idle connection that is ready, or opens one; its
+//! connection comes back to the pool when the answer's body has been read to its end, from the
+//! request's own task. hyper_util's pooled client did the same through a pool keyed by host, a
+//! checkout future, and a task spawned for every answer with a body to put the connection back
+//! once it was ready again; a pool per thread for one upstream needs none of it.
+//!
+//! A request that a reused connection could not send (MLflow closed it as the request went out,
+//! before any of it was written) is sent again on a fresh connection: it cannot have been
+//! applied. Idle connections are dropped after [`IDLE_TIMEOUT`], before MLflow's server closes
+//! them.
+
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{ready, Context, Poll};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http_body::{Body, Frame, SizeHint};
+use hyper::body::Incoming;
+use hyper::client::conn::http1::SendRequest;
+use hyper_util::rt::TokioIo;
+
+use super::UpstreamBody;
+
+/// How long an idle connection to MLflow is kept: below uvicorn's 5 s keep-alive timeout, since
+/// reusing one the server is closing fails a request that may already be on its way.
+pub(super) const IDLE_TIMEOUT: Duration = Duration::from_secs(4);
+
+/// Why a request got no answer.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum SendError {
+    #[error("{0}")]
+    Connect(std::io::Error),
+    #[error("connecting timed out after {0:?}")]
+    ConnectTimeout(Duration),
+    /// Sent (or partly sent), and no whole answer came; or the request's own body failed.
+    #[error(transparent)]
+    Exchange(#[from] hyper::Error),
+}
+
+/// One upstream's idle connections, used by one thread (and locked only by it).
+pub(super) struct Pool {
+    idle: Mutex<Vec<Idle>>,
+    max_idle: usize,
+    host: String,
+    port: u16,
+    /// The `Host` header of a request that carries none (the client's was kept, and it sent
+    /// none): the upstream's host, and its port where it is not 80.
+    host_header: http::HeaderValue,
+    connect_timeout: Duration,
+}
+
+struct Idle {
+    sender: SendRequest<UpstreamBody>,
+    since: Instant,
+}
+
+impl Pool {
+    pub(super) fn new(
+        authority: &http::uri::Authority,
+        max_idle: usize,
+        connect_timeout: Duration,
+    ) -> Self {
+        // An IPv6 literal is written in brackets in a URL, not in an address.
+        let host = authority.host();
+        let host = host
+            .strip_prefix('[')
+            .and_then(|h| h.strip_suffix(']'))
+            .unwrap_or(host);
+        let port = authority.port_u16().unwrap_or(80);
+        let host_header = if port == 80 {
+            authority.host()
+        } else {
+            authority.as_str()
+        };
+        Self {
+            idle: Mutex::new(Vec::new()),
+            max_idle,
+            host: host.to_owned(),
+            port,
+            host_header: http::HeaderValue::from_str(host_header)
+                .expect("an authority is a valid header value"),
+            connect_timeout,
+        }
+    }
+
+    /// Sends `request` (its URI in origin form) on an idle connection or a new one, and returns
+    /// the answer, whose body gives the connection back when it has been read to its end.
+    pub(super) async fn send(
+        self: &Arc<Self>,
+        mut request: http::Request<UpstreamBody>,
+    ) -> Result<http::Response<PooledBody>, SendError> {
+        request
+            .headers_mut()
+            .entry(http::header::HOST)
+            .or_insert_with(|| self.host_header.clone());
+        loop {
+            let (mut sender, reused) = match self.take_idle() {
+                Some(sender) => (sender, true),
+                None => (self.connect().await?, false),
+            };
+            match sender.try_send_request(request).await {
+                Ok(response) => {
+                    let (parts, body) = response.into_parts();
+                    let mut body = PooledBody {
+                        inner: body,
+                        back: Some((sender, self.clone())),
+                    };
+                    if body.inner.is_end_stream() {
+                        body.give_back();
+                    }
+                    return Ok(http::Response::from_parts(parts, body));
+                }
+                Err(mut error) => match error.take_message() {
+                    // Never written: MLflow closed the idle connection as it went out.
+                    Some(unsent) if reused => request = unsent,
+                    _ => return Err(error.into_error().into()),
+                },
+            }
+        }
+    }
+
+    /// The most recently used idle connection that is ready for a request; closed and expired
+    /// ones are dropped on the way.
+    fn take_idle(&self) -> Option<SendRequest<UpstreamBody>> {
+        let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
+        idle.retain(|i| !i.sender.is_closed() && i.since.elapsed() < IDLE_TIMEOUT);
+        let ready = idle.iter().rposition(|i| i.sender.is_ready())?;
+        Some(idle.swap_remove(ready).sender)
+    }
+
+    fn give_back(&self, sender: SendRequest<UpstreamBody>) {
+        if sender.is_closed() {
+            return;
+        }
+        let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
+        if idle.len() < self.max_idle {
+            idle.push(Idle {
+                sender,
+                since: Instant::now(),
+            });
+        }
+    }
+
+    /// A new connection, its task spawned on this thread's runtime.
+    async fn connect(&self) -> Result<SendRequest<UpstreamBody>, SendError> {
+        let stream = tokio::time::timeout(
+            self.connect_timeout,
+            tokio::net::TcpStream::connect((self.host.as_str(), self.port)),
+        )
+        .await
+        .map_err(|_| SendError::ConnectTimeout(self.connect_timeout))?
+        .map_err(SendError::Connect)?;
+        // Small requests must not wait for Nagle's algorithm and MLflow's delayed ACK.
+        let _ = stream.set_nodelay(true);
+        let keepalive = socket2::TcpKeepalive::new().with_time(Duration::from_secs(60));
+        let _ = socket2::SockRef::from(&stream).set_tcp_keepalive(&keepalive);
+        let (sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+            .await
+            .map_err(SendError::Exchange)?;
+        tokio::spawn(async move {
+            if let Err(e) = connection.await {
+                tracing::debug!(error = %e, "a connection to MLflow ended with an error");
+            }
+        });
+        Ok(sender)
+    }
+}
+
+/// An answer's body from MLflow: gives its connection back to the pool once read to its end.
+/// Dropped before its end, it closes the connection (the rest of the answer is never read).
+pub(crate) struct PooledBody {
+    inner: Incoming,
+    back: Option<(SendRequest<UpstreamBody>, Arc<Pool>)>,
+}
+
+impl PooledBody {
+    fn give_back(&mut self) {
+        if let Some((sender, pool)) = self.back.take() {
+            pool.give_back(sender);
+        }
+    }
+}
+
+impl Body for PooledBody {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+        let frame = ready!(Pin::new(&mut self.inner).poll_frame(cx));
+        match &frame {
+            None => self.give_back(),
+            Some(Ok(_)) if self.inner.is_end_stream() => self.give_back(),
+            Some(Err(_)) => self.back = None,
+            Some(Ok(_)) => {}
+        }
+        Poll::Ready(frame)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
