@@ -251,7 +251,10 @@ mod tests {
         ));
         assert!(body.frame().await.unwrap().is_ok());
         tokio::time::sleep(Duration::from_secs(10)).await;
-        assert!(body.frame().await.unwrap().is_ok(), "cut while the reader paused");
+        assert!(
+            body.frame().await.unwrap().is_ok(),
+            "cut while the reader paused"
+        );
         assert!(body.frame().await.is_none());
     }
 

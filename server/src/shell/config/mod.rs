@@ -741,7 +741,9 @@ mod tests {
         );
         let u = Upstream::parse("http://mlflow:5000/under/").unwrap();
         assert_eq!(
-            u.uri_for("/api/2.0/mlflow/runs/get?x=%2F").unwrap().to_string(),
+            u.uri_for("/api/2.0/mlflow/runs/get?x=%2F")
+                .unwrap()
+                .to_string(),
             "/under/api/2.0/mlflow/runs/get?x=%2F"
         );
     }

@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# Instructions a forwarded request costs the proxy, counted by valgrind's callgrind: a count that
+# does not move with the machine's noise, for A/B comparisons of the request path.
+#
+# Usage: load-tests/perf/instructions.sh PROXY_BINARY [REQUESTS] [PATH]
+#
+# Starts nginx answering every request with a fixed run (the upstream), the proxy under callgrind
+# with one serving thread and JSON log lines, sends 300 `GET PATH` on one keep-alive connection to
+# warm it, zeroes the counts, sends REQUESTS more (default 2000), and prints the instructions per
+# request of every thread of the proxy together. Needs valgrind and nginx; ports 18080, 15001 and
+# 19464 free. Callgrind's dump is kept under the work directory for callgrind_annotate.
+set -euo pipefail
+bin=$(realpath "$1")
+requests=${2:-2000}
+path=${3:-/api/2.0/mlflow/runs/get?run_id=r1}
+work=$(mktemp -d "${TMPDIR:-/tmp}/mlscope-instructions.XXXXXX")
+cat >"$work/nginx.conf" <<CONF
+worker_processes 1;
+daemon off;
+pid $work/nginx.pid;
+error_log $work/nginx-error.log;
+events { worker_connections 64; }
+http {
+  access_log off;
+  server {
+    listen 127.0.0.1:18080;
+    location / { default_type application/json; return 200 '{"run":{"info":{"run_id":"r1","status":"RUNNING"},"data":{}}}'; }
+  }
+}
+CONF
+nginx -c "$work/nginx.conf" &
+nginx_pid=$!
+MLSCOPE_SERVE_THREADS=1 MLSCOPE_LOG_FORMAT=json valgrind --tool=callgrind \
+  --callgrind-out-file="$work/callgrind.%p" "$bin" --upstream http://127.0.0.1:18080 \
+  --listen 127.0.0.1:15001 --admin-listen 127.0.0.1:19464 \
+  --database-url "sqlite://$work/state.db" >"$work/proxy.log" 2>&1 &
+proxy_pid=$!
+trap 'kill $proxy_pid $nginx_pid 2>/dev/null || true' EXIT
+for _ in $(seq 1 120); do
+  curl -sf -o /dev/null http://127.0.0.1:19464/healthz && break
+  sleep 1
+done
+python3 - "$proxy_pid" "$requests" "$path" <<'PY'
+import http.client, subprocess, sys
+pid, n, path = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+c = http.client.HTTPConnection("127.0.0.1", 15001)
+def get():
+    c.request("GET", path)
+    r = c.getresponse()
+    r.read()
+    assert r.status == 200, r.status
+for _ in range(300):
+    get()
+subprocess.run(["callgrind_control", "-z", pid], check=True, capture_output=True)
+for _ in range(n):
+    get()
+subprocess.run(["callgrind_control", "-d", pid], check=True, capture_output=True)
+PY
+dump=$(ls "$work"/callgrind.*.1)
+total=$(awk '/^summary:/ {print $2}' "$dump")
+echo "$(basename "$bin") $requests requests: $((total / requests)) instructions per request ($dump)"
