@@ -210,3 +210,115 @@ impl Body for PooledBody {
         self.inner.size_hint()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::net::SocketAddr;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use http_body_util::BodyExt;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    use super::*;
+    use crate::plumbing::proxy::{Direction, StreamingBody};
+
+    /// A stand-in MLflow that answers every request `ok` and closes each connection after
+    /// `close_after` answers, without saying so (as a server whose keep-alive timeout passed).
+    /// Returns its address and how many connections it accepted.
+    async fn stand_in(close_after: usize) -> (SocketAddr, Arc<AtomicUsize>) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let accepted = Arc::new(AtomicUsize::new(0));
+        let counted = accepted.clone();
+        tokio::spawn(async move {
+            while let Ok((mut stream, _)) = listener.accept().await {
+                counted.fetch_add(1, Ordering::SeqCst);
+                tokio::spawn(async move {
+                    let (mut read, mut answered) = (Vec::new(), 0);
+                    let mut buf = [0u8; 4096];
+                    while answered < close_after {
+                        match stream.read(&mut buf).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => read.extend_from_slice(&buf[..n]),
+                        }
+                        while let Some(end) = read.windows(4).position(|w| w == b"\r\n\r\n") {
+                            read.drain(..end + 4);
+                            let answer = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok";
+                            stream.write_all(answer).await.unwrap();
+                            answered += 1;
+                        }
+                    }
+                });
+            }
+        });
+        (addr, accepted)
+    }
+
+    fn get() -> http::Request<UpstreamBody> {
+        let body = StreamingBody::new(
+            axum::body::Body::empty(),
+            Duration::from_secs(5),
+            Direction::Request,
+        );
+        let mut request = http::Request::new(body);
+        *request.uri_mut() = http::Uri::from_static("/api/2.0/mlflow/runs/get");
+        request
+    }
+
+    async fn answered(pool: &Arc<Pool>) -> Bytes {
+        let response = pool.send(get()).await.expect("answered");
+        assert_eq!(response.status(), http::StatusCode::OK);
+        response.into_body().collect().await.unwrap().to_bytes()
+    }
+
+    #[tokio::test]
+    async fn a_connection_is_reused_and_one_mlflow_closed_is_replaced() {
+        let (addr, accepted) = stand_in(3).await;
+        let authority = http::uri::Authority::try_from(addr.to_string()).unwrap();
+        let pool = Arc::new(Pool::new(&authority, 4, Duration::from_secs(5)));
+        for _ in 0..3 {
+            assert_eq!(&answered(&pool).await[..], b"ok");
+        }
+        assert_eq!(
+            accepted.load(Ordering::SeqCst),
+            1,
+            "one connection for three"
+        );
+        // The stand-in closed it after its third answer: once the connection's task has seen
+        // that, the next request goes on a new connection and is answered.
+        loop {
+            let closed = pool
+                .idle
+                .lock()
+                .unwrap()
+                .iter()
+                .all(|i| i.sender.is_closed());
+            if closed {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        for _ in 0..2 {
+            assert_eq!(&answered(&pool).await[..], b"ok");
+        }
+        assert_eq!(accepted.load(Ordering::SeqCst), 2);
+        assert_eq!(
+            pool.idle.lock().unwrap().len(),
+            1,
+            "the closed one was dropped"
+        );
+    }
+
+    #[tokio::test]
+    async fn an_answer_read_only_in_part_does_not_give_its_connection_back() {
+        let (addr, accepted) = stand_in(usize::MAX).await;
+        let authority = http::uri::Authority::try_from(addr.to_string()).unwrap();
+        let pool = Arc::new(Pool::new(&authority, 4, Duration::from_secs(5)));
+        let response = pool.send(get()).await.unwrap();
+        drop(response);
+        assert!(pool.idle.lock().unwrap().is_empty());
+        assert_eq!(&answered(&pool).await[..], b"ok");
+        assert_eq!(accepted.load(Ordering::SeqCst), 2);
+        assert_eq!(pool.idle.lock().unwrap().len(), 1);
+    }
+}
