@@ -103,10 +103,15 @@ pub(crate) fn to_upstream(
             }
         }
         HostHeader::Upstream => {
+            // The host and port only: never user information written in the upstream's URL.
+            let host = match upstream.port() {
+                Some(port) => format!("{}:{port}", upstream.host()),
+                None => upstream.host().to_owned(),
+            };
             headers.insert(
                 header::HOST,
-                HeaderValue::from_str(upstream.as_str())
-                    .expect("an authority is a valid header value"),
+                HeaderValue::from_str(&host)
+                    .expect("an authority's host and port are a valid header value"),
             );
             if let Some(host) = client_host {
                 if !headers.contains_key(&X_FORWARDED_HOST) {
@@ -210,6 +215,13 @@ mod tests {
         assert_eq!(h["host"], "127.0.0.1:5000");
         assert_eq!(h["x-forwarded-host"], "gateway:80");
         assert_eq!(h["x-forwarded-proto"], "http");
+
+        // User information in the upstream's URL never reaches a header.
+        let with_user: http::uri::Authority = "user:secret@mlflow:5000".parse().unwrap();
+        let mut h = headers(&[("host", "gateway:80")]);
+        let peer = "127.0.0.1:1".parse().unwrap();
+        to_upstream(&mut h, peer, None, HostHeader::Upstream, &with_user, &id);
+        assert_eq!(h["host"], "mlflow:5000");
     }
 
     #[test]
