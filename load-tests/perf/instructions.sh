@@ -7,8 +7,9 @@
 # Starts nginx answering every request with a fixed run (the upstream), the proxy under callgrind
 # with one serving thread and JSON log lines, sends 300 `GET PATH` on one keep-alive connection to
 # warm it, zeroes the counts, sends REQUESTS more (default 2000), and prints the instructions per
-# request of every thread of the proxy together. Needs valgrind and nginx; ports 18080, 15001 and
-# 19464 free. Callgrind's dump is kept under the work directory for callgrind_annotate.
+# request of every thread of the proxy together. With AUTHORIZATION set, every request carries it
+# as its Authorization header (e.g. AUTHORIZATION='Basic dTpw'). Needs valgrind and nginx; ports
+# 18080, 15001 and 19464 free. Callgrind's dump is kept under the work directory for callgrind_annotate.
 set -euo pipefail
 bin=$(realpath "$1")
 requests=${2:-2000}
@@ -40,12 +41,13 @@ for _ in $(seq 1 120); do
   curl -sf -o /dev/null http://127.0.0.1:19464/healthz && break
   sleep 1
 done
-python3 - "$proxy_pid" "$requests" "$path" <<'PY'
-import http.client, subprocess, sys
+AUTHORIZATION=${AUTHORIZATION:-} python3 - "$proxy_pid" "$requests" "$path" <<'PY'
+import http.client, os, subprocess, sys
 pid, n, path = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 c = http.client.HTTPConnection("127.0.0.1", 15001)
 def get():
-    c.request("GET", path)
+    auth = os.environ.get("AUTHORIZATION")
+    c.request("GET", path, headers={"Authorization": auth} if auth else {})
     r = c.getresponse()
     r.read()
     assert r.status == 200, r.status

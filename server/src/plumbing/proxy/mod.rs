@@ -23,11 +23,10 @@ mod settings;
 
 use crate::plumbing::error::ProxyError;
 use crate::plumbing::telemetry::{ErrorLabels, Metrics};
+use pool::{Pool, SendError};
 pub use settings::{ForwarderConfig, ForwarderOptions, HostHeader, Timeouts, Upstream};
 
 type UpstreamBody = StreamingBody<Body>;
-type Pool = pool::Pool;
-use pool::SendError;
 
 /// Who wrote a response, for the request log line's `answered_by`. The forwarder marks every
 /// response MLflow sent as it receives it; a response without a mark was made by the proxy

@@ -129,7 +129,7 @@ impl Pool {
         let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
         idle.retain(|i| !i.sender.is_closed() && i.since.elapsed() < IDLE_TIMEOUT);
         let ready = idle.iter().rposition(|i| i.sender.is_ready())?;
-        Some(idle.swap_remove(ready).sender)
+        Some(idle.remove(ready).sender)
     }
 
     fn give_back(&self, sender: SendRequest<UpstreamBody>) {
