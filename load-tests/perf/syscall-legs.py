@@ -12,6 +12,12 @@ serving thread, or nginx's worker) and prints, per request, p50 / p90 / p99 of:
 - upstream: from the request's `writev` to the answer becoming readable.
 
 Usage: perf script -i sc.data -F tid,time,event,trace | load-tests/perf/syscall-legs.py
+
+With `--upstream-of PROXY.txt`, standard input is the upstream's worker instead (its own
+recording, same clock) and PROXY.txt the proxy's `perf script` output: the upstream leg of each of
+the proxy's requests is split into until the upstream is awake with it (the proxy's `writev` to
+the upstream's `epoll_wait` returning), the upstream's own work (to its `writev`), and until the
+proxy is awake with the answer (to the proxy's `epoll_wait` returning).
 """
 import re
 import sys
@@ -27,13 +33,53 @@ def quantiles(values):
     return f"n={n} p50={values[n // 2]:.0f} p90={values[int(n * .9)]:.0f} p99={values[int(n * .99)]:.0f} µs"
 
 
-def main():
+def read(lines):
+    """Events of each thread, in order: (µs, event, arguments)."""
     by_thread = {}
-    for line in sys.stdin:
+    for line in lines:
         m = LINE.match(line)
         if m:
             tid, t, event, rest = m.groups()
             by_thread.setdefault(tid, []).append((float(t) * 1e6, event, rest))
+    return by_thread
+
+
+def upstream_split(proxy_path):
+    """The upstream leg of each request of the proxy in PROXY.txt, split three ways."""
+    with open(proxy_path) as f:
+        proxy = [e for events in read(f).values() for e in events]
+    upstream = sorted(e for events in read(sys.stdin).values() for e in events)
+    # The proxy's request writes (one element) and each wake-up after one.
+    sends, wakes = [], []
+    for t, event, rest in proxy:
+        if event == "sys_enter_writev" and re.search(r"vlen: 0x0*1\b", rest):
+            sends.append(t)
+        elif event == "sys_exit_epoll_wait" and sends and (not wakes or wakes[-1][0] != sends[-1]):
+            wakes.append((sends[-1], t))
+    woken = dict(wakes)
+    up_wakes = [t for t, event, _ in upstream if event == "sys_exit_epoll_wait"]
+    up_writes = [t for t, event, _ in upstream if event == "sys_enter_writev"]
+    to_up, own, back = [], [], []
+    import bisect
+    for sent in sends:
+        i = bisect.bisect_left(up_wakes, sent)
+        if i == len(up_wakes) or sent not in woken:
+            continue
+        j = bisect.bisect_left(up_writes, up_wakes[i])
+        if j == len(up_writes) or up_writes[j] > woken[sent]:
+            continue
+        to_up.append(up_wakes[i] - sent)
+        own.append(up_writes[j] - up_wakes[i])
+        back.append(woken[sent] - up_writes[j])
+    print("upstream awake:     ", quantiles(to_up))
+    print("upstream's own:     ", quantiles(own))
+    print("proxy awake again:  ", quantiles(back))
+
+
+def main():
+    if len(sys.argv) == 3 and sys.argv[1] == "--upstream-of":
+        return upstream_split(sys.argv[2])
+    by_thread = read(sys.stdin)
     inbound, outbound, upstream = [], [], []
     for events in by_thread.values():
         ready = readable_at = sent_upstream = None

@@ -30,11 +30,17 @@ impl<'writer> FormatFields<'writer> for SpanFields {
         mut writer: Writer<'writer>,
         fields: R,
     ) -> fmt::Result {
-        writer.write_char('{')?;
-        let mut visitor = Entries::new(&mut writer, false);
-        fields.record(&mut visitor);
-        visitor.result?;
-        writer.write_char('}')
+        // Built in a buffer of the thread's and written at once: the span's own text then grows
+        // once, not at every small write (a request's span is made on its path to MLflow).
+        SCRATCH.with(|scratch| {
+            let Ok(mut text) = scratch.try_borrow_mut() else {
+                return span_object(&mut writer, fields);
+            };
+            text.clear();
+            let result = span_object(&mut *text, fields);
+            writer.write_str(&text)?;
+            result
+        })
     }
 
     fn add_fields(
@@ -63,6 +69,20 @@ impl<'writer> FormatFields<'writer> for SpanFields {
         current.fields = text;
         result
     }
+}
+
+thread_local! {
+    /// Where a span's object is built before it is written to the span's own text.
+    static SCRATCH: std::cell::RefCell<String> = std::cell::RefCell::new(String::with_capacity(256));
+}
+
+/// `fields` as a JSON object.
+fn span_object<W: fmt::Write>(out: &mut W, fields: impl RecordFields) -> fmt::Result {
+    out.write_char('{')?;
+    let mut visitor = Entries::new(out, false);
+    fields.record(&mut visitor);
+    visitor.result?;
+    out.write_char('}')
 }
 
 /// The event format of `--log-format json`: see the module's documentation.
@@ -104,7 +124,7 @@ where
             return self.stock.format_event(ctx, writer, event);
         }
         writer.write_str("{\"timestamp\":\"")?;
-        SystemTime.format_time(&mut writer)?;
+        timestamp(&mut writer)?;
         write!(writer, "\",\"level\":\"{}\"", meta.level())?;
         let mut visitor = Entries::new(&mut writer, true);
         event.record(&mut visitor);
@@ -133,6 +153,65 @@ where
         }
         writer.write_str("}\n")
     }
+}
+
+/// The time now as tracing-subscriber's `SystemTime` writes it (RFC 3339 in UTC, to the
+/// microsecond), with the date and the time of day formatted once a second on each thread.
+fn timestamp(out: &mut Writer<'_>) -> fmt::Result {
+    thread_local! {
+        /// The second last written and its text up to the fraction.
+        static SECOND: std::cell::Cell<(u64, [u8; 19])> = const { std::cell::Cell::new((u64::MAX, [0; 19])) };
+    }
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .ok()
+        .filter(|since| since.as_secs() < 253_402_300_800); // before year 10000
+    let Some(now) = now else {
+        return SystemTime.format_time(out);
+    };
+    let (second, mut text) = SECOND.get();
+    if second != now.as_secs() {
+        text = date_and_time(now.as_secs());
+        SECOND.set((now.as_secs(), text));
+    }
+    // ASCII digits and separators only.
+    out.write_str(std::str::from_utf8(&text).map_err(|_| fmt::Error)?)?;
+    write!(out, ".{:06}Z", now.subsec_micros())
+}
+
+/// `YYYY-MM-DDTHH:MM:SS` of a time in seconds since the epoch (before year 10000), in UTC.
+fn date_and_time(seconds: u64) -> [u8; 19] {
+    let (days, of_day) = ((seconds / 86_400) as i64, seconds % 86_400);
+    // Days to a civil date: Howard Hinnant's `civil_from_days`, with eras of 400 years from
+    // 0000-03-01.
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let day_of_era = z.rem_euclid(146_097);
+    let year_of_era =
+        (day_of_era - day_of_era / 1_460 + day_of_era / 36_524 - day_of_era / 146_096) / 365;
+    let day_of_year = day_of_era - (365 * year_of_era + year_of_era / 4 - year_of_era / 100);
+    let month_from_march = (5 * day_of_year + 2) / 153;
+    let day = day_of_year - (153 * month_from_march + 2) / 5 + 1;
+    let month = if month_from_march < 10 {
+        month_from_march + 3
+    } else {
+        month_from_march - 9
+    };
+    let year = year_of_era + era * 400 + i64::from(month <= 2);
+    let mut text = *b"0000-00-00T00:00:00";
+    let mut put = |at: usize, width: usize, mut value: u64| {
+        for digit in text[at..at + width].iter_mut().rev() {
+            *digit = b'0' + (value % 10) as u8;
+            value /= 10;
+        }
+    };
+    put(0, 4, year as u64);
+    put(5, 2, month as u64);
+    put(8, 2, day as u64);
+    put(11, 2, of_day / 3_600);
+    put(14, 2, of_day / 60 % 60);
+    put(17, 2, of_day % 60);
+    text
 }
 
 /// Writes `"name":value` entries, each after a comma unless it is the first, as
@@ -227,6 +306,10 @@ struct Escaped<'a, W: fmt::Write>(&'a mut W);
 
 impl<W: fmt::Write> fmt::Write for Escaped<'_, W> {
     fn write_str(&mut self, text: &str) -> fmt::Result {
+        // Most text needs no escape: one scan, one write.
+        if !text.bytes().any(|b| b < 0x20 || b == b'"' || b == b'\\') {
+            return self.0.write_str(text);
+        }
         let mut plain = 0;
         for (at, byte) in text.bytes().enumerate() {
             let escape = match byte {
@@ -373,6 +456,40 @@ pub(crate) mod tests {
             ours[3]["span"],
             serde_json::json!({ "first": 1, "second": "two", "name": "late" })
         );
+    }
+
+    #[test]
+    fn dates_and_times_are_the_civil_calendars() {
+        let cases = [
+            (0, "1970-01-01T00:00:00"),
+            (951_825_600, "2000-02-29T12:00:00"),
+            (4_107_542_399, "2100-02-28T23:59:59"),
+            (4_107_542_400, "2100-03-01T00:00:00"),
+            (1_796_515_199, "2026-12-05T23:59:59"),
+            (253_402_300_799, "9999-12-31T23:59:59"),
+        ];
+        for (seconds, text) in cases {
+            assert_eq!(std::str::from_utf8(&date_and_time(seconds)).unwrap(), text);
+        }
+    }
+
+    /// The cached timestamp reads as the stock one written at the same second.
+    #[test]
+    fn timestamps_match_tracing_subscribers() {
+        // Again where the second turns between the two (a mismatch never reads alike).
+        for _ in 0..10 {
+            let (mut stock, mut ours) = (String::new(), String::new());
+            SystemTime
+                .format_time(&mut Writer::new(&mut stock))
+                .unwrap();
+            timestamp(&mut Writer::new(&mut ours)).unwrap();
+            if stock[..19] == ours[..19] {
+                assert_eq!(stock.len(), ours.len(), "{stock} against {ours}");
+                assert!(ours.ends_with('Z') && ours.as_bytes()[19] == b'.', "{ours}");
+                return;
+            }
+        }
+        panic!("the timestamps never read alike to the second");
     }
 
     /// Events of other crates keep the stock format (and read our span objects).

@@ -44,7 +44,13 @@ where
         .char_indices()
         .nth(512)
         .map_or(path, |(end, _)| &path[..end]);
-    let span = tracing::info_span!("request", request_id = id.to_str().unwrap_or_default(), route = route.as_str(), method = %method, path);
+    let span = tracing::info_span!(
+        "request",
+        request_id = id.to_str().unwrap_or_default(),
+        route = route.as_str(),
+        method = method.as_str(),
+        path
+    );
     let line_span = span.clone();
     async move {
         let mut response = next(request).await;

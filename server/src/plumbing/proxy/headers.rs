@@ -90,15 +90,18 @@ pub(crate) fn to_upstream(
 ) {
     strip_hop_by_hop(headers);
     headers.remove(header::EXPECT);
+    // The three or four added below, at once (a parsed request's map holds only what it came
+    // with, and would otherwise grow twice).
+    headers.reserve(4);
 
     // HTTP/2 clients send `:authority` instead of `Host`; keep the client's view in both cases.
-    let client_host = headers
-        .get(header::HOST)
-        .cloned()
+    let sent_host = headers.get(header::HOST).cloned();
+    let client_host = sent_host
+        .clone()
         .or_else(|| request_authority.and_then(|a| HeaderValue::from_str(a.as_str()).ok()));
     match host_policy {
         HostHeader::Preserve => {
-            if let Some(host) = &client_host {
+            if let (None, Some(host)) = (&sent_host, &client_host) {
                 headers.insert(header::HOST, host.clone());
             }
         }
@@ -122,12 +125,13 @@ pub(crate) fn to_upstream(
     }
 
     // Append the peer to any chain a gateway in front of us started.
-    let peer_ip = peer.ip().to_string();
     let forwarded_for = match headers.get(&X_FORWARDED_FOR).and_then(|v| v.to_str().ok()) {
-        Some(chain) if !chain.trim().is_empty() => format!("{chain}, {peer_ip}"),
-        _ => peer_ip,
+        Some(chain) if !chain.trim().is_empty() => {
+            HeaderValue::try_from(format!("{chain}, {}", peer.ip())).ok()
+        }
+        _ => Some(address_value(peer.ip())),
     };
-    if let Ok(value) = HeaderValue::try_from(forwarded_for) {
+    if let Some(value) = forwarded_for {
         headers.insert(X_FORWARDED_FOR.clone(), value);
     }
     // A gateway that terminated TLS already said `https`; only fill in what is missing.
@@ -135,6 +139,24 @@ pub(crate) fn to_upstream(
         headers.insert(X_FORWARDED_PROTO.clone(), HeaderValue::from_static("http"));
     }
     headers.insert(X_REQUEST_ID.clone(), request_id.clone());
+}
+
+/// An address as a header value. The last one made on this thread is kept: a connection's
+/// requests all come from its one peer, and formatting an address is most of the cost.
+fn address_value(address: std::net::IpAddr) -> HeaderValue {
+    thread_local! {
+        static LAST: std::cell::RefCell<Option<(std::net::IpAddr, HeaderValue)>> =
+            const { std::cell::RefCell::new(None) };
+    }
+    LAST.with_borrow_mut(|last| match last {
+        Some((kept, value)) if *kept == address => value.clone(),
+        _ => {
+            let value = HeaderValue::try_from(address.to_string())
+                .expect("an IP address is a valid header value");
+            *last = Some((address, value.clone()));
+            value
+        }
+    })
 }
 
 /// Whether a message's content type is JSON (`application/json`, any parameters).
@@ -222,6 +244,41 @@ mod tests {
         let peer = "127.0.0.1:1".parse().unwrap();
         to_upstream(&mut h, peer, None, HostHeader::Upstream, &with_user, &id);
         assert_eq!(h["host"], "mlflow:5000");
+    }
+
+    /// Each request names its own peer, whichever peer the thread's previous request had, and
+    /// a request without a chain gets the peer alone.
+    #[test]
+    fn each_request_names_its_own_peer() {
+        let upstream: http::uri::Authority = "127.0.0.1:5000".parse().unwrap();
+        let id = HeaderValue::from_static("req-1");
+        let peers = [
+            "192.0.2.7:1",
+            "192.0.2.7:2",
+            "[2001:db8::1]:3",
+            "192.0.2.8:4",
+            "192.0.2.7:5",
+        ];
+        for peer in peers {
+            let mut h = headers(&[("host", "gateway:80")]);
+            let peer: SocketAddr = peer.parse().unwrap();
+            to_upstream(&mut h, peer, None, HostHeader::Preserve, &upstream, &id);
+            assert_eq!(h["x-forwarded-for"], peer.ip().to_string().as_str());
+            assert_eq!(h.get_all("host").iter().count(), 1);
+        }
+        // An HTTP/2 request's authority becomes its Host.
+        let mut h = HeaderMap::new();
+        let authority: http::uri::Authority = "mlflow.example".parse().unwrap();
+        let peer = "192.0.2.7:1".parse().unwrap();
+        to_upstream(
+            &mut h,
+            peer,
+            Some(&authority),
+            HostHeader::Preserve,
+            &upstream,
+            &id,
+        );
+        assert_eq!(h["host"], "mlflow.example");
     }
 
     #[test]
