@@ -178,9 +178,9 @@ async fn front_steps(
 /// The steps every request goes through, composed (see `plumbing::layers` for why not as layers
 /// of their own), outermost first: request id, span, log line and metrics; the concurrency limit
 /// (with a quarter kept for reads); refusal of ambiguous requests; MLflow's browser-protection
-/// headers; each client's share of MLflow's writes (reads count as activity); and, where the
-/// authorizer runs, a 401 from MLflow on anything forwarded telling it that MLflow
-/// authenticates. `routed` answers the request once the steps let it through.
+/// headers; each client's share of MLflow's writes (a read only teaches it which credentials
+/// MLflow authenticated); and, where the authorizer runs, a 401 from MLflow on anything forwarded
+/// telling it that MLflow authenticates. `routed` answers the request once the steps let it through.
 async fn front<F, R>(steps: &FrontSteps, request: Request, routed: F) -> Response
 where
     F: FnOnce(Request) -> R,

@@ -710,10 +710,7 @@ where
     F: FnOnce(Request) -> R,
     R: std::future::Future<Output = Response>,
 {
-    let peer = crate::plumbing::client::peer_of(request.extensions()).ip();
     let credential = Credential::of(request.headers());
-    let address = share.trusted.client(peer, request.headers());
-    let (client, team) = share.key(credential.as_ref(), address);
     let path = credential
         .is_some()
         .then(|| request.uri().path().to_owned());
@@ -727,6 +724,10 @@ where
         }
     };
     let response = if governs(&request) {
+        // Reads count for nobody's share: who sent one is worked out only for writes.
+        let peer = crate::plumbing::client::peer_of(request.extensions()).ip();
+        let address = share.trusted.client(peer, request.headers());
+        let (client, team) = share.key(credential.as_ref(), address);
         let bytes = declared_bytes(&request);
         if let Err(refusal) = share.admit_in_turn(&client, team).await {
             let refused = share.refuse(refusal, team);
