@@ -15,20 +15,9 @@ bin=$(realpath "$1")
 requests=${2:-2000}
 path=${3:-/api/2.0/mlflow/runs/get?run_id=r1}
 work=$(mktemp -d "${TMPDIR:-/tmp}/mlscope-instructions.XXXXXX")
-cat >"$work/nginx.conf" <<CONF
-worker_processes 1;
-daemon off;
-pid $work/nginx.pid;
-error_log $work/nginx-error.log;
-events { worker_connections 64; }
-http {
-  access_log off;
-  server {
-    listen 127.0.0.1:18080;
-    location / { default_type application/json; return 200 '{"run":{"info":{"run_id":"r1","status":"RUNNING"},"data":{}}}'; }
-  }
-}
-CONF
+# shellcheck source=fixed-upstream.sh
+source "$(dirname "$0")/fixed-upstream.sh"
+fixed_upstream_conf "$work" nginx
 nginx -c "$work/nginx.conf" &
 nginx_pid=$!
 MLSCOPE_SERVE_THREADS=1 MLSCOPE_LOG_FORMAT=json valgrind --tool=callgrind \

@@ -20,7 +20,7 @@
 #
 # Every target sees the same requests at the same rate, so a difference between them is the
 # proxy's own path, not the machine's noise. Needs perf (tracepoints readable) and nginx; ports
-# 18080 and 18081 and 15001 onward free.
+# 18080 and 18081, 15001 onward and 19001 onward free.
 set -euo pipefail
 rate=${1:-150}
 seconds=${2:-20}
@@ -30,20 +30,9 @@ work=$(mktemp -d "${TMPDIR:-/tmp}/mlscope-legs.XXXXXX")
 pids=()
 cleanup() { kill "${pids[@]}" 2>/dev/null || true; wait 2>/dev/null || true; }
 trap cleanup EXIT
-cat >"$work/upstream.conf" <<CONF
-worker_processes 1;
-daemon off;
-pid $work/upstream.pid;
-error_log $work/upstream-error.log;
-events { worker_connections 64; }
-http {
-  access_log off;
-  server {
-    listen 127.0.0.1:18080;
-    location / { default_type application/json; return 200 '{"run":{"info":{"run_id":"r1","status":"RUNNING"},"data":{}}}'; }
-  }
-}
-CONF
+# shellcheck source=fixed-upstream.sh
+source "$(dirname "$0")/fixed-upstream.sh"
+fixed_upstream_conf "$work" upstream
 cat >"$work/nginx.conf" <<CONF
 worker_processes 1;
 daemon off;
