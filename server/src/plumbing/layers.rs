@@ -285,8 +285,9 @@ where
         );
     }
     if !headers.get_all(header::VARY).iter().any(|v| {
-        v.to_str()
-            .is_ok_and(|v| v.to_ascii_lowercase().contains("origin"))
+        v.as_bytes()
+            .windows(b"origin".len())
+            .any(|w| w.eq_ignore_ascii_case(b"origin"))
     }) {
         headers.append(header::VARY, HeaderValue::from_static("Origin"));
     }
@@ -313,6 +314,51 @@ fn method_label(method: &Method) -> &'static str {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// MLflow's browser-protection headers are added where the answer lacks them, and `Vary`
+    /// names `Origin` once, whatever its case or place in the list.
+    #[tokio::test]
+    async fn browser_protection_headers_are_added_once() {
+        let answer = |headers: &'static [(&'static str, &'static str)]| {
+            move |_: Request| async move {
+                let mut response = Response::new(Body::empty());
+                for (name, value) in headers {
+                    response
+                        .headers_mut()
+                        .append(*name, HeaderValue::from_static(value));
+                }
+                response
+            }
+        };
+        let vary = |response: &Response| -> Vec<String> {
+            response
+                .headers()
+                .get_all(header::VARY)
+                .iter()
+                .map(|v| v.to_str().unwrap().to_owned())
+                .collect()
+        };
+        let request = || Request::new(Body::empty());
+
+        let plain = security_headers(request(), answer(&[])).await;
+        assert_eq!(plain.headers()[header::X_CONTENT_TYPE_OPTIONS], "nosniff");
+        assert_eq!(plain.headers()[header::X_FRAME_OPTIONS], "SAMEORIGIN");
+        assert_eq!(vary(&plain), ["Origin"]);
+
+        let own = security_headers(
+            request(),
+            answer(&[
+                ("x-frame-options", "DENY"),
+                ("vary", "Accept-Encoding, ORIGIN"),
+            ]),
+        )
+        .await;
+        assert_eq!(own.headers()[header::X_FRAME_OPTIONS], "DENY");
+        assert_eq!(vary(&own), ["Accept-Encoding, ORIGIN"]);
+
+        let other = security_headers(request(), answer(&[("vary", "Accept-Encoding")])).await;
+        assert_eq!(vary(&other), ["Accept-Encoding", "Origin"]);
+    }
 
     /// The request log lines written while `f` runs, as JSON.
     async fn logged<F: std::future::Future>(f: F) -> Vec<serde_json::Value> {
