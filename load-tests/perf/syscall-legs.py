@@ -19,6 +19,7 @@ the proxy's requests is split into until the upstream is awake with it (the prox
 the upstream's `epoll_wait` returning), the upstream's own work (to its `writev`), and until the
 proxy is awake with the answer (to the proxy's `epoll_wait` returning).
 """
+import bisect
 import re
 import sys
 
@@ -60,7 +61,6 @@ def upstream_split(proxy_path):
     up_wakes = [t for t, event, _ in upstream if event == "sys_exit_epoll_wait"]
     up_writes = [t for t, event, _ in upstream if event == "sys_enter_writev"]
     to_up, own, back = [], [], []
-    import bisect
     for sent in sends:
         i = bisect.bisect_left(up_wakes, sent)
         if i == len(up_wakes) or sent not in woken:

@@ -90,22 +90,19 @@ pub(crate) fn to_upstream(
 ) {
     strip_hop_by_hop(headers);
     headers.remove(header::EXPECT);
-    // The three or four added below, at once (a parsed request's map holds only what it came
-    // with, and would otherwise grow twice).
-    headers.reserve(4);
 
     // HTTP/2 clients send `:authority` instead of `Host`; keep the client's view in both cases.
-    let sent_host = headers.get(header::HOST).cloned();
-    let client_host = sent_host
-        .clone()
-        .or_else(|| request_authority.and_then(|a| HeaderValue::from_str(a.as_str()).ok()));
+    let authority_host = || request_authority.and_then(|a| HeaderValue::from_str(a.as_str()).ok());
     match host_policy {
         HostHeader::Preserve => {
-            if let (None, Some(host)) = (&sent_host, &client_host) {
-                headers.insert(header::HOST, host.clone());
+            if !headers.contains_key(header::HOST) {
+                if let Some(host) = authority_host() {
+                    headers.insert(header::HOST, host);
+                }
             }
         }
         HostHeader::Upstream => {
+            let client_host = headers.get(header::HOST).cloned().or_else(authority_host);
             // The host and port only: never user information written in the upstream's URL.
             let host = match upstream.port() {
                 Some(port) => format!("{}:{port}", upstream.host()),
