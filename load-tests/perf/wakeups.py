@@ -19,18 +19,15 @@ Usage: perf script -i sched.data -F comm,tid,cpu,time,event,trace \\
            | load-tests/perf/wakeups.py UPSTREAM_TID NAME=TID...
 """
 import collections
+import importlib
+import os
 import re
 import sys
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+quantiles = importlib.import_module("syscall-legs").quantiles
+
 LINE = re.compile(r"\s*(.+?)\s+(\d+)\s+\[(\d+)\]\s+([\d.]+):\s+(\S+):\s*(.*)")
-
-
-def quantiles(values):
-    values = sorted(values)
-    if not values:
-        return "none"
-    n = len(values)
-    return f"n={n} p50={values[n // 2]:.0f} p90={values[int(n * .9)]:.0f} p99={values[min(n - 1, int(n * .99))]:.0f} µs"
 
 
 def main():
