@@ -7,7 +7,9 @@
 # Starts nginx answering every request with a fixed run (the upstream), the proxy under callgrind
 # with one serving thread and JSON log lines, sends 300 `GET PATH` on one keep-alive connection to
 # warm it, zeroes the counts, sends REQUESTS more (default 2000), and prints the instructions per
-# request of every thread of the proxy together. With AUTHORIZATION set, every request carries it
+# request of every thread of the proxy together. With PATH `log-batch` each request is instead the
+# pass-through bench's `POST runs/log-batch`: METRICS (default 10) metrics of one run, each
+# request with its own step. With AUTHORIZATION set, every request carries it
 # as its Authorization header (e.g. AUTHORIZATION='Basic dTpw'). Needs valgrind and nginx; ports
 # 18080, 15001 and 19464 free. Callgrind's dump is kept under the work directory for callgrind_annotate.
 set -euo pipefail
@@ -30,13 +32,23 @@ for _ in $(seq 1 120); do
   curl -sf -o /dev/null http://127.0.0.1:19464/healthz && break
   sleep 1
 done
-AUTHORIZATION=${AUTHORIZATION:-} python3 - "$proxy_pid" "$requests" "$path" <<'PY'
-import http.client, os, subprocess, sys
+AUTHORIZATION=${AUTHORIZATION:-} METRICS=${METRICS:-10} python3 - "$proxy_pid" "$requests" "$path" <<'PY'
+import http.client, itertools, json, os, subprocess, sys
 pid, n, path = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 c = http.client.HTTPConnection("127.0.0.1", 15001)
+steps = itertools.count()
 def get():
     auth = os.environ.get("AUTHORIZATION")
-    c.request("GET", path, headers={"Authorization": auth} if auth else {})
+    headers = {"Authorization": auth} if auth else {}
+    if path == "log-batch":
+        step = next(steps)
+        body = json.dumps({"run_id": "0123456789abcdef0123456789abcdef", "metrics": [
+            {"key": f"bench/metric_{i}", "value": 0.5 + i, "timestamp": 1_700_000_000_000 + step, "step": step}
+            for i in range(int(os.environ["METRICS"]))]})
+        headers["Content-Type"] = "application/json"
+        c.request("POST", "/api/2.0/mlflow/runs/log-batch", body=body, headers=headers)
+    else:
+        c.request("GET", path, headers=headers)
     r = c.getresponse()
     r.read()
     assert r.status == 200, r.status

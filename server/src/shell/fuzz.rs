@@ -175,6 +175,59 @@ fn near_valid_body() -> impl Strategy<Value = String> {
         })
 }
 
+/// JSON whitespace put between tokens of a body from [`near_valid_body`] (whose strings hold no
+/// structural characters), with an unknown field of nested values in some elements.
+fn spaced_body() -> impl Strategy<Value = String> {
+    let space = prop_oneof![Just(""), Just(" "), Just("\n "), Just("\t\r\n")];
+    (
+        near_valid_body(),
+        proptest::collection::vec(space, 64),
+        any::<bool>(),
+    )
+        .prop_map(|(body, spaces, extra)| {
+            let body = if extra {
+                body.replacen("{\"key\"", "{\"x\":{\"y\":[\"]}\",{}]},\"key\"", 1)
+            } else {
+                body
+            };
+            let mut out = String::with_capacity(body.len() * 2);
+            let mut spaces = spaces.iter().cycle();
+            for c in body.chars() {
+                if matches!(c, '}' | ']') {
+                    out.push_str(spaces.next().unwrap());
+                }
+                out.push(c);
+                if matches!(c, '{' | '[' | ',' | ':') {
+                    out.push_str(spaces.next().unwrap());
+                }
+            }
+            out
+        })
+}
+
+#[test]
+fn a_batch_read_in_one_pass_reads_as_the_general_read_does() {
+    let taken = std::sync::atomic::AtomicU32::new(0);
+    run("metrics body one pass", spaced_body(), |text| {
+        if MetricsBody::one_pass_agrees(text.as_bytes()).map_err(TestCaseError::fail)? {
+            taken.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+        Ok(())
+    });
+    // The property says something only where the one pass reads the body.
+    let taken = taken.into_inner();
+    assert!(taken >= cases() / 20, "one pass took {taken} bodies");
+    eprintln!("fuzz metrics body one pass: {taken} bodies read in one pass");
+    run(
+        "metrics body one pass, arbitrary bytes",
+        proptest::collection::vec(any::<u8>(), 0..256),
+        |bytes| {
+            MetricsBody::one_pass_agrees(&bytes).map_err(TestCaseError::fail)?;
+            Ok(())
+        },
+    );
+}
+
 /// Every metric renamed to `system/n/node_x`, and given step 7 where it carries a step (as the
 /// rewriter does: a new step only where the sample has one).
 fn rename_every_metric(body: &MetricsBody<'_>) -> Vec<Edit<'static>> {

@@ -53,7 +53,7 @@ mod settings;
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -112,11 +112,12 @@ struct Inner {
     settled: Mutex<Settled>,
 }
 
-/// What may share a batch besides the run: the API path it goes to and the client's credential.
-#[derive(Clone, PartialEq, Eq)]
+/// What may share a batch besides the run: the API path it goes to and the client's credential,
+/// worked out from the request's headers the first time another request is compared with it (a
+/// run's lone batch, the usual case while MLflow keeps up, never needs it).
 struct MergeKey {
     path: Arc<str>,
-    credential: [u8; 32],
+    credential: OnceLock<[u8; 32]>,
 }
 
 /// One run's queued writes and what of the run is at MLflow.
@@ -199,7 +200,7 @@ impl Member {
         let member = Member {
             merge: MergeKey {
                 path,
-                credential: merge_fingerprint(&parts.headers),
+                credential: OnceLock::new(),
             },
             writes,
             solo,
@@ -216,6 +217,20 @@ impl Member {
             _budget: budget,
         };
         (member, answer)
+    }
+}
+
+impl Member {
+    /// Whether `other` may share a batch with this request (see [`MergeKey`]).
+    fn merges_with(&self, other: &Member) -> bool {
+        std::ptr::eq(self, other)
+            || (self.merge.path == other.merge.path && self.credential() == other.credential())
+    }
+
+    fn credential(&self) -> &[u8; 32] {
+        self.merge
+            .credential
+            .get_or_init(|| merge_fingerprint(&self.original.headers))
     }
 }
 
@@ -758,7 +773,7 @@ fn plan(queue: &VecDeque<Member>) -> usize {
         return 1;
     }
     for member in queue {
-        if member.solo || member.merge != first.merge || !builder.add(&member.writes) {
+        if member.solo || !first.merges_with(member) || !builder.add(&member.writes) {
             break;
         }
     }

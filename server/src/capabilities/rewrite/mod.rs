@@ -429,7 +429,7 @@ impl MetricsRewriter {
 
         // A batch repeats a handful of keys (one set per monitor publish): apply the contract once
         // per distinct key and count, instead of once per sample.
-        let mut plan_of: HashMap<&str, usize> = HashMap::new();
+        let mut plan_of: HashMap<&str, usize> = HashMap::with_capacity(body.metrics.len());
         let mut metric_plans = Vec::with_capacity(body.metrics.len());
         for metric in &body.metrics {
             let index = *plan_of.entry(metric.key.as_ref()).or_insert_with(|| {

@@ -74,7 +74,7 @@ const STEP: usize = 3;
 
 /// A JSON object's fields named in `names`, each as its raw JSON, in one pass; `unknown` tells
 /// whether the object held any other field. A field named twice is an error ("duplicate field").
-#[derive(Debug)]
+#[derive(Debug, Clone, Copy)]
 struct Fields<'a, const N: usize> {
     raw: [Option<&'a RawValue>; N],
     unknown: bool,
@@ -150,6 +150,187 @@ impl<'de, const N: usize> serde::de::Visitor<'de> for FieldsVisitor<N> {
         }
         Ok(fields)
     }
+}
+
+/// A `log-batch` body read in one pass: its top-level fields (`metrics` left unset) and, where
+/// it has a `metrics` array, each element's fields and place, and the array's place.
+type OnePass<'a> = (Fields<'a, 13>, Option<(Vec<Placed<'a>>, Range<usize>)>);
+
+/// One element of the `metrics` array, as the one-pass read finds it.
+#[derive(Debug)]
+struct Placed<'a> {
+    fields: Fields<'a, 8>,
+    span: Range<usize>,
+}
+
+/// Reads a `log-batch` body in one pass, each metric element's fields as the body is read. The
+/// general read ([`Fields::read`] on the body, then on the `metrics` array, then on each element)
+/// goes over the array three times; this goes over it once. `None` whenever it cannot tell exactly
+/// what the general read finds: any error (the general read then gives its own), a `metrics`
+/// that is not an array of objects or is empty, an element without fields or whose first field
+/// name is escaped (its place is found from that name). A property test holds the two to the same
+/// answer (`shell::fuzz`).
+fn read_batch_in_one_pass(text: &str) -> Option<OnePass<'_>> {
+    let mut de = serde_json::Deserializer::from_str(text);
+    let read = serde::Deserializer::deserialize_map(&mut de, BatchVisitor { text }).ok()?;
+    de.end().ok()?;
+    Some(read)
+}
+
+/// The top level of a batch, as [`FieldsVisitor`] reads it, with `metrics` read element by
+/// element ([`ElementsVisitor`]).
+struct BatchVisitor<'a> {
+    text: &'a str,
+}
+
+impl<'de> serde::de::Visitor<'de> for BatchVisitor<'de> {
+    type Value = OnePass<'de>;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("a JSON object")
+    }
+
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        let mut fields = Fields {
+            raw: [None; 13],
+            unknown: false,
+        };
+        let mut metrics = None;
+        while let Some(FieldName(name)) = map.next_key()? {
+            match ENVELOPE.iter().position(|known| *known == name) {
+                Some(METRICS) if metrics.is_none() => {
+                    metrics = Some(map.next_value_seed(ElementsVisitor { text: self.text })?);
+                }
+                Some(index) if index != METRICS && fields.raw[index].is_none() => {
+                    fields.raw[index] = Some(map.next_value::<&'de RawValue>()?);
+                }
+                Some(_) => return Err(serde::de::Error::custom("duplicate field")),
+                None => {
+                    fields.unknown = true;
+                    map.next_value::<serde::de::IgnoredAny>()?;
+                }
+            }
+        }
+        Ok((fields, metrics))
+    }
+}
+
+/// The `metrics` array: each element with its place, and the array's own place (from its first
+/// and last elements' places to the brackets around them).
+struct ElementsVisitor<'a> {
+    text: &'a str,
+}
+
+impl<'de> serde::de::DeserializeSeed<'de> for ElementsVisitor<'de> {
+    type Value = (Vec<Placed<'de>>, Range<usize>);
+
+    fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        d.deserialize_seq(self)
+    }
+}
+
+impl<'de> serde::de::Visitor<'de> for ElementsVisitor<'de> {
+    type Value = (Vec<Placed<'de>>, Range<usize>);
+
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("an array of objects")
+    }
+
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+        let mut elements = Vec::with_capacity(seq.size_hint().unwrap_or(0));
+        while let Some(element) = seq.next_element_seed(ElementVisitor { text: self.text })? {
+            elements.push(element);
+        }
+        let (Some(first), Some(last)) = (elements.first(), elements.last()) else {
+            return Err(serde::de::Error::custom("no element to place the array by"));
+        };
+        let start = enclosing_start(self.text, first.span.start, b'[');
+        let end = enclosing_end(self.text, last.span.end, b']');
+        match (start, end) {
+            (Some(start), Some(end)) => Ok((elements, start..end)),
+            _ => Err(serde::de::Error::custom("array not placed")),
+        }
+    }
+}
+
+/// One metric element: its fields as [`FieldsVisitor`] reads them, every value borrowed so that
+/// the last one's end places the closing brace, and the first name placing the opening one.
+struct ElementVisitor<'a> {
+    text: &'a str,
+}
+
+impl<'de> serde::de::DeserializeSeed<'de> for ElementVisitor<'de> {
+    type Value = Placed<'de>;
+
+    fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        d.deserialize_map(self)
+    }
+}
+
+impl<'de> serde::de::Visitor<'de> for ElementVisitor<'de> {
+    type Value = Placed<'de>;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("a JSON object")
+    }
+
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        let mut fields = Fields {
+            raw: [None; 8],
+            unknown: false,
+        };
+        // Where the first name starts (its opening quote) and the last value ends.
+        let mut first_name = None;
+        let mut last_value = None;
+        while let Some(FieldName(name)) = map.next_key()? {
+            if last_value.is_none() {
+                let Cow::Borrowed(name) = name else {
+                    return Err(serde::de::Error::custom("escaped first name"));
+                };
+                first_name = Some(offset_in(self.text, name).start);
+            }
+            let value = map.next_value::<&'de RawValue>()?;
+            last_value = Some(offset_in(self.text, value.get()).end);
+            match METRIC.iter().position(|known| *known == name) {
+                Some(index) if fields.raw[index].is_none() => fields.raw[index] = Some(value),
+                Some(_) => return Err(serde::de::Error::custom("duplicate field")),
+                None => fields.unknown = true,
+            }
+        }
+        let start = first_name
+            .and_then(|at| at.checked_sub(1))
+            .filter(|&quote| self.text.as_bytes()[quote] == b'"')
+            .and_then(|quote| enclosing_start(self.text, quote, b'{'));
+        let end = last_value.and_then(|at| enclosing_end(self.text, at, b'}'));
+        match (start, end) {
+            (Some(start), Some(end)) => Ok(Placed {
+                fields,
+                span: start..end,
+            }),
+            _ => Err(serde::de::Error::custom("element not placed")),
+        }
+    }
+}
+
+/// Where `open` is, with only JSON whitespace between it and `at`.
+fn enclosing_start(text: &str, at: usize, open: u8) -> Option<usize> {
+    let before = text.as_bytes()[..at]
+        .iter()
+        .rposition(|b| !is_json_space(*b))?;
+    (text.as_bytes()[before] == open).then_some(before)
+}
+
+/// Just past `close`, with only JSON whitespace between `at` and it.
+fn enclosing_end(text: &str, at: usize, close: u8) -> Option<usize> {
+    let after = at
+        + text.as_bytes()[at..]
+            .iter()
+            .position(|b| !is_json_space(*b))?;
+    (text.as_bytes()[after] == close).then_some(after + 1)
+}
+
+fn is_json_space(b: u8) -> bool {
+    matches!(b, b' ' | b'\t' | b'\n' | b'\r')
 }
 
 /// One metric of a body, with where its parts sit in the body.
@@ -285,19 +466,23 @@ impl<'a> MetricsBody<'a> {
     }
 
     pub fn parse(body: &'a [u8], endpoint: Endpoint) -> Result<Self, BodyError> {
+        Self::parse_with(body, endpoint, true)
+    }
+
+    /// As [`MetricsBody::parse`]; without `one_pass`, a batch too is read the general way.
+    fn parse_with(body: &'a [u8], endpoint: Endpoint, one_pass: bool) -> Result<Self, BodyError> {
         let text =
             std::str::from_utf8(body).map_err(|_| BodyError::Unreadable("not UTF-8".into()))?;
-        let envelope: Fields<'a, 13> = Fields::read(text, &ENVELOPE).map_err(|e| {
-            let message = e.to_string();
-            if message.starts_with("duplicate field") {
-                let field = message.split('`').nth(1).unwrap_or("a field");
-                BodyError::Conflict(format!(
-                    "the request body names `{field}` more than once; send each field once so the proxy and MLflow act on the same value"
-                ))
-            } else {
-                BodyError::Unreadable(message)
-            }
-        })?;
+        // A batch is read in one pass where it can be; what that pass cannot tell, the general
+        // read decides (with its own errors).
+        let one_pass = match endpoint {
+            Endpoint::LogBatch if one_pass => read_batch_in_one_pass(text),
+            _ => None,
+        };
+        let (envelope, placed) = match one_pass {
+            Some((envelope, placed)) => (envelope, Some(placed)),
+            None => (Self::read_envelope(text)?, None),
+        };
 
         let mut run_ids = Vec::new();
         for (name, raw) in [
@@ -331,6 +516,21 @@ impl<'a> MetricsBody<'a> {
         let other_items = count(envelope.get(PARAMS))? + count(envelope.get(TAGS))?;
 
         let (metrics, metrics_span) = match endpoint {
+            Endpoint::LogBatch if placed.is_some() => match placed.flatten() {
+                None => (Vec::new(), None),
+                Some((elements, span)) => {
+                    let mut metrics = Vec::with_capacity(elements.len());
+                    for Placed { fields, span } in elements {
+                        match Metric::read(text, &fields, span)? {
+                            Some(metric) => metrics.push(metric),
+                            None => {
+                                return Err(BodyError::Unreadable("metric without a key".into()))
+                            }
+                        }
+                    }
+                    (metrics, Some(span))
+                }
+            },
             Endpoint::LogBatch => match envelope.get(METRICS) {
                 None => (Vec::new(), None),
                 Some(raw) if raw.get() == "null" => (Vec::new(), None),
@@ -376,6 +576,46 @@ impl<'a> MetricsBody<'a> {
             other_items,
             envelope,
         })
+    }
+
+    /// The top-level fields, read on their own (the general read): a field named twice is a
+    /// conflict, any other error makes the body unreadable.
+    fn read_envelope(text: &'a str) -> Result<Fields<'a, 13>, BodyError> {
+        Fields::read(text, &ENVELOPE).map_err(|e| {
+            let message = e.to_string();
+            if message.starts_with("duplicate field") {
+                let field = message.split('`').nth(1).unwrap_or("a field");
+                BodyError::Conflict(format!(
+                    "the request body names `{field}` more than once; send each field once so the proxy and MLflow act on the same value"
+                ))
+            } else {
+                BodyError::Unreadable(message)
+            }
+        })
+    }
+
+    /// Whether the one-pass read of a `log-batch` body, where it reads one, finds what the general
+    /// read does (the `metrics` field itself aside, which it leaves unset): `Err` says how they
+    /// differ. For the property test in `shell::fuzz` and the cases in this module's tests.
+    #[cfg(test)]
+    pub(crate) fn one_pass_agrees(body: &'a [u8]) -> Result<bool, String> {
+        let Ok(text) = std::str::from_utf8(body) else {
+            return Ok(false);
+        };
+        if read_batch_in_one_pass(text).is_none() {
+            return Ok(false);
+        }
+        let one = format!("{:?}", Self::parse(body, Endpoint::LogBatch));
+        let general = Self::parse_with(body, Endpoint::LogBatch, false).map(|mut general| {
+            general.envelope.raw[METRICS] = None;
+            general
+        });
+        let other = format!("{general:?}");
+        if one == other {
+            Ok(true)
+        } else {
+            Err(format!("one pass: {one}\ngeneral: {other}"))
+        }
     }
 
     /// What the coalescer needs of the body as it is sent (`sent`, to `path`, after `render_spans`

@@ -273,3 +273,61 @@ fn the_single_read_agrees_with_the_coalescers_read_of_the_same_body() {
         }
     }
 }
+
+/// A batch read in one pass gives what the general read gives, wherever the one pass takes it:
+/// whitespace anywhere, brackets, braces and quotes inside strings, unknown and nested fields;
+/// and the bodies it cannot place (an escaped first name, an empty array, `null`, a duplicate
+/// field, a non-object element) are left to the general read, with its own answer.
+#[test]
+fn a_batch_read_in_one_pass_reads_as_the_general_read_does() {
+    let taken = [
+        BATCH,
+        r#"{"metrics":[{"key":"a","value":1,"timestamp":1,"step":0}]}"#,
+        " \n{ \"run_id\" : \"r\" ,\t\"metrics\" :\r\n [ { \"key\" : \"a\" , \"value\" : 1 } ,{\"value\":2,\"key\":\"b\"}\n ] \n} \n",
+        r#"{"metrics":[{"key":"a]}\"[{","value":"}]","timestamp":1,"x":{"y":["]"]}}],"tags":[{"key":"t","value":"{"}]}"#,
+        r#"{"metrics":[{"key":"a\\","value":1},{"step":"3","key":"b\u0041","value":"NaN"}]}"#,
+        r#"{"params":[],"metrics":[{"key":"a","value":1,"run_id":"r","model_id":"m"}],"run_uuid":"r"}"#,
+        r#"{"run_id":"r","metrics":[{"key":7,"value":1}]}"#,
+        r#"{"run_id":"r","metrics":[{"value":1,"timestamp":2}]}"#,
+        r#"{"run_id":"r","metrics":[{"key":"a","step":1.5}]}"#,
+        r#"{"run_id":"r","run_uuid":"s","metrics":[{"key":"a","value":1}]}"#,
+    ];
+    for body in taken {
+        assert_eq!(
+            MetricsBody::one_pass_agrees(body.as_bytes()),
+            Ok(true),
+            "{body}"
+        );
+    }
+    let left = [
+        r#"{"metrics":[{"\u006bey":"a","value":1}]}"#,
+        r#"{"metrics":[]}"#,
+        r#"{"metrics":null}"#,
+        r#"{"metrics":[{}]}"#,
+        r#"{"metrics":[{"key":"a"},7]}"#,
+        r#"{"metrics":{"key":"a"}}"#,
+        r#"{"metrics":[{"key":"a","key":"b"}]}"#,
+        r#"{"metrics":[{"key":"a"}],"metrics":[{"key":"a"}]}"#,
+        r#"{"run_id":"r","run_id":"r","metrics":[{"key":"a"}]}"#,
+        r#"{"metrics":[{"key":"a"}]} x"#,
+        r#"{"metrics":[{"key":"a"}]"#,
+    ];
+    for body in left {
+        assert_eq!(
+            MetricsBody::one_pass_agrees(body.as_bytes()),
+            Ok(false),
+            "{body}"
+        );
+    }
+    // What the general read answers for those, `parse` answers.
+    assert!(matches!(
+        MetricsBody::parse(left[6].as_bytes(), Endpoint::LogBatch),
+        Err(BodyError::Unreadable(m)) if m.starts_with("metric: duplicate field")
+    ));
+    assert!(matches!(
+        MetricsBody::parse(left[7].as_bytes(), Endpoint::LogBatch),
+        Err(BodyError::Conflict(m)) if m.contains("`metrics` more than once")
+    ));
+    let escaped = MetricsBody::parse(left[0].as_bytes(), Endpoint::LogBatch).unwrap();
+    assert_eq!(escaped.metrics[0].key, "a");
+}
