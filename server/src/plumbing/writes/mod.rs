@@ -353,12 +353,16 @@ struct SingleEnvelope<'a> {
     dataset_digest: Option<&'a RawValue>,
 }
 
-/// A JSON string's decoded text; `None` for anything else (null included).
+/// A JSON string's decoded text; `None` for anything else (null included). Borrowed where the
+/// string holds no escape: a raw value is valid JSON (its parser checked it, control characters
+/// included), so the text between its quotes is then the string itself.
 pub(crate) fn string(raw: &RawValue) -> Option<Cow<'_, str>> {
-    if !raw.get().starts_with('"') {
-        return None;
+    let text = raw.get();
+    let inner = text.strip_prefix('"')?.strip_suffix('"')?;
+    if !inner.contains('\\') {
+        return Some(Cow::Borrowed(inner));
     }
-    serde_json::from_str::<Cow<'_, str>>(raw.get()).ok()
+    serde_json::from_str::<String>(text).ok().map(Cow::Owned)
 }
 
 /// A double as protobuf's JSON parser takes it: a finite JSON number or one of its three names.

@@ -269,3 +269,20 @@ fn log_param_and_set_tag_become_batch_pairs() {
     )
     .is_err());
 }
+
+#[test]
+fn a_json_string_is_decoded_and_borrowed_where_it_holds_no_escape() {
+    let read = |json: &str| {
+        let raw: Box<serde_json::value::RawValue> = serde_json::from_str(json).unwrap();
+        string(&raw).map(|s| (s.to_string(), matches!(s, Cow::Borrowed(_))))
+    };
+    assert_eq!(read(r#""loss""#), Some(("loss".into(), true)));
+    assert_eq!(read(r#""""#), Some((String::new(), true)));
+    assert_eq!(read(r#""é/x y""#), Some(("é/x y".into(), true)));
+    assert_eq!(read(r#""a\"b""#), Some(("a\"b".into(), false)));
+    assert_eq!(read(r#""a\\""#), Some(("a\\".into(), false)));
+    assert_eq!(read(r#""\u0041\/""#), Some(("A/".into(), false)));
+    assert_eq!(read("7"), None);
+    assert_eq!(read("null"), None);
+    assert_eq!(read(r#"["a"]"#), None);
+}

@@ -428,8 +428,8 @@ impl<'a> Metric<'a> {
         let Some(key_raw) = fields.get(KEY) else {
             return Ok(None);
         };
-        let key = serde_json::from_str::<Cow<'a, str>>(key_raw.get())
-            .map_err(|_| BodyError::Unreadable("metric key is not a string".into()))?;
+        let key = writes::string(key_raw)
+            .ok_or_else(|| BodyError::Unreadable("metric key is not a string".into()))?;
         let (step, step_quoted, step_span) = match fields.get(STEP) {
             Some(raw) => {
                 let (step, quoted) = decode_step(raw)?;
