@@ -9,8 +9,10 @@
 # with one serving thread and JSON log lines. A client sends `GET runs/get` on one keep-alive
 # connection per target, taking the targets in turn at RATE requests/s in all (default 150),
 # for SECONDS (default 20), while `perf record` takes the recvfrom, writev and epoll_wait system
-# calls of nginx's worker and of each proxy's serving thread. Prints, per target, p50 / p90 / p99
-# of (see syscall-legs.py):
+# calls of nginx's worker and of each proxy's serving thread. With ENDPOINT=log-batch the requests
+# are instead the pass-through bench's `POST runs/log-batch` (10 metrics of one run, each request
+# its own step), the proxies' write path. Prints, per target, p50 / p90 / p99 of (see
+# syscall-legs.py):
 #
 # - request -> upstream: from the request becoming readable to its write to the upstream;
 # - answer -> client: from the upstream's answer becoming readable to the write to the client;
@@ -87,20 +89,33 @@ for i in "${!threads[@]}"; do
   records+=($!)
 done
 sleep 1
-python3 - "$rate" "$seconds" "${ports[@]}" <<'PY'
-import http.client, sys, time
+ENDPOINT=${ENDPOINT:-runs-get} python3 - "$rate" "$seconds" "${ports[@]}" <<'PY'
+import http.client, json, os, sys, time
 rate, seconds, ports = float(sys.argv[1]), float(sys.argv[2]), [int(p) for p in sys.argv[3:]]
 conns = {p: http.client.HTTPConnection("127.0.0.1", p) for p in ports}
+log_batch = os.environ["ENDPOINT"] == "log-batch"
 start = time.perf_counter()
 for i in range(int(rate * seconds)):
     due = start + i / rate
     while (left := due - time.perf_counter()) > 0:
         time.sleep(left)
     c = conns[ports[i % len(ports)]]
-    c.request("GET", "/api/2.0/mlflow/runs/get?run_id=r1")
-    r = c.getresponse()
-    r.read()
-    assert r.status == 200, r.status
+    if log_batch:
+        step = i // len(ports)
+        body = json.dumps({"run_id": "0123456789abcdef0123456789abcdef", "metrics": [
+            {"key": f"bench/metric_{m}", "value": 0.5 + m, "timestamp": 1_700_000_000_000 + step, "step": step}
+            for m in range(10)]})
+        c.request("POST", "/api/2.0/mlflow/runs/log-batch", body=body,
+                  headers={"Content-Type": "application/json"})
+    else:
+        c.request("GET", "/api/2.0/mlflow/runs/get?run_id=r1")
+    try:
+        r = c.getresponse()
+        r.read()
+    except http.client.HTTPException as e:
+        sys.exit(f"the target on port {c.port} gave no answer to request {i}: {e!r}")
+    if r.status != 200:
+        sys.exit(f"the target on port {c.port} answered request {i} with {r.status}: {r.read()[:300]!r}")
 PY
 wait "${records[@]}"
 for i in "${!threads[@]}"; do

@@ -6,7 +6,9 @@ Reads `perf script -F tid,time,event,trace` output of a `perf record` of the sys
 serving thread, or nginx's worker) and prints, per request, p50 / p90 / p99 of:
 
 - request -> upstream: from `epoll_wait` returning with the request to the `writev` that sends it
-  upstream (a one-element `writev`: the request head);
+  upstream (a one-element `writev`: the request head; where requests carry a body and every
+  `writev` has two elements, those that follow a read from a client connection, see
+  `upstream_writes`);
 - answer -> client: from `epoll_wait` returning with the upstream's answer to the `writev` that
   sends it to the client (head and body: two elements);
 - upstream: from the request's `writev` to the answer becoming readable.
@@ -45,15 +47,52 @@ def read(lines):
     return by_thread
 
 
+FD = re.compile(r"fd: 0x([0-9a-f]+)")
+
+
+def upstream_writes(events):
+    """The times of one thread's `writev` calls that send a request upstream.
+
+    A one-element `writev` is a request head. Where every request carries its body (two
+    elements, as the answers), a connection's side tells instead: the thread waits for a client's
+    request at the client's pace, and for an answer only as long as the upstream takes, so each
+    connection's median wait in `epoll_wait` before its data is read sets it apart, and a
+    `writev` after a read from a client connection sends the request on."""
+    writes = [(t, rest) for t, event, rest in events if event == "sys_enter_writev"]
+    heads = {t for t, rest in writes if re.search(r"vlen: 0x0*1\b", rest)}
+    if heads:
+        return heads
+    waits, blocked, entered, read_fd, after = {}, None, None, {}, None
+    for t, event, rest in events:
+        if event == "sys_enter_epoll_wait":
+            entered = t
+        elif event == "sys_exit_epoll_wait" and entered is not None:
+            blocked, after = t - entered, True
+        elif event == "sys_enter_recvfrom" and after:
+            fd = FD.search(rest).group(1)
+            waits.setdefault(fd, []).append(blocked)
+            after = False
+        elif event == "sys_enter_writev":
+            read_fd[t] = fd if after is False else None
+    medians = {fd: sorted(w)[len(w) // 2] for fd, w in waits.items()}
+    if len(medians) < 2:
+        return set()
+    cut = (min(medians.values()) + max(medians.values())) / 2
+    clients = {fd for fd, m in medians.items() if m > cut}
+    return {t for t, fd in read_fd.items() if fd in clients}
+
+
 def upstream_split(proxy_path):
     """The upstream leg of each request of the proxy in PROXY.txt, split three ways."""
     with open(proxy_path) as f:
-        proxy = [e for events in read(f).values() for e in events]
+        threads = list(read(f).values())
+    proxy = [e for events in threads for e in events]
+    requests = set().union(*(upstream_writes(events) for events in threads))
     upstream = sorted(e for events in read(sys.stdin).values() for e in events)
-    # The proxy's request writes (one element) and each wake-up after one.
+    # The proxy's request writes and each wake-up after one.
     sends, wakes = [], []
     for t, event, rest in proxy:
-        if event == "sys_enter_writev" and re.search(r"vlen: 0x0*1\b", rest):
+        if event == "sys_enter_writev" and t in requests:
             sends.append(t)
         elif event == "sys_exit_epoll_wait" and sends and (not wakes or wakes[-1][0] != sends[-1]):
             wakes.append((sends[-1], t))
@@ -83,14 +122,14 @@ def main():
     inbound, outbound, upstream = [], [], []
     for events in by_thread.values():
         ready = readable_at = sent_upstream = None
+        requests = upstream_writes(events)
         for t, event, rest in events:
             if event == "sys_exit_epoll_wait":
                 ready = t
             elif event == "sys_enter_recvfrom":
                 readable_at = ready
             elif event == "sys_enter_writev" and readable_at is not None:
-                vlen = int(re.search(r"vlen: 0x([0-9a-f]+)", rest).group(1), 16)
-                if vlen == 1:
+                if t in requests:
                     inbound.append(t - readable_at)
                     sent_upstream = t
                 else:
