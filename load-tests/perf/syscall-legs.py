@@ -6,9 +6,7 @@ Reads `perf script -F tid,time,event,trace` output of a `perf record` of the sys
 serving thread, or nginx's worker) and prints, per request, p50 / p90 / p99 of:
 
 - request -> upstream: from `epoll_wait` returning with the request to the `writev` that sends it
-  upstream (a one-element `writev`: the request head; where requests carry a body and every
-  `writev` has two elements, those that follow a read from a client connection, see
-  `upstream_writes`);
+  upstream (the `writev` that follows a read from a client connection, see `upstream_writes`);
 - answer -> client: from `epoll_wait` returning with the upstream's answer to the `writev` that
   sends it to the client (head and body: two elements);
 - upstream: from the request's `writev` to the answer becoming readable.
@@ -53,15 +51,11 @@ FD = re.compile(r"fd: 0x([0-9a-f]+)")
 def upstream_writes(events):
     """The times of one thread's `writev` calls that send a request upstream.
 
-    A one-element `writev` is a request head. Where every request carries its body (two
-    elements, as the answers), a connection's side tells instead: the thread waits for a client's
-    request at the client's pace, and for an answer only as long as the upstream takes, so each
-    connection's median wait in `epoll_wait` before its data is read sets it apart, and a
-    `writev` after a read from a client connection sends the request on."""
-    writes = [(t, rest) for t, event, rest in events if event == "sys_enter_writev"]
-    heads = {t for t, rest in writes if re.search(r"vlen: 0x0*1\b", rest)}
-    if heads:
-        return heads
+    A connection's side tells: the thread waits for a client's request at the client's pace, and
+    for an answer only as long as the upstream takes, so each connection's median wait in
+    `epoll_wait` before its data is read sets it apart, and a `writev` after a read from a client
+    connection sends the request on (head and body, or the head alone). Where the record shows one
+    connection only, a one-element `writev` (a request head without a body) is taken instead."""
     waits, blocked, entered, read_fd, after = {}, None, None, {}, None
     for t, event, rest in events:
         if event == "sys_enter_epoll_wait":
@@ -74,11 +68,18 @@ def upstream_writes(events):
             after = False
         elif event == "sys_enter_writev":
             read_fd[t] = fd if after is False else None
-    medians = {fd: sorted(w)[len(w) // 2] for fd, w in waits.items()}
+    medians = sorted((sorted(w)[len(w) // 2], fd) for fd, w in waits.items())
     if len(medians) < 2:
-        return set()
-    cut = (min(medians.values()) + max(medians.values())) / 2
-    clients = {fd for fd, m in medians.items() if m > cut}
+        return {
+            t
+            for t, event, rest in events
+            if event == "sys_enter_writev" and re.search(r"vlen: 0x0*1\b", rest)
+        }
+    # The two sides are apart by the largest ratio between neighbouring medians (a connection
+    # opened again adds one more of its side).
+    gaps = [(b[0] / max(a[0], 1.0), i) for i, (a, b) in enumerate(zip(medians, medians[1:]))]
+    cut = max(gaps)[1] + 1
+    clients = {fd for _, fd in medians[cut:]}
     return {t for t, fd in read_fd.items() if fd in clients}
 
 
