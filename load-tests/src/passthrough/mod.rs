@@ -42,6 +42,9 @@ type Results = BTreeMap<(Endpoint, u32, TargetKind), Measurements>;
 /// The proxy's own request log per (endpoint, rate): where its time went.
 type Breakdowns = BTreeMap<(Endpoint, u32), breakdown::Breakdown>;
 
+/// Longest wait for the proxy's request lines of a measured stretch to reach its log.
+const LOG_WAIT: Duration = Duration::from_secs(5);
+
 /// Runs the benchmark against `stack`. Failed requests make the run a failure: latency compared
 /// across targets means little when one of them was answering errors.
 pub(crate) async fn run(
@@ -110,13 +113,23 @@ pub(crate) async fn run(
                     bar.inc(millis(slice));
                 }
             }
-            // The proxy writes its request lines within its log flush interval (100 ms unless
-            // configured): a moment for the last ones.
-            tokio::time::sleep(Duration::from_millis(200)).await;
-            let mut found = breakdown::Breakdown::new();
-            found
-                .read(&proxy_log, log_from, endpoint_path(endpoint), since)
-                .with_context(|| format!("reading the proxy's log {}", proxy_log.display()))?;
+            // The proxy writes its request lines in batches, within its log flush interval
+            // (100 ms unless configured): read until every request it answered is there, or
+            // until LOG_WAIT has passed (the report then counts the lines it found).
+            let answered = results
+                .get(&(endpoint, rate, TargetKind::Proxy))
+                .map_or(0, Measurements::successes);
+            let waited = std::time::Instant::now();
+            let found = loop {
+                let mut found = breakdown::Breakdown::new();
+                found
+                    .read(&proxy_log, log_from, endpoint_path(endpoint), since)
+                    .with_context(|| format!("reading the proxy's log {}", proxy_log.display()))?;
+                if found.requests() >= answered || waited.elapsed() >= LOG_WAIT {
+                    break found;
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            };
             breakdowns.insert((endpoint, rate), found);
         }
     }
