@@ -271,7 +271,11 @@ pub async fn run(
             state.draining.store(true, Ordering::Relaxed);
             let _ = stop_tx.send(true);
             match tokio::time::timeout(config.serve.shutdown_grace, serving.drain()).await {
-                Ok(()) => tracing::info!("drained"),
+                Ok(0) => tracing::info!("drained"),
+                Ok(panicked) => tracing::error!(
+                    panicked,
+                    "drained, but serving threads panicked on the way; their open connections were cut"
+                ),
                 Err(_) => {
                     tracing::warn!(in_flight = state.metrics.in_flight.get(), "shutdown grace expired; abandoning in-flight requests");
                 }

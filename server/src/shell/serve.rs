@@ -227,18 +227,34 @@ enum Phase {
 /// state store's connections are not: they belong to the main runtime (`Store::at_home`).
 pub(crate) struct Serving {
     phase: tokio::sync::watch::Sender<Phase>,
-    ended: tokio::sync::mpsc::Receiver<()>,
+    ended: tokio::sync::mpsc::Receiver<Ended>,
     threads: usize,
     drained: usize,
+    /// Threads that ended by panicking: their connections were cut, not drained.
+    panicked: usize,
 }
 
-/// Tells [`Serving`] that its thread stopped serving (drained, failed or panicked).
-struct EndedGuard(tokio::sync::mpsc::Sender<()>);
+/// How a serving thread ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Ended {
+    /// Its loop returned (drained, or failed with its error logged).
+    Returned,
+    /// It panicked, and its open connections went with it.
+    Panicked,
+}
+
+/// Tells [`Serving`] that its thread stopped serving, and how (see [`Ended`]).
+struct EndedGuard(tokio::sync::mpsc::Sender<Ended>);
 
 impl Drop for EndedGuard {
     fn drop(&mut self) {
+        let ended = if std::thread::panicking() {
+            Ended::Panicked
+        } else {
+            Ended::Returned
+        };
         // The channel holds one message per thread: this never finds it full.
-        let _ = self.0.try_send(());
+        let _ = self.0.try_send(ended);
     }
 }
 
@@ -276,25 +292,35 @@ impl Serving {
             ended,
             threads,
             drained: 0,
+            panicked: 0,
         })
     }
 
     /// Resolves when a serving thread stops without having been asked to: serving has failed.
     pub(crate) async fn stopped(&mut self) {
-        if self.ended.recv().await.is_some() {
-            self.drained += 1;
+        if let Some(ended) = self.ended.recv().await {
+            self.count(ended);
         }
     }
 
     /// Stops accepting and resolves once every thread's open connections have finished their
-    /// requests (the caller bounds how long).
-    pub(crate) async fn drain(&mut self) {
+    /// requests (the caller bounds how long), with how many threads panicked instead (their
+    /// connections were cut).
+    pub(crate) async fn drain(&mut self) -> usize {
         let _ = self.phase.send(Phase::Drain);
         while self.drained < self.threads {
             match self.ended.recv().await {
-                Some(()) => self.drained += 1,
+                Some(ended) => self.count(ended),
                 None => break,
             }
+        }
+        self.panicked
+    }
+
+    fn count(&mut self, ended: Ended) {
+        self.drained += 1;
+        if ended == Ended::Panicked {
+            self.panicked += 1;
         }
     }
 }
@@ -494,6 +520,32 @@ mod tests {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
     use super::*;
+
+    /// A thread that panics holding its guard is reported as panicked, not as drained, and the
+    /// drain says how many did.
+    #[tokio::test]
+    async fn a_serving_thread_that_panics_is_not_counted_as_drained() {
+        let (phase, _) = tokio::sync::watch::channel(Phase::Serve);
+        let (tx, ended) = tokio::sync::mpsc::channel(2);
+        let mut serving = Serving {
+            phase,
+            ended,
+            threads: 2,
+            drained: 0,
+            panicked: 0,
+        };
+        let returned = EndedGuard(tx.clone());
+        std::thread::spawn(move || drop(returned)).join().unwrap();
+        let panicking = EndedGuard(tx);
+        let outcome = std::thread::spawn(move || {
+            let _guard = panicking;
+            panic!("a serving thread's loop panicked");
+        })
+        .join();
+        assert!(outcome.is_err());
+        assert_eq!(serving.drain().await, 1);
+        assert_eq!(serving.drained, 2);
+    }
 
     /// Sends `GET path` on a connection of its own and returns the answer's body.
     async fn get_body(addr: SocketAddr, path: &str) -> String {
