@@ -32,21 +32,18 @@ for _ in $(seq 1 120); do
   curl -sf -o /dev/null http://127.0.0.1:19464/healthz && break
   sleep 1
 done
-AUTHORIZATION=${AUTHORIZATION:-} METRICS=${METRICS:-10} python3 - "$proxy_pid" "$requests" "$path" <<'PY'
-import http.client, itertools, json, os, subprocess, sys
-pid, n, path = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+AUTHORIZATION=${AUTHORIZATION:-} METRICS=${METRICS:-10} python3 - "$(dirname "$0")" "$proxy_pid" "$requests" "$path" <<'PY'
+import http.client, itertools, os, subprocess, sys
+sys.path.insert(0, sys.argv[1])
+import log_batch
+pid, n, path = sys.argv[2], int(sys.argv[3]), sys.argv[4]
 c = http.client.HTTPConnection("127.0.0.1", 15001)
 steps = itertools.count()
 def get():
     auth = os.environ.get("AUTHORIZATION")
     headers = {"Authorization": auth} if auth else {}
     if path == "log-batch":
-        step = next(steps)
-        body = json.dumps({"run_id": "0123456789abcdef0123456789abcdef", "metrics": [
-            {"key": f"bench/metric_{i}", "value": 0.5 + i, "timestamp": 1_700_000_000_000 + step, "step": step}
-            for i in range(int(os.environ["METRICS"]))]})
-        headers["Content-Type"] = "application/json"
-        c.request("POST", "/api/2.0/mlflow/runs/log-batch", body=body, headers=headers)
+        log_batch.send(c, next(steps), int(os.environ["METRICS"]), headers)
     else:
         c.request("GET", path, headers=headers)
     r = c.getresponse()

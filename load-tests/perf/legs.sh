@@ -89,11 +89,13 @@ for i in "${!threads[@]}"; do
   records+=($!)
 done
 sleep 1
-ENDPOINT=${ENDPOINT:-runs-get} python3 - "$rate" "$seconds" "${ports[@]}" <<'PY'
-import http.client, json, os, sys, time
-rate, seconds, ports = float(sys.argv[1]), float(sys.argv[2]), [int(p) for p in sys.argv[3:]]
+ENDPOINT=${ENDPOINT:-runs-get} python3 - "$here" "$rate" "$seconds" "${ports[@]}" <<'PY'
+import http.client, os, sys, time
+sys.path.insert(0, sys.argv[1])
+import log_batch
+rate, seconds, ports = float(sys.argv[2]), float(sys.argv[3]), [int(p) for p in sys.argv[4:]]
 conns = {p: http.client.HTTPConnection("127.0.0.1", p) for p in ports}
-log_batch = os.environ["ENDPOINT"] == "log-batch"
+writes = os.environ["ENDPOINT"] == "log-batch"
 # Connections a target closed without an answer (nginx now and then does with a POST whose body
 # it streams to an upstream connection that was closing): the request is sent again once, on a new
 # connection, and counted.
@@ -106,13 +108,8 @@ for i in range(int(rate * seconds)):
     port = ports[i % len(ports)]
     for attempt in (1, 2):
         c = conns[port]
-        if log_batch:
-            step = i // len(ports)
-            body = json.dumps({"run_id": "0123456789abcdef0123456789abcdef", "metrics": [
-                {"key": f"bench/metric_{m}", "value": 0.5 + m, "timestamp": 1_700_000_000_000 + step, "step": step}
-                for m in range(10)]})
-            c.request("POST", "/api/2.0/mlflow/runs/log-batch", body=body,
-                      headers={"Content-Type": "application/json"})
+        if writes:
+            log_batch.send(c, i // len(ports))
         else:
             c.request("GET", "/api/2.0/mlflow/runs/get?run_id=r1")
         try:

@@ -218,9 +218,7 @@ impl Member {
         };
         (member, answer)
     }
-}
 
-impl Member {
     /// Whether `other` may share a batch with this request (see [`MergeKey`]).
     fn merges_with(&self, other: &Member) -> bool {
         std::ptr::eq(self, other)

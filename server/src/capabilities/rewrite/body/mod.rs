@@ -91,6 +91,34 @@ impl<'a, const N: usize> Fields<'a, N> {
     fn get(&self, index: usize) -> Option<&'a RawValue> {
         self.raw[index]
     }
+
+    fn empty() -> Self {
+        Fields {
+            raw: [None; N],
+            unknown: false,
+        }
+    }
+
+    /// Where the field `name` goes among `names`, before its value is read: `None` where it is
+    /// none of them (the object then holds an unknown field), an error ("duplicate field") where
+    /// it was met before.
+    fn slot<E: serde::de::Error>(
+        &mut self,
+        names: &[&str; N],
+        name: &str,
+    ) -> Result<Option<&mut Option<&'a RawValue>>, E> {
+        match names.iter().position(|known| *known == name) {
+            Some(index) if self.raw[index].is_some() => Err(E::custom(format_args!(
+                "duplicate field `{}`",
+                names[index]
+            ))),
+            Some(index) => Ok(Some(&mut self.raw[index])),
+            None => {
+                self.unknown = true;
+                Ok(None)
+            }
+        }
+    }
 }
 
 struct FieldsVisitor<const N: usize> {
@@ -127,23 +155,11 @@ impl<'de, const N: usize> serde::de::Visitor<'de> for FieldsVisitor<N> {
     }
 
     fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
-        let mut fields = Fields {
-            raw: [None; N],
-            unknown: false,
-        };
+        let mut fields = Fields::empty();
         while let Some(FieldName(name)) = map.next_key()? {
-            match self.names.iter().position(|known| *known == name) {
-                Some(index) => {
-                    if fields.raw[index].is_some() {
-                        return Err(serde::de::Error::custom(format_args!(
-                            "duplicate field `{}`",
-                            self.names[index]
-                        )));
-                    }
-                    fields.raw[index] = Some(map.next_value::<&'de RawValue>()?);
-                }
+            match fields.slot(self.names, &name)? {
+                Some(slot) => *slot = Some(map.next_value()?),
                 None => {
-                    fields.unknown = true;
                     map.next_value::<serde::de::IgnoredAny>()?;
                 }
             }
@@ -191,22 +207,19 @@ impl<'de> serde::de::Visitor<'de> for BatchVisitor<'de> {
     }
 
     fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
-        let mut fields = Fields {
-            raw: [None; 13],
-            unknown: false,
-        };
+        let mut fields = Fields::empty();
         let mut metrics = None;
         while let Some(FieldName(name)) = map.next_key()? {
-            match ENVELOPE.iter().position(|known| *known == name) {
-                Some(METRICS) if metrics.is_none() => {
-                    metrics = Some(map.next_value_seed(ElementsVisitor { text: self.text })?);
+            if name == ENVELOPE[METRICS] {
+                if metrics.is_some() {
+                    return Err(serde::de::Error::custom("duplicate field `metrics`"));
                 }
-                Some(index) if index != METRICS && fields.raw[index].is_none() => {
-                    fields.raw[index] = Some(map.next_value::<&'de RawValue>()?);
-                }
-                Some(_) => return Err(serde::de::Error::custom("duplicate field")),
+                metrics = Some(map.next_value_seed(ElementsVisitor { text: self.text })?);
+                continue;
+            }
+            match fields.slot(&ENVELOPE, &name)? {
+                Some(slot) => *slot = Some(map.next_value()?),
                 None => {
-                    fields.unknown = true;
                     map.next_value::<serde::de::IgnoredAny>()?;
                 }
             }
@@ -275,10 +288,7 @@ impl<'de> serde::de::Visitor<'de> for ElementVisitor<'de> {
     }
 
     fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
-        let mut fields = Fields {
-            raw: [None; 8],
-            unknown: false,
-        };
+        let mut fields = Fields::empty();
         // Where the first name starts (its opening quote) and the last value ends.
         let mut first_name = None;
         let mut last_value = None;
@@ -289,12 +299,11 @@ impl<'de> serde::de::Visitor<'de> for ElementVisitor<'de> {
                 };
                 first_name = Some(offset_in(self.text, name).start);
             }
+            let slot = fields.slot(&METRIC, &name)?;
             let value = map.next_value::<&'de RawValue>()?;
             last_value = Some(offset_in(self.text, value.get()).end);
-            match METRIC.iter().position(|known| *known == name) {
-                Some(index) if fields.raw[index].is_none() => fields.raw[index] = Some(value),
-                Some(_) => return Err(serde::de::Error::custom("duplicate field")),
-                None => fields.unknown = true,
+            if let Some(slot) = slot {
+                *slot = Some(value);
             }
         }
         let start = first_name
@@ -555,10 +564,7 @@ impl<'a> MetricsBody<'a> {
                 }
             },
             Endpoint::LogMetric => {
-                let mut fields = Fields {
-                    raw: [None; 8],
-                    unknown: false,
-                };
+                let mut fields = Fields::<8>::empty();
                 fields.raw[..4].copy_from_slice(&envelope.raw[LOG_METRIC..LOG_METRIC + 4]);
                 match Metric::read(text, &fields, 0..text.len())? {
                     Some(metric) => (vec![metric], None),
