@@ -524,12 +524,8 @@ pub struct ScopedKey {
 pub fn scoped_key(key: &str, request: &Identity, pattern: &OwnerPattern) -> ScopedKey {
     // A key MLflow refuses stays as sent, so the client gets MLflow's own 400: renaming it
     // into a valid one would store what MLflow would never have accepted.
-    let parts = if is_valid_mlflow_key(key) {
-        SystemKey::parse(key)
-    } else {
-        None
-    };
-    let Some(parts) = parts else {
+    // (Only keys under `system/` are the contract's: any other is left alone, valid or not.)
+    let Some(parts) = SystemKey::parse(key).filter(|_| is_valid_mlflow_key(key)) else {
         return ScopedKey {
             outcome: KeyOutcome::Untouched,
             identity: request.clone(),
@@ -589,10 +585,19 @@ pub fn collector_key(name: &str, identity: &Identity) -> String {
 /// MLflow's key rules: at most 250 characters of `[/\w.\- :]`, no empty, `.` or `..` segment,
 /// no leading or trailing `/`.
 pub fn is_valid_mlflow_key(key: &str) -> bool {
-    key.chars().count() <= 250
-        && key
-            .chars()
-            .all(|c| c.is_alphanumeric() || matches!(c, '_' | '/' | '.' | '-' | ' ' | ':'))
+    let characters_allowed = if key.is_ascii() {
+        // The usual key, one byte a character: the same rule without decoding.
+        key.len() <= 250
+            && key.bytes().all(|b| {
+                b.is_ascii_alphanumeric() || matches!(b, b'_' | b'/' | b'.' | b'-' | b' ' | b':')
+            })
+    } else {
+        key.chars().count() <= 250
+            && key
+                .chars()
+                .all(|c| c.is_alphanumeric() || matches!(c, '_' | '/' | '.' | '-' | ' ' | ':'))
+    };
+    characters_allowed
         && !key.starts_with('/')
         && !key.ends_with('/')
         && key
@@ -872,14 +877,49 @@ mod tests {
             "a/../b",
             "a?b",
             &"x".repeat(251),
+            &"é".repeat(251),
+            "a\u{a0}b",
+            "a\tb",
         ] {
             assert!(!is_valid_mlflow_key(bad), "{bad}");
         }
+        // MLflow counts characters, not bytes, and takes any alphanumeric one.
+        assert!(is_valid_mlflow_key(&"x".repeat(250)));
+        assert!(is_valid_mlflow_key(&"é".repeat(250)));
+        assert!(is_valid_mlflow_key("système/nœud-1/利用率"));
     }
 
     mod properties {
         use super::*;
         use proptest::prelude::*;
+
+        /// MLflow's key rule as it reads, character by character: what the ASCII shortcut of
+        /// `is_valid_mlflow_key` must agree with.
+        fn valid_by_characters(key: &str) -> bool {
+            key.chars().count() <= 250
+                && key
+                    .chars()
+                    .all(|c| c.is_alphanumeric() || "_/.- :".contains(c))
+                && !key.starts_with('/')
+                && !key.ends_with('/')
+                && key
+                    .split('/')
+                    .all(|segment| !segment.is_empty() && segment != "." && segment != "..")
+        }
+
+        proptest! {
+            #[test]
+            fn the_key_rule_reads_ascii_keys_as_it_reads_any(
+                key in prop_oneof![
+                    "[a-z0-9_/. :?\t-]{0,12}",
+                    "[a-zé/.]{0,12}",
+                    "[a-z]{245,255}",
+                    "[a-zé]{240,255}",
+                ],
+            ) {
+                prop_assert_eq!(is_valid_mlflow_key(&key), valid_by_characters(&key), "{:?}", key);
+            }
+        }
 
         fn any_identity() -> impl Strategy<Value = Identity> {
             (

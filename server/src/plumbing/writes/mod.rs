@@ -373,8 +373,15 @@ fn is_double(raw: &RawValue) -> bool {
 
 /// A JSON number literal that is a finite double (not `1e999`).
 fn is_finite_number(text: &str) -> bool {
-    text.starts_with(|c: char| c == '-' || c.is_ascii_digit())
-        && text.parse::<f64>().is_ok_and(f64::is_finite)
+    if !text.starts_with(|c: char| c == '-' || c.is_ascii_digit()) {
+        return false;
+    }
+    // `text` is a JSON number (its parser read it as one). Without an exponent and with fewer
+    // digits than the largest double's 309 it is finite, with no need to convert it.
+    if text.len() <= 308 && !text.bytes().any(|b| b == b'e' || b == b'E') {
+        return true;
+    }
+    text.parse::<f64>().is_ok_and(f64::is_finite)
 }
 
 /// A JSON integer literal within int64 (no fraction, no exponent, not quoted).

@@ -286,3 +286,32 @@ fn a_json_string_is_decoded_and_borrowed_where_it_holds_no_escape() {
     assert_eq!(read("null"), None);
     assert_eq!(read(r#"["a"]"#), None);
 }
+
+#[test]
+fn a_metric_value_is_finite_exactly_when_it_converts_to_a_finite_double() {
+    let long = |digits: usize| format!("9{}", "0".repeat(digits - 1));
+    let mut numbers: Vec<String> = [
+        "0",
+        "-0",
+        "1.5",
+        "-2.25e3",
+        "1E5",
+        "1e308",
+        "1e309",
+        "-1e999",
+        "2.5e-400",
+        "123456789",
+    ]
+    .map(str::to_owned)
+    .to_vec();
+    // Around the largest double (about 1.8e308, 309 digits), without an exponent.
+    for digits in [300, 308, 309, 310, 400] {
+        numbers.push(long(digits));
+        numbers.push(format!("-{}.5", long(digits)));
+        numbers.push(format!("0.{}", long(digits)));
+    }
+    for text in &numbers {
+        let converted = text.parse::<f64>().is_ok_and(f64::is_finite);
+        assert_eq!(super::is_finite_number(text), converted, "{text}");
+    }
+}
