@@ -75,7 +75,7 @@ threads=()
 nginx_worker=$(pgrep -P "$(cat "$work/nginx.pid")")
 threads+=("-p $nginx_worker")
 for pid in "${pids[@]:2}"; do
-  threads+=("-t $(ps -L -o tid=,comm= -p "$pid" | awk '$2 ~ /^mlscope-serve-/ {print $1; exit}')")
+  threads+=("-t $(ps -L -o tid=,comm= -p "$pid" | awk '$2 ~ /^(mlscope-serve-|bare-serve)/ {print $1; exit}')")
 done
 events="-e syscalls:sys_enter_recvfrom -e syscalls:sys_exit_recvfrom -e syscalls:sys_enter_writev -e syscalls:sys_exit_writev -e syscalls:sys_enter_epoll_wait -e syscalls:sys_exit_epoll_wait"
 records=()
