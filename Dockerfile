@@ -18,12 +18,13 @@ COPY scopes scopes
 COPY server server
 COPY collector collector
 COPY migrations migrations
+COPY scripts/release-flags scripts/release-flags
 COPY tests/Cargo.toml tests/Cargo.toml
 COPY load-tests/Cargo.toml load-tests/Cargo.toml
 # The workspace lists tests and load-tests; stubs stand in for their sources.
 RUN mkdir -p tests/src load-tests/src \
  && echo "" > tests/src/lib.rs && echo "fn main() {}" > load-tests/src/main.rs && echo "" > load-tests/src/lib.rs \
- && cargo build --release --locked -p mlscope-proxy -p mlscope-collector \
+ && RUSTFLAGS="$(scripts/release-flags)" cargo build --release --locked -p mlscope-proxy -p mlscope-collector \
  && strip target/release/mlscope-proxy target/release/mlscope-collector
 
 # What both runtime images share: the dynamic loader and the libraries the binaries link.

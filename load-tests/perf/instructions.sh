@@ -10,7 +10,9 @@
 # request of every thread of the proxy together. With PATH `log-batch` each request is instead the
 # pass-through bench's `POST runs/log-batch`: METRICS (default 10) metrics of one run, each
 # request with its own step. With AUTHORIZATION set, every request carries it
-# as its Authorization header (e.g. AUTHORIZATION='Basic dTpw'). Needs valgrind and nginx; ports
+# as its Authorization header (e.g. AUTHORIZATION='Basic dTpw'). With FOOTPRINT=1 it also prints
+# the code the requests ran: distinct instructions, 64-byte cache lines and 4 KiB pages (see
+# footprint.py), thread by thread. Needs valgrind and nginx; ports
 # 18080, 15001 and 19464 free. Callgrind's dump is kept under the work directory for callgrind_annotate.
 set -euo pipefail
 bin=$(realpath "$1")
@@ -22,7 +24,9 @@ source "$(dirname "$0")/fixed-upstream.sh"
 fixed_upstream_conf "$work" nginx
 nginx -c "$work/nginx.conf" &
 nginx_pid=$!
-MLSCOPE_SERVE_THREADS=1 MLSCOPE_LOG_FORMAT=json valgrind --tool=callgrind \
+dump_instr=()
+[ "${FOOTPRINT:-}" = 1 ] && dump_instr=(--dump-instr=yes --separate-threads=yes)
+MLSCOPE_SERVE_THREADS=1 MLSCOPE_LOG_FORMAT=json valgrind --tool=callgrind "${dump_instr[@]}" \
   --callgrind-out-file="$work/callgrind.%p" "$bin" --upstream http://127.0.0.1:18080 \
   --listen 127.0.0.1:15001 --admin-listen 127.0.0.1:19464 \
   --database-url "sqlite://$work/state.db" >"$work/proxy.log" 2>&1 &
@@ -56,6 +60,13 @@ for _ in range(n):
     get()
 subprocess.run(["callgrind_control", "-d", pid], check=True, capture_output=True)
 PY
-dump=$(ls "$work"/callgrind.*.1)
-total=$(awk '/^summary:/ {print $2}' "$dump")
+dump=$(ls "$work"/callgrind.*.1*)
+total=$(cat $dump | awk '/^summary:/ {n += $2} END {print n}')
 echo "$(basename "$bin") $requests requests: $((total / requests)) instructions per request ($dump)"
+if [ "${FOOTPRINT:-}" = 1 ]; then
+  # One dump per thread: the serving thread's is the one with most of the instructions.
+  for d in $dump; do
+    echo "thread $(awk '/^thread:/ {print $2}' "$d"): $(awk '/^summary:/ {print $2}' "$d") instructions"
+    "$(dirname "$0")/footprint.py" "$d" | sed 's/^/  /'
+  done
+fi
