@@ -24,7 +24,9 @@ use hyper::{Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
 
 #[derive(Parser)]
-#[command(about = "The floor of forwarding on mlscope-proxy's stack (hyper, tokio), for the perf scripts")]
+#[command(
+    about = "The floor of forwarding on mlscope-proxy's stack (hyper, tokio), for the perf scripts"
+)]
 struct Args {
     /// Where to forward (http://host:port).
     #[arg(long)]
