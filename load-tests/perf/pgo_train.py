@@ -18,7 +18,8 @@ import json
 import sys
 import threading
 
-RUN = "0123456789abcdef0123456789abcdef"
+from log_batch import RUN_ID as RUN, metrics
+
 API = "/api/2.0/mlflow"
 MONITOR = ["cpu_utilization_percentage", "system_memory_usage_megabytes", "disk_usage_percentage",
            "network_receive_megabytes", "gpu_0_utilization_percentage", "gpu_0_memory_usage_megabytes"]
@@ -39,11 +40,6 @@ def get(conn, path, headers=None):
     answer.read()
     if answer.status != 200:
         raise RuntimeError(f"GET {path} answered {answer.status}")
-
-
-def metrics(step, n, prefix="train/metric"):
-    return [{"key": f"{prefix}_{i}", "value": 0.5 + i, "timestamp": 1_700_000_000_000 + step,
-             "step": step} for i in range(n)]
 
 
 def rank(port, number, rounds):
