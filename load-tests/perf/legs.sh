@@ -20,6 +20,10 @@
 #   is awake with the request, the upstream's own work, and until the proxy is awake with the
 #   answer.
 #
+# With PROFILE=N each target's thread is also sampled every 40 µs of its CPU time, and the N
+# symbols with the most samples in each of its two legs are printed: where the time goes (the
+# sampling lengthens the legs, so compare their lengths in runs without it).
+#
 # Every target sees the same requests at the same rate, so a difference between them is the
 # proxy's own path, not the machine's noise. Needs perf (tracepoints readable) and nginx; ports
 # 18080 and 18081, 15001 onward and 19001 onward free.
@@ -83,9 +87,13 @@ upstream_worker=$(pgrep -P "$(cat "$work/upstream.pid")")
 # shellcheck disable=SC2086
 perf record -q $events -p "$upstream_worker" -o "$work/upstream.data" -- sleep $((seconds + 4)) 2>/dev/null &
 records+=($!)
+sampled=() fields=tid,time,event,trace legs=()
+if [ -n "${PROFILE:-}" ]; then
+  sampled=(-e cpu-clock/period=40000/) fields=tid,time,event,trace,ip,sym legs=(--profile "$PROFILE")
+fi
 for i in "${!threads[@]}"; do
   # shellcheck disable=SC2086
-  perf record -q $events ${threads[$i]} -o "$work/target-$i.data" -- sleep $((seconds + 4)) 2>/dev/null &
+  perf record -q $events "${sampled[@]}" ${threads[$i]} -o "$work/target-$i.data" -- sleep $((seconds + 4)) 2>/dev/null &
   records+=($!)
 done
 sleep 1
@@ -130,8 +138,8 @@ PY
 wait "${records[@]}"
 for i in "${!threads[@]}"; do
   echo "${names[$i]}"
-  perf script -i "$work/target-$i.data" -F tid,time,event,trace 2>/dev/null >"$work/target-$i.txt"
-  "$here/syscall-legs.py" <"$work/target-$i.txt" | sed 's/^/  /'
+  perf script -i "$work/target-$i.data" -F $fields 2>/dev/null >"$work/target-$i.txt"
+  "$here/syscall-legs.py" "${legs[@]}" <"$work/target-$i.txt" | sed 's/^/  /'
   perf script -i "$work/upstream.data" -F tid,time,event,trace 2>/dev/null \
     | "$here/syscall-legs.py" --upstream-of "$work/target-$i.txt" | sed 's/^/  /'
 done

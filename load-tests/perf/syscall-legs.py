@@ -13,6 +13,11 @@ serving thread, or nginx's worker) and prints, per request, p50 / p90 / p99 of:
 
 Usage: perf script -i sc.data -F tid,time,event,trace | load-tests/perf/syscall-legs.py
 
+With `--profile N` the record also holds `cpu-clock` samples of the thread (`perf record -e
+cpu-clock -F RATE`, `perf script -F tid,time,event,trace,ip,sym`): each sample is put in the leg
+it fell in, and the N symbols with the most samples in each leg are printed with their share of
+it: where each leg's time goes, not only how long it is (the sampling itself lengthens the legs).
+
 With `--upstream-of PROXY.txt`, standard input is the upstream's worker instead (its own
 recording, same clock) and PROXY.txt the proxy's `perf script` output: the upstream leg of each of
 the proxy's requests is split into until the upstream is awake with it (the proxy's `writev` to
@@ -24,6 +29,8 @@ import re
 import sys
 
 LINE = re.compile(r"\s*(\d+)\s+([\d.]+):\s+syscalls:(\w+):\s*(.*)")
+# A sample: `tid time: [period] cpu-clock: ip symbol+offset`.
+SAMPLE = re.compile(r"\s*(\d+)\s+([\d.]+):\s+(?:\d+\s+)?cpu-clock:\S*\s+[0-9a-f]+\s+(.*)")
 
 
 def quantiles(values):
@@ -34,15 +41,36 @@ def quantiles(values):
     return f"n={n} p50={values[n // 2]:.0f} p90={values[int(n * .9)]:.0f} p99={values[int(n * .99)]:.0f} µs"
 
 
-def read(lines):
-    """Events of each thread, in order: (µs, event, arguments)."""
+def read(lines, samples=None):
+    """Events of each thread, in order: (µs, event, arguments); `cpu-clock` samples go to
+    `samples` (a dict of thread to [(µs, symbol)]) when given."""
     by_thread = {}
     for line in lines:
         m = LINE.match(line)
         if m:
             tid, t, event, rest = m.groups()
             by_thread.setdefault(tid, []).append((float(t) * 1e6, event, rest))
+        elif samples is not None and (m := SAMPLE.match(line)):
+            tid, t, symbol = m.groups()
+            symbol = re.sub(r"\+0x[0-9a-f]+$", "", symbol.split(" (")[0].strip()) or "?"
+            samples.setdefault(tid, []).append((float(t) * 1e6, symbol))
     return by_thread
+
+
+def profile(windows, samples, top):
+    """The `top` symbols of the samples that fell in each leg's windows ((start, end) µs)."""
+    for leg, spans in windows.items():
+        spans.sort()
+        starts = [a for a, _ in spans]
+        counts, total = {}, 0
+        for t, symbol in samples:
+            i = bisect.bisect_right(starts, t) - 1
+            if i >= 0 and t <= spans[i][1]:
+                counts[symbol] = counts.get(symbol, 0) + 1
+                total += 1
+        print(f"{leg} profile: {total} samples in {len(spans)} legs")
+        for symbol, n in sorted(counts.items(), key=lambda kv: -kv[1])[:top]:
+            print(f"  {100 * n / max(total, 1):5.1f} %  {symbol[:120]}")
 
 
 FD = re.compile(r"fd: 0x([0-9a-f]+)")
@@ -119,8 +147,11 @@ def upstream_split(proxy_path):
 def main():
     if len(sys.argv) == 3 and sys.argv[1] == "--upstream-of":
         return upstream_split(sys.argv[2])
-    by_thread = read(sys.stdin)
+    top = int(sys.argv[2]) if len(sys.argv) == 3 and sys.argv[1] == "--profile" else 0
+    samples = {} if top else None
+    by_thread = read(sys.stdin, samples)
     inbound, outbound, upstream = [], [], []
+    windows = {"request -> upstream": [], "answer -> client": []}
     for events in by_thread.values():
         ready = readable_at = sent_upstream = None
         requests = upstream_writes(events)
@@ -132,9 +163,11 @@ def main():
             elif event == "sys_enter_writev" and readable_at is not None:
                 if t in requests:
                     inbound.append(t - readable_at)
+                    windows["request -> upstream"].append((readable_at, t))
                     sent_upstream = t
                 else:
                     outbound.append(t - readable_at)
+                    windows["answer -> client"].append((readable_at, t))
                     if sent_upstream is not None:
                         upstream.append(readable_at - sent_upstream)
                 readable_at = None
@@ -143,6 +176,8 @@ def main():
     print("request -> upstream:", quantiles(inbound))
     print("answer -> client:   ", quantiles(outbound))
     print("upstream:           ", quantiles(upstream))
+    if top:
+        profile(windows, [s for thread in samples.values() for s in thread], top)
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ use crate::capabilities::coalesce::Coalescer;
 use crate::capabilities::health::Health;
 use crate::capabilities::rewrite::body::Endpoint;
 use crate::capabilities::rewrite::{Inspected, Outgoing, SharedRewriter};
+use crate::plumbing::after;
 use crate::plumbing::proxy::Small;
 use crate::plumbing::writes::WriteWeight;
 
@@ -66,14 +67,18 @@ async fn submit(
     };
     response.extensions_mut().insert(WriteWeight(weight));
     if let Some(beat) = beat.filter(|_| response.status().is_success()) {
+        // Heard as MLflow answered; recorded once the answer has gone (see `after`).
         let now = crate::plumbing::store::unix_millis(SystemTime::now());
-        if beat.ranks.is_empty() {
-            health.touch(&beat.run_id, now);
-        }
-        // A batch of the run's own metrics only still says its step (the report's "at step").
-        if !beat.ranks.is_empty() || !beat.findings.is_empty() || beat.step.is_some() {
-            health.record(beat, now);
-        }
+        let health = health.clone();
+        after::defer(&mut response, move || {
+            if beat.ranks.is_empty() {
+                health.touch(&beat.run_id, now);
+            }
+            // A batch of the run's own metrics only still says its step (the report's "at step").
+            if !beat.ranks.is_empty() || !beat.findings.is_empty() || beat.step.is_some() {
+                health.record(beat, now);
+            }
+        });
     }
     response
 }
@@ -104,12 +109,11 @@ pub(crate) async fn log_pair(
     };
     let (body, parts) = crate::plumbing::writes::normalized(body, parts);
     let run_id = crate::plumbing::writes::run_of(&body);
-    let response = coalescer.submit_read(parts, body, None, peer).await;
+    let mut response = coalescer.submit_read(parts, body, None, peer).await;
     if let Some(run_id) = run_id.filter(|_| response.status().is_success()) {
-        health.touch(
-            &run_id,
-            crate::plumbing::store::unix_millis(SystemTime::now()),
-        );
+        let now = crate::plumbing::store::unix_millis(SystemTime::now());
+        let health = health.clone();
+        after::defer(&mut response, move || health.touch(&run_id, now));
     }
     response
 }

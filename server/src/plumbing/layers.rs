@@ -18,6 +18,7 @@ use http::{header, HeaderValue, Method};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tracing::Instrument;
 
+use crate::plumbing::after;
 use crate::plumbing::error::{Error, ProxyError};
 use crate::plumbing::proxy::{request_id, AnsweredBy, Guarded, UpstreamTime, X_REQUEST_ID};
 use crate::plumbing::route::RouteClass;
@@ -57,18 +58,6 @@ where
         response.headers_mut().insert(X_REQUEST_ID.clone(), id);
         let status = response.status().as_u16();
         let elapsed = started.elapsed();
-        metrics
-            .latency
-            .get_or_create(&RouteLabels { route })
-            .observe(elapsed.as_secs_f64());
-        metrics
-            .requests
-            .get_or_create(&RequestLabels {
-                route,
-                method: method_label(&method),
-                status,
-            })
-            .inc();
         // Unmarked responses are the proxy's own (see `AnsweredBy`).
         let answered_by = response
             .extensions()
@@ -79,18 +68,32 @@ where
             .extensions()
             .get::<UpstreamTime>()
             .map(|t| t.0.as_secs_f64() * 1e3);
-        // The line is written once the answer has gone: a task spawned here runs after the
-        // connection's task has written the response, so the log's write is not on the request's
-        // path (nor its occasional stall behind the disk).
+        // What the steps left for after the answer, the request metrics and the log line run
+        // once the answer has gone (see `after`): a task spawned here runs after the
+        // connection's task has written the response, so none of it is on the request's path
+        // (nor the log's occasional stall behind the disk).
+        let after = after::take(&mut response);
+        let metrics = metrics.clone();
         let latency_ms = elapsed.as_secs_f64() * 1e3;
-        if tracing::enabled!(tracing::Level::INFO) {
-            tokio::spawn(
-                async move {
-                    tracing::info!(status, latency_ms, upstream_ms, answered_by, "answered");
-                }
-                .instrument(line_span),
-            );
-        }
+        tokio::spawn(
+            async move {
+                drop(after);
+                metrics
+                    .latency
+                    .get_or_create(&RouteLabels { route })
+                    .observe(elapsed.as_secs_f64());
+                metrics
+                    .requests
+                    .get_or_create(&RequestLabels {
+                        route,
+                        method: method_label(&method),
+                        status,
+                    })
+                    .inc();
+                tracing::info!(status, latency_ms, upstream_ms, answered_by, "answered");
+            }
+            .instrument(line_span),
+        );
         response
     }
     .instrument(span)

@@ -1,6 +1,7 @@
 //! Plumbing: what every capability stands on. It knows no capability and no configuration
 //! file, and imports only plumbing.
 
+pub(crate) mod after;
 pub(crate) mod aged;
 pub(crate) mod client;
 pub(crate) mod credential;

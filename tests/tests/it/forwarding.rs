@@ -619,17 +619,27 @@ async fn metrics_count_requests_by_route_class_and_status() {
     for _ in 0..3 {
         reqwest::get(format!("{}/echo", proxy.url)).await.unwrap();
     }
-    let metrics = reqwest::get(format!("{}/metrics", proxy.admin_url))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    assert!(
-        metrics
-            .contains(r#"mlscope_http_requests_total{route="other",method="GET",status="200"} 3"#),
-        "{metrics}"
-    );
+    // A request is counted once its answer has gone: the third right after the client has it.
+    let metrics = eventually(
+        Duration::from_secs(10),
+        "three requests counted",
+        async || {
+            let metrics = reqwest::get(format!("{}/metrics", proxy.admin_url))
+                .await
+                .unwrap()
+                .text()
+                .await
+                .unwrap();
+            let counted =
+                r#"mlscope_http_requests_total{route="other",method="GET",status="200"} 3"#;
+            if metrics.contains(counted) {
+                Ok(metrics)
+            } else {
+                Err(metrics)
+            }
+        },
+    )
+    .await;
     assert!(
         metrics.contains("mlscope_http_request_duration_seconds_bucket"),
         "{metrics}"

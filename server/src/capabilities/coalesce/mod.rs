@@ -68,6 +68,7 @@ use http_body_util::{BodyExt, Limited};
 use tokio::sync::{oneshot, OwnedSemaphorePermit, Semaphore};
 use tracing::Instrument as _;
 
+use crate::plumbing::after;
 use crate::plumbing::credential::fingerprint as credential_fingerprint;
 use crate::plumbing::error::Error;
 use crate::plumbing::error::ProxyError;
@@ -476,17 +477,20 @@ impl Inner {
                     claims: own.claims,
                 };
                 this.send(&sending.run_id, own.batch).await;
+                // Its place at MLflow is given back, and the run's queue goes on, once the
+                // answer has gone (what `send` learned of the batch is attached first, so it
+                // is known before the next batch forms).
+                let Ok(mut response) = answer.await else {
+                    return lost_in_shutdown();
+                };
+                after::defer(&mut response, move || drop(sending));
+                return response;
             }
             // A batch shared with others is sent by its own task: a client that goes away loses
             // only its answer.
             Ok(None) => {}
         }
-        answer.await.unwrap_or_else(|_| {
-            Error::Unavailable(
-                "mlscope-proxy lost this request's batch while shutting down; retry".into(),
-            )
-            .into_response()
-        })
+        answer.await.unwrap_or_else(|_| lost_in_shutdown())
     }
 
     /// Queues `member` and sends what is ready; the batch of `own` (a ticket) alone, when it is
@@ -613,7 +617,7 @@ impl Inner {
     }
 
     /// Sends one batch and answers its members.
-    async fn send(&self, run_id: &Arc<str>, batch: Vec<Member>) {
+    async fn send(self: &Arc<Self>, run_id: &Arc<str>, batch: Vec<Member>) {
         let now = Instant::now();
         for member in &batch {
             self.metrics.waited(now.duration_since(member.enqueued));
@@ -626,12 +630,18 @@ impl Inner {
             // Alone: the request goes as it came, and its answer comes back as MLflow sent it.
             self.metrics.outcome("single");
             let member = batch.into_iter().next().expect("one member");
-            let response = self
+            let mut response = self
                 .forwarder
                 .forward(member.original.request(), member.original.peer)
                 .await;
             if response.status().is_success() {
-                self.stored(run_id, std::slice::from_ref(&member), items, now.elapsed());
+                // Learned once the answer has gone (see `after`), before its run's next batch
+                // is formed: that waits for this one's place at MLflow, given back after this.
+                let (this, run_id, took) = (self.clone(), run_id.clone(), now.elapsed());
+                let writes = member.writes;
+                after::defer(&mut response, move || {
+                    this.stored(&run_id, std::iter::once(&writes), items, took);
+                });
             } else if response.status().is_server_error() {
                 self.failed();
             }
@@ -676,7 +686,12 @@ impl Inner {
                 .await;
         }
         self.metrics.outcome("merged");
-        self.stored(run_id, &batch, items, now.elapsed());
+        self.stored(
+            run_id,
+            batch.iter().map(|m| &m.writes),
+            items,
+            now.elapsed(),
+        );
         let upstream = UpstreamTime(asked.elapsed());
         for member in batch {
             let mut response = Response::new(Body::from(body.clone()));
@@ -712,11 +727,17 @@ impl Inner {
 
     /// MLflow stored `batch` (`items` elements) in `took`: its params and tags are settled, and
     /// the cost tells how many batches may overlap.
-    fn stored(&self, run_id: &Arc<str>, batch: &[Member], items: usize, took: Duration) {
+    fn stored<'a>(
+        &self,
+        run_id: &Arc<str>,
+        batch: impl IntoIterator<Item = &'a Writes>,
+        items: usize,
+        took: Duration,
+    ) {
         self.settled
             .lock()
             .expect("coalescer lock")
-            .learn(run_id, batch.iter().map(|m| &m.writes));
+            .learn(run_id, batch.into_iter());
         let mut concurrency = self.concurrency.lock().expect("coalescer lock");
         concurrency.stored(items, took, Instant::now());
         self.metrics.in_flight_limit(concurrency.limit() as i64);
@@ -746,6 +767,12 @@ impl Inner {
             let _ = member.reply.send(response);
         }
     }
+}
+
+/// The answer of a request whose batch went with the proxy's runtime.
+fn lost_in_shutdown() -> Response {
+    Error::Unavailable("mlscope-proxy lost this request's batch while shutting down; retry".into())
+        .into_response()
 }
 
 /// Whether an MLflow of this version deadlocks on PostgreSQL when writes to one run overlap

@@ -53,6 +53,7 @@ use http::{header, StatusCode};
 use http_body::{Body as _, Frame, SizeHint};
 use serde::Deserialize;
 
+use crate::plumbing::after;
 use crate::plumbing::client::TrustedProxies;
 use crate::plumbing::credential::Credential;
 use crate::plumbing::error::Error;
@@ -714,15 +715,6 @@ where
     let path = credential
         .is_some()
         .then(|| request.uri().path().to_owned());
-    // Only MLflow's own answer says whether it authenticated the credential (the proxy's
-    // refusals, before MLflow saw the request, say nothing about it).
-    let learn = |response: &Response| {
-        if let (Some(credential), Some(path)) = (credential.as_ref(), path.as_deref()) {
-            if answered_by_mlflow(response) {
-                share.learn(credential, path, response.status());
-            }
-        }
-    };
     let response = if governs(&request) {
         // Reads count for nobody's share: who sent one is worked out only for writes.
         let peer = crate::plumbing::client::peer_of(request.extensions()).ip();
@@ -757,33 +749,71 @@ where
             bytes,
             done: false,
         };
-        let response = next(request).await;
+        let mut response = next(request).await;
         let weight = response
             .extensions()
             .get::<WriteWeight>()
             .map_or(1, |w| w.0.max(1));
         admitted.done = true;
-        // Learned before the answer is counted, so that it counts for the credential MLflow
-        // authenticated with it.
-        learn(&response);
-        let credit = share.key(credential.as_ref(), address).0;
-        share.answered(
-            &admitted.write,
-            &admitted.client,
-            &credit,
-            team,
-            bytes,
-            weight,
-            // MLflow's answer, or the coalescer's success for a write it sent with others.
-            Some(answered_by_mlflow(&response) || response.status().is_success()),
-        );
+        let (status, by_mlflow) = (response.status(), answered_by_mlflow(&response));
+        // Counted once the answer has gone (the client does not wait for it).
+        let share = share.clone();
+        after::defer(&mut response, move || {
+            // Learned before the answer is counted, so that it counts for the credential MLflow
+            // authenticated with it.
+            learn(
+                &share,
+                credential.as_ref(),
+                path.as_deref(),
+                by_mlflow,
+                status,
+            );
+            let credit = share.key(credential.as_ref(), address).0;
+            share.answered(
+                &admitted.write,
+                &admitted.client,
+                &credit,
+                team,
+                bytes,
+                weight,
+                // MLflow's answer, or the coalescer's success for a write it sent with others.
+                Some(by_mlflow || status.is_success()),
+            );
+        });
         response
     } else {
-        let response = next(request).await;
-        learn(&response);
+        let mut response = next(request).await;
+        if credential.is_some() {
+            let (status, by_mlflow) = (response.status(), answered_by_mlflow(&response));
+            let share = share.clone();
+            after::defer(&mut response, move || {
+                learn(
+                    &share,
+                    credential.as_ref(),
+                    path.as_deref(),
+                    by_mlflow,
+                    status,
+                );
+            });
+        }
         response
     };
     response
+}
+
+/// What MLflow's answer (`by_mlflow`) with `status` to `path` says of `credential`. Only MLflow's
+/// own answer says whether it authenticated the credential (the proxy's refusals, before MLflow
+/// saw the request, say nothing about it).
+fn learn(
+    share: &FairShare,
+    credential: Option<&Credential>,
+    path: Option<&str>,
+    by_mlflow: bool,
+    status: StatusCode,
+) {
+    if let (Some(credential), Some(path), true) = (credential, path, by_mlflow) {
+        share.learn(credential, path, status);
+    }
 }
 
 fn answered_by_mlflow(response: &Response) -> bool {
