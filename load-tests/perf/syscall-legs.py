@@ -30,7 +30,7 @@ import sys
 
 LINE = re.compile(r"\s*(\d+)\s+([\d.]+):\s+syscalls:(\w+):\s*(.*)")
 # A sample: `tid time: [period] cpu-clock: ip symbol+offset`.
-SAMPLE = re.compile(r"\s*(\d+)\s+([\d.]+):\s+(?:\d+\s+)?cpu-clock:\S*\s+[0-9a-f]+\s+(.*)")
+SAMPLE = re.compile(r"\s*(\d+)\s+([\d.]+):\s+(?:\d+\s+)?cpu-clock\S*:\s+[0-9a-f]+\s+(.*)")
 
 
 def quantiles(values):

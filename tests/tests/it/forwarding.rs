@@ -22,6 +22,8 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, oneshot, Notify};
 
+use crate::mlflow::scrape;
+
 // === scripted upstream ===
 
 #[derive(Clone, Default)]
@@ -474,12 +476,7 @@ async fn an_upstream_that_sends_no_headers_in_time_is_a_504() {
     assert_eq!(response.status(), 504);
     let json: Value = response.json().await.unwrap();
     assert_eq!(json["error_code"], "TEMPORARILY_UNAVAILABLE");
-    let metrics = reqwest::get(format!("{}/metrics", proxy.admin_url))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = scrape(&proxy.admin_url).await;
     assert!(
         metrics.contains("mlscope_upstream_errors_total{kind=\"response_timeout\"} 1"),
         "{metrics}"
@@ -624,12 +621,7 @@ async fn metrics_count_requests_by_route_class_and_status() {
         Duration::from_secs(10),
         "three requests counted",
         async || {
-            let metrics = reqwest::get(format!("{}/metrics", proxy.admin_url))
-                .await
-                .unwrap()
-                .text()
-                .await
-                .unwrap();
+            let metrics = scrape(&proxy.admin_url).await;
             let counted =
                 r#"mlscope_http_requests_total{route="other",method="GET",status="200"} 3"#;
             if metrics.contains(counted) {
