@@ -70,7 +70,7 @@ for bin in "$@"; do
     --listen 127.0.0.1:$port --admin-listen 127.0.0.1:$((port + 4000)) \
     --database-url "sqlite://$work/state-$port.db" >"$work/proxy-$port.log" 2>&1 &
   pids+=($!)
-  ports+=($port) names+=("$bin")
+  ports+=("$port") names+=("$bin")
   for _ in $(seq 1 120); do curl -sf -o /dev/null "http://127.0.0.1:$((port + 4000))/healthz" && break; sleep 0.5; done
   port=$((port + 1))
 done
