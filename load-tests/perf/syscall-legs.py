@@ -14,7 +14,8 @@ serving thread, or nginx's worker) and prints, per request, p50 / p90 / p99 of:
 Usage: perf script -i sc.data -F tid,time,event,trace | load-tests/perf/syscall-legs.py
 
 With `--profile N` the record also holds `cpu-clock` samples of the thread (`perf record -e
-cpu-clock -F RATE`, `perf script -F tid,time,event,trace,ip,sym`): each sample is put in the leg
+cpu-clock/period=NS/`, as legs.sh's PROFILE=N takes them; `perf script -F
+tid,time,event,trace,ip,sym`): each sample is put in the leg
 it fell in, and the N symbols with the most samples in each leg are printed with their share of
 it: where each leg's time goes, not only how long it is (the sampling itself lengthens the legs).
 
@@ -29,7 +30,7 @@ import re
 import sys
 
 LINE = re.compile(r"\s*(\d+)\s+([\d.]+):\s+syscalls:(\w+):\s*(.*)")
-# A sample: `tid time: [period] cpu-clock: ip symbol+offset`.
+# A sample: `tid time: [period] cpu-clock[/terms/]: ip symbol[+offset]`.
 SAMPLE = re.compile(r"\s*(\d+)\s+([\d.]+):\s+(?:\d+\s+)?cpu-clock\S*:\s+[0-9a-f]+\s+(.*)")
 
 
