@@ -44,14 +44,29 @@ for _ in $(seq 1 600); do
   proxy=$(pgrep -P "$bench_pid" -x mlscope-proxy || true)
   master=$(pgrep -P "$bench_pid" -x nginx || true)
   [ -z "$master" ] || nginx_worker=$(pgrep -P "$master" -x nginx | head -1 || true)
-  [ -n "$proxy" ] && [ -n "$nginx_worker" ] && break
+  # The proxy is serving once its serving threads are there.
+  if [ -n "$proxy" ] && [ -n "$nginx_worker" ] &&
+    ps -L -o comm= -p "$proxy" 2>/dev/null | grep -q '^mlscope-serve-'; then
+    break
+  fi
   sleep 0.2
 done
 [ -n "$proxy" ] && [ -n "$nginx_worker" ] || { echo "bench-legs.sh: the bench started no nginx or mlscope-proxy" >&2; exit 1; }
 events="-e syscalls:sys_enter_recvfrom -e syscalls:sys_exit_recvfrom -e syscalls:sys_enter_writev -e syscalls:sys_exit_writev -e syscalls:sys_enter_epoll_wait -e syscalls:sys_exit_epoll_wait"
-# shellcheck disable=SC2086
-perf record -q $events -p "$proxy,$nginx_worker,$bench_pid" -o "$work/sc.data" 2>/dev/null &
-perf_pid=$!
+# A thread that ends while perf attaches to its process's threads stops it: tried three times.
+for attempt in 1 2 3; do
+  # shellcheck disable=SC2086
+  perf record $events -p "$proxy,$nginx_worker,$bench_pid" -o "$work/sc.data" 2>"$work/perf.log" &
+  perf_pid=$!
+  sleep 1
+  kill -0 "$perf_pid" 2>/dev/null && break
+  perf_pid=
+  if [ "$attempt" = 3 ]; then
+    echo "bench-legs.sh: perf record stopped at once (proxy $proxy, nginx worker $nginx_worker, bench $bench_pid):" >&2
+    cat "$work/perf.log" >&2
+    exit 1
+  fi
+done
 status=0
 wait "$bench_pid" || status=$?
 kill -INT "$perf_pid" 2>/dev/null || true

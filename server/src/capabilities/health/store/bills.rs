@@ -27,6 +27,17 @@ pub struct BillRow {
 const BILL_COLUMNS: &str = "run_id, ended_by, end_ms, due_ms, replica, claimed_ms, done, \
      gpu_seconds, idle_seconds, failure, reopened_ms, report";
 
+/// SQL that holds when the run `run_id` (an SQL expression) is settled: billed, and not resumed
+/// since. Its report was written from what the store held then, so what replicas hear of it later
+/// (ranks that sample on after the run failed, a flush that comes late) is not added to its
+/// usage or to its ranks' sampled spans: the report served afterwards is the one written.
+pub(super) fn settled(run_id: &str) -> String {
+    format!(
+        "EXISTS (SELECT 1 FROM run_bills b WHERE b.run_id = {run_id} \
+         AND b.done = 1 AND b.reopened_ms IS NULL)"
+    )
+}
+
 impl HealthStore {
     /// Queues `run_id` for billing once `due_ms` has passed; a run already queued (or billed)
     /// keeps its first entry: a run is billed once.

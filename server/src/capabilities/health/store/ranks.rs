@@ -50,12 +50,15 @@ const RANK_COLUMNS: &str = "run_id, node, rank, first_heard_ms, last_heard_ms, i
 impl HealthStore {
     /// Merges one replica's heartbeats into the shared rows: the latest heartbeat wins, the
     /// earliest first heartbeat stays, and facts (outcome, placement, GPUs) fill in or update.
+    /// A settled run's sampled spans stay as they were billed.
     pub async fn record_ranks(&self, updates: &[RankRow]) -> Result<(), StoreError> {
         // A sample of the rank well after its stored end: the end no longer holds.
         let revived = format!(
             "(excluded.last_sample_ms IS NOT NULL AND run_ranks.ended_ms IS NOT NULL \
              AND excluded.last_sample_ms > run_ranks.ended_ms + {SUPERSEDE_AFTER_MS})"
         );
+        // A settled run's sampled spans stay as its bill and report read them (see `settled`).
+        let settled = super::bills::settled("run_ranks.run_id");
         let sql = format!(
             "INSERT INTO run_ranks ({RANK_COLUMNS}) \
              VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, \
@@ -83,11 +86,13 @@ impl HealthStore {
                  OR excluded.last_sample_ms > run_ranks.last_sample_ms \
                  THEN COALESCE(excluded.last_sample_ms, run_ranks.last_sample_ms) \
                  ELSE run_ranks.last_sample_ms END, \
-               bill_first_ms = CASE WHEN run_ranks.bill_first_ms IS NULL \
+               bill_first_ms = CASE WHEN {settled} THEN run_ranks.bill_first_ms \
+                 WHEN run_ranks.bill_first_ms IS NULL \
                  OR excluded.bill_first_ms < run_ranks.bill_first_ms \
                  THEN COALESCE(excluded.bill_first_ms, run_ranks.bill_first_ms) \
                  ELSE run_ranks.bill_first_ms END, \
-               bill_last_ms = CASE WHEN run_ranks.bill_last_ms IS NULL \
+               bill_last_ms = CASE WHEN {settled} THEN run_ranks.bill_last_ms \
+                 WHEN run_ranks.bill_last_ms IS NULL \
                  OR excluded.bill_last_ms > run_ranks.bill_last_ms \
                  THEN COALESCE(excluded.bill_last_ms, run_ranks.bill_last_ms) \
                  ELSE run_ranks.bill_last_ms END, \

@@ -106,13 +106,19 @@ const SERIES_COLUMNS: &str =
 const HISTOGRAM_COLUMNS: &str = "run_id, node, rank, series, bucket, n, last_ms";
 
 /// Adds a bucket to its row: counts and sums add up, the higher peak (the earlier of two equal
-/// ones) and the lower low stay; only for runs the store has ranks of.
-fn add_series_sql() -> String {
+/// ones) and the lower low stay; only for runs the store has ranks of, and with `open_only`
+/// only for runs not settled (a replica's samples; not the sweep's merge of stored rows).
+fn add_series_sql(open_only: bool) -> String {
     let (t, e) = ("rank_series", "excluded");
+    let open = if open_only {
+        format!("AND NOT {}", super::bills::settled("$1"))
+    } else {
+        String::new()
+    };
     format!(
         "INSERT INTO rank_series ({SERIES_COLUMNS}) \
          SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11 \
-         WHERE EXISTS (SELECT 1 FROM run_ranks r WHERE r.run_id = $1) \
+         WHERE EXISTS (SELECT 1 FROM run_ranks r WHERE r.run_id = $1) {open} \
          ON CONFLICT (run_id, node, rank, series, bucket_ms, width_ms) DO UPDATE SET \
            n = {t}.n + {e}.n, total = {t}.total + {e}.total, \
            peak_ms = CASE WHEN {e}.peak > {t}.peak \
@@ -125,7 +131,7 @@ fn add_series_sql() -> String {
 
 impl HealthStore {
     /// Adds one replica's buckets and histogram counts to the shared rows (rows of runs the
-    /// store has no ranks of are not added).
+    /// store has no ranks of, or of settled runs, are not added).
     pub async fn record_usage(
         &self,
         series: &[SeriesRow],
@@ -134,15 +140,17 @@ impl HealthStore {
         if series.is_empty() && histograms.is_empty() {
             return Ok(());
         }
-        let add_series = add_series_sql();
+        let add_series = add_series_sql(true);
         let add_histogram = format!(
             "INSERT INTO rank_histogram ({HISTOGRAM_COLUMNS}) \
              SELECT $1, $2, $3, $4, $5, $6, $7 \
              WHERE EXISTS (SELECT 1 FROM run_ranks r WHERE r.run_id = $1) \
+               AND NOT {} \
              ON CONFLICT (run_id, node, rank, series, bucket) DO UPDATE SET \
                n = rank_histogram.n + excluded.n, \
                last_ms = CASE WHEN excluded.last_ms > rank_histogram.last_ms \
-                 THEN excluded.last_ms ELSE rank_histogram.last_ms END"
+                 THEN excluded.last_ms ELSE rank_histogram.last_ms END",
+            super::bills::settled("$1")
         );
         // In key order, as `record_ranks`: two replicas lock rows in one order.
         let mut series: Vec<&SeriesRow> = series.iter().collect();
@@ -228,7 +236,7 @@ impl HealthStore {
              AND series = $4 AND width_ms < $5 RETURNING {SERIES_COLUMNS}"
         );
         // Merged rows join an existing wide row as a replica's bucket would.
-        let add = add_series_sql();
+        let add = add_series_sql(false);
         let groups: Vec<(String, String, i64, String, i64, i64)> =
             on_backend!(&self.0, |pool| sqlx::query_as(crowded)
                 .bind(usage::POINTS)
@@ -337,7 +345,7 @@ pub fn by_rank(rows: &[SeriesRow]) -> usage::RunSeries {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::capabilities::health::store::{beat, opened};
+    use crate::capabilities::health::store::{beat, opened, RankRow};
     use crate::capabilities::health::usage::{Gathered, BASE_WIDTH_MS, POINTS};
 
     fn rows_of(run: &str, rank: i64, g: &Gathered) -> (Vec<SeriesRow>, Vec<HistogramRow>) {
@@ -405,5 +413,72 @@ mod tests {
         let histogram = store.histograms_of_run("r").await.unwrap();
         assert_eq!(histogram.iter().map(|h| h.n).sum::<i64>(), 3_600);
         assert_eq!(store.usage_rows().await.unwrap().1, histogram.len() as i64);
+    }
+
+    /// What the store holds of a run's usage and sampled spans.
+    async fn held(store: &HealthStore, run: &str) -> (i64, f64, i64, Option<(i64, i64)>) {
+        let series = store.series_of_run(run).await.unwrap();
+        let histogram = store.histograms_of_run(run).await.unwrap();
+        let ranks = store.ranks_of_run(run).await.unwrap();
+        (
+            series.iter().map(|r| r.n).sum(),
+            series.iter().map(|r| r.peak).fold(0.0, f64::max),
+            histogram.iter().map(|h| h.n).sum(),
+            ranks[0].bill_first_ms.zip(ranks[0].bill_last_ms),
+        )
+    }
+
+    /// Samples heard of a run once it is billed (a rank that samples on after the run failed, a
+    /// replica's late flush) leave its usage and spans as the bill and the report read them; a
+    /// run its client resumed takes them again.
+    #[tokio::test]
+    async fn a_settled_runs_usage_and_spans_stay_as_billed_until_it_is_resumed() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = opened(&dir).await;
+        let sampled = |first: i64, last: i64| RankRow {
+            bill_first_ms: Some(first),
+            bill_last_ms: Some(last),
+            ..beat("r", 0, first, last)
+        };
+        let add = |from: i64, to: i64, value: f64| {
+            let mut g = Gathered::default();
+            for t in from..to {
+                g.add(Series::Memory, t * 1_000, value);
+            }
+            rows_of("r", 0, &g)
+        };
+        store.record_ranks(&[sampled(0, 60_000)]).await.unwrap();
+        let (series, histograms) = add(0, 60, 100.0);
+        store.record_usage(&series, &histograms).await.unwrap();
+        let billed = held(&store, "r").await;
+        assert_eq!(billed, (60, 100.0, 60, Some((0, 60_000))));
+
+        // Billed: queued as it ended, claimed and finished by a replica.
+        store
+            .queue_bill("r", "FAILED", Some(60_000), 60_000)
+            .await
+            .unwrap();
+        assert!(store.claim_bill("r", "a", 61_000, 1).await.unwrap());
+        assert!(store.finish_bill("r", "a", 0.0, 0.0).await.unwrap());
+        let (series, histograms) = add(60, 90, 900.0);
+        store.record_usage(&series, &histograms).await.unwrap();
+        store
+            .record_ranks(&[sampled(60_000, 90_000)])
+            .await
+            .unwrap();
+        assert_eq!(held(&store, "r").await, billed);
+        // The sweep's merge of stored rows still runs on it (and loses nothing).
+        store.compact_series(1).await.unwrap();
+        assert_eq!(held(&store, "r").await, billed);
+
+        // Resumed by its client: live again, its samples count.
+        store.reopen_run("r", 95_000).await.unwrap();
+        let (series, histograms) = add(95, 100, 900.0);
+        store.record_usage(&series, &histograms).await.unwrap();
+        store
+            .record_ranks(&[sampled(95_000, 100_000)])
+            .await
+            .unwrap();
+        assert_eq!(held(&store, "r").await, (65, 900.0, 65, Some((0, 100_000))));
     }
 }
