@@ -435,21 +435,22 @@ mod tests {
     async fn a_settled_runs_usage_and_spans_stay_as_billed_until_it_is_resumed() {
         let dir = tempfile::tempdir().unwrap();
         let store = opened(&dir).await;
-        let sampled = |first: i64, last: i64| RankRow {
-            bill_first_ms: Some(first),
-            bill_last_ms: Some(last),
-            ..beat("r", 0, first, last)
-        };
-        let add = |from: i64, to: i64, value: f64| {
+        // A replica's flush of rank 0 sampled every second from `from` to `to` s at `value` MB.
+        let hear = async |from: i64, to: i64, value: f64| {
             let mut g = Gathered::default();
             for t in from..to {
                 g.add(Series::Memory, t * 1_000, value);
             }
-            rows_of("r", 0, &g)
+            let (series, histograms) = rows_of("r", 0, &g);
+            let rank = RankRow {
+                bill_first_ms: Some(from * 1_000),
+                bill_last_ms: Some(to * 1_000),
+                ..beat("r", 0, from * 1_000, to * 1_000)
+            };
+            store.record_ranks(&[rank]).await.unwrap();
+            store.record_usage(&series, &histograms).await.unwrap();
         };
-        store.record_ranks(&[sampled(0, 60_000)]).await.unwrap();
-        let (series, histograms) = add(0, 60, 100.0);
-        store.record_usage(&series, &histograms).await.unwrap();
+        hear(0, 60, 100.0).await;
         let billed = held(&store, "r").await;
         assert_eq!(billed, (60, 100.0, 60, Some((0, 60_000))));
 
@@ -460,12 +461,7 @@ mod tests {
             .unwrap();
         assert!(store.claim_bill("r", "a", 61_000, 1).await.unwrap());
         assert!(store.finish_bill("r", "a", 0.0, 0.0).await.unwrap());
-        let (series, histograms) = add(60, 90, 900.0);
-        store.record_usage(&series, &histograms).await.unwrap();
-        store
-            .record_ranks(&[sampled(60_000, 90_000)])
-            .await
-            .unwrap();
+        hear(60, 90, 900.0).await;
         assert_eq!(held(&store, "r").await, billed);
         // The sweep's merge of stored rows still runs on it (and loses nothing).
         store.compact_series(1).await.unwrap();
@@ -473,12 +469,7 @@ mod tests {
 
         // Resumed by its client: live again, its samples count.
         store.reopen_run("r", 95_000).await.unwrap();
-        let (series, histograms) = add(95, 100, 900.0);
-        store.record_usage(&series, &histograms).await.unwrap();
-        store
-            .record_ranks(&[sampled(95_000, 100_000)])
-            .await
-            .unwrap();
+        hear(95, 100, 900.0).await;
         assert_eq!(held(&store, "r").await, (65, 900.0, 65, Some((0, 100_000))));
     }
 }
