@@ -27,14 +27,15 @@ pub struct BillRow {
 const BILL_COLUMNS: &str = "run_id, ended_by, end_ms, due_ms, replica, claimed_ms, done, \
      gpu_seconds, idle_seconds, failure, reopened_ms, report";
 
-/// SQL that holds when the run `run_id` (an SQL expression) is settled: billed, and not resumed
-/// since. Its report was written from what the store held then, so what replicas hear of it later
-/// (ranks that sample on after the run failed, a flush that comes late) is not added to its
-/// usage or to its ranks' sampled spans: the report served afterwards is the one written.
+/// SQL that holds when the run `run_id` (an SQL expression) is settled: a replica has claimed its
+/// bill (due once every replica had time to flush what it heard before the run ended), and its
+/// client has not resumed it since. The bill and the report are made from what the store holds
+/// then, so what replicas hear of the run later (ranks that sample on after the run failed, a
+/// flush that comes late) is not added to its usage or to its ranks' sampled spans.
 pub(super) fn settled(run_id: &str) -> String {
     format!(
         "EXISTS (SELECT 1 FROM run_bills b WHERE b.run_id = {run_id} \
-         AND b.done = 1 AND b.reopened_ms IS NULL)"
+         AND b.claimed_ms > 0 AND b.reopened_ms IS NULL)"
     )
 }
 

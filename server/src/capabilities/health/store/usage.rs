@@ -428,9 +428,9 @@ mod tests {
         )
     }
 
-    /// Samples heard of a run once it is billed (a rank that samples on after the run failed, a
-    /// replica's late flush) leave its usage and spans as the bill and the report read them; a
-    /// run its client resumed takes them again.
+    /// Samples heard of a run once its bill is claimed (a rank that samples on after the run
+    /// failed, a replica's late flush) leave its usage and spans as the bill and the report read
+    /// them; a run its client resumed takes them again.
     #[tokio::test]
     async fn a_settled_runs_usage_and_spans_stay_as_billed_until_it_is_resumed() {
         let dir = tempfile::tempdir().unwrap();
@@ -450,26 +450,36 @@ mod tests {
             store.record_ranks(&[rank]).await.unwrap();
             store.record_usage(&series, &histograms).await.unwrap();
         };
-        hear(0, 60, 100.0).await;
-        let billed = held(&store, "r").await;
-        assert_eq!(billed, (60, 100.0, 60, Some((0, 60_000))));
-
-        // Billed: queued as it ended, claimed and finished by a replica.
+        hear(0, 250, 100.0).await;
+        // Ended: its bill is queued, due once the replicas have flushed; what they flush until
+        // then counts.
         store
-            .queue_bill("r", "FAILED", Some(60_000), 60_000)
+            .queue_bill("r", "FAILED", Some(300_000), 310_000)
             .await
             .unwrap();
-        assert!(store.claim_bill("r", "a", 61_000, 1).await.unwrap());
-        assert!(store.finish_bill("r", "a", 0.0, 0.0).await.unwrap());
-        hear(60, 90, 900.0).await;
+        hear(250, 300, 100.0).await;
+        let billed = held(&store, "r").await;
+        assert_eq!(billed, (300, 100.0, 300, Some((0, 300_000))));
+
+        // Claimed by a replica, which bills it and writes its report: later samples do not count.
+        assert!(store.claim_bill("r", "a", 310_000, 1).await.unwrap());
+        hear(300, 330, 900.0).await;
         assert_eq!(held(&store, "r").await, billed);
-        // The sweep's merge of stored rows still runs on it (and loses nothing).
-        store.compact_series(1).await.unwrap();
+        assert!(store.finish_bill("r", "a", 0.0, 0.0).await.unwrap());
+        hear(330, 360, 900.0).await;
+        assert_eq!(held(&store, "r").await, billed);
+        // The sweep still merges its stored rows (more than it keeps), losing nothing.
+        assert_eq!(store.compact_series(10).await.unwrap(), 1);
+        let rows = store.series_of_run("r").await.unwrap();
+        assert!(rows.len() as i64 <= POINTS, "{}", rows.len());
         assert_eq!(held(&store, "r").await, billed);
 
         // Resumed by its client: live again, its samples count.
-        store.reopen_run("r", 95_000).await.unwrap();
-        hear(95, 100, 900.0).await;
-        assert_eq!(held(&store, "r").await, (65, 900.0, 65, Some((0, 100_000))));
+        store.reopen_run("r", 365_000).await.unwrap();
+        hear(365, 370, 900.0).await;
+        assert_eq!(
+            held(&store, "r").await,
+            (305, 900.0, 305, Some((0, 370_000)))
+        );
     }
 }
