@@ -135,14 +135,10 @@ impl Health {
         caller: &Caller,
         now_ms: i64,
     ) {
-        // The run is settled now (its bill is done): what the store holds of its ranks no longer
-        // grows, so the report is written from it as the live one is served from it afterwards.
-        let settled = match self.inner.store.ranks_of_run(run_id).await {
-            Ok(rows) if !rows.is_empty() => rows,
-            _ => ranks.to_vec(),
-        };
+        // `ranks` were read once the bill was claimed, when the run was settled (see
+        // `store::bills::settled`): the live report is served from the same rows afterwards.
         let written = match self
-            .assemble(run_id, &settled, Some(run), run_bill, false, now_ms)
+            .assemble(run_id, ranks, Some(run), run_bill, false, now_ms)
             .await
         {
             Ok(report) => self.put_report(run, &report, caller).await.map(|()| report),
