@@ -57,7 +57,6 @@ impl HealthStore {
             "(excluded.last_sample_ms IS NOT NULL AND run_ranks.ended_ms IS NOT NULL \
              AND excluded.last_sample_ms > run_ranks.ended_ms + {SUPERSEDE_AFTER_MS})"
         );
-        // A settled run's sampled spans stay as its bill and report read them (see `settled`).
         let settled = super::bills::settled("run_ranks.run_id");
         let sql = format!(
             "INSERT INTO run_ranks ({RANK_COLUMNS}) \
