@@ -9,14 +9,16 @@ serving thread, or nginx's worker) and prints, per request, p50 / p90 / p99 of:
   upstream (the `writev` that follows a read from a client connection, see `upstream_writes`);
 - answer -> client: from `epoll_wait` returning with the upstream's answer to the `writev` that
   sends it to the client (head and body: two elements);
-- upstream: from the request's `writev` to the answer becoming readable.
+- upstream: from the request's `writev` to the answer becoming readable;
+- busy after the send: from the request's `writev` returning to the thread's next `epoll_wait`
+  (work the thread does while the upstream could already be answering).
 
 Usage: perf script -i sc.data -F tid,time,event,trace | load-tests/perf/syscall-legs.py
 
 With `--profile N` the record also holds `cpu-clock` samples of the thread (`perf record -e
 cpu-clock/period=NS/`, as legs.sh's PROFILE=N takes them; `perf script -F
 tid,time,event,trace,ip,sym`): each sample is put in the leg
-it fell in, and the N symbols with the most samples in each leg are printed with their share of
+it fell in, and the N symbols with the most samples in each leg (and in the time busy after the send) are printed with their share of
 it: where each leg's time goes, not only how long it is (the sampling itself lengthens the legs).
 
 With `--upstream-of PROXY.txt`, standard input is the upstream's worker instead (its own
@@ -151,12 +153,18 @@ def main():
     top = int(sys.argv[2]) if len(sys.argv) == 3 and sys.argv[1] == "--profile" else 0
     samples = {} if top else None
     by_thread = read(sys.stdin, samples)
-    inbound, outbound, upstream = [], [], []
-    windows = {"request -> upstream": [], "answer -> client": []}
+    inbound, outbound, upstream, busy = [], [], [], []
+    windows = {"request -> upstream": [], "answer -> client": [], "busy after the send": []}
     for events in by_thread.values():
-        ready = readable_at = sent_upstream = None
+        ready = readable_at = sent_upstream = sending = returned = None
         requests = upstream_writes(events)
         for t, event, rest in events:
+            if event == "sys_exit_writev" and sending:
+                returned, sending = t, False
+            elif event == "sys_enter_epoll_wait" and returned is not None:
+                busy.append(t - returned)
+                windows["busy after the send"].append((returned, t))
+                returned = None
             if event == "sys_exit_epoll_wait":
                 ready = t
             elif event == "sys_enter_recvfrom":
@@ -165,7 +173,7 @@ def main():
                 if t in requests:
                     inbound.append(t - readable_at)
                     windows["request -> upstream"].append((readable_at, t))
-                    sent_upstream = t
+                    sent_upstream, sending, returned = t, True, None
                 else:
                     outbound.append(t - readable_at)
                     windows["answer -> client"].append((readable_at, t))
@@ -177,6 +185,7 @@ def main():
     print("request -> upstream:", quantiles(inbound))
     print("answer -> client:   ", quantiles(outbound))
     print("upstream:           ", quantiles(upstream))
+    print("busy after the send:", quantiles(busy))
     if top:
         profile(windows, [s for thread in samples.values() for s in thread], top)
 

@@ -32,7 +32,9 @@ fn idle_increase_sql(t1: &str, c1: &str, t2: &str, c2: &str) -> String {
 impl HealthStore {
     /// Merges one replica's idle windows into the shared rows, one statement each: a window
     /// after (or before) the stored one is bridged by the clock's increase across the gap, an
-    /// overlapping one changes nothing (`bill::IdleWindow::merge` is the same rule).
+    /// overlapping one changes nothing (`bill::IdleWindow::merge` is the same rule). Windows of
+    /// a settled run are not added (see `bills::settled`): its idle clocks stay as its bill read
+    /// them, until its client resumes it.
     pub async fn record_gpu_idle(&self, windows: &[GpuIdleRow]) -> Result<(), StoreError> {
         if windows.is_empty() {
             return Ok(());
@@ -54,7 +56,7 @@ impl HealthStore {
         );
         let sql = format!(
             "INSERT INTO rank_gpu_idle ({GPU_IDLE_COLUMNS}) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) \
+             SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9 WHERE NOT {settled} \
              ON CONFLICT (run_id, node, rank, gpu) DO UPDATE SET \
                idle_s = CASE WHEN {after} THEN {t}.idle_s + {bridge_after} + {e}.idle_s \
                  WHEN {before} THEN {e}.idle_s + {bridge_before} + {t}.idle_s \
@@ -64,7 +66,8 @@ impl HealthStore {
                first_ms = CASE WHEN NOT ({after}) AND {before} THEN {e}.first_ms \
                  ELSE {t}.first_ms END, \
                first_idle = CASE WHEN NOT ({after}) AND {before} THEN {e}.first_idle \
-                 ELSE {t}.first_idle END"
+                 ELSE {t}.first_idle END",
+            settled = super::bills::settled("$1")
         );
         // In key order, as `record_ranks`.
         let mut windows: Vec<&GpuIdleRow> = windows.iter().collect();
@@ -218,5 +221,46 @@ mod tests {
             (0, 300_000, 300.0)
         );
         assert_eq!((rows[1].last_idle, rows[1].idle_s), (99_999.0, 90.0));
+    }
+
+    /// Idle windows a replica flushes once the run's bill was claimed (a GPU idle on after the
+    /// run failed, a late flush) leave its idle clocks as the bill read them, new GPUs included;
+    /// a run its client resumed takes them again.
+    #[tokio::test]
+    async fn a_settled_runs_idle_clocks_stay_as_billed_until_it_is_resumed() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = opened(&dir).await;
+        let hear = async |windows: &[GpuIdleRow]| store.record_gpu_idle(windows).await.unwrap();
+        let idle_of = async || -> Vec<(i64, i64, f64)> {
+            let rows = store.gpu_idle_of_run("r").await.unwrap();
+            rows.iter().map(|r| (r.gpu, r.last_ms, r.idle_s)).collect()
+        };
+        hear(&[window(0, (0, 0.0), (60_000, 60.0), 60.0)]).await;
+        // Ended and queued: what the replicas flush before the claim counts.
+        store
+            .queue_bill("r", "FAILED", Some(120_000), 130_000)
+            .await
+            .unwrap();
+        hear(&[window(0, (120_000, 120.0), (120_000, 120.0), 0.0)]).await;
+        let billed = vec![(0, 120_000, 120.0)];
+        assert_eq!(idle_of().await, billed);
+
+        // Claimed: neither a later window of that GPU nor a GPU first heard of now counts,
+        // before or after the bill is done.
+        assert!(store.claim_bill("r", "a", 130_000, 1).await.unwrap());
+        hear(&[
+            window(0, (180_000, 180.0), (180_000, 180.0), 0.0),
+            window(1, (180_000, 50.0), (240_000, 110.0), 60.0),
+        ])
+        .await;
+        assert_eq!(idle_of().await, billed);
+        assert!(store.finish_bill("r", "a", 0.0, 120.0).await.unwrap());
+        hear(&[window(0, (240_000, 240.0), (240_000, 240.0), 0.0)]).await;
+        assert_eq!(idle_of().await, billed);
+
+        // Resumed by its client: live again, its windows count (bridged from the billed one).
+        store.reopen_run("r", 250_000).await.unwrap();
+        hear(&[window(0, (300_000, 300.0), (300_000, 300.0), 0.0)]).await;
+        assert_eq!(idle_of().await, vec![(0, 300_000, 300.0)]);
     }
 }
