@@ -645,4 +645,28 @@ mod tests {
         tokio::join!(drained, release);
         assert_eq!(in_flight.await.unwrap(), "finished");
     }
+
+    /// The shipped gateway closes its idle connections to the replicas before a replica with the
+    /// default limits would: the other way round, a request can leave on a connection as the
+    /// replica closes it, and the gateway answers a POST with 502 (it does not send it again).
+    #[test]
+    fn the_shipped_gateway_closes_idle_connections_before_the_proxy_does() {
+        let conf = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../deploy/nginx/mlscope-gateway.conf");
+        let conf = std::fs::read_to_string(&conf).unwrap();
+        let upstream = &conf[conf.find("upstream mlscope {").expect("the upstream block")..];
+        let upstream = &upstream[..upstream.find('}').expect("its end")];
+        let seconds: u64 = upstream
+            .lines()
+            .find_map(|line| line.trim().strip_prefix("keepalive_timeout "))
+            .and_then(|value| value.trim_end_matches(';').strip_suffix('s'))
+            .expect("a keepalive_timeout in seconds in the upstream block (nginx's 60 s default is too long)")
+            .parse()
+            .unwrap();
+        let proxy = InboundLimits::default().header_read_timeout;
+        assert!(
+            Duration::from_secs(seconds) < proxy,
+            "the gateway keeps idle connections {seconds} s, the proxy {proxy:?}"
+        );
+    }
 }
