@@ -10,16 +10,18 @@ serving thread, or nginx's worker) and prints, per request, p50 / p90 / p99 of:
 - answer -> client: from `epoll_wait` returning with the upstream's answer to the `writev` that
   sends it to the client (head and body: two elements);
 - upstream: from the request's `writev` to the answer becoming readable;
-- busy after the send: from the request's `writev` returning to the thread's next `epoll_wait`
-  (work the thread does while the upstream could already be answering).
+- busy after the send: from the request's `writev` returning to the thread's next blocking
+  `epoll_wait` (one with a timeout other than 0): wall time, including any time the thread is
+  switched out, while the upstream could already be answering.
 
 Usage: perf script -i sc.data -F tid,time,event,trace | load-tests/perf/syscall-legs.py
 
 With `--profile N` the record also holds `cpu-clock` samples of the thread (`perf record -e
 cpu-clock/period=NS/`, as legs.sh's PROFILE=N takes them; `perf script -F
 tid,time,event,trace,ip,sym`): each sample is put in the leg
-it fell in, and the N symbols with the most samples in each leg (and in the time busy after the send) are printed with their share of
-it: where each leg's time goes, not only how long it is (the sampling itself lengthens the legs).
+it fell in, and the N symbols with the most samples in each leg (and in the time busy after the
+send) are printed with their share of it: where each leg's time goes, not only how long it is
+(the sampling itself lengthens the legs).
 
 With `--upstream-of PROXY.txt`, standard input is the upstream's worker instead (its own
 recording, same clock) and PROXY.txt the proxy's `perf script` output: the upstream leg of each of
@@ -77,6 +79,8 @@ def profile(windows, samples, top):
 
 
 FD = re.compile(r"fd: 0x([0-9a-f]+)")
+# An `epoll_wait` that only looks (timeout 0), as tokio's does while it still has work.
+NO_WAIT = re.compile(r"timeout: 0x0+\b")
 
 
 def upstream_writes(events):
@@ -161,7 +165,10 @@ def main():
         for t, event, rest in events:
             if event == "sys_exit_writev" and sending:
                 returned, sending = t, False
-            elif event == "sys_enter_epoll_wait" and returned is not None:
+            elif sending and event.startswith("sys_enter_"):
+                # The send's own exit was not recorded (perf lost it): no figure for it.
+                sending = False
+            elif event == "sys_enter_epoll_wait" and returned is not None and not NO_WAIT.search(rest):
                 busy.append(t - returned)
                 windows["busy after the send"].append((returned, t))
                 returned = None

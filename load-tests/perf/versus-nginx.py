@@ -4,9 +4,8 @@
 One run of `mlscope-bench passthrough` on two shared cores moves a p99 by a millisecond from run
 to run (BENCHMARKS.md), so "never above nginx's" can only be read over several. Reads the reports
 of N runs of the same command (each the bench's whole output, as `... > run-N.txt`) and prints,
-per endpoint and rate, each run's added p50 and p99 of nginx and of the proxy, the proxy's minus
-nginx's, and in how many runs the proxy's was not above nginx's and its added p99 within the
-limit.
+per endpoint and rate, each run's added p50 and p99 of nginx and of the proxy, in how many runs
+the proxy's was not above nginx's, and in how many its added p99 was within the limit.
 
 Usage: load-tests/perf/versus-nginx.py [--limit-ms 0.5] RUN.txt...
 """

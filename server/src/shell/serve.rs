@@ -656,17 +656,25 @@ mod tests {
         let conf = std::fs::read_to_string(&conf).unwrap();
         let upstream = &conf[conf.find("upstream mlscope {").expect("the upstream block")..];
         let upstream = &upstream[..upstream.find('}').expect("its end")];
-        let seconds: u64 = upstream
+        let value = upstream
             .lines()
-            .find_map(|line| line.trim().strip_prefix("keepalive_timeout "))
-            .and_then(|value| value.trim_end_matches(';').strip_suffix('s'))
-            .expect("a keepalive_timeout in seconds in the upstream block (nginx's 60 s default is too long)")
-            .parse()
-            .unwrap();
+            .find_map(|line| line.trim().strip_prefix("keepalive_timeout"))
+            .map(|value| value.trim().trim_end_matches(';').trim())
+            .expect("a keepalive_timeout in the upstream block (nginx's 60 s default is too long)");
+        // nginx's time: a number with ms, s (the default), m or h.
+        let digits = value.trim_end_matches(char::is_alphabetic);
+        let n: u64 = digits.parse().expect("a number");
+        let gateway = match &value[digits.len()..] {
+            "ms" => Duration::from_millis(n),
+            "" | "s" => Duration::from_secs(n),
+            "m" => Duration::from_secs(n * 60),
+            "h" => Duration::from_secs(n * 3600),
+            unit => panic!("unit {unit:?} in keepalive_timeout {value}"),
+        };
         let proxy = InboundLimits::default().header_read_timeout;
         assert!(
-            Duration::from_secs(seconds) < proxy,
-            "the gateway keeps idle connections {seconds} s, the proxy {proxy:?}"
+            gateway < proxy,
+            "the gateway keeps idle connections {gateway:?}, the proxy {proxy:?}"
         );
     }
 }
