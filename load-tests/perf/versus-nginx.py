@@ -41,7 +41,7 @@ def main():
     parser.add_argument("runs", nargs="+")
     args = parser.parse_args()
     runs = [added(path) for path in args.runs]
-    keys = sorted({k for run in runs for k in run}, key=lambda k: (k[0], k[1]))
+    keys = sorted({k for run in runs for k in run})
     print(f"| endpoint | rate req/s | runs | added p50, nginx / proxy per run (ms) | proxy not above nginx at p50 "
           f"| added p99, nginx / proxy per run (ms) | proxy not above nginx at p99 | proxy's added p99 ≤ {args.limit_ms} ms |")
     print("|---|---:|---:|---|---:|---|---:|---:|")

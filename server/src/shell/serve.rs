@@ -661,16 +661,10 @@ mod tests {
             .find_map(|line| line.trim().strip_prefix("keepalive_timeout"))
             .map(|value| value.trim().trim_end_matches(';').trim())
             .expect("a keepalive_timeout in the upstream block (nginx's 60 s default is too long)");
-        // nginx's time: a number with ms, s (the default), m or h.
-        let digits = value.trim_end_matches(char::is_alphabetic);
-        let n: u64 = digits.parse().expect("a number");
-        let gateway = match &value[digits.len()..] {
-            "ms" => Duration::from_millis(n),
-            "" | "s" => Duration::from_secs(n),
-            "m" => Duration::from_secs(n * 60),
-            "h" => Duration::from_secs(n * 3600),
-            unit => panic!("unit {unit:?} in keepalive_timeout {value}"),
-        };
+        // nginx's time: `10s`, `1m`, `500ms`, or a bare number of seconds.
+        let gateway = humantime::parse_duration(value)
+            .or_else(|_| value.parse().map(Duration::from_secs))
+            .unwrap_or_else(|_| panic!("keepalive_timeout {value} is not a time"));
         let proxy = InboundLimits::default().header_read_timeout;
         assert!(
             gateway < proxy,

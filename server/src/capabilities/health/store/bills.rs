@@ -31,7 +31,8 @@ const BILL_COLUMNS: &str = "run_id, ended_by, end_ms, due_ms, replica, claimed_m
 /// bill (due once every replica had time to flush what it heard before the run ended), and its
 /// client has not resumed it since. The bill and the report are made from what the store holds
 /// then, so what replicas hear of the run later (ranks that sample on after the run failed, a
-/// flush that comes late) is not added to its usage or to its ranks' sampled spans.
+/// flush that comes late) is not added to its usage, its GPUs' idle clocks or its ranks' sampled
+/// spans.
 pub(super) fn settled(run_id: &str) -> String {
     format!(
         "EXISTS (SELECT 1 FROM run_bills b WHERE b.run_id = {run_id} \
