@@ -498,6 +498,11 @@ pub struct PassthroughArgs {
     /// Time after which a request counts as an error.
     #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
     pub request_timeout: Duration,
+    /// Also write every successful request's latency to this CSV file (endpoint, rate, target,
+    /// slice, its place in the slice, microseconds), for reading several runs together
+    /// (`load-tests/perf/versus-nginx.py --samples`).
+    #[arg(long, value_name = "FILE")]
+    pub samples_out: Option<std::path::PathBuf>,
     #[command(flatten)]
     pub stack: StackArgs,
 }

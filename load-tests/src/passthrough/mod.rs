@@ -135,6 +135,10 @@ pub(crate) async fn run(
     }
     bar.finish_and_clear();
 
+    if let Some(path) = &args.samples_out {
+        write_samples(path, &results)
+            .with_context(|| format!("writing the samples to {}", path.display()))?;
+    }
     let facts = RunFacts {
         command_line: command_line.to_string(),
         mlflow_version: mlflow::version(direct).await,
@@ -157,6 +161,27 @@ pub(crate) async fn run(
         markdown: report::render(args, &facts, &results, &breakdowns),
         problems,
     })
+}
+
+/// Every successful request of the run as one CSV line: `endpoint,rate,target,slice,sequence,micros`.
+fn write_samples(path: &std::path::Path, results: &Results) -> std::io::Result<()> {
+    use std::io::Write as _;
+    let mut out = std::io::BufWriter::new(std::fs::File::create(path)?);
+    writeln!(out, "endpoint,rate,target,slice,sequence,micros")?;
+    for ((endpoint, rate, kind), measured) in results {
+        for sample in &measured.samples {
+            writeln!(
+                out,
+                "{},{rate},{},{},{},{}",
+                endpoint_name(*endpoint),
+                kind.slug(),
+                sample.slice,
+                sample.sequence,
+                sample.micros
+            )?;
+        }
+    }
+    out.flush()
 }
 
 fn fixed_rate(args: &PassthroughArgs, rate: u32, duration: Duration) -> OpenLoop {

@@ -38,6 +38,10 @@ pub(crate) enum RequestError {
     Timeout,
 }
 
+/// A finished request: its place in the slice's schedule, when the timer released it, when its
+/// answer ended, and how it went.
+type Outcome = (u64, Instant, Instant, Result<(), RequestError>);
+
 /// One fixed-rate slice of load.
 #[derive(Debug, Clone)]
 pub(crate) struct OpenLoop {
@@ -55,6 +59,19 @@ pub(crate) struct Measurements {
     pub(crate) errors: ErrorCounts,
     /// Requests the schedule asked for (successes + errors, including dropped ones).
     pub(crate) scheduled: u64,
+    /// Every successful request's latency with its place: which slice, and which send of it.
+    pub(crate) samples: Vec<Sample>,
+    /// Slices run into these measurements so far.
+    pub(crate) slices: u32,
+}
+
+/// One successful request: the slice it was sent in (counted from 0 per endpoint, rate and
+/// target), its place in that slice's schedule, and its latency.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Sample {
+    pub(crate) slice: u32,
+    pub(crate) sequence: u32,
+    pub(crate) micros: u64,
 }
 
 /// Failed requests by cause.
@@ -93,6 +110,8 @@ impl OpenLoop {
         let slots = Arc::new(Semaphore::new(self.max_in_flight));
         let mut in_flight = JoinSet::new();
         into.scheduled += count;
+        let slice = into.slices;
+        into.slices += 1;
 
         for sequence in 0..count {
             // Computed from `start`, not from the previous send: timer lateness never accumulates.
@@ -118,14 +137,14 @@ impl OpenLoop {
                     Err(_) => Err(RequestError::Timeout),
                 };
                 drop(slot);
-                (released, Instant::now(), outcome)
+                (sequence, released, Instant::now(), outcome)
             });
             while let Some(done) = in_flight.try_join_next() {
-                into.record(done);
+                into.record(slice, done);
             }
         }
         while let Some(done) = in_flight.join_next().await {
-            into.record(done);
+            into.record(slice, done);
         }
     }
 }
@@ -139,6 +158,8 @@ impl Measurements {
                 .expect("valid histogram bounds"),
             errors: ErrorCounts::default(),
             scheduled: 0,
+            samples: Vec::new(),
+            slices: 0,
         }
     }
 
@@ -152,21 +173,23 @@ impl Measurements {
         (!self.latency_micros.is_empty()).then(|| self.latency_micros.value_at_quantile(quantile))
     }
 
-    fn record(
-        &mut self,
-        done: Result<(Instant, Instant, Result<(), RequestError>), tokio::task::JoinError>,
-    ) {
+    fn record(&mut self, slice: u32, done: Result<Outcome, tokio::task::JoinError>) {
         match done {
-            Ok((released, finished, Ok(()))) => {
+            Ok((sequence, released, finished, Ok(()))) => {
                 let micros = finished.saturating_duration_since(released).as_micros();
-                self.latency_micros
-                    .saturating_record(u64::try_from(micros).unwrap_or(u64::MAX).max(1));
+                let micros = u64::try_from(micros).unwrap_or(u64::MAX).max(1);
+                self.latency_micros.saturating_record(micros);
+                self.samples.push(Sample {
+                    slice,
+                    sequence: u32::try_from(sequence).unwrap_or(u32::MAX),
+                    micros,
+                });
             }
-            Ok((_, _, Err(RequestError::Status(status)))) => {
+            Ok((.., Err(RequestError::Status(status)))) => {
                 *self.errors.by_status.entry(status).or_default() += 1
             }
-            Ok((_, _, Err(RequestError::Transport))) => self.errors.transport += 1,
-            Ok((_, _, Err(RequestError::Timeout))) => self.errors.timeout += 1,
+            Ok((.., Err(RequestError::Transport))) => self.errors.transport += 1,
+            Ok((.., Err(RequestError::Timeout))) => self.errors.timeout += 1,
             // A panicking request task is a bug in this tool, but it must not stop the run.
             Err(_) => self.errors.transport += 1,
         }
@@ -222,6 +245,30 @@ mod tests {
         assert_eq!(measured.scheduled, 100);
         assert_eq!(measured.successes(), 100);
         assert_eq!(measured.errors.total(), 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn each_sample_keeps_its_slice_and_its_place_in_it() {
+        let mut measured = Measurements::new();
+        // The second request of each slice fails: it has no sample, and the others keep theirs.
+        let request = |sequence| async move {
+            tokio::time::sleep(Duration::from_millis(3 * (sequence + 1))).await;
+            match sequence {
+                1 => Err(RequestError::Status(503)),
+                _ => Ok(()),
+            }
+        };
+        slice(10, 300, 8).run(request, &mut measured).await;
+        slice(10, 200, 8).run(request, &mut measured).await;
+        let mut places: Vec<(u32, u32, u64)> = measured
+            .samples
+            .iter()
+            .map(|s| (s.slice, s.sequence, s.micros / 1_000))
+            .collect();
+        places.sort();
+        assert_eq!(places, [(0, 0, 3), (0, 2, 9), (1, 0, 3)]);
+        assert_eq!(measured.slices, 2);
+        assert_eq!(measured.successes(), 3);
     }
 
     #[tokio::test(start_paused = true)]

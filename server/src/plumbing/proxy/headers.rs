@@ -79,13 +79,24 @@ fn split_mix(state: &std::cell::Cell<u64>) -> u64 {
     z ^ (z >> 31)
 }
 
-/// Prepares a client request's headers for the upstream.
+/// The `Host` header that names the upstream: its host, and its port where it is not 80. The
+/// host and port only: never user information written in the upstream's URL.
+pub(crate) fn upstream_host(upstream: &http::uri::Authority) -> HeaderValue {
+    let host = match upstream.port_u16() {
+        Some(port) if port != 80 => format!("{}:{port}", upstream.host()),
+        _ => upstream.host().to_owned(),
+    };
+    HeaderValue::from_str(&host).expect("an authority's host and port are a valid header value")
+}
+
+/// Prepares a client request's headers for the upstream; `upstream_host` is
+/// [`upstream_host`]'s value for it.
 pub(crate) fn to_upstream(
     headers: &mut HeaderMap,
     peer: SocketAddr,
     request_authority: Option<&http::uri::Authority>,
     host_policy: HostHeader,
-    upstream: &http::uri::Authority,
+    upstream_host: &HeaderValue,
     request_id: &HeaderValue,
 ) {
     strip_hop_by_hop(headers);
@@ -103,16 +114,7 @@ pub(crate) fn to_upstream(
         }
         HostHeader::Upstream => {
             let client_host = headers.get(header::HOST).cloned().or_else(authority_host);
-            // The host and port only: never user information written in the upstream's URL.
-            let host = match upstream.port() {
-                Some(port) => format!("{}:{port}", upstream.host()),
-                None => upstream.host().to_owned(),
-            };
-            headers.insert(
-                header::HOST,
-                HeaderValue::from_str(&host)
-                    .expect("an authority's host and port are a valid header value"),
-            );
+            headers.insert(header::HOST, upstream_host.clone());
             if let Some(host) = client_host {
                 if !headers.contains_key(&X_FORWARDED_HOST) {
                     headers.insert(X_FORWARDED_HOST.clone(), host);
@@ -206,7 +208,7 @@ mod tests {
             ("x-forwarded-proto", "https"),
             ("expect", "100-continue"),
         ]);
-        let upstream: http::uri::Authority = "127.0.0.1:5000".parse().unwrap();
+        let upstream = upstream_host(&"127.0.0.1:5000".parse().unwrap());
         let id = HeaderValue::from_static("req-1");
         to_upstream(
             &mut h,
@@ -235,19 +237,26 @@ mod tests {
         assert_eq!(h["x-forwarded-host"], "gateway:80");
         assert_eq!(h["x-forwarded-proto"], "http");
 
-        // User information in the upstream's URL never reaches a header.
-        let with_user: http::uri::Authority = "user:secret@mlflow:5000".parse().unwrap();
-        let mut h = headers(&[("host", "gateway:80")]);
-        let peer = "127.0.0.1:1".parse().unwrap();
-        to_upstream(&mut h, peer, None, HostHeader::Upstream, &with_user, &id);
-        assert_eq!(h["host"], "mlflow:5000");
+        // User information in the upstream's URL never reaches a header, nor port 80.
+        for (authority, host) in [
+            ("user:secret@mlflow:5000", "mlflow:5000"),
+            ("mlflow", "mlflow"),
+            ("mlflow:80", "mlflow"),
+            ("[::1]:5000", "[::1]:5000"),
+        ] {
+            let upstream = upstream_host(&authority.parse().unwrap());
+            let mut h = headers(&[("host", "gateway:80")]);
+            let peer = "127.0.0.1:1".parse().unwrap();
+            to_upstream(&mut h, peer, None, HostHeader::Upstream, &upstream, &id);
+            assert_eq!(h["host"], host, "{authority}");
+        }
     }
 
     /// Each request names its own peer, whichever peer the thread's previous request had, and
     /// a request without a chain gets the peer alone.
     #[test]
     fn each_request_names_its_own_peer() {
-        let upstream: http::uri::Authority = "127.0.0.1:5000".parse().unwrap();
+        let upstream = upstream_host(&"127.0.0.1:5000".parse().unwrap());
         let id = HeaderValue::from_static("req-1");
         let peers = [
             "192.0.2.7:1",

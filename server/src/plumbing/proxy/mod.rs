@@ -91,6 +91,8 @@ pub struct Forwarder {
     pools: Arc<[Arc<Pool>]>,
     upstream: Arc<Upstream>,
     host_header: HostHeader,
+    /// The `Host` header naming the upstream ([`headers::upstream_host`]).
+    upstream_host: HeaderValue,
     timeouts: Timeouts,
     metrics: Metrics,
 }
@@ -117,6 +119,7 @@ impl Forwarder {
             pools,
             upstream: Arc::new(config.upstream.clone()),
             host_header: config.host_header,
+            upstream_host: headers::upstream_host(&config.upstream.authority),
             timeouts: config.timeouts,
             metrics,
         }
@@ -173,7 +176,7 @@ impl Forwarder {
             peer,
             parts.uri.authority(),
             self.host_header,
-            &self.upstream.authority,
+            &self.upstream_host,
             request_id,
         );
         parts.uri = uri;
@@ -312,7 +315,7 @@ impl Forwarder {
             peer,
             authority,
             self.host_header,
-            &self.upstream.authority,
+            &self.upstream_host,
             request_id,
         );
         headers

@@ -69,20 +69,12 @@ impl Pool {
             .strip_prefix('[')
             .and_then(|h| h.strip_suffix(']'))
             .unwrap_or(host);
-        let port = authority.port_u16().unwrap_or(80);
-        // The host and port only: never user information written in the upstream's URL.
-        let host_header = if port == 80 {
-            authority.host().to_owned()
-        } else {
-            format!("{}:{port}", authority.host())
-        };
         Self {
             idle: Mutex::new(Vec::new()),
             max_idle,
             host: host.to_owned(),
-            port,
-            host_header: http::HeaderValue::from_str(&host_header)
-                .expect("an authority's host and port are a valid header value"),
+            port: authority.port_u16().unwrap_or(80),
+            host_header: super::headers::upstream_host(authority),
             connect_timeout,
         }
     }
@@ -312,16 +304,10 @@ mod tests {
 
     #[test]
     fn the_default_host_header_is_the_upstreams_host_and_port_without_user_information() {
-        for (authority, host) in [
-            ("user:secret@mlflow:5000", "mlflow:5000"),
-            ("mlflow", "mlflow"),
-            ("mlflow:80", "mlflow"),
-            ("[::1]:5000", "[::1]:5000"),
-        ] {
-            let authority = http::uri::Authority::try_from(authority).unwrap();
-            let pool = Pool::new(&authority, 1, Duration::from_secs(1));
-            assert_eq!(pool.host_header, host, "{authority}");
-        }
+        let authority = http::uri::Authority::try_from("user:secret@[::1]:5000").unwrap();
+        let pool = Pool::new(&authority, 1, Duration::from_secs(1));
+        assert_eq!(pool.host_header, "[::1]:5000");
+        assert_eq!(pool.host, "::1");
     }
 
     #[tokio::test]
