@@ -15,12 +15,16 @@ successful request's latency and its place), pools each target's requests over t
 prints per endpoint and rate:
 
 - each target's pooled p50 and p99, and the added p99 (the target's less direct's);
-- the proxy's p99 less nginx's, with a 95 % interval from a bootstrap that resamples whole slices
-  (R rounds, default 2000): requests of one slice share its conditions, so they are not resampled
-  one by one. An interval that excludes 0 says which of the two is above, beyond these runs' noise;
+- the proxy's p99 less nginx's, with a 95 % interval from a bootstrap (R rounds, default 2000)
+  that draws whole rounds of the bench, a run's slice k of every target together: requests of one
+  slice share its conditions, and neighbouring slices of the two targets share the machine's. An
+  interval that excludes 0 says which of the two is above, beyond these runs' noise;
 - the same pooled p99 without the first N requests of each slice (default 3), and the median of
-  the slices' first requests: each slice starts after the target sat idle while the others took
-  their turns, so these say how much of a p99 is the first requests after idling.
+  the slices' first requests: each slice starts after its target sat idle while the others took
+  their turns (one or four slices with three targets), so these say how much of a p99 is the
+  first requests after idling;
+- per run, every slice in the order they ran, marked where at least --slow-count requests took
+  over --slow-ms (5, 1 ms): whether slow requests come in bursts that hit every target.
 
 `--samples` needs numpy (the project's virtual environment has it: `.venv/bin/python`).
 """
@@ -52,7 +56,8 @@ def added(path):
 
 
 def read_samples(paths):
-    """{(endpoint, rate): {target: [(run, slice, sequence, micros), ...]}} over every file."""
+    """{(endpoint, rate): {target: [(run, slice, order, sequence, micros), ...]}} over every file.
+    `order` is the slice's place in time among all targets' slices (-1 in files without it)."""
     rows = {}
     for run, path in enumerate(paths):
         with open(path, newline="") as f:
@@ -63,10 +68,13 @@ def read_samples(paths):
             for r in reader:
                 key = (r["endpoint"], int(r["rate"]))
                 rows.setdefault(key, {}).setdefault(r["target"], []).append(
-                    (run, int(r["slice"]), int(r["sequence"]), int(r["micros"])))
+                    (run, int(r["slice"]), int(r.get("order") or -1), int(r["sequence"]), int(r["micros"])))
     if not rows:
         sys.exit("versus-nginx.py: no samples in " + ", ".join(paths))
     return rows
+
+
+RUN, SLICE, ORDER, SEQUENCE, MICROS = range(5)
 
 
 def pooled(args):
@@ -76,60 +84,115 @@ def pooled(args):
         sys.exit("versus-nginx.py: --samples needs numpy; run it with the project's .venv/bin/python")
     rng = np.random.default_rng(1)
     data = read_samples(args.runs)
-    print(f"{len(args.runs)} runs pooled; intervals: 95 %, {args.rounds} bootstrap rounds over whole slices; "
-          f"'without the first {args.first}': each slice's first {args.first} requests left out.\n")
+    first = args.first
+    print(f"{len(args.runs)} runs pooled; intervals: 95 %, {args.rounds} bootstrap rounds, each drawing whole rounds "
+          f"(a run's slice k of every target together); 'without the first {first}': each slice's first {first} "
+          f"requests left out.\n")
     print("| endpoint | rate req/s | target | requests | p50 ms | p99 ms | added p99 ms | p99 without the first "
-          f"{args.first} ms | slices' first request, median ms | share of the requests above p99 that are among "
-          f"the first {args.first} |")
+          f"{first} ms | slices' first request, median ms | share of the requests above p99 that are among the "
+          f"first {first} (of all requests) |")
     print("|---|---:|---|---:|---:|---:|---:|---:|---:|---:|")
     verdicts = []
     for key in sorted(data):
-        targets = data[key]
-        arrays = {t: np.array(v, dtype=np.int64) for t, v in targets.items()}
-        direct_p99 = np.percentile(arrays["direct"][:, 3], 99) if "direct" in arrays else None
+        arrays = {t: np.array(v, dtype=np.int64) for t, v in data[key].items()}
+        direct_p99 = pct(np, arrays["direct"][:, MICROS], 99) if "direct" in arrays else None
         for target in sorted(arrays, key=lambda t: (t != "direct", t != "nginx", t)):
             a = arrays[target]
-            lat = a[:, 3] / 1000.0
-            p50, p99 = np.percentile(lat, 50), np.percentile(lat, 99)
-            steady = lat[a[:, 2] >= args.first]
-            first = lat[a[:, 2] == 0]
-            tail = a[:, 3] / 1000.0 > p99
-            early_share = (a[tail, 2] < args.first).mean() if tail.any() else 0.0
-            add = "—" if direct_p99 is None or target == "direct" else f"{p99 - direct_p99 / 1000.0:+.2f}"
-            print(f"| {key[0]} | {key[1]} | {target} | {len(a)} | {p50:.2f} | {p99:.2f} | {add} | "
-                  f"{np.percentile(steady, 99):.2f} | {np.median(first):.2f} | {early_share:.0%} |")
+            lat = a[:, MICROS]
+            p99 = pct(np, lat, 99)
+            early = a[:, SEQUENCE] < first
+            tail = lat > p99
+            share = f"{early[tail].mean():.0%}" if tail.any() else "—"
+            add = "—" if direct_p99 is None or target == "direct" else f"{(p99 - direct_p99) / 1000:+.2f}"
+            print(f"| {key[0]} | {key[1]} | {target} | {len(a)} | {ms(pct(np, lat, 50))} | {ms(p99)} | {add} | "
+                  f"{ms(pct(np, lat[~early], 99))} | {ms(pct(np, lat[a[:, SEQUENCE] == 0], 50))} | "
+                  f"{share} ({early.mean():.1%}) |")
         if "nginx" in arrays and "mlscope-proxy" in arrays:
             verdicts.append((key, difference(np, rng, arrays["nginx"], arrays["mlscope-proxy"], args)))
     print("\n| endpoint | rate req/s | proxy's p99 less nginx's, ms (95 % interval) | the same without each "
-          f"slice's first {args.first} |")
+          f"slice's first {first} |")
     print("|---|---:|---|---|")
-    for key, ((d, lo, hi), (sd, slo, shi)) in verdicts:
-        print(f"| {key[0]} | {key[1]} | {d:+.3f} ({lo:+.3f} to {hi:+.3f}) | {sd:+.3f} ({slo:+.3f} to {shi:+.3f}) |")
+    for key, results in verdicts:
+        cells = " | ".join("—" if r is None else f"{r[0]:+.3f} ({r[1]:+.3f} to {r[2]:+.3f})" for r in results)
+        print(f"| {key[0]} | {key[1]} | {cells} |")
+    slow_slices(data, args)
+
+
+def pct(np, values, q):
+    """The q-th percentile, or None for no values."""
+    return float(np.percentile(values, q)) if len(values) else None
+
+
+def ms(micros):
+    return "—" if micros is None else f"{micros / 1000:.2f}"
 
 
 def difference(np, rng, nginx, proxy, args):
-    """p99(proxy) - p99(nginx) in ms, with a bootstrap interval over whole slices; for all the
-    requests, and for all but each slice's first `args.first`."""
-    def blocks(a, keep):
-        a = a[keep(a)]
-        ids = a[:, 0] * 1_000_000 + a[:, 1]
-        order = np.argsort(ids, kind="stable")
-        a, ids = a[order], ids[order]
-        cuts = np.flatnonzero(np.diff(ids)) + 1
-        return np.split(a[:, 3] / 1000.0, cuts)
-
+    """p99(proxy) - p99(nginx) in ms with a 95 % bootstrap interval, for all the requests and for
+    all but each slice's first `args.first`; None where either has no requests left. Each bootstrap
+    round draws whole rounds, (run, slice) pairs, with replacement, and takes both targets' slices
+    of each drawn round: the two ran next to each other, so what a round's conditions did to one
+    it did to the other's neighbouring slice too."""
     out = []
-    for keep in (lambda a: np.ones(len(a), bool), lambda a: a[:, 2] >= args.first):
-        bn, bp = blocks(nginx, keep), blocks(proxy, keep)
-        point = np.percentile(np.concatenate(bp), 99) - np.percentile(np.concatenate(bn), 99)
+    for keep in (lambda a: np.ones(len(a), bool), lambda a: a[:, SEQUENCE] >= args.first):
+        n, p = nginx[keep(nginx)], proxy[keep(proxy)]
+        if not len(n) or not len(p):
+            out.append(None)
+            continue
+        rounds = sorted({(r, s) for r, s in n[:, [RUN, SLICE]].tolist()} & {(r, s) for r, s in p[:, [RUN, SLICE]].tolist()})
+        by_round_n = split(np, n, rounds)
+        by_round_p = split(np, p, rounds)
+        point = pct(np, p[:, MICROS], 99) - pct(np, n[:, MICROS], 99)
         diffs = np.empty(args.rounds)
         for i in range(args.rounds):
-            pn = np.concatenate([bn[j] for j in rng.integers(0, len(bn), len(bn))])
-            pp = np.concatenate([bp[j] for j in rng.integers(0, len(bp), len(bp))])
-            diffs[i] = np.percentile(pp, 99) - np.percentile(pn, 99)
+            drawn = rng.integers(0, len(rounds), len(rounds))
+            diffs[i] = (np.percentile(np.concatenate([by_round_p[j] for j in drawn]), 99)
+                        - np.percentile(np.concatenate([by_round_n[j] for j in drawn]), 99))
         lo, hi = np.percentile(diffs, [2.5, 97.5])
-        out.append((point, lo, hi))
+        out.append((point / 1000, lo / 1000, hi / 1000))
     return out
+
+
+def split(np, a, rounds):
+    """The latencies of `a` per (run, slice) of `rounds`, in that order (empty where it has none)."""
+    index = {r: i for i, r in enumerate(rounds)}
+    groups = [[] for _ in rounds]
+    for run, slice_, micros in a[:, [RUN, SLICE, MICROS]].tolist():
+        i = index.get((run, slice_))
+        if i is not None:
+            groups[i].append(micros)
+    return [np.array(g, dtype=np.int64) for g in groups]
+
+
+def slow_slices(data, args):
+    """Per run, endpoint and rate, every slice in the order they ran, marked where at least
+    `args.slow_count` of its requests took over `args.slow_ms`: where slow requests come in
+    bursts that hit whichever target had its turn, the marks come in runs of neighbouring slices
+    of different targets."""
+    letters = {"direct": "D", "nginx": "N", "mlscope-proxy": "P"}
+    print(f"\nSlices in the order they ran, per run (`.`: fewer than {args.slow_count} requests over "
+          f"{args.slow_ms} ms; else the target's letter: D direct, N nginx, P mlscope-proxy, X another):\n")
+    print("```")
+    for key in sorted(data):
+        runs = sorted({s[RUN] for v in data[key].values() for s in v})
+        for run in runs:
+            slow, seen = {}, set()
+            for target, samples in data[key].items():
+                for s in samples:
+                    if s[RUN] != run or s[ORDER] < 0:
+                        continue
+                    seen.add(s[ORDER])
+                    slow.setdefault((s[ORDER], target), 0)
+                    if s[MICROS] > args.slow_ms * 1000:
+                        slow[(s[ORDER], target)] += 1
+            if not seen:
+                continue
+            marks = ["."] * (max(seen) + 1)
+            for (order, target), count in slow.items():
+                if count >= args.slow_count:
+                    marks[order] = letters.get(target, "X")
+            print(f"{key[0]:>9} {key[1]:>4}/s run {run + 1}: {''.join(marks)}")
+    print("```")
 
 
 def main():
@@ -138,6 +201,8 @@ def main():
     parser.add_argument("--samples", action="store_true", help="the runs are --samples-out CSV files")
     parser.add_argument("--first", type=int, default=3, help="with --samples: requests per slice counted as after idling")
     parser.add_argument("--rounds", type=int, default=2000, help="with --samples: bootstrap rounds")
+    parser.add_argument("--slow-ms", type=float, default=1.0, help="with --samples: a request this slow marks its slice")
+    parser.add_argument("--slow-count", type=int, default=5, help="with --samples: requests over --slow-ms that mark a slice")
     parser.add_argument("runs", nargs="+")
     args = parser.parse_args()
     if args.samples:

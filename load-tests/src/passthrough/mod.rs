@@ -106,7 +106,10 @@ pub(crate) async fn run(
                     ));
                     let measured = results
                         .entry((endpoint, rate, target.kind))
-                        .or_insert_with(Measurements::new);
+                        .or_insert_with(|| match args.samples_out {
+                            Some(_) => Measurements::keeping_samples(),
+                            None => Measurements::new(),
+                        });
                     fixed_rate(args, rate, slice)
                         .run(|_| workload.request(endpoint), measured)
                         .await;
@@ -163,19 +166,34 @@ pub(crate) async fn run(
     })
 }
 
-/// Every successful request of the run as one CSV line: `endpoint,rate,target,slice,sequence,micros`.
+/// Every successful request of the run as one CSV line:
+/// `endpoint,rate,target,slice,order,sequence,micros`. `slice` is the target's own slice (its
+/// round), `order` the slice's place in time among every target's slices of that endpoint and
+/// rate (the targets take turns in the order [`run`] rotates them), `sequence` the request's place
+/// in its slice's schedule.
 fn write_samples(path: &std::path::Path, results: &Results) -> std::io::Result<()> {
     use std::io::Write as _;
     let mut out = std::io::BufWriter::new(std::fs::File::create(path)?);
-    writeln!(out, "endpoint,rate,target,slice,sequence,micros")?;
+    writeln!(out, "endpoint,rate,target,slice,order,sequence,micros")?;
     for ((endpoint, rate, kind), measured) in results {
-        for sample in &measured.samples {
+        // The targets in the order `run` had them (by kind, as the results are).
+        let kinds: Vec<TargetKind> = results
+            .keys()
+            .filter(|(e, r, _)| e == endpoint && r == rate)
+            .map(|&(_, _, k)| k)
+            .collect();
+        let n = kinds.len() as u64;
+        let index = kinds.iter().position(|k| k == kind).unwrap_or(0) as u64;
+        for sample in measured.samples.iter().flatten() {
+            let round = u64::from(sample.slice);
+            let turn = (index + n - round % n) % n;
             writeln!(
                 out,
-                "{},{rate},{},{},{},{}",
+                "{},{rate},{},{},{},{},{}",
                 endpoint_name(*endpoint),
                 kind.slug(),
                 sample.slice,
+                round * n + turn,
                 sample.sequence,
                 sample.micros
             )?;
@@ -229,6 +247,62 @@ fn millis(duration: Duration) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Each sample's `order` is its slice's place in time: round by round, the targets in the
+    /// rotated order the run gave them their turns.
+    #[test]
+    fn samples_are_written_with_their_slices_place_in_time() {
+        let mut results = Results::new();
+        let kinds = [TargetKind::Direct, TargetKind::Nginx, TargetKind::Proxy];
+        for kind in kinds {
+            let mut measured = Measurements::keeping_samples();
+            for round in 0..3 {
+                measured
+                    .samples
+                    .as_mut()
+                    .unwrap()
+                    .push(open_loop::Sample {
+                        slice: round,
+                        sequence: 0,
+                        micros: 100,
+                    });
+            }
+            results.insert((Endpoint::RunsGet, 50, kind), measured);
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("samples.csv");
+        write_samples(&path, &results).unwrap();
+        let text = std::fs::read_to_string(&path).unwrap();
+        let mut order: Vec<(u64, String)> = text
+            .lines()
+            .skip(1)
+            .map(|line| {
+                let cells: Vec<&str> = line.split(',').collect();
+                (cells[4].parse().unwrap(), cells[2].to_owned())
+            })
+            .collect();
+        order.sort();
+        let targets: Vec<&str> = order.iter().map(|(_, t)| t.as_str()).collect();
+        // Round 0: 0 1 2; round 1: 1 2 0; round 2: 2 0 1 (`(round + turn) % 3`).
+        assert_eq!(
+            targets,
+            [
+                "direct",
+                "nginx",
+                "mlscope-proxy",
+                "nginx",
+                "mlscope-proxy",
+                "direct",
+                "mlscope-proxy",
+                "direct",
+                "nginx"
+            ]
+        );
+        assert_eq!(
+            order.iter().map(|(o, _)| *o).collect::<Vec<_>>(),
+            (0..9).collect::<Vec<_>>()
+        );
+    }
 
     #[test]
     fn slices_divide_the_duration_evenly() {

@@ -59,8 +59,9 @@ pub(crate) struct Measurements {
     pub(crate) errors: ErrorCounts,
     /// Requests the schedule asked for (successes + errors, including dropped ones).
     pub(crate) scheduled: u64,
-    /// Every successful request's latency with its place: which slice, and which send of it.
-    pub(crate) samples: Vec<Sample>,
+    /// Every successful request's latency with its place (which slice, which send of it), where
+    /// kept ([`Measurements::keeping_samples`]).
+    pub(crate) samples: Option<Vec<Sample>>,
     /// Slices run into these measurements so far.
     pub(crate) slices: u32,
 }
@@ -112,6 +113,10 @@ impl OpenLoop {
         into.scheduled += count;
         let slice = into.slices;
         into.slices += 1;
+        // Room for the whole slice before it starts: no copying while requests are timed.
+        if let Some(samples) = &mut into.samples {
+            samples.reserve(usize::try_from(count).unwrap_or(0));
+        }
 
         for sequence in 0..count {
             // Computed from `start`, not from the previous send: timer lateness never accumulates.
@@ -158,8 +163,16 @@ impl Measurements {
                 .expect("valid histogram bounds"),
             errors: ErrorCounts::default(),
             scheduled: 0,
-            samples: Vec::new(),
+            samples: None,
             slices: 0,
+        }
+    }
+
+    /// As [`Measurements::new`], keeping every successful request as a [`Sample`] too.
+    pub(crate) fn keeping_samples() -> Measurements {
+        Measurements {
+            samples: Some(Vec::new()),
+            ..Measurements::new()
         }
     }
 
@@ -179,11 +192,13 @@ impl Measurements {
                 let micros = finished.saturating_duration_since(released).as_micros();
                 let micros = u64::try_from(micros).unwrap_or(u64::MAX).max(1);
                 self.latency_micros.saturating_record(micros);
-                self.samples.push(Sample {
-                    slice,
-                    sequence: u32::try_from(sequence).unwrap_or(u32::MAX),
-                    micros,
-                });
+                if let Some(samples) = &mut self.samples {
+                    samples.push(Sample {
+                        slice,
+                        sequence: u32::try_from(sequence).unwrap_or(u32::MAX),
+                        micros,
+                    });
+                }
             }
             Ok((.., Err(RequestError::Status(status)))) => {
                 *self.errors.by_status.entry(status).or_default() += 1
@@ -249,7 +264,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn each_sample_keeps_its_slice_and_its_place_in_it() {
-        let mut measured = Measurements::new();
+        let mut measured = Measurements::keeping_samples();
         // The second request of each slice fails: it has no sample, and the others keep theirs.
         let request = |sequence| async move {
             tokio::time::sleep(Duration::from_millis(3 * (sequence + 1))).await;
@@ -262,6 +277,8 @@ mod tests {
         slice(10, 200, 8).run(request, &mut measured).await;
         let mut places: Vec<(u32, u32, u64)> = measured
             .samples
+            .as_deref()
+            .unwrap_or_default()
             .iter()
             .map(|s| (s.slice, s.sequence, s.micros / 1_000))
             .collect();
@@ -269,6 +286,11 @@ mod tests {
         assert_eq!(places, [(0, 0, 3), (0, 2, 9), (1, 0, 3)]);
         assert_eq!(measured.slices, 2);
         assert_eq!(measured.successes(), 3);
+        // Not kept unless asked for.
+        let mut plain = Measurements::new();
+        slice(10, 200, 8).run(request, &mut plain).await;
+        assert_eq!(plain.successes(), 1);
+        assert!(plain.samples.is_none());
     }
 
     #[tokio::test(start_paused = true)]

@@ -13,7 +13,8 @@ use crate::plumbing::settings::parse_duration;
 pub enum HostHeader {
     /// Forward the client's `Host` unchanged (MLflow 3 checks it against `--allowed-hosts`).
     Preserve,
-    /// Replace it with the upstream's authority.
+    /// Replace it with the upstream's host, and its port where it is not 80 (the client's goes
+    /// on as `X-Forwarded-Host`).
     Upstream,
 }
 
