@@ -104,12 +104,13 @@ pub(crate) async fn run(
                         round + 1,
                         slices.len()
                     ));
-                    let measured = results
-                        .entry((endpoint, rate, target.kind))
-                        .or_insert_with(|| match args.samples_out {
-                            Some(_) => Measurements::keeping_samples(),
-                            None => Measurements::new(),
-                        });
+                    let measured =
+                        results
+                            .entry((endpoint, rate, target.kind))
+                            .or_insert_with(|| match args.samples_out {
+                                Some(_) => Measurements::keeping_samples(),
+                                None => Measurements::new(),
+                            });
                     fixed_rate(args, rate, slice)
                         .run(|_| workload.request(endpoint), measured)
                         .await;
@@ -257,15 +258,11 @@ mod tests {
         for kind in kinds {
             let mut measured = Measurements::keeping_samples();
             for round in 0..3 {
-                measured
-                    .samples
-                    .as_mut()
-                    .unwrap()
-                    .push(open_loop::Sample {
-                        slice: round,
-                        sequence: 0,
-                        micros: 100,
-                    });
+                measured.samples.as_mut().unwrap().push(open_loop::Sample {
+                    slice: round,
+                    sequence: 0,
+                    micros: 100,
+                });
             }
             results.insert((Endpoint::RunsGet, 50, kind), measured);
         }
