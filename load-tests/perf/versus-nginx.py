@@ -170,6 +170,7 @@ def slow_slices(data, args):
     bursts that hit whichever target had its turn, the marks come in runs of neighbouring slices
     of different targets."""
     letters = {"direct": "D", "nginx": "N", "mlscope-proxy": "P"}
+    tally = {}
     print(f"\nSlices in the order they ran, per run (`.`: fewer than {args.slow_count} requests over "
           f"{args.slow_ms} ms; else the target's letter: D direct, N nginx, P mlscope-proxy, X another):\n")
     print("```")
@@ -191,8 +192,14 @@ def slow_slices(data, args):
             for (order, target), count in slow.items():
                 if count >= args.slow_count:
                     marks[order] = letters.get(target, "X")
+                marked = tally.setdefault(key, {}).setdefault(target, [0, 0])
+                marked[0] += count >= args.slow_count
+                marked[1] += 1
             print(f"{key[0]:>9} {key[1]:>4}/s run {run + 1}: {''.join(marks)}")
     print("```")
+    print("\nSlices marked, per target: " + "; ".join(
+        f"{key[0]} {key[1]}/s " + ", ".join(f"{t} {m} of {n}" for t, (m, n) in sorted(targets.items()))
+        for key, targets in sorted(tally.items())))
 
 
 def main():

@@ -95,7 +95,7 @@ pub(crate) async fn run(
             let since = std::time::SystemTime::now();
             for (round, &slice) in slices.iter().enumerate() {
                 for turn in 0..targets.len() {
-                    let index = (round + turn) % targets.len();
+                    let index = target_of_turn(round, turn, targets.len());
                     let (target, workload) = (&targets[index], &workloads[index]);
                     bar.set_message(format!(
                         "{} {rate} req/s via {} (round {}/{})",
@@ -183,11 +183,13 @@ fn write_samples(path: &std::path::Path, results: &Results) -> std::io::Result<(
             .filter(|(e, r, _)| e == endpoint && r == rate)
             .map(|&(_, _, k)| k)
             .collect();
-        let n = kinds.len() as u64;
-        let index = kinds.iter().position(|k| k == kind).unwrap_or(0) as u64;
+        let n = kinds.len();
+        let index = kinds.iter().position(|k| k == kind).unwrap_or(0);
         for sample in measured.samples.iter().flatten() {
-            let round = u64::from(sample.slice);
-            let turn = (index + n - round % n) % n;
+            let round = sample.slice as usize;
+            let turn = (0..n)
+                .find(|&turn| target_of_turn(round, turn, n) == index)
+                .unwrap_or(0);
             writeln!(
                 out,
                 "{},{rate},{},{},{},{},{}",
@@ -201,6 +203,12 @@ fn write_samples(path: &std::path::Path, results: &Results) -> std::io::Result<(
         }
     }
     out.flush()
+}
+
+/// Which of `n` targets (in kind order) has turn `turn` of round `round`: the order rotates by
+/// one every round.
+fn target_of_turn(round: usize, turn: usize, n: usize) -> usize {
+    (round + turn) % n
 }
 
 fn fixed_rate(args: &PassthroughArgs, rate: u32, duration: Duration) -> OpenLoop {
