@@ -234,6 +234,16 @@ impl Member {
 }
 
 impl Original {
+    /// The request as it came, for the last time: nothing sends it again, so its head goes on
+    /// as it is, not copied (a lone batch's).
+    fn take_request(&mut self) -> Request {
+        let mut request = Request::new(Body::from(self.body.clone()));
+        *request.method_mut() = self.method.clone();
+        *request.uri_mut() = std::mem::take(&mut self.uri);
+        *request.headers_mut() = std::mem::take(&mut self.headers);
+        request
+    }
+
     fn request(&self) -> Request {
         let mut request = Request::new(Body::from(self.body.clone()));
         *request.method_mut() = self.method.clone();
@@ -629,11 +639,9 @@ impl Inner {
         if batch.len() == 1 && held.is_empty() {
             // Alone: the request goes as it came, and its answer comes back as MLflow sent it.
             self.metrics.outcome("single");
-            let member = batch.into_iter().next().expect("one member");
-            let mut response = self
-                .forwarder
-                .forward(member.original.request(), member.original.peer)
-                .await;
+            let mut member = batch.into_iter().next().expect("one member");
+            let request = member.original.take_request();
+            let mut response = self.forwarder.forward(request, member.original.peer).await;
             if response.status().is_success() {
                 // Learned once the answer has gone (see `after`), before its run's next batch
                 // is formed: that waits for this one's place at MLflow, given back after this.

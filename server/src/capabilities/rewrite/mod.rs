@@ -15,7 +15,7 @@ use axum::body::Body;
 
 use axum::extract::Request;
 use http::{header, HeaderValue};
-use mlscope_scopes::{scoped_key, Identity, KeyOutcome, OwnerPattern, ScopedKey};
+use mlscope_scopes::{scoped_key, Identity, KeyOutcome, OwnerPattern, ScopedKey, SYSTEM_PREFIX};
 
 use crate::capabilities::authz::{self, Authorizer};
 use crate::capabilities::dedup::{self, Decision, DedupConfig, DedupOptions, Deduplicator};
@@ -427,6 +427,18 @@ impl MetricsRewriter {
             .as_deref()
             .filter(|id| crate::plumbing::writes::is_valid_run_id(id));
 
+        // Only keys under `system/` are the contract's (see `scoped_key`): a body without one
+        // holds the run's own metrics, sent as they came, with no identity to admit, no key to
+        // count and no node series to deduplicate. The write path's common case takes none of
+        // that code (which, out of the caches, is most of its time), only the run's step.
+        if !body
+            .metrics
+            .iter()
+            .any(|m| m.key.starts_with(SYSTEM_PREFIX))
+        {
+            let beat = self.beats.then(|| own_steps(body)).flatten();
+            return Ok((vec![Edit::Keep; body.metrics.len()], beat));
+        }
         // A batch repeats a handful of keys (one set per monitor publish): apply the contract once
         // per distinct key and count, instead of once per sample.
         let mut plan_of: HashMap<&str, usize> = HashMap::with_capacity(body.metrics.len());
@@ -589,16 +601,7 @@ impl MetricsRewriter {
 /// `None` without a run id. The work is per distinct key; only the few keys whose values matter
 /// (GPU idle time, container limits) are looked at per sample.
 fn beat_of(body: &MetricsBody<'_>, plans: &[KeyPlan], metric_plans: &[usize]) -> Option<Beat> {
-    let mut beat = Beat {
-        run_id: body
-            .run_id
-            .clone()
-            .filter(|id| crate::plumbing::writes::is_valid_run_id(id))?,
-        ranks: Vec::new(),
-        workspace: None,
-        findings: Vec::new(),
-        step: None,
-    };
+    let mut beat = beat_of_run(body)?;
     // Per key plan: its first metric, and the span of its samples' timestamps (billing), in one
     // pass; the ranks are looked up once per plan, not once per sample.
     let mut first = vec![usize::MAX; plans.len()];
@@ -679,6 +682,32 @@ fn beat_of(body: &MetricsBody<'_>, plans: &[KeyPlan], metric_plans: &[usize]) ->
         }
     }
     Some(beat)
+}
+
+/// The beat of a body of the run's own metrics only (no key under `system/`): how far the run
+/// got, its highest step at that sample's timestamp. As [`beat_of`] reads such a body.
+fn own_steps(body: &MetricsBody<'_>) -> Option<Beat> {
+    let mut beat = beat_of_run(body)?;
+    for metric in &body.metrics {
+        if let (Some(step), Some(at)) = (metric.step, metric.timestamp_ms()) {
+            beat.observe_step(step, at);
+        }
+    }
+    Some(beat)
+}
+
+/// A beat of the body's run with nothing heard yet; `None` without a run id MLflow would take.
+fn beat_of_run(body: &MetricsBody<'_>) -> Option<Beat> {
+    Some(Beat {
+        run_id: body
+            .run_id
+            .clone()
+            .filter(|id| crate::plumbing::writes::is_valid_run_id(id))?,
+        ranks: Vec::new(),
+        workspace: None,
+        findings: Vec::new(),
+        step: None,
+    })
 }
 
 /// Adds the collector's `mlscope/rank-<r>/...` tags (how a rank ended, where it ran, what it

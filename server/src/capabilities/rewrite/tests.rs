@@ -324,6 +324,52 @@ proptest! {
     }
 }
 
+/// A metric of the run's own (no key under `system/`), its step and timestamp as clients write
+/// them: numbers, numeric strings, or missing.
+fn own_metric_strategy() -> impl Strategy<Value = Value> {
+    let int = || {
+        prop_oneof![
+            (-5i64..100).prop_map(|v| Some(json!(v))),
+            (-5i64..100).prop_map(|v| Some(json!(v.to_string()))),
+            Just(None),
+        ]
+    };
+    ("[a-z]{1,6}(/[a-z]{1,6})?|systems/x|sys", int(), int()).prop_map(|(key, step, timestamp)| {
+        let mut m = json!({"key": key, "value": 1.5});
+        if let Some(step) = step {
+            m["step"] = step;
+        }
+        if let Some(timestamp) = timestamp {
+            m["timestamp"] = timestamp;
+        }
+        m
+    })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(300))]
+    /// A body of the run's own metrics skips the contract's per-key work; what it says of the
+    /// run (its highest step, at that sample's time) is what the general reading says.
+    #[test]
+    fn a_body_without_system_keys_beats_as_the_general_reading_does(
+        metrics in proptest::collection::vec(own_metric_strategy(), 0..30),
+        run_id in prop_oneof![Just("0123456789abcdef0123456789abcdef"), Just("not a run id!")],
+    ) {
+        let text = json!({"run_id": run_id, "metrics": metrics}).to_string();
+        let body = MetricsBody::parse(text.as_bytes(), Endpoint::LogBatch).unwrap();
+        let identity = Identity::default();
+        let plans: Vec<KeyPlan> = body
+            .metrics
+            .iter()
+            .map(|m| KeyPlan::new(scoped_key(&m.key, &identity, &OwnerPattern::default()), false))
+            .collect();
+        let metric_plans: Vec<usize> = (0..plans.len()).collect();
+        let general = beat_of(&body, &plans, &metric_plans);
+        prop_assert_eq!(own_steps(&body), general.clone());
+        prop_assert_eq!(general.is_some(), run_id != "not a run id!");
+    }
+}
+
 /// Two replicas sharing one store and one clock, failing over after 4 s of silence.
 async fn two_replicas(dir: &tempfile::TempDir) -> (MetricsRewriter, MetricsRewriter, ManualClock) {
     let url = format!("sqlite://{}/s.db", dir.path().display());
