@@ -425,8 +425,11 @@ impl<'a> Metric<'a> {
     /// The timestamp in unix milliseconds, when it is an int64 (a JSON number or a numeric
     /// string, as protobuf's int64 mapping allows).
     pub fn timestamp_ms(&self) -> Option<i64> {
-        let raw = self.timestamp?.trim();
-        raw.trim_matches('"').parse().ok()
+        let raw = self.timestamp?;
+        // A JSON number, as clients write it, reads at once; else as a numeric string.
+        raw.parse()
+            .ok()
+            .or_else(|| raw.trim().trim_matches('"').parse().ok())
     }
 
     fn read(

@@ -331,3 +331,23 @@ fn a_batch_read_in_one_pass_reads_as_the_general_read_does() {
     let escaped = MetricsBody::parse(left[0].as_bytes(), Endpoint::LogBatch).unwrap();
     assert_eq!(escaped.metrics[0].key, "a");
 }
+
+#[test]
+fn a_timestamp_reads_as_an_int64_number_or_numeric_string_and_nothing_else() {
+    let read = |timestamp: &str| {
+        let text = format!(
+            r#"{{"run_id":"r1","metrics":[{{"key":"loss","value":1,"timestamp":{timestamp},"step":0}}]}}"#
+        );
+        let body = MetricsBody::parse(text.as_bytes(), Endpoint::LogBatch).unwrap();
+        body.metrics[0].timestamp_ms()
+    };
+    assert_eq!(read("1764950400000"), Some(1_764_950_400_000));
+    assert_eq!(read("-3"), Some(-3));
+    assert_eq!(read(r#""1764950400000""#), Some(1_764_950_400_000));
+    assert_eq!(read(r#"" 7""#), None);
+    assert_eq!(read("9223372036854775807"), Some(i64::MAX));
+    assert_eq!(read("9223372036854775808"), None);
+    for not_an_int in ["1.5", "1e3", "null", "true", r#""soon""#, r#""""#] {
+        assert_eq!(read(not_an_int), None, "{not_an_int}");
+    }
+}
