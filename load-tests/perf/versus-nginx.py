@@ -19,6 +19,11 @@ prints per endpoint and rate:
   that draws whole rounds of the bench, a run's slice k of every target together: requests of one
   slice share its conditions, and neighbouring slices of the two targets share the machine's. An
   interval that excludes 0 says which of the two is above, beyond these runs' noise;
+- the proxy's p50 less nginx's, and the share of each target's requests over --slow-ms (1 ms)
+  with the proxy's less nginx's, on the same bootstrap. On a machine whose slow stretches delay
+  about one request in a hundred by a millisecond or more, a p99 sits at that share's knee and
+  jumps by a millisecond as the share crosses 1 %; the share itself says which target the slow
+  stretches caught more often, without the jump;
 - the same pooled p99 without the first N requests of each slice (default 3), and the median of
   the slices' first requests: each slice starts after its target sat idle while the others took
   their turns (one or four slices with three targets), so these say how much of a p99 is the
@@ -108,13 +113,22 @@ def pooled(args):
                   f"{ms(pct(np, lat[~early], 99))} | {ms(pct(np, lat[a[:, SEQUENCE] == 0], 50))} | "
                   f"{share} ({early.mean():.1%}) |")
         if "nginx" in arrays and "mlscope-proxy" in arrays:
-            verdicts.append((key, difference(np, rng, arrays["nginx"], arrays["mlscope-proxy"], args)))
+            nginx, proxy = arrays["nginx"], arrays["mlscope-proxy"]
+            p50 = lambda lat: np.percentile(lat, 50) / 1000
+            slow = lambda lat: 100 * np.mean(lat > args.slow_ms * 1000)
+            shares = {t: slow(arrays[t][:, MICROS]) for t in arrays}
+            verdicts.append((key, difference(np, rng, nginx, proxy, args),
+                             compare(np, rng, nginx, proxy, p50, args.rounds),
+                             shares, compare(np, rng, nginx, proxy, slow, args.rounds)))
     print("\n| endpoint | rate req/s | proxy's p99 less nginx's, ms (95 % interval) | the same without each "
-          f"slice's first {first} |")
-    print("|---|---:|---|---|")
-    for key, results in verdicts:
-        cells = " | ".join("—" if r is None else f"{r[0]:+.3f} ({r[1]:+.3f} to {r[2]:+.3f})" for r in results)
-        print(f"| {key[0]} | {key[1]} | {cells} |")
+          f"slice's first {first} | proxy's p50 less nginx's, ms | requests over {args.slow_ms:g} ms: direct / "
+          f"nginx / proxy | proxy's share less nginx's, points |")
+    print("|---|---:|---|---|---|---|---|")
+    interval = lambda r, f: "—" if r is None else f"{r[0]:+{f}} ({r[1]:+{f}} to {r[2]:+{f}})"
+    for key, p99s, p50, shares, slow in verdicts:
+        cells = " | ".join(interval(r, ".3f") for r in p99s)
+        share = " / ".join(f"{shares[t]:.2f} %" if t in shares else "—" for t in ("direct", "nginx", "mlscope-proxy"))
+        print(f"| {key[0]} | {key[1]} | {cells} | {interval(p50, '.3f')} | {share} | {interval(slow, '.2f')} |")
     slow_slices(data, args)
 
 
@@ -129,28 +143,33 @@ def ms(micros):
 
 def difference(np, rng, nginx, proxy, args):
     """p99(proxy) - p99(nginx) in ms with a 95 % bootstrap interval, for all the requests and for
-    all but each slice's first `args.first`; None where either has no requests left. Each bootstrap
-    round draws whole rounds, (run, slice) pairs, with replacement, and takes both targets' slices
-    of each drawn round: the two ran next to each other, so what a round's conditions did to one
-    it did to the other's neighbouring slice too."""
-    out = []
-    for keep in (lambda a: np.ones(len(a), bool), lambda a: a[:, SEQUENCE] >= args.first):
-        n, p = nginx[keep(nginx)], proxy[keep(proxy)]
-        if not len(n) or not len(p):
-            out.append(None)
-            continue
-        rounds = sorted({(r, s) for r, s in n[:, [RUN, SLICE]].tolist()} & {(r, s) for r, s in p[:, [RUN, SLICE]].tolist()})
-        by_round_n = split(np, n, rounds)
-        by_round_p = split(np, p, rounds)
-        point = pct(np, p[:, MICROS], 99) - pct(np, n[:, MICROS], 99)
-        diffs = np.empty(args.rounds)
-        for i in range(args.rounds):
-            drawn = rng.integers(0, len(rounds), len(rounds))
-            diffs[i] = (np.percentile(np.concatenate([by_round_p[j] for j in drawn]), 99)
-                        - np.percentile(np.concatenate([by_round_n[j] for j in drawn]), 99))
-        lo, hi = np.percentile(diffs, [2.5, 97.5])
-        out.append((point / 1000, lo / 1000, hi / 1000))
-    return out
+    all but each slice's first `args.first`; None where either has no requests left."""
+    p99 = lambda lat: np.percentile(lat, 99) / 1000
+    return [compare(np, rng, nginx[keep], proxy[keep_p], p99, args.rounds)
+            for keep, keep_p in ((np.ones(len(nginx), bool), np.ones(len(proxy), bool)),
+                                 (nginx[:, SEQUENCE] >= args.first, proxy[:, SEQUENCE] >= args.first))]
+
+
+def compare(np, rng, nginx, proxy, stat, rounds):
+    """stat(proxy's latencies) - stat(nginx's) with a 95 % bootstrap interval, or None where either
+    has no requests. Each bootstrap round draws whole rounds, (run, slice) pairs, with replacement,
+    and takes both targets' slices of each drawn round: the two ran next to each other, so what a
+    round's conditions did to one it did to the other's neighbouring slice too."""
+    if not len(nginx) or not len(proxy):
+        return None
+    common = ({(r, s) for r, s in nginx[:, [RUN, SLICE]].tolist()}
+              & {(r, s) for r, s in proxy[:, [RUN, SLICE]].tolist()})
+    rounds_seen = sorted(common)
+    by_round_n = split(np, nginx, rounds_seen)
+    by_round_p = split(np, proxy, rounds_seen)
+    point = stat(proxy[:, MICROS]) - stat(nginx[:, MICROS])
+    diffs = np.empty(rounds)
+    for i in range(rounds):
+        drawn = rng.integers(0, len(rounds_seen), len(rounds_seen))
+        diffs[i] = (stat(np.concatenate([by_round_p[j] for j in drawn]))
+                    - stat(np.concatenate([by_round_n[j] for j in drawn])))
+    lo, hi = np.percentile(diffs, [2.5, 97.5])
+    return point, lo, hi
 
 
 def split(np, a, rounds):
