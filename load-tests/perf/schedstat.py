@@ -29,16 +29,15 @@ def processes():
             continue
         try:
             with open(f"/proc/{pid}/cmdline", "rb") as f:
-                cmd = f.read().split(b"\0")[0].decode(errors="replace")
+                cmdline = f.read()
             with open(f"/proc/{pid}/comm") as f:
                 comm = f.read().strip()
         except OSError:
             continue
-        if comm == "nginx":
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                if b"worker process" not in f.read():
-                    continue
-        if comm in WANTED or os.path.basename(cmd) in WANTED:
+        if comm == "nginx" and b"worker process" not in cmdline:
+            continue
+        program = os.path.basename(cmdline.split(b"\0")[0].decode(errors="replace"))
+        if comm in WANTED or program in WANTED:
             yield pid, comm
 
 

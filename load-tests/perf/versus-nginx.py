@@ -145,9 +145,8 @@ def difference(np, rng, nginx, proxy, args):
     """p99(proxy) - p99(nginx) in ms with a 95 % bootstrap interval, for all the requests and for
     all but each slice's first `args.first`; None where either has no requests left."""
     p99 = lambda lat: np.percentile(lat, 99) / 1000
-    return [compare(np, rng, nginx[keep], proxy[keep_p], p99, args.rounds)
-            for keep, keep_p in ((np.ones(len(nginx), bool), np.ones(len(proxy), bool)),
-                                 (nginx[:, SEQUENCE] >= args.first, proxy[:, SEQUENCE] >= args.first))]
+    return [compare(np, rng, nginx[keep(nginx)], proxy[keep(proxy)], p99, args.rounds)
+            for keep in (lambda a: np.ones(len(a), bool), lambda a: a[:, SEQUENCE] >= args.first)]
 
 
 def compare(np, rng, nginx, proxy, stat, rounds):
