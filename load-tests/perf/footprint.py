@@ -1,8 +1,11 @@
 #!/usr/bin/env python3
 """The code a callgrind run executed: distinct instructions, 64-byte cache lines and 4 KiB pages.
 
-Usage: footprint.py CALLGRIND_DUMP   (a dump written with --dump-instr=yes; instructions.sh
-with FOOTPRINT=1 writes one and calls this)
+Usage: footprint.py [--by-function N] CALLGRIND_DUMP   (a dump written with --dump-instr=yes;
+instructions.sh with FOOTPRINT=1 writes one and calls this)
+
+With --by-function N it also prints the N functions that hold the most of those lines, and the
+lines per crate (the first part of each function's path): where the footprint lies.
 
 A request that finds its code out of the caches (the machine ran other programs since the last
 one) pays for every line and page of code it touches, whatever it executes there; these counts
@@ -16,11 +19,30 @@ COST = re.compile(r"^(0x[0-9a-fA-F]+|[+-]\d+|\*)\s")
 
 
 def footprint(lines):
-    executed = set()
+    """{(object, address): function} of every instruction that ran."""
+    executed = {}
     ob = None
     names = {}
+    functions = {}
+    fn = None
     address = 0
     for line in lines:
+        if line.startswith("fn="):
+            # "fn=(12) name" names a function once; "fn=(12)" refers back to it.
+            match = re.match(r"\((\d+)\)\s*(.*)", line[3:].strip())
+            if match:
+                number, name = match.groups()
+                if name:
+                    functions[number] = name
+                fn = functions.get(number, number)
+            else:
+                fn = line[3:].strip()
+            continue
+        if line.startswith("cfn="):
+            match = re.match(r"\((\d+)\)\s*(.+)", line[4:].strip())
+            if match:
+                functions[match.group(1)] = match.group(2)
+            continue
         if line.startswith("cob="):
             # A called function's object: it may be named here first.
             match = re.match(r"\((\d+)\)\s*(.+)", line[4:].strip())
@@ -49,12 +71,25 @@ def footprint(lines):
             address += int(position)
         costs = line.split()[2:]
         if costs and int(costs[0]) > 0:
-            executed.add((ob, address))
+            executed[(ob, address)] = fn
     return executed
 
 
+def crate(function):
+    """The first part of a function's path: `<serde_json::de::X as T>::f` -> `serde_json`."""
+    name = function.lstrip("<&*( ")
+    for prefix in ("mut ", "dyn ", "const "):
+        if name.startswith(prefix):
+            name = name[len(prefix):]
+    return re.split(r"::|<| ", name, maxsplit=1)[0] or function
+
+
 def main():
-    with open(sys.argv[1]) as dump:
+    args = sys.argv[1:]
+    top = 0
+    if args[:1] == ["--by-function"]:
+        top, args = int(args[1]), args[2:]
+    with open(args[0]) as dump:
         executed = footprint(dump)
     lines = {(ob, a // 64) for ob, a in executed}
     pages = {(ob, a // 4096) for ob, a in executed}
@@ -69,6 +104,21 @@ def main():
     for ob, object_lines in sorted(by_object.items(), key=lambda kv: -len(kv[1])):
         object_pages = {line * 64 // 4096 for line in object_lines}
         print(f"  {ob}: {len(object_lines)} lines, {len(object_pages)} pages")
+    if not top:
+        return
+    # A line shared by two functions counts for each: the counts say where code lies, not a sum.
+    by_function = {}
+    for (ob, a), fn in executed.items():
+        by_function.setdefault(fn, set()).add((ob, a // 64))
+    by_crate = {}
+    for fn, fn_lines in by_function.items():
+        by_crate.setdefault(crate(str(fn)), set()).update(fn_lines)
+    print("lines by crate:")
+    for name, crate_lines in sorted(by_crate.items(), key=lambda kv: -len(kv[1])):
+        print(f"  {len(crate_lines):6} {name}")
+    print(f"the {top} functions with the most lines:")
+    for fn, fn_lines in sorted(by_function.items(), key=lambda kv: -len(kv[1]))[:top]:
+        print(f"  {len(fn_lines):6} {fn}")
 
 
 if __name__ == "__main__":

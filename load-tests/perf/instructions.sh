@@ -12,7 +12,8 @@
 # request with its own step. With AUTHORIZATION set, every request carries it
 # as its Authorization header (e.g. AUTHORIZATION='Basic dTpw'). With FOOTPRINT=1 it also prints
 # the code the requests ran: distinct instructions, 64-byte cache lines and 4 KiB pages (see
-# footprint.py), thread by thread. Needs valgrind and nginx; ports
+# footprint.py), thread by thread, and with BY_FUNCTION=N as well the N functions and the crates
+# that hold the most of those lines. Needs valgrind and nginx; ports
 # 18080, 15001 and 19464 free. Callgrind's dump is kept under the work directory for callgrind_annotate.
 set -euo pipefail
 bin=$(realpath "$1")
@@ -67,6 +68,6 @@ if [ "${FOOTPRINT:-}" = 1 ]; then
   # One dump per thread: the serving thread's is the one with most of the instructions.
   for d in $dump; do
     echo "thread $(awk '/^thread:/ {print $2}' "$d"): $(awk '/^summary:/ {print $2}' "$d") instructions"
-    "$(dirname "$0")/footprint.py" "$d" | sed 's/^/  /'
+    "$(dirname "$0")/footprint.py" ${BY_FUNCTION:+--by-function "$BY_FUNCTION"} "$d" | sed 's/^/  /'
   done
 fi

@@ -353,11 +353,11 @@ struct SingleEnvelope<'a> {
     dataset_digest: Option<&'a RawValue>,
 }
 
-/// A JSON string's decoded text; `None` for anything else (null included). Borrowed where the
-/// string holds no escape: a raw value is valid JSON (its parser checked it, control characters
-/// included), so the text between its quotes is then the string itself.
-pub(crate) fn string(raw: &RawValue) -> Option<Cow<'_, str>> {
-    let text = raw.get();
+/// A JSON string's decoded text; `None` for anything else (null included). `text` is one JSON
+/// value's text as a parser validated it (a `RawValue`'s, or the rewriter's one-pass read's), so
+/// where the string holds no escape the text between its quotes is the string itself (control
+/// characters were refused).
+pub(crate) fn string(text: &str) -> Option<Cow<'_, str>> {
     let inner = text.strip_prefix('"')?.strip_suffix('"')?;
     if !inner.contains('\\') {
         return Some(Cow::Borrowed(inner));
@@ -366,8 +366,7 @@ pub(crate) fn string(raw: &RawValue) -> Option<Cow<'_, str>> {
 }
 
 /// A double as protobuf's JSON parser takes it: a finite JSON number or one of its three names.
-fn is_double(raw: &RawValue) -> bool {
-    let text = raw.get();
+fn is_double(text: &str) -> bool {
     matches!(text, "\"NaN\"" | "\"Infinity\"" | "\"-Infinity\"") || is_finite_number(text)
 }
 
@@ -385,24 +384,23 @@ fn is_finite_number(text: &str) -> bool {
 }
 
 /// A JSON integer literal within int64 (no fraction, no exponent, not quoted).
-fn is_int64(raw: &RawValue) -> bool {
-    let text = raw.get();
+fn is_int64(text: &str) -> bool {
     text.starts_with(|c: char| c == '-' || c.is_ascii_digit()) && text.parse::<i64>().is_ok()
 }
 
-fn optional_strings(fields: &[Option<&RawValue>]) -> bool {
+fn optional_strings(fields: &[Option<&str>]) -> bool {
     fields.iter().flatten().all(|raw| string(raw).is_some())
 }
 
 /// Whether a metric's fields are ones MLflow's parser takes exactly as written in a `log-batch`
 /// element: the rule every merged element passes (the rewriter applies it in its own single read
-/// of a body).
+/// of a body). Each field is its JSON text, as [`string`] takes it.
 pub(crate) fn metric_parses_as_written(
-    key: Option<&RawValue>,
-    value: Option<&RawValue>,
-    timestamp: Option<&RawValue>,
-    step: Option<&RawValue>,
-    optional: &[Option<&RawValue>],
+    key: Option<&str>,
+    value: Option<&str>,
+    timestamp: Option<&str>,
+    step: Option<&str>,
+    optional: &[Option<&str>],
 ) -> bool {
     key.is_some_and(|k| string(k).is_some())
         && value.is_some_and(is_double)
@@ -414,11 +412,11 @@ pub(crate) fn metric_parses_as_written(
 fn metric_element(raw: &RawValue) -> Result<(), Alone> {
     let m: MetricElement = serde_json::from_str(raw.get()).map_err(|_| Alone::Element)?;
     metric_parses_as_written(
-        Some(m.key),
-        Some(m.value),
-        Some(m.timestamp),
-        m.step,
-        &[m.model_id, m.dataset_name, m.dataset_digest, m.run_id],
+        Some(m.key.get()),
+        Some(m.value.get()),
+        Some(m.timestamp.get()),
+        m.step.map(RawValue::get),
+        &[m.model_id, m.dataset_name, m.dataset_digest, m.run_id].map(|f| f.map(RawValue::get)),
     )
     .then_some(())
     .ok_or(Alone::Element)
@@ -428,7 +426,7 @@ fn metric_element(raw: &RawValue) -> Result<(), Alone> {
 /// strings), with `raw` its JSON as the batch carries it.
 pub(crate) fn pair(element: &RawValue, raw: Bytes) -> Result<Pair, Alone> {
     let p: PairElement = serde_json::from_str(element.get()).map_err(|_| Alone::Element)?;
-    let (Some(key), Some(value)) = (string(p.key), string(p.value)) else {
+    let (Some(key), Some(value)) = (string(p.key.get()), string(p.value.get())) else {
         return Err(Alone::Element);
     };
     Ok(Pair {
@@ -439,12 +437,12 @@ pub(crate) fn pair(element: &RawValue, raw: Bytes) -> Result<Pair, Alone> {
 }
 
 /// The params or tags array of a `log-batch` (absent or `null`: none), each element as
-/// [`pair`] reads it, with its JSON copied.
-pub(crate) fn pairs(array: Option<&RawValue>) -> Result<Vec<Pair>, Alone> {
-    let Some(array) = array.filter(|a| a.get() != "null") else {
+/// [`pair`] reads it, with its JSON copied. `array` is the field's JSON text, as [`string`] takes it.
+pub(crate) fn pairs(array: Option<&str>) -> Result<Vec<Pair>, Alone> {
+    let Some(array) = array.filter(|a| *a != "null") else {
         return Ok(Vec::new());
     };
-    let elements: Vec<&RawValue> = serde_json::from_str(array.get()).map_err(|_| Alone::Shape)?;
+    let elements: Vec<&RawValue> = serde_json::from_str(array).map_err(|_| Alone::Shape)?;
     elements
         .into_iter()
         .map(|e| pair(e, Bytes::copy_from_slice(e.get().as_bytes())))
@@ -508,7 +506,8 @@ pub(crate) fn parse(path: &str, body: &Bytes) -> Result<Mergeable, Alone> {
         {
             return Err(Alone::Shape);
         }
-        let (Some(key), Some(value)) = (string(single.key), string(single.value)) else {
+        let (Some(key), Some(value)) = (string(single.key.get()), string(single.value.get()))
+        else {
             return Err(Alone::Element);
         };
         let mut raw = serde_json::json!({ "key": key, "value": value }).to_string();
@@ -536,29 +535,28 @@ pub(crate) fn parse(path: &str, body: &Bytes) -> Result<Mergeable, Alone> {
 /// metrics). Only a finite JSON number is taken as the value: `log-metric` checks its value
 /// itself, and the element must mean the same in a batch.
 fn metric_of(single: &SingleEnvelope) -> Result<Bytes, Alone> {
-    let key = string(single.key).ok_or(Alone::Element)?;
+    let key = string(single.key.get()).ok_or(Alone::Element)?;
     log_metric_element(
         &key,
-        single.value,
-        single.timestamp,
+        single.value.get(),
+        single.timestamp.map(RawValue::get),
         single.step.map(RawValue::get),
-        [single.model_id, single.dataset_name, single.dataset_digest],
+        [single.model_id, single.dataset_name, single.dataset_digest].map(|f| f.map(RawValue::get)),
         &single.run_id,
     )
 }
 
 /// The batch element of a `log-metric` with these fields (`step` as the text to write), or why it
-/// goes alone.
+/// goes alone. Each field is its JSON text, as [`string`] takes it.
 pub(crate) fn log_metric_element(
     key: &str,
-    value: &RawValue,
-    timestamp: Option<&RawValue>,
+    value: &str,
+    timestamp: Option<&str>,
     step: Option<&str>,
-    optional: [Option<&RawValue>; 3],
+    optional: [Option<&str>; 3],
     run_id: &str,
 ) -> Result<Bytes, Alone> {
     let timestamp = timestamp.ok_or(Alone::Element)?;
-    let value = value.get();
     if !is_finite_number(value)
         || !is_int64(timestamp)
         || !step.is_none_or(|s| {
@@ -574,7 +572,7 @@ pub(crate) fn log_metric_element(
     out.push_str(",\"value\":");
     out.push_str(value);
     out.push_str(",\"timestamp\":");
-    out.push_str(timestamp.get());
+    out.push_str(timestamp);
     if let Some(step) = step {
         out.push_str(",\"step\":");
         out.push_str(step);
@@ -587,7 +585,7 @@ pub(crate) fn log_metric_element(
             out.push_str(",\"");
             out.push_str(name);
             out.push_str("\":");
-            out.push_str(raw.get());
+            out.push_str(raw);
         }
     }
     out.push_str(",\"run_id\":");

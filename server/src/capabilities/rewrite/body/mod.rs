@@ -11,6 +11,8 @@ use serde_json::value::RawValue;
 
 use crate::plumbing::writes;
 
+mod scan;
+
 /// The two endpoints that carry metrics.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Endpoint {
@@ -72,11 +74,12 @@ const VALUE: usize = 1;
 const TIMESTAMP: usize = 2;
 const STEP: usize = 3;
 
-/// A JSON object's fields named in `names`, each as its raw JSON, in one pass; `unknown` tells
-/// whether the object held any other field. A field named twice is an error ("duplicate field").
+/// A JSON object's fields named in `names`, each as its raw JSON text (a slice of the body, a
+/// value its reader validated), in one pass; `unknown` tells whether the object held any other
+/// field. A field named twice is an error ("duplicate field").
 #[derive(Debug, Clone, Copy)]
 struct Fields<'a, const N: usize> {
-    raw: [Option<&'a RawValue>; N],
+    raw: [Option<&'a str>; N],
     unknown: bool,
 }
 
@@ -88,7 +91,7 @@ impl<'a, const N: usize> Fields<'a, N> {
         Ok(fields)
     }
 
-    fn get(&self, index: usize) -> Option<&'a RawValue> {
+    fn get(&self, index: usize) -> Option<&'a str> {
         self.raw[index]
     }
 
@@ -106,12 +109,19 @@ impl<'a, const N: usize> Fields<'a, N> {
         &mut self,
         names: &[&str; N],
         name: &str,
-    ) -> Result<Option<&mut Option<&'a RawValue>>, E> {
+    ) -> Result<Option<&mut Option<&'a str>>, E> {
+        self.place(names, name)
+            .map_err(|index| E::custom(format_args!("duplicate field `{}`", names[index])))
+    }
+
+    /// As [`Fields::slot`], a field met before given as its index among `names`.
+    fn place(
+        &mut self,
+        names: &[&str; N],
+        name: &str,
+    ) -> Result<Option<&mut Option<&'a str>>, usize> {
         match names.iter().position(|known| *known == name) {
-            Some(index) if self.raw[index].is_some() => Err(E::custom(format_args!(
-                "duplicate field `{}`",
-                names[index]
-            ))),
+            Some(index) if self.raw[index].is_some() => Err(index),
             Some(index) => Ok(Some(&mut self.raw[index])),
             None => {
                 self.unknown = true;
@@ -158,7 +168,7 @@ impl<'de, const N: usize> serde::de::Visitor<'de> for FieldsVisitor<N> {
         let mut fields = Fields::empty();
         while let Some(FieldName(name)) = map.next_key()? {
             match fields.slot(self.names, &name)? {
-                Some(slot) => *slot = Some(map.next_value()?),
+                Some(slot) => *slot = Some(map.next_value::<&RawValue>()?.get()),
                 None => {
                     map.next_value::<serde::de::IgnoredAny>()?;
                 }
@@ -177,169 +187,6 @@ type OnePass<'a> = (Fields<'a, 13>, Option<(Vec<Placed<'a>>, Range<usize>)>);
 struct Placed<'a> {
     fields: Fields<'a, 8>,
     span: Range<usize>,
-}
-
-/// Reads a `log-batch` body in one pass, each metric element's fields as the body is read. The
-/// general read ([`Fields::read`] on the body, then on the `metrics` array, then on each element)
-/// goes over the array three times; this goes over it once. `None` whenever it cannot tell exactly
-/// what the general read finds: any error (the general read then gives its own), a `metrics`
-/// that is not an array of objects or is empty, an element without fields or whose first field
-/// name is escaped (its place is found from that name). A property test holds the two to the same
-/// answer (`shell::fuzz`).
-fn read_batch_in_one_pass(text: &str) -> Option<OnePass<'_>> {
-    let mut de = serde_json::Deserializer::from_str(text);
-    let read = serde::Deserializer::deserialize_map(&mut de, BatchVisitor { text }).ok()?;
-    de.end().ok()?;
-    Some(read)
-}
-
-/// The top level of a batch, as [`FieldsVisitor`] reads it, with `metrics` read element by
-/// element ([`ElementsVisitor`]).
-struct BatchVisitor<'a> {
-    text: &'a str,
-}
-
-impl<'de> serde::de::Visitor<'de> for BatchVisitor<'de> {
-    type Value = OnePass<'de>;
-
-    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-        f.write_str("a JSON object")
-    }
-
-    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
-        let mut fields = Fields::empty();
-        let mut metrics = None;
-        while let Some(FieldName(name)) = map.next_key()? {
-            if name == ENVELOPE[METRICS] {
-                if metrics.is_some() {
-                    return Err(serde::de::Error::custom("duplicate field `metrics`"));
-                }
-                metrics = Some(map.next_value_seed(ElementsVisitor { text: self.text })?);
-                continue;
-            }
-            match fields.slot(&ENVELOPE, &name)? {
-                Some(slot) => *slot = Some(map.next_value()?),
-                None => {
-                    map.next_value::<serde::de::IgnoredAny>()?;
-                }
-            }
-        }
-        Ok((fields, metrics))
-    }
-}
-
-/// The `metrics` array: each element with its place, and the array's own place (from its first
-/// and last elements' places to the brackets around them).
-struct ElementsVisitor<'a> {
-    text: &'a str,
-}
-
-impl<'de> serde::de::DeserializeSeed<'de> for ElementsVisitor<'de> {
-    type Value = (Vec<Placed<'de>>, Range<usize>);
-
-    fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
-        d.deserialize_seq(self)
-    }
-}
-
-impl<'de> serde::de::Visitor<'de> for ElementsVisitor<'de> {
-    type Value = (Vec<Placed<'de>>, Range<usize>);
-
-    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-        f.write_str("an array of objects")
-    }
-
-    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
-        let mut elements = Vec::with_capacity(seq.size_hint().unwrap_or(0));
-        while let Some(element) = seq.next_element_seed(ElementVisitor { text: self.text })? {
-            elements.push(element);
-        }
-        let (Some(first), Some(last)) = (elements.first(), elements.last()) else {
-            return Err(serde::de::Error::custom("no element to place the array by"));
-        };
-        let start = enclosing_start(self.text, first.span.start, b'[');
-        let end = enclosing_end(self.text, last.span.end, b']');
-        match (start, end) {
-            (Some(start), Some(end)) => Ok((elements, start..end)),
-            _ => Err(serde::de::Error::custom("array not placed")),
-        }
-    }
-}
-
-/// One metric element: its fields as [`FieldsVisitor`] reads them, every value borrowed so that
-/// the last one's end places the closing brace, and the first name placing the opening one.
-struct ElementVisitor<'a> {
-    text: &'a str,
-}
-
-impl<'de> serde::de::DeserializeSeed<'de> for ElementVisitor<'de> {
-    type Value = Placed<'de>;
-
-    fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
-        d.deserialize_map(self)
-    }
-}
-
-impl<'de> serde::de::Visitor<'de> for ElementVisitor<'de> {
-    type Value = Placed<'de>;
-
-    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-        f.write_str("a JSON object")
-    }
-
-    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
-        let mut fields = Fields::empty();
-        // Where the first name starts (its opening quote) and the last value ends.
-        let mut first_name = None;
-        let mut last_value = None;
-        while let Some(FieldName(name)) = map.next_key()? {
-            if last_value.is_none() {
-                let Cow::Borrowed(name) = name else {
-                    return Err(serde::de::Error::custom("escaped first name"));
-                };
-                first_name = Some(offset_in(self.text, name).start);
-            }
-            let slot = fields.slot(&METRIC, &name)?;
-            let value = map.next_value::<&'de RawValue>()?;
-            last_value = Some(offset_in(self.text, value.get()).end);
-            if let Some(slot) = slot {
-                *slot = Some(value);
-            }
-        }
-        let start = first_name
-            .and_then(|at| at.checked_sub(1))
-            .filter(|&quote| self.text.as_bytes()[quote] == b'"')
-            .and_then(|quote| enclosing_start(self.text, quote, b'{'));
-        let end = last_value.and_then(|at| enclosing_end(self.text, at, b'}'));
-        match (start, end) {
-            (Some(start), Some(end)) => Ok(Placed {
-                fields,
-                span: start..end,
-            }),
-            _ => Err(serde::de::Error::custom("element not placed")),
-        }
-    }
-}
-
-/// Where `open` is, with only JSON whitespace between it and `at`.
-fn enclosing_start(text: &str, at: usize, open: u8) -> Option<usize> {
-    let before = text.as_bytes()[..at]
-        .iter()
-        .rposition(|b| !is_json_space(*b))?;
-    (text.as_bytes()[before] == open).then_some(before)
-}
-
-/// Just past `close`, with only JSON whitespace between `at` and it.
-fn enclosing_end(text: &str, at: usize, close: u8) -> Option<usize> {
-    let after = at
-        + text.as_bytes()[at..]
-            .iter()
-            .position(|b| !is_json_space(*b))?;
-    (text.as_bytes()[after] == close).then_some(after + 1)
-}
-
-fn is_json_space(b: u8) -> bool {
-    matches!(b, b' ' | b'\t' | b'\n' | b'\r')
 }
 
 /// One metric of a body, with where its parts sit in the body.
@@ -398,13 +245,12 @@ fn offset_in(text: &str, part: &str) -> Range<usize> {
     start..start + part.len()
 }
 
-fn decode_string(raw: &RawValue, field: &str) -> Result<String, BodyError> {
-    serde_json::from_str::<String>(raw.get())
+fn decode_string(raw: &str, field: &str) -> Result<String, BodyError> {
+    serde_json::from_str::<String>(raw)
         .map_err(|_| BodyError::Unreadable(format!("{field} is not a string")))
 }
 
-fn decode_step(raw: &RawValue) -> Result<(i64, bool), BodyError> {
-    let text = raw.get();
+fn decode_step(text: &str) -> Result<(i64, bool), BodyError> {
     if let Ok(step) = text.parse::<i64>() {
         return Ok((step, false));
     }
@@ -445,19 +291,19 @@ impl<'a> Metric<'a> {
         let (step, step_quoted, step_span) = match fields.get(STEP) {
             Some(raw) => {
                 let (step, quoted) = decode_step(raw)?;
-                (Some(step), quoted, Some(offset_in(text, raw.get())))
+                (Some(step), quoted, Some(offset_in(text, raw)))
             }
             None => (None, false, None),
         };
         Ok(Some(Metric {
             key,
             step,
-            key_span: offset_in(text, key_raw.get()),
+            key_span: offset_in(text, key_raw),
             step_span,
             step_quoted,
             span,
-            value: fields.get(VALUE).map(RawValue::get),
-            timestamp: fields.get(TIMESTAMP).map(RawValue::get),
+            value: fields.get(VALUE),
+            timestamp: fields.get(TIMESTAMP),
             strict: !fields.unknown
                 && writes::metric_parses_as_written(
                     fields.get(KEY),
@@ -488,7 +334,7 @@ impl<'a> MetricsBody<'a> {
         // A batch is read in one pass where it can be; what that pass cannot tell, the general
         // read decides (with its own errors).
         let one_pass = match endpoint {
-            Endpoint::LogBatch if one_pass => read_batch_in_one_pass(text),
+            Endpoint::LogBatch if one_pass => scan::batch(text),
             _ => None,
         };
         let (envelope, placed) = match one_pass {
@@ -503,7 +349,7 @@ impl<'a> MetricsBody<'a> {
             ("runId", envelope.get(RUN_ID_CAMEL)),
         ] {
             if let Some(raw) = raw {
-                run_ids.push((name, decode_string(raw, name)?, raw.get()));
+                run_ids.push((name, decode_string(raw, name)?, raw));
             }
         }
         if let Some((first_name, first, _)) = run_ids.first() {
@@ -516,11 +362,11 @@ impl<'a> MetricsBody<'a> {
         let run_id_raw = run_ids.first().map(|(_, _, raw)| *raw);
         let run_id = run_ids.into_iter().next().map(|(_, id, _)| id);
 
-        let count = |raw: Option<&RawValue>| -> Result<usize, BodyError> {
+        let count = |raw: Option<&str>| -> Result<usize, BodyError> {
             match raw {
                 None => Ok(0),
-                Some(raw) if raw.get() == "null" => Ok(0),
-                Some(raw) => serde_json::from_str::<Vec<&RawValue>>(raw.get())
+                Some("null") => Ok(0),
+                Some(raw) => serde_json::from_str::<Vec<&RawValue>>(raw)
                     .map(|v| v.len())
                     .map_err(|_| BodyError::Unreadable("params/tags is not an array".into())),
             }
@@ -545,12 +391,11 @@ impl<'a> MetricsBody<'a> {
             },
             Endpoint::LogBatch => match envelope.get(METRICS) {
                 None => (Vec::new(), None),
-                Some(raw) if raw.get() == "null" => (Vec::new(), None),
+                Some("null") => (Vec::new(), None),
                 Some(raw) => {
-                    let elements: Vec<&'a RawValue> =
-                        serde_json::from_str(raw.get()).map_err(|_| {
-                            BodyError::Unreadable("metrics is not an array of objects".into())
-                        })?;
+                    let elements: Vec<&'a RawValue> = serde_json::from_str(raw).map_err(|_| {
+                        BodyError::Unreadable("metrics is not an array of objects".into())
+                    })?;
                     let mut metrics = Vec::with_capacity(elements.len());
                     for element in elements {
                         let fields = Fields::read(element.get(), &METRIC)
@@ -563,7 +408,7 @@ impl<'a> MetricsBody<'a> {
                             }
                         }
                     }
-                    (metrics, Some(offset_in(text, raw.get())))
+                    (metrics, Some(offset_in(text, raw)))
                 }
             },
             Endpoint::LogMetric => {
@@ -611,7 +456,7 @@ impl<'a> MetricsBody<'a> {
         let Ok(text) = std::str::from_utf8(body) else {
             return Ok(false);
         };
-        if read_batch_in_one_pass(text).is_none() {
+        if scan::batch(text).is_none() {
             return Ok(false);
         }
         let one = format!("{:?}", Self::parse(body, Endpoint::LogBatch));
@@ -724,7 +569,7 @@ impl<'a> MetricsBody<'a> {
             Some(id) if !id.is_empty() => id,
             _ => return Err(Alone::Shape),
         };
-        let run_uuid = envelope.get(RUN_UUID).filter(|r| r.get() != "null");
+        let run_uuid = envelope.get(RUN_UUID).filter(|r| *r != "null");
         if run_uuid.is_some_and(|u| writes::string(u).as_deref() != Some(&*run_id)) {
             return Err(Alone::Shape);
         }
@@ -740,7 +585,7 @@ impl<'a> MetricsBody<'a> {
         if metric.step_quoted {
             return Err(Alone::Element);
         }
-        let step = step.or_else(|| envelope.get(LOG_METRIC + STEP).map(|s| s.get().to_owned()));
+        let step = step.or_else(|| envelope.get(LOG_METRIC + STEP).map(str::to_owned));
         let optional =
             [OPTIONAL.start, OPTIONAL.start + 1, OPTIONAL.start + 2].map(|i| envelope.get(i));
         let element = writes::log_metric_element(
