@@ -416,17 +416,6 @@ impl MetricsRewriter {
         request: &http::request::Parts,
         plans: &'k mut Vec<KeyPlan>,
     ) -> Result<(Vec<Edit<'k>>, Option<Beat>), Error> {
-        let keep_original = self
-            .config
-            .keep_original_until
-            .is_some_and(|until| SystemTime::now() < until);
-        // A run id MLflow would refuse gets nothing of the proxy's state: no lease, no counters,
-        // no heartbeat (MLflow answers the request with its refusal).
-        let run_id = body
-            .run_id
-            .as_deref()
-            .filter(|id| crate::plumbing::writes::is_valid_run_id(id));
-
         // Only keys under `system/` are the contract's (see `scoped_key`): a body without one
         // holds the run's own metrics, sent as they came, with no identity to admit, no key to
         // count and no node series to deduplicate. The write path's common case takes none of
@@ -439,6 +428,16 @@ impl MetricsRewriter {
             let beat = self.beats.then(|| own_steps(body)).flatten();
             return Ok((vec![Edit::Keep; body.metrics.len()], beat));
         }
+        let keep_original = self
+            .config
+            .keep_original_until
+            .is_some_and(|until| SystemTime::now() < until);
+        // A run id MLflow would refuse gets nothing of the proxy's state: no lease, no counters,
+        // no heartbeat (MLflow answers the request with its refusal).
+        let run_id = body
+            .run_id
+            .as_deref()
+            .filter(|id| crate::plumbing::writes::is_valid_run_id(id));
         // A batch repeats a handful of keys (one set per monitor publish): apply the contract once
         // per distinct key and count, instead of once per sample.
         let mut plan_of: HashMap<&str, usize> = HashMap::with_capacity(body.metrics.len());
