@@ -240,7 +240,8 @@ pub enum Edit<'k> {
 }
 
 fn offset_in(text: &str, part: &str) -> Range<usize> {
-    // Both point into the same buffer: serde_json's RawValue borrows from the input.
+    // Both point into the same buffer: a value's text is a slice of the body, as serde_json's
+    // RawValue and the one-pass scanner both borrow it.
     let start = part.as_ptr() as usize - text.as_ptr() as usize;
     start..start + part.len()
 }
