@@ -47,6 +47,19 @@ pub(super) fn batch(text: &str) -> Option<OnePass<'_>> {
     (scan.at == text.len()).then_some((envelope, metrics))
 }
 
+/// The bytes that end a string's plain text: its closing quote, an escape, a control character.
+const STOPS: [bool; 256] = {
+    let mut stops = [false; 256];
+    let mut byte = 0;
+    while byte < 0x20 {
+        stops[byte] = true;
+        byte += 1;
+    }
+    stops[b'"' as usize] = true;
+    stops[b'\\' as usize] = true;
+    stops
+};
+
 struct Scan<'a> {
     text: &'a str,
     at: usize,
@@ -151,9 +164,11 @@ impl<'a> Scan<'a> {
         let bytes = self.text.as_bytes();
         let mut escaped = false;
         loop {
-            let byte = *bytes.get(self.at)?;
-            self.at += 1;
-            match byte {
+            // Most of a string is plain text: found whole, to the byte that ends it.
+            let rest = bytes.get(self.at..)?;
+            let stop = rest.iter().position(|&b| STOPS[usize::from(b)])?;
+            self.at += stop + 1;
+            match rest[stop] {
                 b'"' => return Some(escaped),
                 b'\\' => {
                     escaped = true;
@@ -169,8 +184,8 @@ impl<'a> Scan<'a> {
                         _ => return None,
                     }
                 }
-                0..=0x1f => return None,
-                _ => {}
+                // A control character, which JSON allows only escaped.
+                _ => return None,
             }
         }
     }
@@ -263,8 +278,7 @@ impl<'a> Scan<'a> {
     }
 
     fn digits(&mut self) {
-        while self.peek().is_some_and(|b| b.is_ascii_digit()) {
-            self.at += 1;
-        }
+        let rest = &self.text.as_bytes()[self.at..];
+        self.at += rest.iter().take_while(|b| b.is_ascii_digit()).count();
     }
 }
