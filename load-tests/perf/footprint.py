@@ -18,48 +18,38 @@ import sys
 COST = re.compile(r"^(0x[0-9a-fA-F]+|[+-]\d+|\*)\s")
 
 
+def compressed(spec, names):
+    """The name a compressed spec ("(7) /path" or "(7)") stands for, recording a new one."""
+    spec = spec.strip()
+    match = re.match(r"\((\d+)\)\s*(.*)", spec)
+    if not match:
+        return spec
+    number, name = match.groups()
+    if name:
+        names[number] = name
+    return names.get(number, number)
+
+
 def footprint(lines):
     """{(object, address): function} of every instruction that ran."""
     executed = {}
-    ob = None
-    names = {}
-    functions = {}
-    fn = None
+    objects, functions = {}, {}
+    ob = fn = None
     address = 0
     for line in lines:
+        # Callgrind compresses names: "fn=(12) name" names one once, "fn=(12)" refers back to it;
+        # a called function ("cfn=") or its object ("cob=") may be named first.
         if line.startswith("fn="):
-            # "fn=(12) name" names a function once; "fn=(12)" refers back to it.
-            match = re.match(r"\((\d+)\)\s*(.*)", line[3:].strip())
-            if match:
-                number, name = match.groups()
-                if name:
-                    functions[number] = name
-                fn = functions.get(number, number)
-            else:
-                fn = line[3:].strip()
+            fn = compressed(line[3:], functions)
             continue
         if line.startswith("cfn="):
-            match = re.match(r"\((\d+)\)\s*(.+)", line[4:].strip())
-            if match:
-                functions[match.group(1)] = match.group(2)
+            compressed(line[4:], functions)
             continue
         if line.startswith("cob="):
-            # A called function's object: it may be named here first.
-            match = re.match(r"\((\d+)\)\s*(.+)", line[4:].strip())
-            if match:
-                names[match.group(1)] = match.group(2)
+            compressed(line[4:], objects)
             continue
         if line.startswith("ob="):
-            # "ob=(7) /path" names an object once; "ob=(7)" refers back to it.
-            spec = line[3:].strip()
-            match = re.match(r"\((\d+)\)\s*(.*)", spec)
-            if match:
-                number, name = match.groups()
-                if name:
-                    names[number] = name
-                ob = names.get(number, number)
-            else:
-                ob = spec
+            ob = compressed(line[3:], objects)
             continue
         match = COST.match(line)
         if not match:
