@@ -27,10 +27,12 @@ pub(crate) async fn log_batch(
     ConnectInfo(peer): ConnectInfo<SocketAddr>,
     request: Request,
 ) -> Response {
-    match rewriter.inspect(request, Endpoint::LogBatch).await {
-        Ok(inspected) => submit(&coalescer, &health, inspected, peer).await,
-        Err(error) => error.into_response(),
-    }
+    let lane = MetricWrites {
+        rewriter,
+        coalescer,
+        health,
+    };
+    lane.write(request, Endpoint::LogBatch, peer).await
 }
 
 /// `POST runs/log-metric`: as [`log_batch`]; a renamed sample may go on as a log-batch.
@@ -41,9 +43,35 @@ pub(crate) async fn log_metric(
     ConnectInfo(peer): ConnectInfo<SocketAddr>,
     request: Request,
 ) -> Response {
-    match rewriter.inspect(request, Endpoint::LogMetric).await {
-        Ok(inspected) => submit(&coalescer, &health, inspected, peer).await,
-        Err(error) => error.into_response(),
+    let lane = MetricWrites {
+        rewriter,
+        coalescer,
+        health,
+    };
+    lane.write(request, Endpoint::LogMetric, peer).await
+}
+
+/// What the metric routes need, held once: the MLflow-facing service answers a metric write
+/// through it directly, without the route table's routing and extractors (see
+/// `shell::app::Mlflow`), and the route table's handlers through it too.
+pub(crate) struct MetricWrites {
+    pub(crate) rewriter: SharedRewriter,
+    pub(crate) coalescer: Coalescer,
+    pub(crate) health: Health,
+}
+
+impl MetricWrites {
+    /// Answers `POST runs/log-batch` or `runs/log-metric` (`endpoint`) from `peer`.
+    pub(crate) async fn write(
+        &self,
+        request: Request,
+        endpoint: Endpoint,
+        peer: SocketAddr,
+    ) -> Response {
+        match self.rewriter.inspect(request, endpoint).await {
+            Ok(inspected) => submit(&self.coalescer, &self.health, inspected, peer).await,
+            Err(error) => error.into_response(),
+        }
     }
 }
 

@@ -24,7 +24,8 @@ use crate::capabilities::artifacts::{self, legacy_listing};
 use crate::capabilities::authz::{AuthMode, Authorizer};
 use crate::capabilities::fairshare::{self, FairShare};
 use crate::capabilities::health;
-use crate::capabilities::metric_routes;
+use crate::capabilities::metric_routes::{self, MetricWrites};
+use crate::capabilities::rewrite::body::Endpoint;
 use crate::plumbing::layers::{self, ConcurrencyLimit};
 use crate::plumbing::proxy;
 use crate::shell::config::Config;
@@ -42,19 +43,28 @@ pub fn app(state: AppState, max_in_flight: usize) -> Mlflow {
     let mut router = Router::new();
     for prefix in API_PREFIXES {
         let routes = [
-            // System-metric scoping and node deduplication.
-            ("runs/log-batch", post(metric_routes::log_batch)),
-            ("runs/log-metric", post(metric_routes::log_metric)),
+            // System-metric scoping and node deduplication (a POST answered by the metric
+            // lane, without the table: see `Mlflow`).
+            (
+                "runs/log-batch",
+                post(metric_routes::log_batch),
+                Some(Endpoint::LogBatch),
+            ),
+            (
+                "runs/log-metric",
+                post(metric_routes::log_metric),
+                Some(Endpoint::LogMetric),
+            ),
             // Write coalescing: params and tags join their run's queue (and are signs of life).
-            ("runs/log-parameter", post(metric_routes::log_pair)),
-            ("runs/set-tag", post(metric_routes::log_pair)),
+            ("runs/log-parameter", post(metric_routes::log_pair), None),
+            ("runs/set-tag", post(metric_routes::log_pair), None),
             // Run health: a run its client ended is billed.
-            ("runs/update", post(health::update_run)),
+            ("runs/update", post(health::update_run), None),
         ];
-        for (route, handler) in routes {
+        for (route, handler, metrics) in routes {
             let path = format!("{prefix}/{route}");
             router = router.route(&path, handler);
-            intercepted.paths.insert(path);
+            intercepted.paths.insert(path, metrics);
         }
     }
     match &state.artifacts {
@@ -67,7 +77,7 @@ pub fn app(state: AppState, max_in_flight: usize) -> Mlflow {
         None => {
             for path in legacy_listing::PATHS {
                 router = router.route(path, get(legacy_listing::forward_filtered));
-                intercepted.paths.insert(path.to_owned());
+                intercepted.paths.insert(path.to_owned(), None);
             }
         }
     }
@@ -81,6 +91,11 @@ pub fn app(state: AppState, max_in_flight: usize) -> Mlflow {
         auth: state.authorizer.as_ref().map(|authz| authz.mode().clone()),
     });
     let forwarder = state.forwarder.clone();
+    let metric_writes = MetricWrites {
+        rewriter: state.rewriter.clone(),
+        coalescer: state.coalescer.clone(),
+        health: state.health.clone(),
+    };
     let router = router
         .layer(middleware::from_fn_with_state(front.clone(), front_steps))
         .with_state(state);
@@ -90,6 +105,7 @@ pub fn app(state: AppState, max_in_flight: usize) -> Mlflow {
             intercepted,
             front,
             forwarder,
+            metric_writes,
         }),
     }
 }
@@ -98,32 +114,48 @@ pub fn app(state: AppState, max_in_flight: usize) -> Mlflow {
 /// other path only reaches the route table's fallback, forwarding.
 #[derive(Default)]
 struct Intercepted {
-    paths: std::collections::HashSet<String>,
+    /// Each path with, for a metric write, the endpoint the metric lane answers a POST to it as.
+    paths: std::collections::HashMap<String, Option<Endpoint>>,
     prefixes: Vec<&'static str>,
 }
 
+/// Who answers a request: the forwarding lane, the metric lane or the route table.
+enum Answerer {
+    Forward,
+    Metrics(Endpoint),
+    Table,
+}
+
 impl Intercepted {
-    fn covers(&self, path: &str) -> bool {
-        self.paths.contains(path) || self.prefixes.iter().any(|p| path.starts_with(p))
+    fn answerer(&self, method: &http::Method, path: &str) -> Answerer {
+        match self.paths.get(path) {
+            Some(Some(endpoint)) if method == http::Method::POST => Answerer::Metrics(*endpoint),
+            Some(_) => Answerer::Table,
+            None if self.prefixes.iter().any(|p| path.starts_with(p)) => Answerer::Table,
+            None => Answerer::Forward,
+        }
     }
 }
 
 /// The MLflow-facing service. A request whose path no capability answers is forwarded straight
 /// through the same steps, without the route table: it would only reach the table's fallback,
 /// and routing it (two routers, the layer's clone of the boxed route beneath it, the handler's
-/// extractors) was a tenth of a forwarded request's CPU. Every other request goes through the
-/// route table.
+/// extractors) was a tenth of a forwarded request's CPU. A metric write (`POST` to `log-batch`
+/// or `log-metric`) goes likewise straight to its handler, with the same steps: the write path
+/// is the one whose time matters most. Every other request goes through the route table.
 #[derive(Clone)]
 pub struct Mlflow {
     router: Router,
     lane: Arc<Lane>,
 }
 
-/// What the forwarding lane needs: which paths are not its own, the steps, and the forwarder.
+/// What the forwarding and metric lanes need: which paths are not the forwarding lane's, the
+/// steps, the forwarder and the metric routes' parts.
 struct Lane {
     intercepted: Intercepted,
     front: Arc<FrontSteps>,
     forwarder: proxy::Forwarder,
+    metric_writes: MetricWrites,
 }
 
 impl tower::Service<Request> for Mlflow {
@@ -143,8 +175,11 @@ impl tower::Service<Request> for Mlflow {
             .extensions()
             .get::<ConnectInfo<SocketAddr>>()
             .map(|ConnectInfo(peer)| *peer);
-        match peer {
-            Some(peer) if !self.lane.intercepted.covers(request.uri().path()) => {
+        let Some(peer) = peer else {
+            return Box::pin(tower::Service::call(&mut self.router, request));
+        };
+        match (self.lane.intercepted).answerer(request.method(), request.uri().path()) {
+            Answerer::Forward => {
                 let lane = self.lane.clone();
                 Box::pin(async move {
                     let forwarder = &lane.forwarder;
@@ -152,7 +187,15 @@ impl tower::Service<Request> for Mlflow {
                     Ok(front(&lane.front, request, forward).await)
                 })
             }
-            _ => Box::pin(tower::Service::call(&mut self.router, request)),
+            Answerer::Metrics(endpoint) => {
+                let lane = self.lane.clone();
+                Box::pin(async move {
+                    let writes = &lane.metric_writes;
+                    let write = |request| writes.write(request, endpoint, peer);
+                    Ok(front(&lane.front, request, write).await)
+                })
+            }
+            Answerer::Table => Box::pin(tower::Service::call(&mut self.router, request)),
         }
     }
 }
@@ -446,6 +489,11 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(response.status(), StatusCode::OK);
+        // Another method on a metric route is not a write of the lane's: MLflow answers it.
+        let mut get = post("/api/2.0/mlflow/runs/log-batch", "", None);
+        *get.method_mut() = http::Method::GET;
+        let response = app.clone().oneshot(get).await.unwrap();
+        assert_eq!(response.status(), StatusCode::OK);
 
         let seen = seen.lock().unwrap().clone();
         // (Besides the writes, the node lease asks MLflow once whether the run takes writes: an
@@ -466,6 +514,11 @@ mod tests {
             .find(|(_, p, _)| p == "/api/2.0/mlflow/experiments/create")
             .unwrap();
         assert_eq!((created.0.as_str(), created.2.as_str()), ("POST", other));
+        assert!(
+            seen.iter()
+                .any(|(m, p, _)| m == "GET" && p == "/api/2.0/mlflow/runs/log-batch"),
+            "{seen:?}"
+        );
         // Closed before its directory is removed, so that no connection opens one again.
         store.close().await;
     }
