@@ -191,7 +191,9 @@ impl tower::Service<Request> for Mlflow {
                 let lane = self.lane.clone();
                 Box::pin(async move {
                     let writes = &lane.metric_writes;
-                    let write = |request| writes.write(request, endpoint, peer);
+                    // Boxed where it starts: the write's future is large, and held inline by
+                    // the steps' futures it would be copied at every step.
+                    let write = |request| Box::pin(writes.write(request, endpoint, peer));
                     Ok(front(&lane.front, request, write).await)
                 })
             }
