@@ -18,42 +18,11 @@ use crate::plumbing::after;
 use crate::plumbing::proxy::Small;
 use crate::plumbing::writes::WriteWeight;
 
-/// `POST runs/log-batch`: the contract and deduplication applied, then merged with other writes
-/// to the run or forwarded.
-pub(crate) async fn log_batch(
-    State(rewriter): State<SharedRewriter>,
-    State(coalescer): State<Coalescer>,
-    State(health): State<Health>,
-    ConnectInfo(peer): ConnectInfo<SocketAddr>,
-    request: Request,
-) -> Response {
-    let lane = MetricWrites {
-        rewriter,
-        coalescer,
-        health,
-    };
-    lane.write(request, Endpoint::LogBatch, peer).await
-}
-
-/// `POST runs/log-metric`: as [`log_batch`]; a renamed sample may go on as a log-batch.
-pub(crate) async fn log_metric(
-    State(rewriter): State<SharedRewriter>,
-    State(coalescer): State<Coalescer>,
-    State(health): State<Health>,
-    ConnectInfo(peer): ConnectInfo<SocketAddr>,
-    request: Request,
-) -> Response {
-    let lane = MetricWrites {
-        rewriter,
-        coalescer,
-        health,
-    };
-    lane.write(request, Endpoint::LogMetric, peer).await
-}
-
-/// What the metric routes need, held once: the MLflow-facing service answers a metric write
-/// through it directly, without the route table's routing and extractors (see
-/// `shell::app::Mlflow`), and the route table's handlers through it too.
+/// What the metric writes need, held once: the MLflow-facing service answers a `POST` to
+/// `runs/log-batch` (the contract and deduplication applied, then merged with other writes to
+/// the run or forwarded) or `runs/log-metric` (the same; a renamed sample may go on as a
+/// log-batch) through it directly, without the route table's routing and extractors (see
+/// `shell::app::Mlflow`).
 pub(crate) struct MetricWrites {
     pub(crate) rewriter: SharedRewriter,
     pub(crate) coalescer: Coalescer,

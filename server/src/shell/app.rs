@@ -42,29 +42,27 @@ pub fn app(state: AppState, max_in_flight: usize) -> Mlflow {
     let mut intercepted = Intercepted::default();
     let mut router = Router::new();
     for prefix in API_PREFIXES {
+        // System-metric scoping and node deduplication: a POST is the metric lane's (see
+        // `Mlflow`), any other method MLflow's.
+        for (route, endpoint) in [
+            ("runs/log-batch", Endpoint::LogBatch),
+            ("runs/log-metric", Endpoint::LogMetric),
+        ] {
+            intercepted
+                .paths
+                .insert(format!("{prefix}/{route}"), Some(endpoint));
+        }
         let routes = [
-            // System-metric scoping and node deduplication (a POST answered by the metric
-            // lane, without the table: see `Mlflow`).
-            (
-                "runs/log-batch",
-                post(metric_routes::log_batch),
-                Some(Endpoint::LogBatch),
-            ),
-            (
-                "runs/log-metric",
-                post(metric_routes::log_metric),
-                Some(Endpoint::LogMetric),
-            ),
             // Write coalescing: params and tags join their run's queue (and are signs of life).
-            ("runs/log-parameter", post(metric_routes::log_pair), None),
-            ("runs/set-tag", post(metric_routes::log_pair), None),
+            ("runs/log-parameter", post(metric_routes::log_pair)),
+            ("runs/set-tag", post(metric_routes::log_pair)),
             // Run health: a run its client ended is billed.
-            ("runs/update", post(health::update_run), None),
+            ("runs/update", post(health::update_run)),
         ];
-        for (route, handler, metrics) in routes {
+        for (route, handler) in routes {
             let path = format!("{prefix}/{route}");
             router = router.route(&path, handler);
-            intercepted.paths.insert(path, metrics);
+            intercepted.paths.insert(path, None);
         }
     }
     match &state.artifacts {
@@ -130,7 +128,9 @@ impl Intercepted {
     fn answerer(&self, method: &http::Method, path: &str) -> Answerer {
         match self.paths.get(path) {
             Some(Some(endpoint)) if method == http::Method::POST => Answerer::Metrics(*endpoint),
-            Some(_) => Answerer::Table,
+            // Not a write: MLflow answers it.
+            Some(Some(_)) => Answerer::Forward,
+            Some(None) => Answerer::Table,
             None if self.prefixes.iter().any(|p| path.starts_with(p)) => Answerer::Table,
             None => Answerer::Forward,
         }
