@@ -108,8 +108,9 @@ pub fn app(state: AppState, max_in_flight: usize) -> Mlflow {
     }
 }
 
-/// The paths the route table answers itself (exactly, or everything under a prefix); every
-/// other path only reaches the route table's fallback, forwarding.
+/// The paths the forwarding lane does not answer: the metric writes' (the metric lane's) and
+/// those the route table answers itself (exactly, or everything under a prefix). Every other
+/// path would only reach the route table's fallback, forwarding.
 #[derive(Default)]
 struct Intercepted {
     /// Each path with, for a metric write, the endpoint the metric lane answers a POST to it as.
