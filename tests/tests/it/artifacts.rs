@@ -899,12 +899,18 @@ print("the training code saw no error", flush=True)
 
 /// Logged models and traces write under their own roots (`<exp>/models/<id>/artifacts`,
 /// `<exp>/traces/<id>/artifacts`): the write policy finds them in MLflow and lets them through.
+///
+/// The traced function returns an attachment, which the client always uploads to the trace's
+/// artifact root. The trace's spans may not be: MLflow 3.17's client sends them to the tracking
+/// store and the trace's record on two tasks of its own, and uploads them as a file only when the
+/// record gets there first.
 #[tokio::test]
 async fn logged_models_and_traces_write_through_the_enforcing_gateway() {
     let g = gateway();
     let script = r#"
 import mlflow
 from mlflow.pyfunc import PythonModel
+from mlflow.tracing.attachments import Attachment
 
 class Echo(PythonModel):
     def predict(self, context, model_input):
@@ -912,7 +918,7 @@ class Echo(PythonModel):
 
 @mlflow.trace
 def add(a, b):
-    return a + b
+    return Attachment(content_type="text/plain", content_bytes=str(a + b).encode())
 
 mlflow.set_experiment("models-and-traces")
 with mlflow.start_run():
@@ -953,8 +959,8 @@ print("ok", flush=True)
         "--- stdout\n{stdout}\n--- stderr\n{stderr}"
     );
     // The proxy's JSON request log: both kinds of write were answered 200 from the store. The
-    // trace is uploaded as the client exits, and its line may be written just after: the log is
-    // read again until both lines are there.
+    // trace's attachment is uploaded as the client exits, and its line may be written just
+    // after: the log is read again until both lines are there.
     let stored = |log: &str, root: &str| {
         log.lines()
             .filter_map(|l| serde_json::from_str::<Value>(l).ok())
