@@ -261,6 +261,84 @@ async fn a_write_that_goes_alone_keeps_its_place_in_its_runs_order() {
     assert_eq!(steps(&log[2].1), [2]);
 }
 
+/// The metric routes send a write to an idle run before reading it (`Coalescer::claim_idle`):
+/// unread, it holds its whole run; read, it holds only what it writes; answered, its run's
+/// queue goes on and what it stored is known.
+#[tokio::test(start_paused = true)]
+async fn a_write_sent_before_it_is_read_holds_its_run_until_read_and_then_only_what_it_writes() {
+    let stand_in = StandIn::new(StatusCode::OK);
+    let coalescer = coalescer(&stand_in, 8);
+    let body = with_params(0, r#"{"key":"lr","value":"0.1"}"#);
+    let mut early = coalescer
+        .claim_idle("r")
+        .expect("nothing of run r is queued");
+    assert!(coalescer.claim_idle("r").is_none(), "the run is taken");
+    assert!(
+        coalescer.claim_idle("other").is_some(),
+        "other runs are not"
+    );
+    let sent = {
+        let (coalescer, body) = (coalescer.clone(), body.clone());
+        tokio::spawn(async move {
+            let request = Request::post("/api/2.0/mlflow/runs/log-batch")
+                .header(header::CONTENT_TYPE, "application/json")
+                .body(Body::from(body))
+                .unwrap();
+            coalescer
+                .send_early(request, "127.0.0.1:40000".parse().unwrap())
+                .await
+        })
+    };
+    stand_in.received(1).await;
+    // Unread, it may write anything: even a write of metrics waits.
+    let metrics = submit(&coalescer, metric(1));
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(stand_in.log().len(), 1, "a write passed an unread one");
+    // Read: it writes a param MLflow does not hold yet. Metrics commute with it and go; the
+    // same param waits until MLflow holds it.
+    let prepared = Prepared(writes::parse(
+        "/api/2.0/mlflow/runs/log-batch",
+        &Bytes::from(body.clone()),
+    ));
+    let stored = early.read(Some(prepared));
+    stand_in.received(2).await;
+    let same = submit(&coalescer, pairs(&[("lr", "0.1")], &[]));
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(
+        stand_in.log().len(),
+        2,
+        "a write raced the unread write's param"
+    );
+    // MLflow answers it: once the answer has gone (the response dropped), MLflow holds lr=0.1
+    // and the run's queue goes on.
+    stand_in.gate.add_permits(1);
+    let mut response = sent.await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    early.answered(&mut response, stored);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(
+        stand_in.log().len(),
+        2,
+        "the run went on before the answer had gone"
+    );
+    drop(response);
+    stand_in.gate.add_permits(2);
+    assert_eq!(metrics.await.unwrap(), StatusCode::OK);
+    assert_eq!(same.await.unwrap(), StatusCode::OK);
+    let log = stand_in.log();
+    assert_eq!(log[0].1, body, "sent as it came");
+    assert_eq!(steps(&log[1].1), [1]);
+    assert_eq!(log.len(), 3, "{log:?}");
+    // Nothing of the run is left: it is idle again.
+    assert!(coalescer.claim_idle("r").is_some());
+}
+
+fn with_params(step: i64, params: &str) -> String {
+    format!(
+        r#"{{"run_id":"r","metrics":[{{"key":"loss","value":1,"timestamp":1,"step":{step}}}],"params":[{params}]}}"#
+    )
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_param_mlflow_holds_with_the_value_written_does_not_go_again() {
     let stand_in = StandIn::new(StatusCode::OK);
