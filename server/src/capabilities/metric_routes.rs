@@ -10,11 +10,10 @@ use std::time::SystemTime;
 use axum::extract::{ConnectInfo, Request, State};
 use axum::response::{IntoResponse, Response};
 
-use crate::capabilities::coalesce::{Coalescer, Early};
-use crate::capabilities::health::{Beat, Health};
+use crate::capabilities::coalesce::Coalescer;
+use crate::capabilities::health::Health;
 use crate::capabilities::rewrite::body::Endpoint;
-use crate::capabilities::rewrite::plain::plain_run;
-use crate::capabilities::rewrite::{Inspected, Outgoing, Read, ReadBody, SharedRewriter};
+use crate::capabilities::rewrite::{Inspected, Outgoing, SharedRewriter};
 use crate::plumbing::after;
 use crate::plumbing::proxy::Small;
 use crate::plumbing::writes::WriteWeight;
@@ -38,60 +37,9 @@ impl MetricWrites {
         endpoint: Endpoint,
         peer: SocketAddr,
     ) -> Response {
-        let body = match self.rewriter.read(request).await {
-            Ok(Read::Body(body)) => body,
-            Ok(Read::Unread(request)) => {
-                let inspected = Inspected::unread(request);
-                return submit(&self.coalescer, &self.health, inspected, peer).await;
-            }
-            Err(error) => return error.into_response(),
-        };
-        if let Some(early) = plain_run(&body.bytes).and_then(|run| self.coalescer.claim_idle(run)) {
-            return self.write_early(early, body, endpoint, peer).await;
-        }
-        match self.rewriter.inspect_read(body, endpoint).await {
+        match self.rewriter.inspect(request, endpoint).await {
             Ok(inspected) => submit(&self.coalescer, &self.health, inspected, peer).await,
             Err(error) => error.into_response(),
-        }
-    }
-
-    /// A write of the run's own metrics (the contract leaves it as it came, see
-    /// [`crate::capabilities::rewrite::plain`]) to a run with nothing queued or at MLflow: it
-    /// goes to MLflow at once, holding the whole run, and is read while MLflow stores it. What
-    /// the read finds (its params and tags for the run's later batches, its weight, its beat) is
-    /// what the write path would have found before sending it; the client's answer is MLflow's.
-    async fn write_early(
-        &self,
-        mut early: Early,
-        body: ReadBody,
-        endpoint: Endpoint,
-        peer: SocketAddr,
-    ) -> Response {
-        let mut request = Request::new(axum::body::Body::from(body.bytes.clone()));
-        *request.method_mut() = body.parts.method.clone();
-        *request.uri_mut() = body.parts.uri.clone();
-        *request.headers_mut() = body.parts.headers.clone();
-        let sent = self.coalescer.send_early(request, peer);
-        let read = async {
-            // The request is handed to the upstream connection's task, which writes it when
-            // this task gives way: the read waits for that.
-            tokio::task::yield_now().await;
-            let mut inspected = self.rewriter.inspect_read(body, endpoint).await;
-            let prepared = match inspected {
-                Ok(ref mut inspected) => inspected.writes.take(),
-                Err(_) => None,
-            };
-            (inspected, early.read(prepared))
-        };
-        let (mut response, (inspected, stored)) = tokio::join!(sent, read);
-        early.answered(&mut response, stored);
-        match inspected {
-            Ok(inspected) => settle(&self.health, response, inspected.weight, inspected.beat),
-            Err(error) => {
-                // Not reached: the scan passes no body the read refuses. MLflow had it first.
-                tracing::warn!(%error, "a metrics write sent before it was read reads as refused");
-                response
-            }
         }
     }
 }
@@ -110,16 +58,10 @@ async fn submit(
         beat,
         writes,
     } = inspected;
-    let response = match outgoing {
+    let mut response = match outgoing {
         Outgoing::Read { parts, body } => coalescer.submit_read(parts, body, writes, peer).await,
         Outgoing::Unread(request) => coalescer.submit(request, writes, peer).await,
     };
-    settle(health, response, weight, beat)
-}
-
-/// Marks MLflow's answer to a metrics write with the write's weight, and records its beat once
-/// the answer has gone, when MLflow stored it.
-fn settle(health: &Health, mut response: Response, weight: usize, beat: Option<Beat>) -> Response {
     response.extensions_mut().insert(WriteWeight(weight));
     if let Some(beat) = beat.filter(|_| response.status().is_success()) {
         // Heard as MLflow answered; recorded once the answer has gone (see `after`).

@@ -33,8 +33,7 @@
 //!   (40P01, answered 503). The coalescer learns it from MLflow's `/version` at start; from then
 //!   on one batch of a run is at MLflow at a time. A later MLflow that still answers a deadlock
 //!   halves the overlap, like any failed batch.
-//! - **Group commit.** A write for a run with nothing at MLflow goes at once (no latency added);
-//!   one the rewriter sends as it came may go before it is read ([`Coalescer::claim_idle`]).
+//! - **Group commit.** A write for a run with nothing at MLflow goes at once (no latency added).
 //!   While the run has a batch there, writes gather: the next batch leaves when its oldest
 //!   request has waited `window`, or at once when it is full, once the run may send again; so
 //!   batches grow with the load and shrink back when it falls.
@@ -369,122 +368,6 @@ impl Coalescer {
             permit,
         );
         Inner::wait_in_queue(inner, parsed.run_id.into(), member, answer).await
-    }
-}
-
-/// A run's place at MLflow, taken by a write that goes as it came before it has been read (see
-/// [`Coalescer::claim_idle`]): the whole run until [`Early::read`] says what the write holds.
-pub(crate) struct Early {
-    sending: Sending,
-    started: Instant,
-}
-
-impl Coalescer {
-    /// For a write to `run_id` that is to go to MLflow as it came: when nothing of the run is
-    /// queued, armed or at MLflow (an idle run's write goes at once anyway), its place at MLflow.
-    /// It claims the whole run, as a write the coalescer cannot read does, so that nothing of the
-    /// run overtakes it while it is unread. `None` when the run is busy (the write goes through
-    /// the queue) or coalescing is off.
-    pub(crate) fn claim_idle(&self, run_id: &str) -> Option<Early> {
-        let inner = &self.inner;
-        if inner.config.window.is_zero() {
-            return None;
-        }
-        let mut runs = inner.runs.lock().expect("coalescer lock");
-        if runs.contains_key(run_id) {
-            return None;
-        }
-        let run_id: Arc<str> = run_id.into();
-        let claims = Arc::new(Claims::everything());
-        runs.insert(
-            run_id.clone(),
-            RunQueue {
-                in_flight: 1,
-                at_mlflow: vec![claims.clone()],
-                ..RunQueue::default()
-            },
-        );
-        inner.metrics.runs(1);
-        Some(Early {
-            sending: Sending {
-                this: inner.clone(),
-                run_id,
-                claims,
-            },
-            started: Instant::now(),
-        })
-    }
-
-    /// Sends a write whose place [`Coalescer::claim_idle`] took, as it came: MLflow's answer, or
-    /// the proxy's error answer.
-    pub(crate) async fn send_early(&self, request: Request, peer: SocketAddr) -> Response {
-        self.inner.forwarder.forward(request, peer).await
-    }
-}
-
-impl Early {
-    /// What the write holds, once read: a write the coalescer can read claims only its params
-    /// and tags from now on (metrics commute), and the run's queue goes on; one it cannot read
-    /// keeps the whole run until MLflow answered. Hands back what MLflow stores when it
-    /// answers 200.
-    pub(crate) fn read(&mut self, prepared: Option<Prepared>) -> Option<Writes> {
-        let Sending {
-            this,
-            run_id,
-            claims,
-        } = &mut self.sending;
-        let writes = match prepared.map(|p| p.0) {
-            Some(Ok(mergeable)) if *mergeable.run_id == **run_id => mergeable.writes,
-            Some(Err(alone)) => {
-                this.metrics.skipped(alone.reason());
-                return None;
-            }
-            _ => return None,
-        };
-        {
-            let mut runs = this.runs.lock().expect("coalescer lock");
-            let Some(run) = runs.get_mut(run_id) else {
-                return Some(writes);
-            };
-            let narrowed = {
-                let mut settled = this.settled.lock().expect("coalescer lock");
-                Arc::new(Claims::of(std::iter::once(&writes), settled.of(run_id)))
-            };
-            for held in run.at_mlflow.iter_mut() {
-                if Arc::ptr_eq(held, claims) {
-                    *held = narrowed.clone();
-                }
-            }
-            *claims = narrowed;
-        }
-        Inner::pump(this, run_id);
-        Some(writes)
-    }
-
-    /// MLflow's answer to the write: what it stored is learned, and the run's place at MLflow
-    /// given back, once the answer has gone (as a lone batch's, see [`Inner::send`]).
-    pub(crate) fn answered(self, response: &mut Response, stored: Option<Writes>) {
-        let this = self.sending.this.clone();
-        this.metrics.waited(Duration::ZERO);
-        this.metrics
-            .batch(1, stored.as_ref().map_or(0, |w| w.metrics.len()));
-        this.metrics.outcome("single");
-        if response.status().is_server_error() {
-            this.failed();
-        }
-        let stored = stored.filter(|_| response.status().is_success());
-        let took = self.started.elapsed();
-        after::defer(response, move || {
-            if let Some(writes) = stored {
-                this.stored(
-                    &self.sending.run_id,
-                    std::iter::once(&writes),
-                    writes.items(),
-                    took,
-                );
-            }
-            drop(self);
-        });
     }
 }
 

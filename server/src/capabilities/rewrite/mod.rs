@@ -5,7 +5,6 @@
 pub mod body;
 pub mod intake;
 mod nodes;
-pub mod plain;
 pub mod stats;
 
 use std::collections::{HashMap, HashSet};
@@ -263,19 +262,9 @@ impl MetricsRewriter {
     /// As [`MetricsRewriter::prepare`], with what the rewriter found in the request, handed on
     /// with it so that nothing downstream reads the body again.
     pub async fn inspect(&self, request: Request, endpoint: Endpoint) -> Result<Inspected, Error> {
-        match self.read(request).await? {
-            Read::Unread(request) => Ok(Inspected::unread(request)),
-            Read::Body(body) => self.inspect_read(body, endpoint).await,
-        }
-    }
-
-    /// Reads a metrics request's body (JSON only: anything else is not the rewriter's to read)
-    /// within the inspection budget, normalized as MLflow reads it. `Err` is the proxy's own
-    /// refusal (too large, too slow, over budget).
-    pub async fn read(&self, request: Request) -> Result<Read, Error> {
         if !is_json(request.headers()) {
             self.metrics.passed_through("content_type");
-            return Ok(Read::Unread(request));
+            return Ok(Inspected::unread(request));
         }
         let limit = self.config.max_inspect_bytes;
         let declared = request
@@ -289,7 +278,7 @@ impl MetricsRewriter {
         let (parts, body) = request.into_parts();
         let peer = crate::plumbing::client::peer_of(&parts.extensions).ip();
         let client = self.trusted_proxies.client(peer, &parts.headers);
-        let (bytes, charge) = match self
+        let (bytes, _charge) = match self
             .intake
             .read(body, client, limit, self.config.inspect_deadline)
             .await
@@ -300,24 +289,6 @@ impl MetricsRewriter {
         // What MLflow reads out of a byte-order mark, UTF-16 or a double-encoded body is read
         // here too, and sent on as plain JSON.
         let (bytes, parts) = crate::plumbing::writes::normalized(bytes, parts);
-        Ok(Read::Body(ReadBody {
-            parts,
-            bytes,
-            _charge: charge,
-        }))
-    }
-
-    /// Inspects a body [`MetricsRewriter::read`] read: as [`MetricsRewriter::inspect`].
-    pub async fn inspect_read(
-        &self,
-        read: ReadBody,
-        endpoint: Endpoint,
-    ) -> Result<Inspected, Error> {
-        let ReadBody {
-            parts,
-            bytes,
-            _charge,
-        } = read;
         let parsed = match MetricsBody::parse(&bytes, endpoint) {
             Ok(parsed) => parsed,
             Err(BodyError::Conflict(message)) => {
@@ -776,21 +747,6 @@ impl Outgoing {
     }
 }
 
-/// A metrics request as [`MetricsRewriter::read`] hands it on: unread (not JSON), or its head
-/// and body.
-pub enum Read {
-    Unread(Request),
-    Body(ReadBody),
-}
-
-/// A metrics request's head and body as read, with the body's charge against the inspection
-/// budget, held until it has been inspected.
-pub struct ReadBody {
-    pub parts: http::request::Parts,
-    pub bytes: bytes::Bytes,
-    _charge: intake::Charge,
-}
-
 /// A metrics request as the rewriter hands it on: what to send and what its one read of the
 /// body found.
 pub struct Inspected {
@@ -804,7 +760,7 @@ pub struct Inspected {
 }
 
 impl Inspected {
-    pub(crate) fn unread(request: Request) -> Inspected {
+    fn unread(request: Request) -> Inspected {
         Inspected {
             outgoing: Outgoing::Unread(request),
             weight: 1,
