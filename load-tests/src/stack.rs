@@ -250,10 +250,11 @@ impl BenchStack {
         };
         let replicas = match &plan.replicas {
             Some(replicas) => {
-                let gateway_args = replicas
-                    .artifact_gateway
-                    .then(|| stack.s3.gateway_args(&stack.s3.url))
-                    .unwrap_or_default();
+                let gateway_args = if replicas.artifact_gateway {
+                    stack.s3.gateway_args(&stack.s3.url)
+                } else {
+                    Default::default()
+                };
                 Some(Replicas::start(
                     args,
                     replicas,
@@ -539,6 +540,21 @@ fn trim_url(url: &str) -> String {
     url.trim_end_matches('/').to_string()
 }
 
+/// The targets a fleet run names, in the order given.
+pub(crate) fn fleet_target_kinds(args: &FleetArgs) -> Vec<TargetKind> {
+    args.targets
+        .iter()
+        .map(|t| match t {
+            FleetTarget::Direct => TargetKind::Direct,
+            FleetTarget::Nginx => TargetKind::Nginx,
+            FleetTarget::MlscopePlain => TargetKind::ProxyCoalesceOff,
+            FleetTarget::MlscopeCoalesce => TargetKind::ProxyDedupOff,
+            FleetTarget::Mlscope => TargetKind::Proxy,
+            FleetTarget::MlscopeReplicas => TargetKind::ProxyReplicas,
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -581,19 +597,4 @@ mod tests {
             "starting S3 store, MLflow and mlscope-proxy (artifact gateway)"
         );
     }
-}
-
-/// The targets a fleet run names, in the order given.
-pub(crate) fn fleet_target_kinds(args: &FleetArgs) -> Vec<TargetKind> {
-    args.targets
-        .iter()
-        .map(|t| match t {
-            FleetTarget::Direct => TargetKind::Direct,
-            FleetTarget::Nginx => TargetKind::Nginx,
-            FleetTarget::MlscopePlain => TargetKind::ProxyCoalesceOff,
-            FleetTarget::MlscopeCoalesce => TargetKind::ProxyDedupOff,
-            FleetTarget::Mlscope => TargetKind::Proxy,
-            FleetTarget::MlscopeReplicas => TargetKind::ProxyReplicas,
-        })
-        .collect()
 }

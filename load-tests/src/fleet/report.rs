@@ -24,7 +24,7 @@ pub(crate) fn render(
     let _ = writeln!(
         out,
         "\n{nodes} nodes in {runs} run(s), one system-metrics publish of {source} ({per} metrics, {gpus} GPU(s)) per rank every {interval} \
-         simulated, time compressed {scale}× (each rank stands for {scale}); {training}; {start}; {checkpoints}; {scenario} start; \
+         simulated, time compressed {scale}× (each rank stands for {scale}); {training}; 10 params and 2 tags per run at its start; {checkpoints}; {scenario} start; \
          {duration} of load per target and fleet size; open loop (latency from each request's scheduled instant to its final \
          answer, up to {retries} retries on 429/5xx/transport errors as the MLflow client does); sustained = no failed or \
          dropped request, no acknowledged sample missing or duplicated, p99 acknowledgement ≤ {bound}. Upstream: MLflow {version}, \
@@ -55,7 +55,6 @@ pub(crate) fn render(
                 }
             )
         },
-        start = "10 params and 2 tags per run at its start",
         checkpoints = if args.checkpoint_every.is_zero() {
             "no checkpoint uploads".to_owned()
         } else {
@@ -102,9 +101,11 @@ pub(crate) fn render(
     ]);
     for o in outcomes {
         let q = |quantile: f64| {
-            (!o.all_latency.is_empty())
-                .then(|| micros_as_millis(o.all_latency.value_at_quantile(quantile)))
-                .unwrap_or_else(|| "—".into())
+            if !o.all_latency.is_empty() {
+                micros_as_millis(o.all_latency.value_at_quantile(quantile))
+            } else {
+                "—".into()
+            }
         };
         table.row(vec![
             o.target.label().to_owned(),
@@ -120,9 +121,11 @@ pub(crate) fn render(
             o.counts.duplicated.to_string(),
             q(0.5),
             q(0.99),
-            (!o.all_latency.is_empty())
-                .then(|| micros_as_millis(o.all_latency.max()))
-                .unwrap_or_else(|| "—".into()),
+            if !o.all_latency.is_empty() {
+                micros_as_millis(o.all_latency.max())
+            } else {
+                "—".into()
+            },
             if o.sustained() { "yes" } else { "no" }.to_owned(),
         ]);
     }

@@ -167,13 +167,12 @@ async fn run_health(
         None => Ok(default),
         Some(text) => text.parse::<usize>().map_err(|_| {
             Error::InvalidParameter(format!("{name} must be a whole number (page_token: the next_page_token of an earlier answer)"))
-                .into_response()
         }),
     }
     };
     let (offset, limit) = match (number("page_token", 0), number("max_results", HEALTH_PAGE)) {
         (Ok(offset), Ok(limit)) => (offset, limit.clamp(1, HEALTH_PAGE)),
-        (Err(answer), _) | (_, Err(answer)) => return answer,
+        (Err(error), _) | (_, Err(error)) => return error.into_response(),
     };
     if !state.health.config().enabled {
         return Error::NotFound("run health is off on this proxy (--run-health false)".into())

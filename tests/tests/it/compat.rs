@@ -102,7 +102,7 @@ async fn mlscope_compat_exits_0_on_equal_answers_and_1_with_the_differences_and_
         )
         .await;
         assert!(
-            active["experiments"].as_array().map_or(true, Vec::is_empty),
+            active["experiments"].as_array().is_none_or(Vec::is_empty),
             "left behind: {active}"
         );
         let deleted = crate::mlflow::post(

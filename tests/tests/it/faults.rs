@@ -46,7 +46,7 @@ async fn assert_retryable_json_error(response: reqwest::Response, what: &str) {
     let status = response.status();
     let body: Value = response.json().await.unwrap_or(Value::Null);
     assert!(
-        matches!(status.as_u16(), 502 | 503 | 504),
+        matches!(status.as_u16(), 502..=504),
         "{what}: {status} {body}"
     );
     assert_eq!(

@@ -150,6 +150,8 @@ fn invalid_path() -> Error {
 }
 
 impl Gateway {
+    // What the gateway shares with the rest of the proxy, each handed in once at start.
+    #[allow(clippy::too_many_arguments)]
     pub async fn new(
         config: &ArtifactsConfig,
         forwarder: Forwarder,

@@ -35,8 +35,11 @@ pub struct OwnerCheck {
     ttl: Duration,
     /// Keyed by the client's credential fingerprint as well: what MLflow showed one client is
     /// never an answer for another.
-    cache: Arc<Mutex<HashMap<([u8; 32], Owner), (Verdict, Instant)>>>,
+    cache: Arc<Mutex<OwnerCache>>,
 }
+
+/// MLflow's verdict on an owner for one client, and when it was asked.
+type OwnerCache = HashMap<([u8; 32], Owner), (Verdict, Instant)>;
 
 impl OwnerCheck {
     pub fn new(forwarder: Forwarder, ttl: Duration) -> Self {

@@ -225,7 +225,7 @@ mod tests {
         let now = 100 * MIN;
         // One system sample long ago, the loss logged every 2 s since: alive.
         let monitor = rank(0, now - 10 * MIN);
-        assert!(judge(&[monitor.clone()], now, STALE).is_some());
+        assert!(judge(std::slice::from_ref(&monitor), now, STALE).is_some());
         assert_eq!(
             judge(&written(vec![monitor.clone()], now - 2_000), now, STALE),
             None

@@ -94,7 +94,6 @@ mod tests {
                 leases: 1,
                 upload_failures: 0,
                 replicas: 0,
-                ..Swept::default()
             }
         );
         assert!(store.lease("old-run", "n1").await.unwrap().is_none());
@@ -107,7 +106,6 @@ mod tests {
                 leases: 1,
                 upload_failures: 1,
                 replicas: 1,
-                ..Swept::default()
             }
         );
         assert_eq!(
