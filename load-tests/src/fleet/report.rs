@@ -101,10 +101,10 @@ pub(crate) fn render(
     ]);
     for o in outcomes {
         let q = |quantile: f64| {
-            if !o.all_latency.is_empty() {
-                micros_as_millis(o.all_latency.value_at_quantile(quantile))
-            } else {
+            if o.all_latency.is_empty() {
                 "—".into()
+            } else {
+                micros_as_millis(o.all_latency.value_at_quantile(quantile))
             }
         };
         table.row(vec![
@@ -121,10 +121,10 @@ pub(crate) fn render(
             o.counts.duplicated.to_string(),
             q(0.5),
             q(0.99),
-            if !o.all_latency.is_empty() {
-                micros_as_millis(o.all_latency.max())
-            } else {
+            if o.all_latency.is_empty() {
                 "—".into()
+            } else {
+                micros_as_millis(o.all_latency.max())
             },
             if o.sustained() { "yes" } else { "no" }.to_owned(),
         ]);
