@@ -18,12 +18,20 @@ A wake-up's delay counts the time its CPU was taken by another thread (the run q
 the time a halted virtual CPU took to run again; the second is not the guest's to see, and shows
 as a CPU that stays idle while a thread it was to run waits.
 
-Usage: perf sched record -a -o sched.data -- sleep 15    # beside the load
-       perf script -i sched.data -F comm,tid,cpu,time,event,trace | load-tests/perf/stalls.py
+With `--samples RUN.csv` (the bench's `--samples-out`, whose `released_us` is on the monotonic
+clock; record with `perf sched record -k mono` to stamp the events on the same clock), also: per
+target, the requests over --slow-ms (1 ms) sent while the record ran, and how many of them
+overlapped a stretch over --burst-ms of a thread outside the watched ones, how many (of the rest)
+a watched thread's wake-up over 0.5 ms, and how many neither.
+
+Usage: perf sched record -k mono -a -o sched.data -- sleep 15    # beside the load
+       perf script -i sched.data -F comm,tid,cpu,time,event,trace \
+           | load-tests/perf/stalls.py [--samples RUN.csv]
 """
 import argparse
 import bisect
 import collections
+import csv
 import re
 import statistics
 import sys
@@ -41,6 +49,8 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--burst-ms", type=float, default=1.0)
     parser.add_argument("--watch", nargs="*", default=list(WATCHED))
+    parser.add_argument("--samples", help="the bench's --samples-out CSV of the same run")
+    parser.add_argument("--slow-ms", type=float, default=1.0)
     args = parser.parse_args()
 
     waking = {}  # tid -> (time, comm)
@@ -51,11 +61,14 @@ def main():
     slow = []  # (start, end, family) of watched wake-ups over 1 ms
     running = {}  # cpu -> (tid, comm, since)
     stretches = collections.defaultdict(list)  # (tid, comm) -> [(start, ms)]
+    delayed = []  # (woken, ran) of watched wake-ups over 0.5 ms
+    span = [None, None]
     for line in sys.stdin:
         m = LINE.match(line)
         if not m:
             continue
         cpu, t, event, trace = m[3], float(m[4]), m[5], m[6]
+        span = [span[0] if span[0] is not None else t, t]
         fields = dict(FIELD.findall(trace))
         if event == "sched_waking":
             if fields["pid"] not in runnable:
@@ -81,6 +94,8 @@ def main():
                 delays[family(comm)].append(ms)
                 if ms > 1 and family(comm) in args.watch:
                     slow.append((woken, t, family(comm)))
+                if ms > 0.5 and family(comm) in args.watch:
+                    delayed.append((woken, t))
 
     print("| thread | wake-ups | p50 ms | p99 ms | longest ms | over 0.5 ms | over 1 ms |")
     print("|---|---:|---:|---:|---:|---:|---:|")
@@ -113,6 +128,50 @@ def main():
     print(f"\nWake-ups of {', '.join(args.watch)} over 1 ms: {len(slow)}; overlapping a stretch of:")
     for who, n in overlapped.most_common():
         print(f"- {who}: {n}")
+
+    if args.samples and span[0] is not None:
+        requests(args, span, spans, sorted(delayed))
+
+
+def overlaps(intervals, starts, begin, end):
+    """Whether any (start, end, ...) of `intervals` (sorted by start) overlaps [begin, end]."""
+    return any(i[1] > begin for i in intervals[:bisect.bisect_right(starts, end)]
+               if i[0] < end)
+
+
+def requests(args, span, bursts, delayed):
+    """The slow requests of the run the record covers, by what overlapped them."""
+    burst_starts = [b[0] for b in bursts]
+    delayed_starts = [d[0] for d in delayed]
+    rows = collections.defaultdict(collections.Counter)
+    with open(args.samples, newline="") as f:
+        for r in csv.DictReader(f):
+            released = int(r.get("released_us") or 0) / 1e6
+            micros = int(r["micros"])
+            if not span[0] <= released <= span[1]:
+                continue
+            key = (r["endpoint"], r["rate"], r["target"])
+            rows[key]["sent"] += 1
+            if micros <= args.slow_ms * 1000:
+                continue
+            rows[key]["slow"] += 1
+            end = released + micros / 1e6
+            if overlaps(bursts, burst_starts, released, end):
+                rows[key]["burst"] += 1
+            elif overlaps(delayed, delayed_starts, released, end):
+                rows[key]["delayed"] += 1
+            else:
+                rows[key]["neither"] += 1
+    if not rows:
+        print(f"\nNo request of {args.samples} was sent while the record ran (was it taken with -k mono?)")
+        return
+    print(f"\n| endpoint | rate | target | sent while recorded | over {args.slow_ms} ms | "
+          f"overlapping a stretch over {args.burst_ms} ms of another thread | "
+          "of the rest, a watched wake-up over 0.5 ms | neither |")
+    print("|---|---:|---|---:|---:|---:|---:|---:|")
+    for (endpoint, rate, target), c in sorted(rows.items()):
+        print(f"| {endpoint} | {rate} | {target} | {c['sent']} | {c['slow']} | {c['burst']} | "
+              f"{c['delayed']} | {c['neither']} |")
 
 
 if __name__ == "__main__":

@@ -168,14 +168,18 @@ pub(crate) async fn run(
 }
 
 /// Every successful request of the run as one CSV line:
-/// `endpoint,rate,target,slice,order,sequence,micros`. `slice` is the target's own slice (its
-/// round), `order` the slice's place in time among every target's slices of that endpoint and
-/// rate (the targets take turns in the order [`run`] rotates them), `sequence` the request's place
-/// in its slice's schedule.
+/// `endpoint,rate,target,slice,order,sequence,micros,released_us`. `slice` is the target's own
+/// slice (its round), `order` the slice's place in time among every target's slices of that
+/// endpoint and rate (the targets take turns in the order [`run`] rotates them), `sequence` the
+/// request's place in its slice's schedule, `released_us` when it left on the system's monotonic
+/// clock.
 fn write_samples(path: &std::path::Path, results: &Results) -> std::io::Result<()> {
     use std::io::Write as _;
     let mut out = std::io::BufWriter::new(std::fs::File::create(path)?);
-    writeln!(out, "endpoint,rate,target,slice,order,sequence,micros")?;
+    writeln!(
+        out,
+        "endpoint,rate,target,slice,order,sequence,micros,released_us"
+    )?;
     for ((endpoint, rate, kind), measured) in results {
         // The targets in the order `run` had them (by kind, as the results are).
         let kinds: Vec<TargetKind> = results
@@ -192,13 +196,14 @@ fn write_samples(path: &std::path::Path, results: &Results) -> std::io::Result<(
                 .unwrap_or(0);
             writeln!(
                 out,
-                "{},{rate},{},{},{},{},{}",
+                "{},{rate},{},{},{},{},{},{}",
                 endpoint_name(*endpoint),
                 kind.slug(),
                 sample.slice,
                 round * n + turn,
                 sample.sequence,
-                sample.micros
+                sample.micros,
+                sample.released_us
             )?;
         }
     }
@@ -270,6 +275,7 @@ mod tests {
                     slice: round,
                     sequence: 0,
                     micros: 100,
+                    released_us: 1_000 + u64::from(round),
                 });
             }
             results.insert((Endpoint::RunsGet, 50, kind), measured);

@@ -67,12 +67,37 @@ pub(crate) struct Measurements {
 }
 
 /// One successful request: the slice it was sent in (counted from 0 per endpoint, rate and
-/// target), its place in that slice's schedule, and its latency.
+/// target), its place in that slice's schedule, its latency, and when it was released on the
+/// system's monotonic clock (see [`monotonic_micros`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Sample {
     pub(crate) slice: u32,
     pub(crate) sequence: u32,
     pub(crate) micros: u64,
+    pub(crate) released_us: u64,
+}
+
+/// `at` on the system's monotonic clock (`CLOCK_MONOTONIC`) in microseconds: the clock a
+/// machine-wide record of the scheduler is stamped with by `perf record -k mono`, so a slow
+/// request can be looked up in it (`load-tests/perf/stalls.py --samples`). 0 where the clock
+/// cannot be read.
+pub(crate) fn monotonic_micros(at: Instant) -> u64 {
+    static ANCHOR: std::sync::OnceLock<Option<(std::time::Instant, Duration)>> =
+        std::sync::OnceLock::new();
+    let anchor = ANCHOR.get_or_init(|| {
+        let now = std::time::Instant::now();
+        let clock = nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC).ok()?;
+        Some((now, Duration::from(clock)))
+    });
+    let Some((anchor, clock)) = *anchor else {
+        return 0;
+    };
+    let at = at.into_std();
+    let at = match at.checked_duration_since(anchor) {
+        Some(after) => clock + after,
+        None => clock.saturating_sub(anchor.duration_since(at)),
+    };
+    u64::try_from(at.as_micros()).unwrap_or(u64::MAX)
 }
 
 /// Failed requests by cause.
@@ -197,6 +222,7 @@ impl Measurements {
                         slice,
                         sequence: u32::try_from(sequence).unwrap_or(u32::MAX),
                         micros,
+                        released_us: monotonic_micros(released),
                     });
                 }
             }
@@ -249,6 +275,24 @@ mod tests {
             max_in_flight,
             request_timeout: Duration::from_secs(10),
         }
+    }
+
+    #[test]
+    fn a_release_is_stamped_on_the_monotonic_clock() {
+        let clock = || {
+            let now = nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC).unwrap();
+            u64::try_from(Duration::from(now).as_micros()).unwrap()
+        };
+        let earlier = Instant::now();
+        let before = clock();
+        let stamped = monotonic_micros(Instant::now());
+        let after = clock();
+        // Read within a microsecond of each other; a millisecond is what a record is matched by.
+        assert!(
+            before <= stamped + 1_000 && stamped <= after + 1_000,
+            "{before} {stamped} {after}"
+        );
+        assert!(monotonic_micros(earlier) <= stamped);
     }
 
     #[tokio::test(start_paused = true)]
