@@ -20,9 +20,10 @@ as a CPU that stays idle while a thread it was to run waits.
 
 With `--samples RUN.csv` (the bench's `--samples-out`, whose `released_us` is on the monotonic
 clock; record with `perf sched record -k mono` to stamp the events on the same clock), also: per
-target, the requests over --slow-ms (1 ms) sent while the record ran, and how many of them
-overlapped a stretch over --burst-ms of a thread outside the watched ones, how many (of the rest)
-a watched thread's wake-up over 0.5 ms, and how many neither.
+target, its requests sent while the record ran, over --slow-ms (1 ms) and the rest, and how many
+of each overlapped any thread's stretch over --burst-ms (perf's own left out), how many of the
+others a watched thread's wake-up over 0.5 ms, and how many slow ones neither. The rest's shares
+are what chance alone gives: a cause is one the slow requests meet far more often.
 
 Usage: perf sched record -k mono -a -o sched.data -- sleep 15    # beside the load
        perf script -i sched.data -F comm,tid,cpu,time,event,trace \
@@ -130,7 +131,11 @@ def main():
         print(f"- {who}: {n}")
 
     if args.samples and span[0] is not None:
-        requests(args, span, spans, sorted(delayed))
+        # Every thread's long stretches here, the watched ones' too; `perf`'s own are the record's.
+        everyone = sorted((s, s + ms / 1000, f"{comm} ({tid})")
+                          for (tid, comm), runs in bursts.items() for s, ms in runs
+                          if not comm.startswith("perf"))
+        requests(args, span, everyone, sorted(delayed))
 
 
 def overlaps(intervals, starts, begin, end):
@@ -140,38 +145,45 @@ def overlaps(intervals, starts, begin, end):
 
 
 def requests(args, span, bursts, delayed):
-    """The slow requests of the run the record covers, by what overlapped them."""
+    """Each target's requests sent while the record ran, slow and not, by what overlapped them:
+    the share of the fast ones overlapping anything is what chance alone gives."""
     burst_starts = [b[0] for b in bursts]
     delayed_starts = [d[0] for d in delayed]
     rows = collections.defaultdict(collections.Counter)
     with open(args.samples, newline="") as f:
-        for r in csv.DictReader(f):
-            released = int(r.get("released_us") or 0) / 1e6
+        reader = csv.DictReader(f)
+        if "released_us" not in (reader.fieldnames or ()):
+            sys.exit(f"{args.samples} has no released_us column: written by a bench before it "
+                     "stamped each request's send time; run the bench again")
+        for r in reader:
+            released = int(r["released_us"]) / 1e6
             micros = int(r["micros"])
             if not span[0] <= released <= span[1]:
                 continue
-            key = (r["endpoint"], r["rate"], r["target"])
-            rows[key]["sent"] += 1
-            if micros <= args.slow_ms * 1000:
-                continue
-            rows[key]["slow"] += 1
+            speed = "slow" if micros > args.slow_ms * 1000 else "fast"
+            c = rows[(r["endpoint"], r["rate"], r["target"])]
+            c[speed] += 1
             end = released + micros / 1e6
             if overlaps(bursts, burst_starts, released, end):
-                rows[key]["burst"] += 1
+                c[speed + " burst"] += 1
             elif overlaps(delayed, delayed_starts, released, end):
-                rows[key]["delayed"] += 1
-            else:
-                rows[key]["neither"] += 1
+                c[speed + " delayed"] += 1
     if not rows:
-        print(f"\nNo request of {args.samples} was sent while the record ran (was it taken with -k mono?)")
-        return
-    print(f"\n| endpoint | rate | target | sent while recorded | over {args.slow_ms} ms | "
-          f"overlapping a stretch over {args.burst_ms} ms of another thread | "
-          "of the rest, a watched wake-up over 0.5 ms | neither |")
-    print("|---|---:|---|---:|---:|---:|---:|---:|")
+        sys.exit(f"no request of {args.samples} was sent while the record ran: record with "
+                 "`perf sched record -k mono` while the bench runs")
+
+    def share(c, speed, what):
+        return f"{c[speed + ' ' + what]} ({100 * c[speed + ' ' + what] / max(c[speed], 1):.1f} %)"
+
+    print(f"\n| endpoint | rate | target | requests over {args.slow_ms} ms / the rest | "
+          f"overlapping a thread's stretch over {args.burst_ms} ms, slow / the rest | "
+          "of the others, a watched wake-up over 0.5 ms, slow / the rest | slow with neither |")
+    print("|---|---:|---|---|---|---|---:|")
     for (endpoint, rate, target), c in sorted(rows.items()):
-        print(f"| {endpoint} | {rate} | {target} | {c['sent']} | {c['slow']} | {c['burst']} | "
-              f"{c['delayed']} | {c['neither']} |")
+        neither = c["slow"] - c["slow burst"] - c["slow delayed"]
+        print(f"| {endpoint} | {rate} | {target} | {c['slow']} / {c['fast']} | "
+              f"{share(c, 'slow', 'burst')} / {share(c, 'fast', 'burst')} | "
+              f"{share(c, 'slow', 'delayed')} / {share(c, 'fast', 'delayed')} | {neither} |")
 
 
 if __name__ == "__main__":

@@ -171,8 +171,8 @@ pub(crate) async fn run(
 /// `endpoint,rate,target,slice,order,sequence,micros,released_us`. `slice` is the target's own
 /// slice (its round), `order` the slice's place in time among every target's slices of that
 /// endpoint and rate (the targets take turns in the order [`run`] rotates them), `sequence` the
-/// request's place in its slice's schedule, `released_us` when it left on the system's monotonic
-/// clock.
+/// request's place in its slice's schedule, `released_us` when its latency started on the
+/// system's monotonic clock.
 fn write_samples(path: &std::path::Path, results: &Results) -> std::io::Result<()> {
     use std::io::Write as _;
     let mut out = std::io::BufWriter::new(std::fs::File::create(path)?);
@@ -284,6 +284,19 @@ mod tests {
         let path = dir.path().join("samples.csv");
         write_samples(&path, &results).unwrap();
         let text = std::fs::read_to_string(&path).unwrap();
+        assert_eq!(
+            text.lines().next(),
+            Some("endpoint,rate,target,slice,order,sequence,micros,released_us")
+        );
+        // Each line ends in its send time on the monotonic clock.
+        let mut sent: Vec<&str> = text
+            .lines()
+            .skip(1)
+            .filter_map(|l| l.rsplit(',').next())
+            .collect();
+        sent.sort_unstable();
+        sent.dedup();
+        assert_eq!(sent, ["1000", "1001", "1002"]);
         let mut order: Vec<(u64, String)> = text
             .lines()
             .skip(1)

@@ -67,8 +67,9 @@ pub(crate) struct Measurements {
 }
 
 /// One successful request: the slice it was sent in (counted from 0 per endpoint, rate and
-/// target), its place in that slice's schedule, its latency, and when it was released on the
-/// system's monotonic clock (see [`monotonic_micros`]).
+/// target), its place in that slice's schedule, its latency, and when its latency started on the
+/// system's monotonic clock (see [`monotonic_micros`]): its release by the timer, or for a send
+/// the generator made late, the time it was scheduled for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Sample {
     pub(crate) slice: u32,
