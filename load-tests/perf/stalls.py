@@ -59,17 +59,16 @@ def main():
     # of its own, so it is not a wake-up that waited.
     runnable = set()
     delays = collections.defaultdict(list)  # family -> [ms]
-    slow = []  # (start, end, family) of watched wake-ups over 1 ms
     running = {}  # cpu -> (tid, comm, since)
     stretches = collections.defaultdict(list)  # (tid, comm) -> [(start, ms)]
     delayed = []  # (woken, ran) of watched wake-ups over 0.5 ms
-    span = [None, None]
+    first = last = None  # what the record covers
     for line in sys.stdin:
         m = LINE.match(line)
         if not m:
             continue
         cpu, t, event, trace = m[3], float(m[4]), m[5], m[6]
-        span = [span[0] if span[0] is not None else t, t]
+        first, last = first if first is not None else t, t
         fields = dict(FIELD.findall(trace))
         if event == "sched_waking":
             if fields["pid"] not in runnable:
@@ -93,8 +92,6 @@ def main():
                 woken, comm = waking.pop(next_pid)
                 ms = (t - woken) * 1000
                 delays[family(comm)].append(ms)
-                if ms > 1 and family(comm) in args.watch:
-                    slow.append((woken, t, family(comm)))
                 if ms > 0.5 and family(comm) in args.watch:
                     delayed.append((woken, t))
 
@@ -117,38 +114,42 @@ def main():
         gap = f"{statistics.median(gaps):.2f}" if gaps else "—"
         print(f"| {comm} ({tid}) | {len(runs)} | {max(ms for _, ms in runs):.2f} | {gap} |")
 
-    spans = sorted((s, s + ms / 1000, f"{comm} ({tid})")
-                   for (tid, comm), runs in bursts.items() for s, ms in runs
-                   if family(comm) not in args.watch)
-    starts = [s for s, _, _ in spans]
+    def long_stretches(keep):
+        return Intervals((s, s + ms / 1000, f"{comm} ({tid})")
+                         for (tid, comm), runs in bursts.items() for s, ms in runs if keep(comm))
+
+    others = long_stretches(lambda comm: family(comm) not in args.watch)
+    slow = [(woken, ran) for woken, ran in delayed if ran - woken > 0.001]
     overlapped = collections.Counter()
-    for woken, ran, _ in slow:
-        hit = {who for s, e, who in spans[:bisect.bisect_right(starts, ran)] if s < ran and e > woken}
-        for who in hit or {"nothing over the burst length"}:
+    for woken, ran in slow:
+        for who in {i[2] for i in others.over(woken, ran)} or {"nothing over the burst length"}:
             overlapped[who] += 1
     print(f"\nWake-ups of {', '.join(args.watch)} over 1 ms: {len(slow)}; overlapping a stretch of:")
     for who, n in overlapped.most_common():
         print(f"- {who}: {n}")
 
-    if args.samples and span[0] is not None:
+    if args.samples and first is not None:
         # Every thread's long stretches here, the watched ones' too; `perf`'s own are the record's.
-        everyone = sorted((s, s + ms / 1000, f"{comm} ({tid})")
-                          for (tid, comm), runs in bursts.items() for s, ms in runs
-                          if not comm.startswith("perf"))
-        requests(args, span, everyone, sorted(delayed))
+        everyone = long_stretches(lambda comm: not comm.startswith("perf"))
+        requests(args, (first, last), everyone, Intervals(delayed))
 
 
-def overlaps(intervals, starts, begin, end):
-    """Whether any (start, end, ...) of `intervals` (sorted by start) overlaps [begin, end]."""
-    return any(i[1] > begin for i in intervals[:bisect.bisect_right(starts, end)]
-               if i[0] < end)
+class Intervals:
+    """(start, end, ...) tuples, sorted by start, searched for those overlapping a span."""
+
+    def __init__(self, intervals):
+        self.intervals = sorted(intervals)
+        self.starts = [i[0] for i in self.intervals]
+
+    def over(self, begin, end):
+        """The intervals overlapping [begin, end]."""
+        return [i for i in self.intervals[:bisect.bisect_right(self.starts, end)]
+                if i[0] < end and i[1] > begin]
 
 
 def requests(args, span, bursts, delayed):
     """Each target's requests sent while the record ran, slow and not, by what overlapped them:
     the share of the fast ones overlapping anything is what chance alone gives."""
-    burst_starts = [b[0] for b in bursts]
-    delayed_starts = [d[0] for d in delayed]
     rows = collections.defaultdict(collections.Counter)
     with open(args.samples, newline="") as f:
         reader = csv.DictReader(f)
@@ -164,9 +165,9 @@ def requests(args, span, bursts, delayed):
             c = rows[(r["endpoint"], r["rate"], r["target"])]
             c[speed] += 1
             end = released + micros / 1e6
-            if overlaps(bursts, burst_starts, released, end):
+            if bursts.over(released, end):
                 c[speed + " burst"] += 1
-            elif overlaps(delayed, delayed_starts, released, end):
+            elif delayed.over(released, end):
                 c[speed + " delayed"] += 1
     if not rows:
         sys.exit(f"no request of {args.samples} was sent while the record ran: record with "
