@@ -2,15 +2,19 @@
 //!
 //! A closed loop (send, wait, send) slows down together with the server and so hides exactly the
 //! stalls a benchmark is looking for ("coordinated omission"). Here request `i` is *scheduled* for
-//! `start + i / rate` and its latency is measured from when the generator's timer let it go to
-//! the end of the response body, so time spent waiting behind a slow request for one of the
-//! bounded in-flight slots counts against the target that caused it.
+//! `start + i / rate` and its latency is measured from when the generator let it go to the end of
+//! the response body; a send whose schedule came while the target kept the generator waiting for
+//! one of the bounded in-flight slots is measured from its schedule, so that wait counts against
+//! the target that caused it.
 //!
-//! Not from the scheduled instant itself when the generator was on time: tokio's timer fires on
-//! whole milliseconds, so each send leaves up to a millisecond after its schedule, by an amount
-//! that depends on where a slice's start fell between two ticks and stays the same for the whole
-//! slice (periods are whole milliseconds). Counted in, that lateness shifted each slice's latencies by a different
-//! fraction of a millisecond, larger than the differences between proxies being measured.
+//! The generator's own lateness counts against no target. Tokio's timer fires on whole
+//! milliseconds, so each send leaves up to a millisecond after its schedule, by an amount that
+//! depends on where a slice's start fell between two ticks and stays the same for the whole slice
+//! (periods are whole milliseconds); counted in, it shifted each slice's latencies by a different
+//! fraction of a millisecond. And when the generator's thread wakes late past the next send's
+//! schedule too, that send goes at once rather than waiting for the timer: a deadline already past
+//! fires only at the timer's next tick, and counting from the schedule put about 1.1 ms of the
+//! generator's wait into one request of each such pair, for every target alike.
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -38,8 +42,8 @@ pub(crate) enum RequestError {
     Timeout,
 }
 
-/// A finished request: its place in the slice's schedule, when the timer released it, when its
-/// answer ended, and how it went.
+/// A finished request: its place in the slice's schedule, when its latency started
+/// ([`released_at`]), when its answer ended, and how it went.
 type Outcome = (u64, Instant, Instant, Result<(), RequestError>);
 
 /// One fixed-rate slice of load.
@@ -68,8 +72,8 @@ pub(crate) struct Measurements {
 
 /// One successful request: the slice it was sent in (counted from 0 per endpoint, rate and
 /// target), its place in that slice's schedule, its latency, and when its latency started on the
-/// system's monotonic clock (see [`monotonic_micros`]): its release by the timer, or for a send
-/// the generator made late, the time it was scheduled for.
+/// system's monotonic clock (see [`monotonic_micros`]): its release by the generator, or for a
+/// send the target held up, the time it was scheduled for (see [`released_at`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Sample {
     pub(crate) slice: u32,
@@ -144,14 +148,18 @@ impl OpenLoop {
             samples.reserve(usize::try_from(count).unwrap_or(0));
         }
 
+        // Until when the target last kept the generator waiting for a slot.
+        let mut held_until: Option<Instant> = None;
         for sequence in 0..count {
             // Computed from `start`, not from the previous send: timer lateness never accumulates.
             let scheduled = start + period.mul_f64(sequence as f64);
-            // On time, the send waits for the timer, whose lateness is the generator's; already
-            // late (held up by a slot the target kept busy), it counts from its schedule.
-            let on_time = Instant::now() < scheduled;
-            tokio::time::sleep_until(scheduled).await;
-            let released = if on_time { Instant::now() } else { scheduled };
+            // A send already late does not wait for the timer: tokio fires a deadline that has
+            // passed only at its next tick, about a millisecond later.
+            if Instant::now() < scheduled {
+                tokio::time::sleep_until(scheduled).await;
+            }
+            let released = released_at(scheduled, Instant::now(), held_until);
+            let waits = slots.available_permits() == 0;
             let slot =
                 match tokio::time::timeout_at(send_deadline, slots.clone().acquire_owned()).await {
                     Ok(Ok(slot)) => slot,
@@ -160,6 +168,9 @@ impl OpenLoop {
                         break;
                     }
                 };
+            if waits {
+                held_until = Some(Instant::now());
+            }
             let response = request(sequence);
             let timeout = self.request_timeout;
             in_flight.spawn(async move {
@@ -177,6 +188,18 @@ impl OpenLoop {
         while let Some(done) = in_flight.join_next().await {
             into.record(slice, done);
         }
+    }
+}
+
+/// Where a send's latency starts: when the generator let it go (`ready`), or, when the target
+/// kept the generator waiting for a slot past the send's schedule (`held_until`), the schedule
+/// itself, so that the wait counts against the target that caused it. Any other lateness is the
+/// generator's own (its timer firing on whole milliseconds, its thread descheduled) and counts
+/// against no target.
+fn released_at(scheduled: Instant, ready: Instant, held_until: Option<Instant>) -> Instant {
+    match held_until {
+        Some(held) if held > scheduled => scheduled.min(ready),
+        _ => ready,
     }
 }
 
@@ -358,6 +381,36 @@ mod tests {
         assert!(
             (195..=210).contains(&min_ms),
             "the first request only took its service time: {min_ms} ms"
+        );
+    }
+
+    #[test]
+    fn only_a_wait_the_target_caused_counts_from_the_schedule() {
+        let scheduled = Instant::now();
+        let ms = Duration::from_millis;
+        // The generator itself late (its timer, its thread): from when it let the send go.
+        assert_eq!(
+            released_at(scheduled, scheduled + ms(2), None),
+            scheduled + ms(2)
+        );
+        // Held for a slot until after this send's schedule: from the schedule.
+        assert_eq!(
+            released_at(scheduled, scheduled + ms(3), Some(scheduled + ms(1))),
+            scheduled
+        );
+        // Held, but only before this send was due: the rest of its lateness is the generator's.
+        assert_eq!(
+            released_at(
+                scheduled + ms(2),
+                scheduled + ms(3),
+                Some(scheduled + ms(1))
+            ),
+            scheduled + ms(3)
+        );
+        // On time: from its release, whatever happened before.
+        assert_eq!(
+            released_at(scheduled, scheduled, Some(scheduled + ms(1))),
+            scheduled
         );
     }
 
