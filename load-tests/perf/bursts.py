@@ -12,10 +12,14 @@ prints, per endpoint, rate and target:
 - how many of the slow ones were the second of a pair: where nearly all are, a target's tail is
   made of pairs, not of lone requests;
 - for the pairs, the median gap between the two releases and the median time the second
-  finished after the first. A small gap with a large finish says what held the second: about
-  1.1 ms in every target, direct included, was the generator's own timer (BENCHMARKS.md, "The
-  generator's own millisecond"); through mlscope-proxy a second `log-batch` into the same run
-  waits for the first's batch (docs/write-path.md, group commit).
+  finished after the first. A small gap with a large finish says what held the second: in files
+  of a bench before 2ed90c4, about 1.1 ms in every target, direct included, was the generator's
+  own timer (BENCHMARKS.md, "The generator's own millisecond"); through mlscope-proxy a second
+  `log-batch` into the same run waits for the first's batch (docs/write-path.md, group commit).
+
+Counts are of successful requests (the files hold no others), and a failed request leaves a
+hole: the request after it is paired with nothing. Pool files of one bench version only: before
+2ed90c4 a late send's `released_us` was its schedule, from it on when the generator let it go.
 
 Usage: load-tests/perf/bursts.py [--slow-ms 1] RUN.csv...
 """
@@ -31,7 +35,9 @@ def read(paths):
     for run, path in enumerate(paths):
         with open(path, newline="") as f:
             reader = csv.DictReader(f)
-            if "released_us" not in (reader.fieldnames or ()):
+            if reader.fieldnames is None:
+                sys.exit(f"bursts.py: {path} is empty")
+            if "released_us" not in reader.fieldnames:
                 sys.exit(f"bursts.py: {path} has no released_us column (a samples file of an older bench)")
             for r in reader:
                 key = (r["endpoint"], int(r["rate"]), r["target"])
@@ -48,11 +54,12 @@ def main():
     parser.add_argument("runs", nargs="+")
     args = parser.parse_args()
     slow_us = args.slow_ms * 1000
+    slices = read(args.runs)
     print(f"| endpoint | rate req/s | target | requests | pairs | over {args.slow_ms:g} ms | "
           "of those, the second of a pair | pairs: release gap, median µs | "
           "pairs: second finished after the first, median µs |")
     print("|---|---:|---|---:|---:|---:|---:|---:|---:|")
-    for (endpoint, rate, target), by_slice in sorted(read(args.runs).items()):
+    for (endpoint, rate, target), by_slice in sorted(slices.items()):
         total = slow = slow_second = 0
         gaps, after = [], []
         for requests in by_slice.values():

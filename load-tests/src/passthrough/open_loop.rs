@@ -3,18 +3,21 @@
 //! A closed loop (send, wait, send) slows down together with the server and so hides exactly the
 //! stalls a benchmark is looking for ("coordinated omission"). Here request `i` is *scheduled* for
 //! `start + i / rate` and its latency is measured from when the generator let it go to the end of
-//! the response body; a send whose schedule came while the target kept the generator waiting for
-//! one of the bounded in-flight slots is measured from its schedule, so that wait counts against
+//! the response body, plus whatever part of the time since its schedule the target kept the
+//! generator waiting for one of the bounded in-flight slots ([`Holds`]): that wait counts against
 //! the target that caused it.
 //!
 //! The generator's own lateness counts against no target. Tokio's timer fires on whole
-//! milliseconds, so each send leaves up to a millisecond after its schedule, by an amount that
+//! milliseconds, so each send leaves a millisecond or so after its schedule, by an amount that
 //! depends on where a slice's start fell between two ticks and stays the same for the whole slice
 //! (periods are whole milliseconds); counted in, it shifted each slice's latencies by a different
 //! fraction of a millisecond. And when the generator's thread wakes late past the next send's
-//! schedule too, that send goes at once rather than waiting for the timer: a deadline already past
-//! fires only at the timer's next tick, and counting from the schedule put about 1.1 ms of the
-//! generator's wait into one request of each such pair, for every target alike.
+//! schedule too, that send goes at once: tokio rounds a deadline up to a whole millisecond and
+//! parks a full one for a deadline that has passed but not its millisecond, so sleeping for it and
+//! counting from the schedule put about 1.1 ms of the generator's wait into one request of each
+//! such pair, for every target alike (before 2ed90c4). On the generator's single thread, its
+//! handling of the answers counts as its own lateness too: a target that keeps it busier is not
+//! charged for that.
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -43,7 +46,7 @@ pub(crate) enum RequestError {
 }
 
 /// A finished request: its place in the slice's schedule, when its latency started
-/// ([`released_at`]), when its answer ended, and how it went.
+/// ([`Holds::release`]), when its answer ended, and how it went.
 type Outcome = (u64, Instant, Instant, Result<(), RequestError>);
 
 /// One fixed-rate slice of load.
@@ -73,7 +76,7 @@ pub(crate) struct Measurements {
 /// One successful request: the slice it was sent in (counted from 0 per endpoint, rate and
 /// target), its place in that slice's schedule, its latency, and when its latency started on the
 /// system's monotonic clock (see [`monotonic_micros`]): its release by the generator, or for a
-/// send the target held up, the time it was scheduled for (see [`released_at`]).
+/// send the target held up, the time it was scheduled for (see [`Holds`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Sample {
     pub(crate) slice: u32,
@@ -148,18 +151,19 @@ impl OpenLoop {
             samples.reserve(usize::try_from(count).unwrap_or(0));
         }
 
-        // Until when the target last kept the generator waiting for a slot.
-        let mut held_until: Option<Instant> = None;
+        let mut holds = Holds::default();
         for sequence in 0..count {
             // Computed from `start`, not from the previous send: timer lateness never accumulates.
             let scheduled = start + period.mul_f64(sequence as f64);
-            // A send already late does not wait for the timer: tokio fires a deadline that has
-            // passed only at its next tick, about a millisecond later.
+            // A send already late does not wait for the timer: tokio rounds a deadline up to a
+            // whole millisecond and parks a full one for a deadline that has passed but not its
+            // millisecond (about 1.1 ms measured).
             if Instant::now() < scheduled {
                 tokio::time::sleep_until(scheduled).await;
             }
-            let released = released_at(scheduled, Instant::now(), held_until);
+            let released = holds.release(scheduled, Instant::now());
             let waits = slots.available_permits() == 0;
+            let waited_from = Instant::now();
             let slot =
                 match tokio::time::timeout_at(send_deadline, slots.clone().acquire_owned()).await {
                     Ok(Ok(slot)) => slot,
@@ -169,7 +173,7 @@ impl OpenLoop {
                     }
                 };
             if waits {
-                held_until = Some(Instant::now());
+                holds.waited(waited_from, Instant::now());
             }
             let response = request(sequence);
             let timeout = self.request_timeout;
@@ -191,15 +195,44 @@ impl OpenLoop {
     }
 }
 
-/// Where a send's latency starts: when the generator let it go (`ready`), or, when the target
-/// kept the generator waiting for a slot past the send's schedule (`held_until`), the schedule
-/// itself, so that the wait counts against the target that caused it. Any other lateness is the
-/// generator's own (its timer firing on whole milliseconds, its thread descheduled) and counts
-/// against no target.
-fn released_at(scheduled: Instant, ready: Instant, held_until: Option<Instant>) -> Instant {
-    match held_until {
-        Some(held) if held > scheduled => scheduled.min(ready),
-        _ => ready,
+/// The stretches in which the target kept the generator waiting for a slot, and where each
+/// send's latency starts: when the generator let it go, less the time since its schedule that the
+/// generator spent held by the target. So a wait for a slot counts against the target that caused
+/// it, for every send whose schedule passed during it, and any other lateness is the generator's
+/// own (its timer firing on whole milliseconds, its thread descheduled, its handling of other
+/// answers) and counts against no target.
+#[derive(Debug, Default)]
+struct Holds {
+    /// Waits not yet entirely before the latest send's schedule, oldest first.
+    waits: std::collections::VecDeque<(Instant, Instant)>,
+}
+
+impl Holds {
+    /// The generator waited for a slot from `from` to `until`.
+    fn waited(&mut self, from: Instant, until: Instant) {
+        self.waits.push_back((from, until));
+    }
+
+    /// Where the latency of a send scheduled for `scheduled` and let go at `ready` starts.
+    fn release(&mut self, scheduled: Instant, ready: Instant) -> Instant {
+        // Schedules only grow: a wait over before this one is over before every later one.
+        while self
+            .waits
+            .front()
+            .is_some_and(|&(_, until)| until <= scheduled)
+        {
+            self.waits.pop_front();
+        }
+        let held: Duration = self
+            .waits
+            .iter()
+            .map(|&(from, until)| {
+                until
+                    .min(ready)
+                    .saturating_duration_since(from.max(scheduled))
+            })
+            .sum();
+        ready - held
     }
 }
 
@@ -385,33 +418,24 @@ mod tests {
     }
 
     #[test]
-    fn only_a_wait_the_target_caused_counts_from_the_schedule() {
-        let scheduled = Instant::now();
+    fn only_the_time_the_target_held_a_send_counts_before_its_release() {
+        let t = Instant::now();
         let ms = Duration::from_millis;
+        let mut holds = Holds::default();
         // The generator itself late (its timer, its thread): from when it let the send go.
-        assert_eq!(
-            released_at(scheduled, scheduled + ms(2), None),
-            scheduled + ms(2)
-        );
-        // Held for a slot until after this send's schedule: from the schedule.
-        assert_eq!(
-            released_at(scheduled, scheduled + ms(3), Some(scheduled + ms(1))),
-            scheduled
-        );
-        // Held, but only before this send was due: the rest of its lateness is the generator's.
-        assert_eq!(
-            released_at(
-                scheduled + ms(2),
-                scheduled + ms(3),
-                Some(scheduled + ms(1))
-            ),
-            scheduled + ms(3)
-        );
-        // On time: from its release, whatever happened before.
-        assert_eq!(
-            released_at(scheduled, scheduled, Some(scheduled + ms(1))),
-            scheduled
-        );
+        assert_eq!(holds.release(t, t + ms(2)), t + ms(2));
+        // Held for a slot from 1 ms before this send's schedule to 3 ms after it, then let go
+        // 1 ms later still by the generator's own doing: the 3 ms count, the last one does not.
+        holds.waited(t + ms(9), t + ms(13));
+        assert_eq!(holds.release(t + ms(10), t + ms(14)), t + ms(11));
+        // The next send, due during the same wait and then held again for 2 ms: both parts count.
+        holds.waited(t + ms(14), t + ms(16));
+        assert_eq!(holds.release(t + ms(12), t + ms(17)), t + ms(14));
+        // Due after every wait ended: its lateness is the generator's own.
+        assert_eq!(holds.release(t + ms(16), t + ms(18)), t + ms(18));
+        assert!(holds.waits.is_empty(), "waits over are forgotten");
+        // On time: from its release.
+        assert_eq!(holds.release(t + ms(20), t + ms(20)), t + ms(20));
     }
 
     #[tokio::test(start_paused = true)]
