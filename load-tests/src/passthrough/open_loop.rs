@@ -75,8 +75,8 @@ pub(crate) struct Measurements {
 
 /// One successful request: the slice it was sent in (counted from 0 per endpoint, rate and
 /// target), its place in that slice's schedule, its latency, and when its latency started on the
-/// system's monotonic clock (see [`monotonic_micros`]): its release by the generator, or for a
-/// send the target held up, the time it was scheduled for (see [`Holds`]).
+/// system's monotonic clock (see [`monotonic_micros`]): its release by the generator, less any
+/// time since its schedule that the target held the generator up (see [`Holds`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Sample {
     pub(crate) slice: u32,
