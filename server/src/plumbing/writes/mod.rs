@@ -366,7 +366,7 @@ pub(crate) fn string(text: &str) -> Option<Cow<'_, str>> {
 }
 
 /// A double as protobuf's JSON parser takes it: a finite JSON number or one of its three names.
-fn is_double(text: &str) -> bool {
+pub(crate) fn is_double(text: &str) -> bool {
     matches!(text, "\"NaN\"" | "\"Infinity\"" | "\"-Infinity\"") || is_finite_number(text)
 }
 
@@ -385,17 +385,26 @@ fn is_finite_number(text: &str) -> bool {
 
 /// A JSON integer literal within int64 (no fraction, no exponent, not quoted).
 fn is_int64(text: &str) -> bool {
-    text.starts_with(|c: char| c == '-' || c.is_ascii_digit()) && text.parse::<i64>().is_ok()
+    int64(text).is_some()
 }
 
-fn optional_strings(fields: &[Option<&str>]) -> bool {
+/// The value of a JSON integer literal within int64 (no fraction, no exponent, not quoted).
+pub(crate) fn int64(text: &str) -> Option<i64> {
+    text.starts_with(|c: char| c == '-' || c.is_ascii_digit())
+        .then(|| text.parse().ok())
+        .flatten()
+}
+
+/// Whether every optional field present (`model_id`, `dataset_name`, ...) is a string.
+pub(crate) fn optional_strings(fields: &[Option<&str>]) -> bool {
     fields.iter().flatten().all(|raw| string(raw).is_some())
 }
 
 /// Whether a metric's fields are ones MLflow's parser takes exactly as written in a `log-batch`
-/// element: the rule every merged element passes (the rewriter applies it in its own single read
-/// of a body). Each field is its JSON text, as [`string`] takes it.
-pub(crate) fn metric_parses_as_written(
+/// element: the rule every merged element passes (the rewriter applies the same rule to the
+/// fields it decoded in its own single read of a body, `Metric::read`). Each field is its JSON
+/// text, as [`string`] takes it.
+fn metric_parses_as_written(
     key: Option<&str>,
     value: Option<&str>,
     timestamp: Option<&str>,

@@ -202,6 +202,9 @@ pub struct Metric<'a> {
     span: Range<usize>,
     value: Option<&'a str>,
     timestamp: Option<&'a str>,
+    /// The timestamp where it is a JSON integer within int64, as clients write it: read once,
+    /// for the rule below and for run health.
+    timestamp_number: Option<i64>,
     /// Whether MLflow's parser takes this metric exactly as written in a batch (see
     /// [`crate::plumbing::writes`]).
     strict: bool,
@@ -246,9 +249,11 @@ fn offset_in(text: &str, part: &str) -> Range<usize> {
     start..start + part.len()
 }
 
+/// A string field's value; `raw` is a JSON value its reader validated.
 fn decode_string(raw: &str, field: &str) -> Result<String, BodyError> {
-    serde_json::from_str::<String>(raw)
-        .map_err(|_| BodyError::Unreadable(format!("{field} is not a string")))
+    writes::string(raw)
+        .map(Cow::into_owned)
+        .ok_or_else(|| BodyError::Unreadable(format!("{field} is not a string")))
 }
 
 fn decode_step(text: &str) -> Result<(i64, bool), BodyError> {
@@ -272,11 +277,9 @@ impl<'a> Metric<'a> {
     /// The timestamp in unix milliseconds, when it is an int64 (a JSON number or a numeric
     /// string, as protobuf's int64 mapping allows).
     pub fn timestamp_ms(&self) -> Option<i64> {
-        let raw = self.timestamp?;
-        // A JSON number, as clients write it, reads at once; else as a numeric string.
-        raw.parse()
-            .ok()
-            .or_else(|| raw.trim().trim_matches('"').parse().ok())
+        // A JSON number, as clients write it, was read with the body; else a numeric string.
+        self.timestamp_number
+            .or_else(|| self.timestamp?.trim().trim_matches('"').parse().ok())
     }
 
     fn read(
@@ -296,6 +299,16 @@ impl<'a> Metric<'a> {
             }
             None => (None, false, None),
         };
+        let timestamp = fields.get(TIMESTAMP);
+        let timestamp_number = timestamp.and_then(writes::int64);
+        // Each field is decoded once, above: the rule of `writes::metric_parses_as_written`
+        // (a key that is a string, a double, an int64 timestamp and step, optional strings) on
+        // what was read.
+        let strict = !fields.unknown
+            && fields.get(VALUE).is_some_and(writes::is_double)
+            && timestamp_number.is_some()
+            && !step_quoted
+            && writes::optional_strings(&fields.raw[4..]);
         Ok(Some(Metric {
             key,
             step,
@@ -304,15 +317,9 @@ impl<'a> Metric<'a> {
             step_quoted,
             span,
             value: fields.get(VALUE),
-            timestamp: fields.get(TIMESTAMP),
-            strict: !fields.unknown
-                && writes::metric_parses_as_written(
-                    fields.get(KEY),
-                    fields.get(VALUE),
-                    fields.get(TIMESTAMP),
-                    fields.get(STEP),
-                    &fields.raw[4..],
-                ),
+            timestamp,
+            timestamp_number,
+            strict,
         }))
     }
 }
@@ -343,25 +350,30 @@ impl<'a> MetricsBody<'a> {
             None => (Self::read_envelope(text)?, None),
         };
 
-        let mut run_ids = Vec::new();
-        for (name, raw) in [
+        // Each spelling decoded (the first error wins), then compared with the first present.
+        let mut run_ids: [Option<(&str, String, &'a str)>; 3] = Default::default();
+        for (slot, (name, raw)) in run_ids.iter_mut().zip([
             ("run_id", envelope.get(RUN_ID)),
             ("run_uuid", envelope.get(RUN_UUID)),
             ("runId", envelope.get(RUN_ID_CAMEL)),
-        ] {
+        ]) {
             if let Some(raw) = raw {
-                run_ids.push((name, decode_string(raw, name)?, raw));
+                *slot = Some((name, decode_string(raw, name)?, raw));
             }
         }
-        if let Some((first_name, first, _)) = run_ids.first() {
-            if let Some((name, other, _)) = run_ids.iter().find(|(_, id, _)| id != first) {
+        let mut present = run_ids.into_iter().flatten();
+        let first = present.next();
+        if let Some((first_name, first, _)) = &first {
+            if let Some((name, other, _)) = present.find(|(_, id, _)| id != first) {
                 return Err(BodyError::Conflict(format!(
                     "the request names two different runs: {first_name}={first:?} and {name}={other:?}; send one run id (run_id) or the same value in both fields"
                 )));
             }
         }
-        let run_id_raw = run_ids.first().map(|(_, _, raw)| *raw);
-        let run_id = run_ids.into_iter().next().map(|(_, id, _)| id);
+        let (run_id, run_id_raw) = match first {
+            Some((_, id, raw)) => (Some(id), Some(raw)),
+            None => (None, None),
+        };
 
         let count = |raw: Option<&str>| -> Result<usize, BodyError> {
             match raw {
