@@ -64,7 +64,7 @@ impl<K: Hash + Eq + Clone, V> AgedMap<K, V> {
     /// The entry of `key`, marked as used.
     pub(crate) fn get_mut(&mut self, key: &K) -> Option<&mut V> {
         let at = *self.index.get(key)?;
-        self.to_front(at);
+        self.move_to_front(at);
         self.value_mut(at)
     }
 
@@ -73,7 +73,7 @@ impl<K: Hash + Eq + Clone, V> AgedMap<K, V> {
     pub(crate) fn get_or_insert_with(&mut self, key: &K, make: impl FnOnce() -> V) -> &mut V {
         let at = match self.index.get(key) {
             Some(&at) => {
-                self.to_front(at);
+                self.move_to_front(at);
                 at
             }
             None => {
@@ -143,7 +143,7 @@ impl<K: Hash + Eq + Clone, V> AgedMap<K, V> {
         self.slots[at].entry.as_mut().map(|(_, v)| v)
     }
 
-    fn to_front(&mut self, at: usize) {
+    fn move_to_front(&mut self, at: usize) {
         if self.newest != at {
             self.unlink(at);
             self.link_front(at);
