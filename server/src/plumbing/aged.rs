@@ -1,9 +1,9 @@
 //! A map of bounded size that forgets its least recently used entry first.
 //!
 //! The entries sit in slots linked in order of use, most recent first: a use looks its key up
-//! once (one hash) and moves its slot to the front; eviction takes the last slot. Nothing is
-//! queued per use, so memory follows the entries (at most the capacity), and every operation is
-//! O(1). (An earlier version appended every use to a queue and compacted it by looking each
+//! once (one hash) and moves its slot to the front; eviction takes the last slot, and a later
+//! entry reuses it. Nothing is queued per use, so memory follows the most entries held at once
+//! (at most the capacity), and every operation is O(1). (An earlier version appended every use to a queue and compacted it by looking each
 //! queued key up again: about four hashes per use, on the write path several uses a request.)
 
 use std::collections::HashMap;
@@ -16,7 +16,8 @@ const NONE: usize = usize::MAX;
 struct Slot<K, V> {
     /// `None` while the slot is free.
     entry: Option<(K, V)>,
-    /// The slot used just before this one (towards the front) and just after (towards the back).
+    /// The neighbours in order of use: the slot used more recently (towards the front) and the
+    /// one used less recently (towards the back).
     newer: usize,
     older: usize,
 }
@@ -82,6 +83,7 @@ impl<K: Hash + Eq + Clone, V> AgedMap<K, V> {
                         break;
                     }
                 }
+                let indexed = key.clone();
                 let slot = Slot {
                     entry: Some((key.clone(), make())),
                     newer: NONE,
@@ -97,7 +99,7 @@ impl<K: Hash + Eq + Clone, V> AgedMap<K, V> {
                         self.slots.len() - 1
                     }
                 };
-                self.index.insert(key.clone(), at);
+                self.index.insert(indexed, at);
                 self.link_front(at);
                 at
             }

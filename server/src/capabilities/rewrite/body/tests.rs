@@ -181,6 +181,14 @@ fn the_single_read_agrees_with_the_coalescers_read_of_the_same_body() {
             r#"{"key":"b","value":1,"timestamp":2,"model_id":"m","dataset_name":"d","dataset_digest":"x","run_id":"r"}"#,
             r#"{"key":"b","value":1,"timestamp":2,"model_id":7}"#,
             r#"{"key":"b\u0041","value":-0.5e-3,"timestamp":-2,"step":9223372036854775807}"#,
+            // Each field is decoded once by the single read: its rule on what it decoded.
+            r#"{"key":"b","value":1,"timestamp":-0,"step":-0}"#,
+            r#"{"key":"b","value":1,"timestamp":2.0,"step":1}"#,
+            r#"{"key":"b","value":1,"timestamp":1e3}"#,
+            r#"{"key":"b","value":1,"timestamp":9223372036854775808}"#,
+            r#"{"key":"b","value":1,"timestamp":2,"step":"-3"}"#,
+            r#"{"key":"b","value":1e308,"timestamp":2,"step":1}"#,
+            r#"{"key":"b","value":"Infinity","timestamp":"-2"}"#,
         ]
         .iter()
         .map(|m| element(m))
