@@ -3,8 +3,9 @@
 //! The entries sit in slots linked in order of use, most recent first: a use looks its key up
 //! once (one hash) and moves its slot to the front; eviction takes the last slot, and a later
 //! entry reuses it. Nothing is queued per use, so memory follows the most entries held at once
-//! (at most the capacity), and every operation is O(1). (An earlier version appended every use to a queue and compacted it by looking each
-//! queued key up again: about four hashes per use, on the write path several uses a request.)
+//! (at most the capacity), and every operation is O(1). (An earlier version appended every use
+//! to a queue and compacted it by looking each queued key up again: about four hashes per use,
+//! on the write path several uses a request.)
 
 use std::collections::HashMap;
 use std::hash::Hash;

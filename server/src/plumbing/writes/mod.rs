@@ -366,7 +366,7 @@ pub(crate) fn string(text: &str) -> Option<Cow<'_, str>> {
 }
 
 /// A double as protobuf's JSON parser takes it: a finite JSON number or one of its three names.
-pub(crate) fn is_double(text: &str) -> bool {
+fn is_double(text: &str) -> bool {
     matches!(text, "\"NaN\"" | "\"Infinity\"" | "\"-Infinity\"") || is_finite_number(text)
 }
 
@@ -396,14 +396,13 @@ pub(crate) fn int64(text: &str) -> Option<i64> {
 }
 
 /// Whether every optional field present (`model_id`, `dataset_name`, ...) is a string.
-pub(crate) fn optional_strings(fields: &[Option<&str>]) -> bool {
+fn optional_strings(fields: &[Option<&str>]) -> bool {
     fields.iter().flatten().all(|raw| string(raw).is_some())
 }
 
 /// Whether a metric's fields are ones MLflow's parser takes exactly as written in a `log-batch`
-/// element: the rule every merged element passes (the rewriter applies the same rule to the
-/// fields it decoded in its own single read of a body, `Metric::read`). Each field is its JSON
-/// text, as [`string`] takes it.
+/// element: the rule every merged element passes. Each field is its JSON text, as [`string`]
+/// takes it.
 fn metric_parses_as_written(
     key: Option<&str>,
     value: Option<&str>,
@@ -412,9 +411,26 @@ fn metric_parses_as_written(
     optional: &[Option<&str>],
 ) -> bool {
     key.is_some_and(|k| string(k).is_some())
-        && value.is_some_and(is_double)
-        && timestamp.is_some_and(is_int64)
-        && step.is_none_or(is_int64)
+        && decoded_metric_parses_as_written(
+            value,
+            timestamp.and_then(int64),
+            step.is_none_or(is_int64),
+            optional,
+        )
+}
+
+/// [`metric_parses_as_written`] for a metric whose key was read as a string, with its timestamp
+/// as an int64 literal read (`None`: absent or not one) and whether its step is absent or an
+/// int64 literal: the rewriter's single read of a body decodes those once (`Metric::read`).
+pub(crate) fn decoded_metric_parses_as_written(
+    value: Option<&str>,
+    timestamp: Option<i64>,
+    step_absent_or_int64: bool,
+    optional: &[Option<&str>],
+) -> bool {
+    value.is_some_and(is_double)
+        && timestamp.is_some()
+        && step_absent_or_int64
         && optional_strings(optional)
 }
 

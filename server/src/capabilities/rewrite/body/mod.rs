@@ -301,14 +301,14 @@ impl<'a> Metric<'a> {
         };
         let timestamp = fields.get(TIMESTAMP);
         let timestamp_number = timestamp.and_then(writes::int64);
-        // Each field is decoded once, above: the rule of `writes::metric_parses_as_written`
-        // (a key that is a string, a double, an int64 timestamp and step, optional strings) on
-        // what was read.
+        // The key was read as a string above, and a step read unquoted is an int64 literal.
         let strict = !fields.unknown
-            && fields.get(VALUE).is_some_and(writes::is_double)
-            && timestamp_number.is_some()
-            && !step_quoted
-            && writes::optional_strings(&fields.raw[4..]);
+            && writes::decoded_metric_parses_as_written(
+                fields.get(VALUE),
+                timestamp_number,
+                !step_quoted,
+                &fields.raw[4..],
+            );
         Ok(Some(Metric {
             key,
             step,
