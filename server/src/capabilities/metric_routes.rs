@@ -11,9 +11,10 @@ use axum::extract::{ConnectInfo, Request, State};
 use axum::response::{IntoResponse, Response};
 
 use crate::capabilities::coalesce::Coalescer;
+use crate::capabilities::health::Beat;
 use crate::capabilities::health::Health;
-use crate::capabilities::rewrite::body::Endpoint;
-use crate::capabilities::rewrite::{Inspected, Outgoing, SharedRewriter};
+use crate::capabilities::rewrite::body::{Endpoint, MetricsBody};
+use crate::capabilities::rewrite::{Inspected, Outgoing, Read, ReadBody, SharedRewriter};
 use crate::plumbing::after;
 use crate::plumbing::proxy::Small;
 use crate::plumbing::writes::WriteWeight;
@@ -37,10 +38,72 @@ impl MetricWrites {
         endpoint: Endpoint,
         peer: SocketAddr,
     ) -> Response {
-        match self.rewriter.inspect(request, endpoint).await {
+        let read = match self.rewriter.read(request).await {
+            Ok(Read::Whole(read)) => read,
+            Ok(Read::Unread(request)) => {
+                let inspected = Inspected::unread(request);
+                return submit(&self.coalescer, &self.health, inspected, peer).await;
+            }
+            Err(error) => return error.into_response(),
+        };
+        let read = match endpoint {
+            Endpoint::LogBatch => match self.at_once(read, peer) {
+                Ok(sent) => return sent.await,
+                Err(read) => read,
+            },
+            Endpoint::LogMetric => read,
+        };
+        match self.rewriter.inspect_read(read, endpoint).await {
             Ok(inspected) => submit(&self.coalescer, &self.health, inspected, peer).await,
             Err(error) => error.into_response(),
         }
+    }
+
+    /// A batch of the run's own metrics (see [`MetricsBody::plain`]) to a run with nothing
+    /// queued or at MLflow goes at once, as it came ([`Coalescer::at_once`]); what it says of its
+    /// run is read after its answer has gone. `Err` gives back any other request, to be read whole.
+    #[allow(clippy::result_large_err)]
+    fn at_once(
+        &self,
+        read: ReadBody,
+        peer: SocketAddr,
+    ) -> Result<impl std::future::Future<Output = Response> + Send + 'static, ReadBody> {
+        // The body's bytes, shared (not copied): the run id below borrows them.
+        let body = read.bytes.clone();
+        let Some(plain) = MetricsBody::plain(&body) else {
+            return Err(read);
+        };
+        let metrics = plain.metrics;
+        let workspace = self.rewriter.hears_beats().then(|| {
+            crate::plumbing::workspace::of_request(&read.parts.headers)
+                .ok()
+                .flatten()
+                .map(str::to_owned)
+        });
+        let (parts, bytes, charge) = read.into_parts();
+        let sent = match self
+            .coalescer
+            .at_once(plain.run_id, parts, bytes.clone(), metrics, peer)
+        {
+            Ok(sent) => sent,
+            Err((parts, bytes)) => return Err(ReadBody::from_parts(parts, bytes, charge)),
+        };
+        // The coalescer holds the body from here, under its own budget.
+        drop(charge);
+        let (rewriter, health) = (self.rewriter.clone(), self.health.clone());
+        Ok(async move {
+            let mut response = sent.await;
+            response.extensions_mut().insert(WriteWeight(metrics));
+            if response.status().is_success() && rewriter.hears_beats() {
+                let now = crate::plumbing::store::unix_millis(SystemTime::now());
+                after::defer(&mut response, move || {
+                    if let Some(beat) = rewriter.plain_beat(&bytes, workspace.flatten()) {
+                        record(&health, beat, now);
+                    }
+                });
+            }
+            response
+        })
     }
 }
 
@@ -67,17 +130,20 @@ async fn submit(
         // Heard as MLflow answered; recorded once the answer has gone (see `after`).
         let now = crate::plumbing::store::unix_millis(SystemTime::now());
         let health = health.clone();
-        after::defer(&mut response, move || {
-            if beat.ranks.is_empty() {
-                health.touch(&beat.run_id, now);
-            }
-            // A batch of the run's own metrics only still says its step (the report's "at step").
-            if !beat.ranks.is_empty() || !beat.findings.is_empty() || beat.step.is_some() {
-                health.record(beat, now);
-            }
-        });
+        after::defer(&mut response, move || record(&health, beat, now));
     }
     response
+}
+
+/// What a write MLflow stored says of its run, heard at `now`.
+fn record(health: &Health, beat: Beat, now: i64) {
+    if beat.ranks.is_empty() {
+        health.touch(&beat.run_id, now);
+    }
+    // A batch of the run's own metrics only still says its step (the report's "at step").
+    if !beat.ranks.is_empty() || !beat.findings.is_empty() || beat.step.is_some() {
+        health.record(beat, now);
+    }
 }
 
 /// `POST runs/log-parameter` and `runs/set-tag`: through the coalescer; once MLflow accepted

@@ -210,6 +210,11 @@ fn spaced_body() -> impl Strategy<Value = String> {
 /// stray letter put in or over one. Most stay near enough to valid for the one-pass read to go far
 /// into them, so where it accepts what the general read refuses (or the reverse) it shows.
 fn damaged_body() -> impl Strategy<Value = String> {
+    damaged(spaced_body())
+}
+
+/// Up to four bytes' worth of damage to a body of `bodies`, as [`damaged_body`] has.
+fn damaged(bodies: impl Strategy<Value = String>) -> impl Strategy<Value = String> {
     let piece = prop_oneof![
         Just(""),
         Just("\""),
@@ -234,7 +239,7 @@ fn damaged_body() -> impl Strategy<Value = String> {
         Just("tru"),
     ];
     let damage = (any::<prop::sample::Index>(), piece, any::<bool>());
-    (spaced_body(), proptest::collection::vec(damage, 1..4)).prop_map(|(body, damage)| {
+    (bodies, proptest::collection::vec(damage, 1..4)).prop_map(|(body, damage)| {
         let mut bytes = body.into_bytes();
         for (at, piece, over) in damage {
             let at = at.index(bytes.len() + 1);
@@ -277,6 +282,114 @@ fn a_batch_read_in_one_pass_reads_as_the_general_read_does() {
         proptest::collection::vec(any::<u8>(), 0..256),
         |bytes| {
             MetricsBody::one_pass_agrees(&bytes).map_err(TestCaseError::fail)?;
+            Ok(())
+        },
+    );
+}
+
+/// A `log-batch` body near a batch of the run's own metrics: most keys plain and outside
+/// `system/`, some not (under `system/`, escaped, named like an envelope field); the run first or
+/// last, valid or not; and one more top-level field: params or tags (empty, `null`, or not), the
+/// run again or in another spelling, an unknown field, or none.
+fn near_plain_body() -> impl Strategy<Value = String> {
+    let key = prop_oneof![
+        6 => Just("\"loss\""),
+        2 => Just("\"train/acc\""),
+        1 => Just("\"params\""),
+        1 => Just("\"system/cpu_utilization_percentage\""),
+        1 => Just("\"sys\\u0074em/cpu_utilization_percentage\""),
+        1 => Just("\"lo\\u0073s\""),
+    ];
+    let value = prop_oneof![Just("1.5"), Just("\"NaN\""), Just("\"x\""), Just("null")];
+    let more = prop_oneof![
+        6 => Just(""),
+        1 => Just(",\"dataset_name\":\"d\""),
+        1 => Just(",\"run_id\":\"q\""),
+        1 => Just(",\"x\":1"),
+    ];
+    let metric = (key, value, more).prop_map(|(k, v, m)| {
+        format!("{{\"key\":{k},\"value\":{v},\"timestamp\":1,\"step\":2{m}}}")
+    });
+    let run = prop_oneof![
+        6 => Just("\"run_id\":\"r\""),
+        1 => Just("\"run_id\":\"r-1_é\""),
+        1 => Just("\"run_id\":\"-r\""),
+        1 => Just("\"run_id\":null"),
+        1 => Just("\"run_id\":\"\""),
+        1 => Just("\"runId\":\"r\""),
+    ];
+    let field = prop_oneof![
+        6 => Just(""),
+        1 => Just(",\"params\":[]"),
+        1 => Just(",\"params\":null"),
+        1 => Just(",\"tags\":[]"),
+        1 => Just(",\"params\":[{\"key\":\"lr\",\"value\":\"0.1\"}]"),
+        1 => Just(",\"tags\":[{\"key\":\"mlscope/rank-0/exit\",\"value\":\"0\"}]"),
+        1 => Just(",\"run_uuid\":\"r\""),
+        1 => Just(",\"run_id\":\"q\""),
+        1 => Just(",\"run_id\":\"r\""),
+        1 => Just(",\"x\":1"),
+    ];
+    (
+        proptest::collection::vec(metric, 0..4),
+        run,
+        field,
+        any::<bool>(),
+    )
+        .prop_map(|(metrics, run, field, run_first)| {
+            let metrics = format!("\"metrics\":[{}]", metrics.join(","));
+            if run_first {
+                format!("{{{run},{metrics}{field}}}")
+            } else {
+                format!("{{{metrics},{run}{field}}}")
+            }
+        })
+}
+
+#[test]
+fn a_batch_sent_before_it_is_read_holds_the_runs_own_metrics_and_nothing_else() {
+    // What `MetricsBody::plain` lets go to MLflow unread: MLflow acts on the run the proxy
+    // holds it for, and the whole read finds the same metrics, none of the contract's, and
+    // no param or tag, so the rewriter sends it as it came and it commutes with the run's
+    // other writes.
+    let check = |text: &str| -> Result<bool, TestCaseError> {
+        let Some(plain) = MetricsBody::plain(text.as_bytes()) else {
+            return Ok(false);
+        };
+        let run = crate::plumbing::writes::run_of(text.as_bytes());
+        prop_assert_eq!(run.as_deref(), Some(plain.run_id), "MLflow's run: {}", text);
+        let read = MetricsBody::parse(text.as_bytes(), Endpoint::LogBatch)
+            .map_err(|e| TestCaseError::fail(format!("{e}: {text}")))?;
+        prop_assert_eq!(read.run_id.as_deref(), Some(plain.run_id));
+        prop_assert_eq!((read.metrics.len(), read.other_items), (plain.metrics, 0));
+        prop_assert!(read.metrics.iter().all(|m| !m.key.starts_with("system/")));
+        let json: serde_json::Value =
+            serde_json::from_str(text).map_err(|e| TestCaseError::fail(format!("{e}: {text}")))?;
+        for field in ["params", "tags"] {
+            prop_assert!(
+                json.get(field)
+                    .is_none_or(|v| v.is_null() || v.as_array().is_some_and(Vec::is_empty)),
+                "{}",
+                text
+            );
+        }
+        Ok(true)
+    };
+    let taken = std::sync::atomic::AtomicU32::new(0);
+    run("a batch sent unread", near_plain_body(), |text| {
+        if check(&text)? {
+            taken.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+        Ok(())
+    });
+    let taken = taken.into_inner();
+    assert!(taken >= cases() / 20, "sent unread: {taken} bodies");
+    eprintln!("fuzz a batch sent unread: {taken} bodies");
+    run(
+        "a batch sent unread, damaged",
+        damaged(near_plain_body()),
+        |text| {
+            check(&text)?;
             Ok(())
         },
     );

@@ -372,6 +372,76 @@ impl Coalescer {
 }
 
 impl Coalescer {
+    /// Sends a batch of the run's own metrics (`items` of them, see
+    /// [`crate::capabilities::rewrite::body::MetricsBody::plain`]) at once when its run has
+    /// nothing queued and nothing at MLflow: the common case while MLflow keeps up, which then
+    /// needs nothing more of the body than its run. It takes the run's place at MLflow claiming
+    /// nothing (metrics commute with every other write), so the run's next writes queue behind
+    /// it and may overlap it as any metrics batch's would. `Err` gives the request back when the
+    /// run is busy (it is then read whole and queued), or when the coalescer would not take it
+    /// at all.
+    #[allow(clippy::result_large_err)]
+    pub fn at_once(
+        &self,
+        run_id: &str,
+        parts: http::request::Parts,
+        body: Bytes,
+        items: usize,
+        peer: SocketAddr,
+    ) -> Result<
+        impl std::future::Future<Output = Response> + Send + 'static,
+        (http::request::Parts, Bytes),
+    > {
+        let inner = &self.inner;
+        if inner.config.window.is_zero() || !mergeable_head(&parts.method, &parts.headers) {
+            return Err((parts, body));
+        }
+        let Some(permit) = inner.charge(&body) else {
+            return Err((parts, body));
+        };
+        let claims = Arc::new(Claims::default());
+        let run_id: Arc<str> = {
+            let mut runs = inner.runs.lock().expect("coalescer lock");
+            if runs.contains_key(run_id) {
+                return Err((parts, body));
+            }
+            let run_id: Arc<str> = run_id.into();
+            runs.insert(
+                run_id.clone(),
+                RunQueue {
+                    in_flight: 1,
+                    at_mlflow: vec![claims.clone()],
+                    ..RunQueue::default()
+                },
+            );
+            inner.metrics.runs(1);
+            run_id
+        };
+        let sending = Sending {
+            this: inner.clone(),
+            run_id,
+            claims,
+        };
+        Ok(async move {
+            let _budget = permit;
+            sending.this.metrics.waited(Duration::ZERO);
+            let request = Request::from_parts(parts, Body::from(body));
+            let mut response = sending
+                .this
+                .send_alone(
+                    &sending.run_id,
+                    request,
+                    peer,
+                    Writes::default(),
+                    (items, items),
+                )
+                .await;
+            // Its place at MLflow is given back once the answer has gone, as a lone batch's.
+            after::defer(&mut response, move || drop(sending));
+            response
+        })
+    }
+
     /// Writes run tags as `caller`, through the run's write queue (at most
     /// [`writes::MAX_BATCH_TAGS`] a `runs/log-batch`), so that they keep their order with the
     /// client's writes to the run and never overlap them at MLflow: the one way the proxy writes
@@ -633,29 +703,24 @@ impl Inner {
             self.metrics.waited(now.duration_since(member.enqueued));
         }
         let samples: usize = batch.iter().map(|m| m.writes.metrics.len()).sum();
-        self.metrics.batch(batch.len(), samples);
         let items: usize = batch.iter().map(|m| m.writes.items()).sum();
         let held = self.held_params(run_id, &batch);
         if batch.len() == 1 && held.is_empty() {
-            // Alone: the request goes as it came, and its answer comes back as MLflow sent it.
-            self.metrics.outcome("single");
             let mut member = batch.into_iter().next().expect("one member");
             let request = member.original.take_request();
-            let mut response = self.forwarder.forward(request, member.original.peer).await;
-            if response.status().is_success() {
-                // Learned once the answer has gone (see `after`), before its run's next batch
-                // is formed: that waits for this one's place at MLflow, given back after this.
-                let (this, run_id, took) = (self.clone(), run_id.clone(), now.elapsed());
-                let writes = member.writes;
-                after::defer(&mut response, move || {
-                    this.stored(&run_id, std::iter::once(&writes), items, took);
-                });
-            } else if response.status().is_server_error() {
-                self.failed();
-            }
+            let response = self
+                .send_alone(
+                    run_id,
+                    request,
+                    member.original.peer,
+                    member.writes,
+                    (samples, items),
+                )
+                .await;
             let _ = member.reply.send(response);
             return;
         }
+        self.metrics.batch(batch.len(), samples);
         let first = &batch[0];
         let body = batch::merged_body(run_id, batch.iter().map(|m| &m.writes), &held);
         let mut headers = first.original.headers.clone();
@@ -709,6 +774,33 @@ impl Inner {
             response.extensions_mut().insert(upstream);
             let _ = member.reply.send(response);
         }
+    }
+
+    /// Sends a batch of one request (`writes`, of `samples` metrics and `items` elements in
+    /// all) as it came: its answer is MLflow's as MLflow sent it.
+    async fn send_alone(
+        self: &Arc<Self>,
+        run_id: &Arc<str>,
+        request: Request,
+        peer: SocketAddr,
+        writes: Writes,
+        (samples, items): (usize, usize),
+    ) -> Response {
+        let now = Instant::now();
+        self.metrics.batch(1, samples);
+        self.metrics.outcome("single");
+        let mut response = self.forwarder.forward(request, peer).await;
+        if response.status().is_success() {
+            // Learned once the answer has gone (see `after`), before its run's next batch
+            // is formed: that waits for this one's place at MLflow, given back after this.
+            let (this, run_id, took) = (self.clone(), run_id.clone(), now.elapsed());
+            after::defer(&mut response, move || {
+                this.stored(&run_id, std::iter::once(&writes), items, took);
+            });
+        } else if response.status().is_server_error() {
+            self.failed();
+        }
+        response
     }
 
     /// The params of `batch` MLflow holds with the value written: MLflow would skip them, so they

@@ -359,3 +359,54 @@ async fn a_lone_write_whose_client_goes_away_at_mlflow_gives_its_runs_place_back
     assert_eq!((log[1].0, steps(&log[1].1)), ("alone", vec![1]));
     assert!(coalescer.inner.runs.lock().unwrap().is_empty());
 }
+
+/// Sends a log-batch body through [`Coalescer::at_once`]: `None` when the coalescer gave it back
+/// (its run is busy), else the client's status once answered.
+fn at_once(coalescer: &Coalescer, body: String) -> Option<tokio::task::JoinHandle<StatusCode>> {
+    let (parts, _) = Request::post("/api/2.0/mlflow/runs/log-batch")
+        .header(header::CONTENT_TYPE, "application/json")
+        .header(header::CONTENT_LENGTH, body.len())
+        .body(Body::empty())
+        .unwrap()
+        .into_parts();
+    let peer: SocketAddr = "127.0.0.1:40000".parse().unwrap();
+    let sent = coalescer
+        .at_once("r", parts, Bytes::from(body), 1, peer)
+        .ok()?;
+    Some(tokio::spawn(async move { sent.await.status() }))
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_runs_own_metrics_go_at_once_only_to_an_idle_run_and_the_runs_next_writes_queue_behind() {
+    let stand_in = StandIn::new(StatusCode::OK);
+    let coalescer = coalescer(&stand_in, 2);
+    let first = at_once(&coalescer, metric(0)).expect("an idle run takes it at once");
+    stand_in.received(1).await;
+    // The run has a batch at MLflow now: a second is given back, to be read and queued.
+    assert!(at_once(&coalescer, metric(1)).is_none());
+    // Queued, it overlaps the first (metrics commute) once its window is over.
+    let queued = submit(&coalescer, metric(1));
+    stand_in.received(2).await;
+    // The run stays busy while anything of it is at MLflow or queued.
+    let params = submit(&coalescer, pairs(&[("lr", "0.1")], &[]));
+    assert!(at_once(&coalescer, metric(2)).is_none());
+    stand_in.gate.add_permits(3);
+    for write in [first, queued, params] {
+        assert_eq!(write.await.unwrap(), StatusCode::OK);
+    }
+    // Once nothing of the run is left (the batch tasks and the window's timer done), the next
+    // goes at once again, as it came.
+    while !coalescer.inner.runs.lock().unwrap().is_empty() {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    let last = at_once(&coalescer, metric(3)).expect("the run is idle again");
+    stand_in.gate.add_permits(1);
+    assert_eq!(last.await.unwrap(), StatusCode::OK);
+    let log = stand_in.log();
+    assert_eq!(log.len(), 4, "{log:?}");
+    assert_eq!(log[0], ("alone", metric(0)));
+    assert_eq!((log[1].0, steps(&log[1].1)), ("alone", vec![1]));
+    assert!(log[2].1.contains("lr"), "{log:?}");
+    assert_eq!(log[3], ("alone", metric(3)));
+    assert!(coalescer.inner.runs.lock().unwrap().is_empty());
+}

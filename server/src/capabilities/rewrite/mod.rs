@@ -25,7 +25,7 @@ use crate::plumbing::proxy::X_REQUEST_ID;
 use crate::plumbing::telemetry::Metrics;
 use crate::plumbing::writes::Prepared;
 use body::{BodyError, Edit, Endpoint, MetricsBody};
-use intake::{Intake, IntakeError};
+use intake::{Charge, Intake, IntakeError};
 
 use crate::plumbing::identity::identity_from_headers;
 use crate::plumbing::proxy::is_json;
@@ -262,9 +262,18 @@ impl MetricsRewriter {
     /// As [`MetricsRewriter::prepare`], with what the rewriter found in the request, handed on
     /// with it so that nothing downstream reads the body again.
     pub async fn inspect(&self, request: Request, endpoint: Endpoint) -> Result<Inspected, Error> {
+        match self.read(request).await? {
+            Read::Unread(request) => Ok(Inspected::unread(request)),
+            Read::Whole(read) => self.inspect_read(read, endpoint).await,
+        }
+    }
+
+    /// A metrics request's body, read whole under the intake's budget and as MLflow reads it
+    /// (see [`crate::plumbing::writes::normalized`]); a body that is not JSON stays unread.
+    pub async fn read(&self, request: Request) -> Result<Read, Error> {
         if !is_json(request.headers()) {
             self.metrics.passed_through("content_type");
-            return Ok(Inspected::unread(request));
+            return Ok(Read::Unread(request));
         }
         let limit = self.config.max_inspect_bytes;
         let declared = request
@@ -278,7 +287,7 @@ impl MetricsRewriter {
         let (parts, body) = request.into_parts();
         let peer = crate::plumbing::client::peer_of(&parts.extensions).ip();
         let client = self.trusted_proxies.client(peer, &parts.headers);
-        let (bytes, _charge) = match self
+        let (bytes, charge) = match self
             .intake
             .read(body, client, limit, self.config.inspect_deadline)
             .await
@@ -289,6 +298,16 @@ impl MetricsRewriter {
         // What MLflow reads out of a byte-order mark, UTF-16 or a double-encoded body is read
         // here too, and sent on as plain JSON.
         let (bytes, parts) = crate::plumbing::writes::normalized(bytes, parts);
+        Ok(Read::Whole(ReadBody::from_parts(parts, bytes, charge)))
+    }
+
+    /// As [`MetricsRewriter::inspect`], for a body [`MetricsRewriter::read`] read.
+    pub async fn inspect_read(
+        &self,
+        read: ReadBody,
+        endpoint: Endpoint,
+    ) -> Result<Inspected, Error> {
+        let (parts, bytes, _charge) = read.into_parts();
         let parsed = match MetricsBody::parse(&bytes, endpoint) {
             Ok(parsed) => parsed,
             Err(BodyError::Conflict(message)) => {
@@ -365,6 +384,24 @@ impl MetricsRewriter {
             beat,
             writes: prepared.map(Prepared),
         })
+    }
+
+    /// Whether run health hears what metrics bodies say of their runs.
+    pub fn hears_beats(&self) -> bool {
+        self.beats
+    }
+
+    /// What a batch of the run's own metrics that went to MLflow before the rest of it was read
+    /// (see [`MetricsBody::plain`]) says of its run, read once its answer has gone, as
+    /// [`MetricsRewriter::inspect`] reads it: how far the run got. `workspace` is the request's.
+    pub fn plain_beat(&self, bytes: &[u8], workspace: Option<String>) -> Option<Beat> {
+        if !self.beats {
+            return None;
+        }
+        let parsed = MetricsBody::parse(bytes, Endpoint::LogBatch).ok()?;
+        let mut beat = own_steps(&parsed)?;
+        beat.workspace = workspace;
+        Some(beat)
     }
 
     fn intake_refusal(&self, error: IntakeError) -> Error {
@@ -747,6 +784,34 @@ impl Outgoing {
     }
 }
 
+/// A metrics request as the rewriter read it: its body whole, or unread (not JSON).
+pub enum Read {
+    Unread(Request),
+    Whole(ReadBody),
+}
+
+/// A metrics request's head and whole body, which holds its share of the intake's budget until
+/// it is handed on or dropped.
+pub struct ReadBody {
+    pub parts: http::request::Parts,
+    pub bytes: bytes::Bytes,
+    charge: Charge,
+}
+
+impl ReadBody {
+    pub fn into_parts(self) -> (http::request::Parts, bytes::Bytes, Charge) {
+        (self.parts, self.bytes, self.charge)
+    }
+
+    pub fn from_parts(parts: http::request::Parts, bytes: bytes::Bytes, charge: Charge) -> Self {
+        ReadBody {
+            parts,
+            bytes,
+            charge,
+        }
+    }
+}
+
 /// A metrics request as the rewriter hands it on: what to send and what its one read of the
 /// body found.
 pub struct Inspected {
@@ -760,7 +825,7 @@ pub struct Inspected {
 }
 
 impl Inspected {
-    fn unread(request: Request) -> Inspected {
+    pub(crate) fn unread(request: Request) -> Inspected {
         Inspected {
             outgoing: Outgoing::Unread(request),
             weight: 1,

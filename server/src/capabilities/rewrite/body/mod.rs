@@ -249,6 +249,21 @@ fn offset_in(text: &str, part: &str) -> Range<usize> {
     start..start + part.len()
 }
 
+/// A `log-batch` of the run's own metrics only (see [`MetricsBody::plain`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Plain<'a> {
+    pub run_id: &'a str,
+    pub metrics: usize,
+}
+
+/// The text of a JSON string without escapes (`raw` is a value its reader validated); `None`
+/// for any other value.
+fn plain_string(raw: &str) -> Option<&str> {
+    raw.strip_prefix('"')?
+        .strip_suffix('"')
+        .filter(|text| !text.contains('\\'))
+}
+
 /// A string field's value; `raw` is a JSON value its reader validated.
 fn decode_string(raw: &str, field: &str) -> Result<String, BodyError> {
     writes::string(raw)
@@ -329,6 +344,45 @@ impl<'a> MetricsBody<'a> {
     /// none when they are not MLflow's shape (MLflow refuses such a batch).
     pub(crate) fn tags(&self) -> Vec<writes::Pair> {
         writes::pairs(self.envelope.get(TAGS)).unwrap_or_default()
+    }
+
+    /// Whether `body` is a `log-batch` of the run's own metrics and nothing else, as the
+    /// one-pass read finds it: a run id in `run_id` alone (a plain string MLflow would take as
+    /// one), no params or tags (absent, `null` or `[]`), no other top-level field, and metrics
+    /// of known fields only, each key a plain string outside `system/`. The rewriter sends such
+    /// a body as it came, and its writes commute with every other write of its run (MLflow keeps
+    /// every sample of a metric, in whatever order they arrive), so it may go to MLflow before
+    /// anything else is read of it. `None` for anything else, which is read the whole way.
+    pub fn plain(body: &[u8]) -> Option<Plain<'_>> {
+        let text = std::str::from_utf8(body).ok()?;
+        let (envelope, metrics) = scan::batch(text)?;
+        let (elements, _) = metrics?;
+        let empty = |field| matches!(envelope.get(field), None | Some("null" | "[]"));
+        let run_id = plain_string(envelope.get(RUN_ID)?)?;
+        let only_run_id = envelope
+            .raw
+            .iter()
+            .enumerate()
+            .all(|(field, raw)| raw.is_none() || matches!(field, RUN_ID | PARAMS | TAGS));
+        let own_metrics = elements.len() <= writes::MAX_BATCH_METRICS
+            && elements.iter().all(|element| {
+                !element.fields.unknown
+                    && element
+                        .fields
+                        .get(KEY)
+                        .and_then(plain_string)
+                        .is_some_and(|key| !key.starts_with(mlscope_scopes::SYSTEM_PREFIX))
+            });
+        (!envelope.unknown
+            && only_run_id
+            && empty(PARAMS)
+            && empty(TAGS)
+            && own_metrics
+            && writes::is_valid_run_id(run_id))
+        .then_some(Plain {
+            run_id,
+            metrics: elements.len(),
+        })
     }
 
     pub fn parse(body: &'a [u8], endpoint: Endpoint) -> Result<Self, BodyError> {

@@ -359,3 +359,57 @@ fn a_timestamp_reads_as_an_int64_number_or_numeric_string_and_nothing_else() {
         assert_eq!(read(not_an_int), None, "{not_an_int}");
     }
 }
+
+#[test]
+fn a_batch_of_the_runs_own_metrics_is_told_from_every_other_body() {
+    fn plain(body: &str) -> Option<Plain<'_>> {
+        MetricsBody::plain(body.as_bytes())
+    }
+    let loss = r#"{"key":"loss","value":0.5,"timestamp":1700000000000,"step":3}"#;
+    // MLflow's client (run first, empty lists left out or sent), serde_json's key order.
+    for body in [
+        format!(r#"{{"run_id":"r1","metrics":[{loss},{loss}]}}"#),
+        format!(r#"{{"run_id": "r1", "metrics": [{loss}, {loss}], "params": [], "tags": []}}"#),
+        format!(r#"{{"metrics":[{loss},{loss}],"params":null,"run_id":"r1"}}"#),
+    ] {
+        assert_eq!(
+            plain(&body),
+            Some(Plain {
+                run_id: "r1",
+                metrics: 2
+            }),
+            "{body}"
+        );
+    }
+    for body in [
+        // A param or tag: the run's order matters for it.
+        format!(r#"{{"run_id":"r1","metrics":[{loss}],"params":[{{"key":"a","value":"b"}}]}}"#),
+        format!(r#"{{"run_id":"r1","metrics":[{loss}],"tags":[{{"key":"a","value":"b"}}]}}"#),
+        // The contract's keys, spelled out or escaped, and any escaped key.
+        r#"{"run_id":"r1","metrics":[{"key":"system/cpu_utilization_percentage","value":1}]}"#
+            .to_owned(),
+        r#"{"run_id":"r1","metrics":[{"key":"sys\u0074em/cpu","value":1}]}"#.to_owned(),
+        r#"{"run_id":"r1","metrics":[{"key":"lo\u0073s","value":1}]}"#.to_owned(),
+        // The run in another spelling, twice, escaped, or not one MLflow takes.
+        format!(r#"{{"run_uuid":"r1","metrics":[{loss}]}}"#),
+        format!(r#"{{"run_id":"r1","runId":"r2","metrics":[{loss}]}}"#),
+        format!(r#"{{"run_id":"r1","run_id":"r2","metrics":[{loss}]}}"#),
+        format!(r#"{{"run_id":"r\u0031","metrics":[{loss}]}}"#),
+        format!(r#"{{"run_id":"-r1","metrics":[{loss}]}}"#),
+        format!(r#"{{"run_id":null,"metrics":[{loss}]}}"#),
+        format!(r#"{{"metrics":[{loss}]}}"#),
+        // Fields this proxy does not know, at the top or in a metric; no metrics; not JSON.
+        format!(r#"{{"run_id":"r1","metrics":[{loss}],"x":1}}"#),
+        r#"{"run_id":"r1","metrics":[{"key":"loss","value":1,"x":1}]}"#.to_owned(),
+        r#"{"run_id":"r1","metrics":[]}"#.to_owned(),
+        r#"{"run_id":"r1"}"#.to_owned(),
+        format!(r#"{{"run_id":"r1","metrics":[{loss}]"#),
+    ] {
+        assert_eq!(plain(&body), None, "{body}");
+    }
+    let many = vec![loss; 1001].join(",");
+    assert_eq!(
+        plain(&format!(r#"{{"run_id":"r1","metrics":[{many}]}}"#)),
+        None
+    );
+}
