@@ -13,7 +13,7 @@ use axum::response::{IntoResponse, Response};
 use crate::capabilities::coalesce::Coalescer;
 use crate::capabilities::health::Beat;
 use crate::capabilities::health::Health;
-use crate::capabilities::rewrite::body::{Endpoint, MetricsBody};
+use crate::capabilities::rewrite::body::{Endpoint, MetricsBody, Plain, Scanned};
 use crate::capabilities::rewrite::{Inspected, Outgoing, Read, ReadBody, SharedRewriter};
 use crate::plumbing::after;
 use crate::plumbing::proxy::Small;
@@ -46,33 +46,32 @@ impl MetricWrites {
             }
             Err(error) => return error.into_response(),
         };
-        let read = match endpoint {
-            Endpoint::LogBatch => match self.at_once(read, peer) {
+        // A batch is scanned once: for the lane below, and for the rest of its read.
+        let body = read.bytes.clone();
+        let scanned = (endpoint == Endpoint::LogBatch).then(|| MetricsBody::scan(&body));
+        let read = match scanned.as_ref().and_then(Scanned::plain) {
+            Some(plain) => match self.at_once(read, plain, peer) {
                 Ok(sent) => return sent.await,
                 Err(read) => read,
             },
-            Endpoint::LogMetric => read,
+            None => read,
         };
-        match self.rewriter.inspect_read(read, endpoint).await {
+        match self.rewriter.inspect_read(read, endpoint, scanned).await {
             Ok(inspected) => submit(&self.coalescer, &self.health, inspected, peer).await,
             Err(error) => error.into_response(),
         }
     }
 
-    /// A batch of the run's own metrics (see [`MetricsBody::plain`]) to a run with nothing
+    /// A batch of the run's own metrics (`plain`, see [`Scanned::plain`]) to a run with nothing
     /// queued or at MLflow goes at once, as it came ([`Coalescer::at_once`]); what it says of its
     /// run is read after its answer has gone. `Err` gives back any other request, to be read whole.
     #[allow(clippy::result_large_err)]
     fn at_once(
         &self,
         read: ReadBody,
+        plain: Plain<'_>,
         peer: SocketAddr,
     ) -> Result<impl std::future::Future<Output = Response> + Send + 'static, ReadBody> {
-        // The body's bytes, shared (not copied): the run id below borrows them.
-        let body = read.bytes.clone();
-        let Some(plain) = MetricsBody::plain(&body) else {
-            return Err(read);
-        };
         let metrics = plain.metrics;
         let workspace = self.rewriter.hears_beats().then(|| {
             crate::plumbing::workspace::of_request(&read.parts.headers)

@@ -396,15 +396,16 @@ impl Coalescer {
         if inner.config.window.is_zero() || !mergeable_head(&parts.method, &parts.headers) {
             return Err((parts, body));
         }
-        let Some(permit) = inner.charge(&body) else {
-            return Err((parts, body));
-        };
         let claims = Arc::new(Claims::default());
-        let run_id: Arc<str> = {
+        let (run_id, permit) = {
             let mut runs = inner.runs.lock().expect("coalescer lock");
             if runs.contains_key(run_id) {
                 return Err((parts, body));
             }
+            // Charged once it goes: a busy run's write is charged where it queues.
+            let Some(permit) = inner.charge(&body) else {
+                return Err((parts, body));
+            };
             let run_id: Arc<str> = run_id.into();
             runs.insert(
                 run_id.clone(),
@@ -415,7 +416,7 @@ impl Coalescer {
                 },
             );
             inner.metrics.runs(1);
-            run_id
+            (run_id, permit)
         };
         let sending = Sending {
             this: inner.clone(),

@@ -24,7 +24,7 @@ use crate::plumbing::error::Error;
 use crate::plumbing::proxy::X_REQUEST_ID;
 use crate::plumbing::telemetry::Metrics;
 use crate::plumbing::writes::Prepared;
-use body::{BodyError, Edit, Endpoint, MetricsBody};
+use body::{BodyError, Edit, Endpoint, MetricsBody, Scanned};
 use intake::{Charge, Intake, IntakeError};
 
 use crate::plumbing::identity::identity_from_headers;
@@ -264,7 +264,7 @@ impl MetricsRewriter {
     pub async fn inspect(&self, request: Request, endpoint: Endpoint) -> Result<Inspected, Error> {
         match self.read(request).await? {
             Read::Unread(request) => Ok(Inspected::unread(request)),
-            Read::Whole(read) => self.inspect_read(read, endpoint).await,
+            Read::Whole(read) => self.inspect_read(read, endpoint, None).await,
         }
     }
 
@@ -301,14 +301,20 @@ impl MetricsRewriter {
         Ok(Read::Whole(ReadBody::from_parts(parts, bytes, charge)))
     }
 
-    /// As [`MetricsRewriter::inspect`], for a body [`MetricsRewriter::read`] read.
+    /// As [`MetricsRewriter::inspect`], for a body [`MetricsRewriter::read`] read; `scanned`
+    /// is its one-pass read where the caller made it (a `log-batch`, [`MetricsBody::scan`] of
+    /// these bytes).
     pub async fn inspect_read(
         &self,
         read: ReadBody,
         endpoint: Endpoint,
+        scanned: Option<Scanned<'_>>,
     ) -> Result<Inspected, Error> {
         let (parts, bytes, _charge) = read.into_parts();
-        let parsed = match MetricsBody::parse(&bytes, endpoint) {
+        let parsed = match scanned.map_or_else(
+            || MetricsBody::parse(&bytes, endpoint),
+            MetricsBody::parse_scanned,
+        ) {
             Ok(parsed) => parsed,
             Err(BodyError::Conflict(message)) => {
                 self.metrics.rejected("conflict");

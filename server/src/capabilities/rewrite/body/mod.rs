@@ -249,7 +249,65 @@ fn offset_in(text: &str, part: &str) -> Range<usize> {
     start..start + part.len()
 }
 
-/// A `log-batch` of the run's own metrics only (see [`MetricsBody::plain`]).
+/// A `log-batch` body as its one-pass read found it ([`MetricsBody::scan`]): what the route
+/// needs to tell a batch that may go before it is read further ([`Scanned::plain`]), kept for
+/// the rest of the read ([`MetricsBody::parse_scanned`]) so that the body is scanned once.
+#[derive(Debug)]
+pub struct Scanned<'a> {
+    /// The body as text; `None` when it is not UTF-8.
+    text: Option<&'a str>,
+    /// `None` where the one pass gave up (the general read decides).
+    pass: Option<OnePass<'a>>,
+}
+
+impl<'a> Scanned<'a> {
+    /// Whether the body is a `log-batch` of the run's own metrics and nothing else: a run id in
+    /// `run_id` alone (a plain string MLflow would take as one), no params or tags (absent,
+    /// `null` or `[]`), no other top-level field, and metrics that MLflow's parser takes as
+    /// written (each one the coalescer would merge: [`writes`]), their keys plain strings
+    /// outside `system/`. The rewriter sends such a body as it came, the coalescer would
+    /// merge it claiming nothing, and its writes commute with every other write of its run
+    /// (MLflow keeps every sample of a metric, in whatever order they arrive): it may go to
+    /// MLflow before anything more is read of it. `None` for anything else, which is read the
+    /// whole way.
+    pub fn plain(&self) -> Option<Plain<'a>> {
+        let (envelope, metrics) = self.pass.as_ref()?;
+        let (elements, _) = metrics.as_ref()?;
+        let empty = |field| matches!(envelope.get(field), None | Some("null" | "[]"));
+        let run_id = plain_string(envelope.get(RUN_ID)?)?;
+        let only_run_id = envelope
+            .raw
+            .iter()
+            .enumerate()
+            .all(|(field, raw)| raw.is_none() || matches!(field, RUN_ID | PARAMS | TAGS));
+        let own_metrics = elements.len() <= writes::MAX_BATCH_METRICS
+            && elements.iter().all(|Placed { fields, .. }| {
+                let key = fields.get(KEY).and_then(plain_string);
+                !fields.unknown
+                    && key.is_some_and(|key| !key.starts_with(mlscope_scopes::SYSTEM_PREFIX))
+                    && writes::decoded_metric_parses_as_written(
+                        fields.get(VALUE),
+                        fields.get(TIMESTAMP).and_then(writes::int64),
+                        fields
+                            .get(STEP)
+                            .is_none_or(|step| writes::int64(step).is_some()),
+                        &fields.raw[4..],
+                    )
+            });
+        (!envelope.unknown
+            && only_run_id
+            && empty(PARAMS)
+            && empty(TAGS)
+            && own_metrics
+            && writes::is_valid_run_id(run_id))
+        .then_some(Plain {
+            run_id,
+            metrics: elements.len(),
+        })
+    }
+}
+
+/// A `log-batch` of the run's own metrics only (see [`Scanned::plain`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Plain<'a> {
     pub run_id: &'a str,
@@ -346,47 +404,27 @@ impl<'a> MetricsBody<'a> {
         writes::pairs(self.envelope.get(TAGS)).unwrap_or_default()
     }
 
-    /// Whether `body` is a `log-batch` of the run's own metrics and nothing else, as the
-    /// one-pass read finds it: a run id in `run_id` alone (a plain string MLflow would take as
-    /// one), no params or tags (absent, `null` or `[]`), no other top-level field, and metrics
-    /// of known fields only, each key a plain string outside `system/`. The rewriter sends such
-    /// a body as it came, and its writes commute with every other write of its run (MLflow keeps
-    /// every sample of a metric, in whatever order they arrive), so it may go to MLflow before
-    /// anything else is read of it. `None` for anything else, which is read the whole way.
-    pub fn plain(body: &[u8]) -> Option<Plain<'_>> {
-        let text = std::str::from_utf8(body).ok()?;
-        let (envelope, metrics) = scan::batch(text)?;
-        let (elements, _) = metrics?;
-        let empty = |field| matches!(envelope.get(field), None | Some("null" | "[]"));
-        let run_id = plain_string(envelope.get(RUN_ID)?)?;
-        let only_run_id = envelope
-            .raw
-            .iter()
-            .enumerate()
-            .all(|(field, raw)| raw.is_none() || matches!(field, RUN_ID | PARAMS | TAGS));
-        let own_metrics = elements.len() <= writes::MAX_BATCH_METRICS
-            && elements.iter().all(|element| {
-                !element.fields.unknown
-                    && element
-                        .fields
-                        .get(KEY)
-                        .and_then(plain_string)
-                        .is_some_and(|key| !key.starts_with(mlscope_scopes::SYSTEM_PREFIX))
-            });
-        (!envelope.unknown
-            && only_run_id
-            && empty(PARAMS)
-            && empty(TAGS)
-            && own_metrics
-            && writes::is_valid_run_id(run_id))
-        .then_some(Plain {
-            run_id,
-            metrics: elements.len(),
-        })
-    }
-
     pub fn parse(body: &'a [u8], endpoint: Endpoint) -> Result<Self, BodyError> {
         Self::parse_with(body, endpoint, true)
+    }
+
+    /// A `log-batch` body's one-pass read (see [`Scanned`]), to be read on from with
+    /// [`MetricsBody::parse_scanned`].
+    pub fn scan(body: &'a [u8]) -> Scanned<'a> {
+        let text = std::str::from_utf8(body).ok();
+        Scanned {
+            text,
+            pass: text.and_then(scan::batch),
+        }
+    }
+
+    /// As [`MetricsBody::parse`], for a `log-batch` body [`MetricsBody::scan`] read: its one
+    /// pass is not made again.
+    pub fn parse_scanned(scanned: Scanned<'a>) -> Result<Self, BodyError> {
+        let text = scanned
+            .text
+            .ok_or_else(|| BodyError::Unreadable("not UTF-8".into()))?;
+        Self::read_from(text, Endpoint::LogBatch, scanned.pass)
     }
 
     /// As [`MetricsBody::parse`]; without `one_pass`, a batch too is read the general way.
@@ -399,6 +437,15 @@ impl<'a> MetricsBody<'a> {
             Endpoint::LogBatch if one_pass => scan::batch(text),
             _ => None,
         };
+        Self::read_from(text, endpoint, one_pass)
+    }
+
+    /// The body `text` read on from its one pass where that read it, else the general way.
+    fn read_from(
+        text: &'a str,
+        endpoint: Endpoint,
+        one_pass: Option<OnePass<'a>>,
+    ) -> Result<Self, BodyError> {
         let (envelope, placed) = match one_pass {
             Some((envelope, placed)) => (envelope, Some(placed)),
             None => (Self::read_envelope(text)?, None),

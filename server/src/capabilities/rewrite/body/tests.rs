@@ -363,7 +363,7 @@ fn a_timestamp_reads_as_an_int64_number_or_numeric_string_and_nothing_else() {
 #[test]
 fn a_batch_of_the_runs_own_metrics_is_told_from_every_other_body() {
     fn plain(body: &str) -> Option<Plain<'_>> {
-        MetricsBody::plain(body.as_bytes())
+        MetricsBody::scan(body.as_bytes()).plain()
     }
     let loss = r#"{"key":"loss","value":0.5,"timestamp":1700000000000,"step":3}"#;
     // MLflow's client (run first, empty lists left out or sent), serde_json's key order.
@@ -386,10 +386,10 @@ fn a_batch_of_the_runs_own_metrics_is_told_from_every_other_body() {
         format!(r#"{{"run_id":"r1","metrics":[{loss}],"params":[{{"key":"a","value":"b"}}]}}"#),
         format!(r#"{{"run_id":"r1","metrics":[{loss}],"tags":[{{"key":"a","value":"b"}}]}}"#),
         // The contract's keys, spelled out or escaped, and any escaped key.
-        r#"{"run_id":"r1","metrics":[{"key":"system/cpu_utilization_percentage","value":1}]}"#
+        r#"{"run_id":"r1","metrics":[{"key":"system/cpu_utilization_percentage","value":1,"timestamp":1}]}"#
             .to_owned(),
-        r#"{"run_id":"r1","metrics":[{"key":"sys\u0074em/cpu","value":1}]}"#.to_owned(),
-        r#"{"run_id":"r1","metrics":[{"key":"lo\u0073s","value":1}]}"#.to_owned(),
+        r#"{"run_id":"r1","metrics":[{"key":"sys\u0074em/cpu","value":1,"timestamp":1}]}"#.to_owned(),
+        r#"{"run_id":"r1","metrics":[{"key":"lo\u0073s","value":1,"timestamp":1}]}"#.to_owned(),
         // The run in another spelling, twice, escaped, or not one MLflow takes.
         format!(r#"{{"run_uuid":"r1","metrics":[{loss}]}}"#),
         format!(r#"{{"run_id":"r1","runId":"r2","metrics":[{loss}]}}"#),
@@ -398,9 +398,16 @@ fn a_batch_of_the_runs_own_metrics_is_told_from_every_other_body() {
         format!(r#"{{"run_id":"-r1","metrics":[{loss}]}}"#),
         format!(r#"{{"run_id":null,"metrics":[{loss}]}}"#),
         format!(r#"{{"metrics":[{loss}]}}"#),
+        // A metric MLflow's parser does not take as written: it would not merge either.
+        r#"{"run_id":"r1","metrics":[{"key":"loss","value":"abc","timestamp":1}]}"#.to_owned(),
+        r#"{"run_id":"r1","metrics":[{"key":"loss","value":1,"timestamp":1,"step":1.5}]}"#
+            .to_owned(),
+        r#"{"run_id":"r1","metrics":[{"key":"loss","value":1,"timestamp":1,"step":"1"}]}"#
+            .to_owned(),
+        r#"{"run_id":"r1","metrics":[{"key":"loss","value":1}]}"#.to_owned(),
         // Fields this proxy does not know, at the top or in a metric; no metrics; not JSON.
         format!(r#"{{"run_id":"r1","metrics":[{loss}],"x":1}}"#),
-        r#"{"run_id":"r1","metrics":[{"key":"loss","value":1,"x":1}]}"#.to_owned(),
+        r#"{"run_id":"r1","metrics":[{"key":"loss","value":1,"timestamp":1,"x":1}]}"#.to_owned(),
         r#"{"run_id":"r1","metrics":[]}"#.to_owned(),
         r#"{"run_id":"r1"}"#.to_owned(),
         format!(r#"{{"run_id":"r1","metrics":[{loss}]"#),
