@@ -125,17 +125,22 @@ fn coalescer(stand_in: &Arc<StandIn>, in_flight_per_run: usize) -> Coalescer {
     Coalescer::with_sender(config, stand_in.clone(), Metrics::new())
 }
 
+/// The head of a log-batch request with `body`, and the client's address.
+fn log_batch_head(body: &str) -> (http::request::Parts, SocketAddr) {
+    let (parts, _) = Request::post("/api/2.0/mlflow/runs/log-batch")
+        .header(header::CONTENT_TYPE, "application/json")
+        .header(header::CONTENT_LENGTH, body.len())
+        .body(Body::empty())
+        .unwrap()
+        .into_parts();
+    (parts, "127.0.0.1:40000".parse().unwrap())
+}
+
 /// Submits a log-batch body as the metric routes hand it on; the client's status.
 fn submit(coalescer: &Coalescer, body: String) -> tokio::task::JoinHandle<StatusCode> {
     let coalescer = coalescer.clone();
     tokio::spawn(async move {
-        let (parts, _) = Request::post("/api/2.0/mlflow/runs/log-batch")
-            .header(header::CONTENT_TYPE, "application/json")
-            .header(header::CONTENT_LENGTH, body.len())
-            .body(Body::empty())
-            .unwrap()
-            .into_parts();
-        let peer: SocketAddr = "127.0.0.1:40000".parse().unwrap();
+        let (parts, peer) = log_batch_head(&body);
         coalescer
             .submit_read(parts, Bytes::from(body), None, peer)
             .await
@@ -363,13 +368,7 @@ async fn a_lone_write_whose_client_goes_away_at_mlflow_gives_its_runs_place_back
 /// Sends a log-batch body through [`Coalescer::at_once`]: `None` when the coalescer gave it back
 /// (its run is busy), else the client's status once answered.
 fn at_once(coalescer: &Coalescer, body: String) -> Option<tokio::task::JoinHandle<StatusCode>> {
-    let (parts, _) = Request::post("/api/2.0/mlflow/runs/log-batch")
-        .header(header::CONTENT_TYPE, "application/json")
-        .header(header::CONTENT_LENGTH, body.len())
-        .body(Body::empty())
-        .unwrap()
-        .into_parts();
-    let peer: SocketAddr = "127.0.0.1:40000".parse().unwrap();
+    let (parts, peer) = log_batch_head(&body);
     let sent = coalescer
         .at_once("r", parts, Bytes::from(body), 1, peer)
         .ok()?;
