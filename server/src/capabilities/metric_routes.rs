@@ -11,8 +11,7 @@ use axum::extract::{ConnectInfo, Request, State};
 use axum::response::{IntoResponse, Response};
 
 use crate::capabilities::coalesce::Coalescer;
-use crate::capabilities::health::Beat;
-use crate::capabilities::health::Health;
+use crate::capabilities::health::{Beat, Health};
 use crate::capabilities::rewrite::body::{Endpoint, MetricsBody, Plain, Scanned};
 use crate::capabilities::rewrite::{Inspected, Outgoing, Read, ReadBody, SharedRewriter};
 use crate::plumbing::after;

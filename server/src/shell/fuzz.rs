@@ -353,7 +353,7 @@ fn near_plain_body() -> impl Strategy<Value = String> {
 
 #[test]
 fn a_batch_sent_before_it_is_read_holds_the_runs_own_metrics_and_nothing_else() {
-    // What `MetricsBody::plain` lets go to MLflow unread: MLflow acts on the run the proxy
+    // What `Scanned::plain` lets go to MLflow unread: MLflow acts on the run the proxy
     // holds it for, and the whole read finds the same metrics, none of the contract's, and
     // no param or tag, so the rewriter sends it as it came and it commutes with the run's
     // other writes.

@@ -373,7 +373,7 @@ impl Coalescer {
 
 impl Coalescer {
     /// Sends a batch of the run's own metrics (`items` of them, see
-    /// [`crate::capabilities::rewrite::body::MetricsBody::plain`]) at once when its run has
+    /// [`crate::capabilities::rewrite::body::Scanned::plain`]) at once when its run has
     /// nothing queued and nothing at MLflow: the common case while MLflow keeps up, which then
     /// needs nothing more of the body than its run. It takes the run's place at MLflow claiming
     /// nothing (metrics commute with every other write), so the run's next writes queue behind

@@ -398,7 +398,7 @@ impl MetricsRewriter {
     }
 
     /// What a batch of the run's own metrics that went to MLflow before the rest of it was read
-    /// (see [`MetricsBody::plain`]) says of its run, read once its answer has gone, as
+    /// (see [`body::Scanned::plain`]) says of its run, read once its answer has gone, as
     /// [`MetricsRewriter::inspect`] reads it: how far the run got. `workspace` is the request's.
     pub fn plain_beat(&self, bytes: &[u8], workspace: Option<String>) -> Option<Beat> {
         if !self.beats {

@@ -358,11 +358,20 @@ struct SingleEnvelope<'a> {
 /// where the string holds no escape the text between its quotes is the string itself (control
 /// characters were refused).
 pub(crate) fn string(text: &str) -> Option<Cow<'_, str>> {
-    let inner = text.strip_prefix('"')?.strip_suffix('"')?;
-    if !inner.contains('\\') {
+    if let Some(inner) = unescaped(text) {
         return Some(Cow::Borrowed(inner));
     }
-    serde_json::from_str::<String>(text).ok().map(Cow::Owned)
+    text.starts_with('"')
+        .then(|| serde_json::from_str::<String>(text).ok().map(Cow::Owned))
+        .flatten()
+}
+
+/// A JSON string's text where it holds no escape (the text between its quotes is then the
+/// string itself, as [`string`] reads it); `None` for any other value or a string with escapes.
+pub(crate) fn unescaped(text: &str) -> Option<&str> {
+    text.strip_prefix('"')?
+        .strip_suffix('"')
+        .filter(|inner| !inner.contains('\\'))
 }
 
 /// A double as protobuf's JSON parser takes it: a finite JSON number or one of its three names.

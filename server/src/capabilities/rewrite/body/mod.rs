@@ -274,7 +274,7 @@ impl<'a> Scanned<'a> {
         let (envelope, metrics) = self.pass.as_ref()?;
         let (elements, _) = metrics.as_ref()?;
         let empty = |field| matches!(envelope.get(field), None | Some("null" | "[]"));
-        let run_id = plain_string(envelope.get(RUN_ID)?)?;
+        let run_id = writes::unescaped(envelope.get(RUN_ID)?)?;
         let only_run_id = envelope
             .raw
             .iter()
@@ -282,7 +282,7 @@ impl<'a> Scanned<'a> {
             .all(|(field, raw)| raw.is_none() || matches!(field, RUN_ID | PARAMS | TAGS));
         let own_metrics = elements.len() <= writes::MAX_BATCH_METRICS
             && elements.iter().all(|Placed { fields, .. }| {
-                let key = fields.get(KEY).and_then(plain_string);
+                let key = fields.get(KEY).and_then(writes::unescaped);
                 !fields.unknown
                     && key.is_some_and(|key| !key.starts_with(mlscope_scopes::SYSTEM_PREFIX))
                     && writes::decoded_metric_parses_as_written(
@@ -312,14 +312,6 @@ impl<'a> Scanned<'a> {
 pub struct Plain<'a> {
     pub run_id: &'a str,
     pub metrics: usize,
-}
-
-/// The text of a JSON string without escapes (`raw` is a value its reader validated); `None`
-/// for any other value.
-fn plain_string(raw: &str) -> Option<&str> {
-    raw.strip_prefix('"')?
-        .strip_suffix('"')
-        .filter(|text| !text.contains('\\'))
 }
 
 /// A string field's value; `raw` is a JSON value its reader validated.
